@@ -1,0 +1,150 @@
+"""Proximal Policy Optimization (Schulman et al., 2017) for control.
+
+Read top to bottom: collect ``num_steps`` from ``num_envs`` envs, estimate advantages
+with GAE, then take ``update_epochs`` passes of clipped policy steps over minibatches.
+Discrete actions get a categorical head, 1-D boxes a Gaussian head, images a CNN
+encoder (models/control.py); the loop below does not change with the action space.
+
+Defaults are RL-Zoo's tuned CartPole-v1 settings, which solve it in about 30k steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omnigym.algos.common import (Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, obs_tensor,
+                                  restore_envs, start)
+from omnigym.envs.vector import make_vec
+from omnigym.models.control import ActorCritic
+from omnigym.rl.advantages import gae, normalize
+from omnigym.rl.losses import check_finite, ppo_policy_loss, value_loss
+from omnigym.rl.optim import Adam
+from omnigym.rl.rollout import RolloutCollector
+from omnigym.rl.running_stats import RunningMeanStd
+from omnigym.track.progress import ProgressBar
+
+
+@dataclass
+class PPOConfig(CommonConfig):
+    num_envs: int = 8
+    num_steps: int = 32
+    """steps per env per rollout"""
+    learning_rate: float = 1e-3
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over the run"""
+    gamma: float = 0.98
+    gae_lambda: float = 0.8
+    update_epochs: int = 20
+    num_minibatches: int = 1
+    clip_coef: float = 0.2
+    clip_vloss: bool = False
+    """clip the value update like the policy update"""
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+    target_kl: float | None = None
+    """stop the epochs of an update early once approx-KL exceeds this"""
+    normalize_obs: bool = False
+    """normalize observations with running statistics (MuJoCo)"""
+    hidden: tuple[int, ...] = (64, 64)
+
+
+def train(cfg: PPOConfig) -> dict:
+    run = start(cfg, "ppo")
+    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)
+    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
+    optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    stats = EpisodeStats(cfg.print_episodes)
+    batch_size = cfg.num_steps * cfg.num_envs
+    num_updates = max(cfg.total_timesteps // batch_size, 1)
+    global_step, first_update = 0, 0
+    if run.checkpoint is not None:
+        envs, exact = restore_envs(run, envs)
+    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, cfg.normalize_obs)
+    if run.checkpoint is not None:
+        ckpt = run.checkpoint
+        agent.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        stats.load_state_dict(ckpt["episodes"])
+        global_step, first_update = ckpt["global_step"], ckpt["update"]
+        collector.load_state_dict(ckpt["collector"], exact, seed=cfg.seed + first_update)
+
+    progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
+    clock = Clock(global_step)
+    for update in range(first_update, num_updates):
+        if cfg.anneal_lr:
+            optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
+
+        # 1. Roll out the current policy; 2. estimate advantages (GAE bootstraps from the
+        # final observation's value on truncation, not on termination).
+        rollout, global_step = collector.collect(agent, global_step)
+        advantages, returns = gae(rollout.rewards, rollout.values, rollout.bootstrap_values, rollout.terminated,
+                                  rollout.truncated, cfg.gamma, cfg.gae_lambda)
+
+        # 3. Clipped policy steps over the valid transitions.
+        b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns = (
+            x.to(cfg.device) for x in rollout.flat(rollout.obs, rollout.actions, rollout.logprobs, rollout.values,
+                                                   advantages, returns))
+        n = len(b_obs)
+        minibatch = max(n // cfg.num_minibatches, 1)
+        clip_fractions, stop_early = [], False
+        for _ in range(cfg.update_epochs):
+            order = torch.randperm(n, device=cfg.device)
+            for begin in range(0, n, minibatch):
+                idx = order[begin:begin + minibatch]
+                _, new_logprob, entropy, new_value = agent.act(b_obs[idx], b_actions[idx])
+                adv = normalize(b_advantages[idx]) if cfg.norm_adv and len(idx) > 1 else b_advantages[idx]
+                pg_loss, pg_stats = ppo_policy_loss(new_logprob, b_logprobs[idx], adv, clip_low=cfg.clip_coef)
+                v_loss = value_loss(new_value, b_values[idx], b_returns[idx],
+                                    clip=cfg.clip_coef if cfg.clip_vloss else None)
+                entropy_loss = entropy.mean()
+                loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+                check_finite(loss, global_step)
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(optimizer.params, cfg.max_grad_norm)
+                optimizer.step()
+                clip_fractions.append(pg_stats["clip_fraction"])
+            if cfg.target_kl is not None and pg_stats["approx_kl"].item() > cfg.target_kl:
+                stop_early = True
+                break
+
+        # 4. Log, show, checkpoint.
+        variance = b_returns.var()
+        explained_variance = float("nan") if variance == 0 else (1 - (b_returns - b_values).var() / variance).item()
+        run.log(global_step, {
+            **stats.drain(),
+            "losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
+            "losses/entropy": entropy_loss.item(), "losses/approx_kl": pg_stats["approx_kl"].item(),
+            "losses/clip_fraction": torch.stack(clip_fractions).mean().item(),
+            "losses/explained_variance": explained_variance, "losses/early_stop": int(stop_early),
+            "charts/learning_rate": optimizer.param_groups[0]["lr"], "perf/sps": clock.sps(global_step),
+        })
+        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
+        if update == num_updates - 1 or due(global_step, global_step - batch_size, cfg.checkpoint_every):
+            run.save(checkpoint_state(envs, model=agent.state_dict(), optimizer=optimizer.state_dict(),
+                                      episodes=stats.state_dict(), collector=collector.state_dict(),
+                                      global_step=global_step, update=update + 1))
+    progress.close()
+    envs.close()
+    return finish(run, stats, cfg, global_step)
+
+
+def load_policy(cfg: PPOConfig, checkpoint: dict, envs, greedy: bool = False):
+    """The trained policy as ``obs (numpy batch) -> actions (numpy)`` for evaluation."""
+    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, tuple(cfg.hidden))
+    agent.load_state_dict(checkpoint["model"])
+    obs_rms = None
+    if checkpoint["collector"].get("obs_rms"):
+        obs_rms = RunningMeanStd(envs.single_observation_space.shape)
+        obs_rms.load_state_dict(checkpoint["collector"]["obs_rms"])
+
+    @torch.inference_mode()
+    def policy(obs):
+        x = obs_tensor(obs_rms.normalize(obs) if obs_rms else obs, "cpu")
+        return (agent.greedy(x) if greedy else agent.act(x)[0]).numpy()
+
+    return policy

@@ -1,0 +1,123 @@
+"""The ``omnigym`` command: train, eval, plot, list.
+
+Algorithm flags are generated from each algorithm's config dataclass by tyro, so every
+flag has a type, a default and a help line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from omnigym.errors import OmnigymError
+
+USAGE = """usage: omnigym {train,eval,plot,list} ...
+
+  omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
+  omnigym eval RUN_DIR [--episodes N] [--greedy]
+  omnigym plot RUN_DIR... [--out FILE] [--metric NAME]
+  omnigym list                   algorithms and env backends available here
+"""
+
+
+def _algorithm(name: str):
+    from omnigym.algos import ALGORITHMS
+
+    if name not in ALGORITHMS:
+        raise OmnigymError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    return importlib.import_module(ALGORITHMS[name])
+
+
+def _config_class(module):
+    return next(v for k, v in vars(module).items() if k.endswith("Config") and k != "CommonConfig"
+                and getattr(v, "__module__", "") == module.__name__)
+
+
+def train(argv: list[str]) -> dict:
+    if not argv or argv[0].startswith("-"):
+        raise OmnigymError("name an algorithm: omnigym train {reinforce,ppo,dqn,grpo,...} [flags]")
+    module = _algorithm(argv[0])
+    config_cls = _config_class(module)
+    import tyro
+
+    default = None
+    if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
+        # Resuming starts from the run's saved config; flags given now override it.
+        from omnigym.algos.common import config_from_dict
+        from omnigym.track.run import load_config_dict
+
+        i = next(i for i, a in enumerate(argv) if a.startswith("--resume"))
+        run_dir = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+        default = config_from_dict(config_cls, load_config_dict(run_dir))
+    cfg = tyro.cli(config_cls, args=argv[1:], prog=f"omnigym train {argv[0]}", default=default,
+                   description=module.__doc__)
+    return module.train(cfg)
+
+
+def evaluate(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="omnigym eval", description="Evaluate a run's last checkpoint.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
+    parser.add_argument("--seed", type=int, default=12345)
+    args = parser.parse_args(argv)
+    from omnigym.evaluate import evaluate_run
+
+    returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed)
+    import numpy as np
+
+    print(f"{len(returns)} episodes: mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} "
+          f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+
+
+def plot(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds).")
+    parser.add_argument("run_dirs", nargs="+")
+    parser.add_argument("--out", default="runs/plot.png")
+    parser.add_argument("--metric", default="charts/episodic_return")
+    args = parser.parse_args(argv)
+    from omnigym.track.plot import plot_runs
+
+    print(plot_runs(args.run_dirs, args.out, metric=args.metric))
+
+
+def list_available() -> None:
+    from omnigym.algos import ALGORITHMS
+    from omnigym.envs.vector import available_backends
+
+    print("algorithms:   " + ", ".join(ALGORITHMS))
+    print("env backends: " + ", ".join(available_backends()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    try:
+        if command == "train":
+            train(rest)
+        elif command == "eval":
+            evaluate(rest)
+        elif command == "plot":
+            plot(rest)
+        elif command == "list":
+            list_available()
+        else:
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
+    except OmnigymError as exc:
+        print(f"omnigym: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("omnigym: interrupted; continue with --resume RUN_DIR (from its last checkpoint)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""One factory for vectorized control environments, with interchangeable backends.
+
+Every backend returns a gymnasium 1.x ``VectorEnv`` in NEXT_STEP autoreset mode (the
+mode gymnasium's own vector envs use): the step that ends an episode returns its true
+final observation, and the following step returns the reset observation with reward 0.
+Algorithms drop that reset transition. Episode statistics come from gymnasium's
+``RecordEpisodeStatistics`` on every backend, so returns mean the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+
+from omnigym.errors import OmnigymError, missing_extra
+
+BACKENDS = ("auto", "sync", "async", "native", "envpool")
+
+
+def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    _register_optional_envs(env_id)
+    if env_id not in gym.registry:
+        known = list(gym.registry.keys())
+        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
+        hint = f"; closest known ids: {', '.join(close)}" if close else "; run `omnigym list` for the ids available here"
+        raise OmnigymError(f"unknown env id {env_id!r}{hint}")
+    return gym.spec(env_id)
+
+
+def _register_optional_envs(env_id: str) -> None:
+    # Atari ids live in ale-py's registry, which is only filled once ale_py is imported.
+    if env_id.startswith("ALE/") and importlib.util.find_spec("ale_py") is not None:
+        import ale_py
+
+        gym.register_envs(ale_py)
+    elif env_id.startswith("ALE/"):
+        raise missing_extra("ale-py", "atari")
+
+
+def has_native(env_id: str) -> bool:
+    spec = _spec(env_id)
+    return spec.vector_entry_point is not None and "Jax" not in str(spec.vector_entry_point)
+
+
+def available_backends() -> list[str]:
+    names = ["auto", "sync", "async", "native"]
+    if importlib.util.find_spec("envpool") is not None:
+        names.append("envpool")
+    return names
+
+
+def make_vec(
+    env_id: str,
+    num_envs: int = 1,
+    backend: str = "auto",
+    seed: int | None = None,
+    **env_kwargs,
+) -> gym.vector.VectorEnv:
+    """Make ``num_envs`` copies of ``env_id`` as one vector env with episode statistics.
+
+    ``seed`` seeds the envs on their first reset and the action space's sampler, so two
+    calls with the same seed give the same trajectories.
+    """
+    if not isinstance(num_envs, int) or num_envs <= 0:
+        raise OmnigymError(f"num_envs must be a positive integer, got {num_envs!r}")
+    if backend not in BACKENDS:
+        raise OmnigymError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    _spec(env_id)
+    if backend == "auto":
+        backend = "native" if has_native(env_id) else "sync"
+
+    if backend in ("sync", "async"):
+        envs = gym.make_vec(env_id, num_envs, vectorization_mode=backend,
+                            vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}, **env_kwargs)
+    elif backend == "native":
+        if not has_native(env_id):
+            raise OmnigymError(f"{env_id} has no native vectorized implementation; use --backend sync or async")
+        envs = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **env_kwargs)
+    else:
+        envs = _make_envpool(env_id, num_envs, seed, **env_kwargs)
+
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    if seed is not None:
+        envs.action_space.seed(seed)
+        envs.single_action_space.seed(seed)
+        envs._omnigym_seed = seed  # consumed by the first reset
+    return envs
+
+
+def reset(envs: gym.vector.VectorEnv, seed: int | None):
+    """First reset of a vector env, seeded so that runs repeat."""
+    return envs.reset(seed=seed)
+
+
+def _make_envpool(env_id: str, num_envs: int, seed: int | None, **env_kwargs):
+    if importlib.util.find_spec("envpool") is None:
+        raise missing_extra("envpool", "envpool")
+    import envpool
+
+    if env_id not in envpool.list_all_envs():
+        raise OmnigymError(f"envpool has no {env_id}; use --backend sync, async or native")
+    return EnvPoolVectorEnv(envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed or 0, **env_kwargs))
+
+
+class EnvPoolVectorEnv(gym.vector.VectorEnv):
+    """EnvPool's C++ pool seen as a gymnasium VectorEnv (it autoresets on the next step too)."""
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.num_envs = pool.config["num_envs"]
+        self.single_observation_space = pool.observation_space
+        self.single_action_space = pool.action_space
+        self.observation_space = gym.vector.utils.batch_space(pool.observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(pool.action_space, self.num_envs)
+
+    def reset(self, *, seed=None, options=None):
+        # EnvPool takes its seed at construction; a later seed cannot re-seed the pool.
+        return self.pool.reset()
+
+    def step(self, actions):
+        return self.pool.step(actions)
+
+    def close(self, **kwargs):
+        self.pool.close()

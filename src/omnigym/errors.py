@@ -1,0 +1,14 @@
+"""One exception type for mistakes a user can fix; the CLI prints it as one line."""
+
+
+class OmnigymError(Exception):
+    """Bad input or state the user can act on. The message names the input and the fix."""
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise OmnigymError(message)
+
+
+def missing_extra(package: str, extra: str) -> OmnigymError:
+    return OmnigymError(f"{package} is not installed; install it with: pip install 'omnigym[{extra}]'")

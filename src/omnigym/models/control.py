@@ -1,0 +1,140 @@
+"""Networks for control: an actor-critic with a head per action space, and a Q-network.
+
+Distributions are computed by hand rather than with ``torch.distributions``: on tiny
+networks its argument validation costs more than the network itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from omnigym.errors import OmnigymError
+
+
+def layer(n_in: int, n_out: int, gain: float = math.sqrt(2)) -> nn.Linear:
+    """Linear layer with orthogonal init, the PPO implementation-details default."""
+    linear = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(linear.weight, gain)
+    nn.init.zeros_(linear.bias)
+    return linear
+
+
+def torso(n_in: int, hidden: tuple[int, ...], activation=nn.Tanh) -> list[nn.Module]:
+    layers, width = [], n_in
+    for h in hidden:
+        layers += [layer(width, h), activation()]
+        width = h
+    return layers
+
+
+def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_gain: float, activation=nn.Tanh) -> nn.Sequential:
+    width = hidden[-1] if hidden else n_in
+    return nn.Sequential(*torso(n_in, hidden, activation), layer(width, n_out, out_gain))
+
+
+class NatureCNN(nn.Module):
+    """The DQN-Nature encoder for stacked 84x84 frames (uint8 in, features out)."""
+
+    def __init__(self, channels: int, features: int = 512):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(),
+            layer(64 * 7 * 7, features), nn.ReLU(),
+        )
+        self.out_features = features
+
+    def forward(self, obs):
+        return self.net(obs.float() / 255.0)
+
+
+class CategoricalHead(nn.Module):
+    def __init__(self, n_in: int, n_actions: int):
+        super().__init__()
+        self.logits = layer(n_in, n_actions, 0.01)
+
+    def sample(self, features, action=None):
+        """Returns ``(action, log_prob, entropy)``; samples when ``action`` is None."""
+        log_probs = torch.log_softmax(self.logits(features), -1)
+        if action is None:
+            action = torch.multinomial(log_probs.exp(), 1).squeeze(-1)
+        log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return action, log_prob, entropy
+
+    def mode(self, features):
+        return self.logits(features).argmax(-1)
+
+
+class GaussianHead(nn.Module):
+    """Diagonal Gaussian with a state-independent log-std, as in PPO for MuJoCo."""
+
+    def __init__(self, n_in: int, action_dim: int):
+        super().__init__()
+        self.mean = layer(n_in, action_dim, 0.01)
+        self.log_std = nn.Parameter(torch.zeros(action_dim))
+
+    def sample(self, features, action=None):
+        mean = self.mean(features)
+        std = self.log_std.exp().expand_as(mean)
+        if action is None:
+            action = mean + std * torch.randn_like(mean)
+        log_prob = (-0.5 * ((action - mean) / std) ** 2 - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[:-1])
+        return action, log_prob, entropy
+
+    def mode(self, features):
+        return self.mean(features)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs on vectors; one shared CNN encoder on pixels."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64)):
+        super().__init__()
+        if len(observation_space.shape) == 3:
+            self.encoder = NatureCNN(observation_space.shape[0])
+            n_in, hidden = self.encoder.out_features, ()
+        else:
+            self.encoder = nn.Flatten() if len(observation_space.shape) > 1 else nn.Identity()
+            n_in = int(np.prod(observation_space.shape))
+        self.actor_torso = nn.Sequential(*torso(n_in, hidden))
+        self.critic = mlp(n_in, hidden, 1, 1.0)
+        width = hidden[-1] if hidden else n_in
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.head = CategoricalHead(width, int(action_space.n))
+        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            self.head = GaussianHead(width, action_space.shape[0])
+        else:
+            raise OmnigymError(f"PPO supports Discrete and 1-D Box action spaces, got {action_space}")
+
+    def value(self, obs):
+        return self.critic(self.encoder(obs)).squeeze(-1)
+
+    def act(self, obs, action=None):
+        """Returns ``(action, log_prob, entropy, value)``; samples when ``action`` is None."""
+        features = self.encoder(obs)
+        action, log_prob, entropy = self.head.sample(self.actor_torso(features), action)
+        return action, log_prob, entropy, self.critic(features).squeeze(-1)
+
+    def greedy(self, obs):
+        return self.head.mode(self.actor_torso(self.encoder(obs)))
+
+
+class QNetwork(nn.Module):
+    def __init__(self, observation_space: gym.Space, n_actions: int, hidden: tuple[int, ...] = (120, 84)):
+        super().__init__()
+        if len(observation_space.shape) == 3:
+            encoder = NatureCNN(observation_space.shape[0])
+            self.net = nn.Sequential(encoder, layer(encoder.out_features, n_actions, 1.0))
+        else:
+            self.net = mlp(int(np.prod(observation_space.shape)), hidden, n_actions, 1.0, activation=nn.ReLU)
+
+    def forward(self, obs):
+        return self.net(obs)

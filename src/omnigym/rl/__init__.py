@@ -1,0 +1,1 @@
+"""The RL core shared by control and language: advantages, losses, buffers, statistics."""

@@ -1,0 +1,101 @@
+"""Losses shared by control and language: PPO-clip, clipped value, entropy, KL estimators.
+
+Every loss takes an optional ``mask`` (1 for steps or tokens that count, 0 for padding,
+env-inserted tokens or the reset step of an autoresetting vector env).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omnigym.errors import OmnigymError
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, dim=None) -> torch.Tensor:
+    if mask is None:
+        return x.mean() if dim is None else x.mean(dim)
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor | None, mode: str = "token-mean", normalizer: float | None = None):
+    """Reduce a per-step (``[B]``) or per-token (``[B, L]``) loss to a scalar.
+
+    ``token-mean``: every valid token weighs the same (DAPO); ``seq-mean-token-mean``: each
+    sequence weighs the same (GRPO paper); ``seq-mean-token-sum-norm``: token sums divided by a
+    constant (Dr. GRPO), so long and short answers are not re-weighted by their length.
+    """
+    if mode == "token-mean" or loss.dim() == 1:
+        return masked_mean(loss, mask)
+    if mode == "seq-mean-token-mean":
+        return masked_mean(loss, mask, dim=-1).mean()
+    if mode == "seq-mean-token-sum-norm":
+        m = torch.ones_like(loss) if mask is None else mask.to(loss.dtype)
+        return (loss * m).sum(-1).mean() / (normalizer or loss.shape[-1])
+    raise OmnigymError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGGREGATIONS)}")
+
+
+def ppo_policy_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    aggregation: str = "token-mean",
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate. ``clip_high`` above ``clip_low`` is DAPO's clip-higher."""
+    clip_high = clip_low if clip_high is None else clip_high
+    log_ratio = new_logprobs - old_logprobs
+    ratio = log_ratio.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = aggregate(torch.maximum(unclipped, clipped), mask, aggregation, normalizer)
+    with torch.no_grad():
+        stats = {
+            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+            "clip_fraction": masked_mean((clipped > unclipped).float(), mask),
+        }
+    return loss, stats
+
+
+def value_loss(
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    clip: float | None = None,
+) -> torch.Tensor:
+    """Half squared error to the returns; with ``clip``, PPO's pessimistic clipped variant."""
+    unclipped = (new_values - returns) ** 2
+    if clip is None:
+        return 0.5 * masked_mean(unclipped, mask)
+    clipped_values = old_values + (new_values - old_values).clamp(-clip, clip)
+    clipped = (clipped_values - returns) ** 2
+    return 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-sample estimate of KL(policy || reference) from samples of the policy (Schulman's k1/k2/k3)."""
+    log_ratio = logprobs - ref_logprobs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind == "k3":
+        return (-log_ratio).exp() - 1.0 + log_ratio
+    raise OmnigymError(f"unknown KL estimator {kind!r}; choose k1, k2 or k3")
+
+
+def check_finite(loss: torch.Tensor, step: int) -> None:
+    """Stop before a NaN/inf loss poisons the weights (the last checkpoint stays good)."""
+    if not torch.isfinite(loss):
+        raise OmnigymError(
+            f"loss became {loss.item()} at global step {step}; lower the learning rate or check the rewards. "
+            "The last checkpoint was written before this step and is intact"
+        )

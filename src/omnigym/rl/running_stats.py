@@ -1,0 +1,30 @@
+"""Running mean and variance (Chan et al.'s parallel update), for observation normalization."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RunningMeanStd:
+    def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, dtype=np.float64)
+        self.var = np.ones(shape, dtype=np.float64)
+        self.count = epsilon
+
+    def update(self, batch: np.ndarray) -> None:
+        batch_mean, batch_var, batch_count = batch.mean(0), batch.var(0), batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def normalize(self, x: np.ndarray, clip: float = 10.0) -> np.ndarray:
+        return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -clip, clip).astype(np.float32)
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]

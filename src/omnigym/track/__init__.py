@@ -1,0 +1,3 @@
+from omnigym.track.run import Run
+
+__all__ = ["Run"]

@@ -1,0 +1,54 @@
+"""Learning-curve PNGs: one run, or several seeds of several configurations overlaid."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from omnigym.errors import OmnigymError
+
+
+def _label(run_dir: Path) -> str:
+    from omnigym.track.run import load_config_dict
+
+    cfg = load_config_dict(run_dir)
+    return f"{cfg.get('algo', '?')} {cfg.get('env_id', cfg.get('task', ''))}".strip()
+
+
+def plot_runs(run_dirs, out, metric: str = "charts/episodic_return", points: int = 200) -> Path:
+    """Overlay runs; runs with the same algorithm and env are seeds of one curve, drawn as
+    their mean with a min-max band, interpolated onto a common step grid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from omnigym.track.run import read_metrics
+
+    groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+    for run_dir in map(Path, run_dirs):
+        rows = [r for r in read_metrics(run_dir) if metric in r]
+        if rows:
+            groups[_label(run_dir)].append((np.array([r["global_step"] for r in rows]), np.array([r[metric] for r in rows])))
+    if not groups:
+        raise OmnigymError(f"no run among {', '.join(map(str, run_dirs))} logged {metric!r}")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, curves in groups.items():
+        grid = np.linspace(0, min(steps[-1] for steps, _ in curves), points)
+        ys = np.stack([np.interp(grid, steps, values) for steps, values in curves])
+        ax.plot(grid, ys.mean(0), label=f"{label} ({len(curves)} run{'s' if len(curves) > 1 else ''})")
+        if len(curves) > 1:
+            ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25)
+    ax.set_xlabel("global step")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,33 @@
+"""A live progress bar (rich) with the numbers that matter; silent when not on a terminal."""
+
+from __future__ import annotations
+
+import time
+
+
+class ProgressBar:
+    def __init__(self, total: int, description: str, start: int = 0, enabled: bool = True):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        console = Console(stderr=True)
+        self.enabled = enabled and console.is_terminal
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeRemainingColumn(), TextColumn("{task.fields[stats]}"),
+                                  console=console, disable=not self.enabled, transient=False)
+        self._task = self._progress.add_task(description, total=total, completed=start, stats="")
+        self._last = 0.0
+        if self.enabled:
+            self._progress.start()
+
+    def update(self, completed: int, **stats) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self._last < 0.2:
+            return
+        self._last = now
+        text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
+        self._progress.update(self._task, completed=completed, stats=text)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._progress.stop()

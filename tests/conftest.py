@@ -1,0 +1,15 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def fast(tmp_path):
+    """Flags that keep a test run quiet and small."""
+    return {"run_dir": str(tmp_path / "run"), "progress": False, "plot": False, "tensorboard": False}

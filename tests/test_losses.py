@@ -1,0 +1,57 @@
+import math
+
+import pytest
+import torch
+
+from omnigym.errors import OmnigymError
+from omnigym.rl.losses import aggregate, check_finite, kl_estimate, ppo_policy_loss, value_loss
+
+
+def test_ppo_clip_by_hand():
+    old = torch.zeros(4)
+    new = torch.log(torch.tensor([1.5, 0.5, 1.1, 0.7]))  # ratios
+    adv = torch.tensor([1.0, -1.0, -2.0, 1.0])
+    loss, stats = ppo_policy_loss(new, old, adv, clip_low=0.2)
+    # per-sample max(-A r, -A clip(r)): 1.5,A=1 -> -1.2 ; 0.5,A=-1 -> 0.8 ; 1.1,A=-2 -> 2.2 ; 0.7,A=1 -> -0.7
+    torch.testing.assert_close(loss, torch.tensor((-1.2 + 0.8 + 2.2 - 0.7) / 4))
+    assert stats["clip_fraction"].item() == pytest.approx(0.5)
+
+
+def test_ppo_mask_and_clip_higher():
+    old = torch.zeros(3)
+    new = torch.log(torch.tensor([1.3, 1.3, 5.0]))
+    adv = torch.ones(3)
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    loss, _ = ppo_policy_loss(new, old, adv, mask=mask, clip_low=0.2, clip_high=0.28)
+    torch.testing.assert_close(loss, torch.tensor(-1.28))
+
+
+def test_aggregations_weigh_tokens_and_sequences_differently():
+    loss = torch.tensor([[1.0, 1.0, 1.0, 1.0], [4.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx(8 / 5)
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx((1 + 4) / 2)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", normalizer=4).item() == pytest.approx((4 + 4) / 2 / 4)
+    with pytest.raises(OmnigymError, match="unknown loss aggregation"):
+        aggregate(loss, mask, "nope")
+
+
+def test_value_loss_clipped_is_pessimistic():
+    new, old, ret = torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([3.0])
+    assert value_loss(new, old, ret).item() == pytest.approx(0.5)
+    # clipped prediction 0.5 is further from 3 than 2 is: the max picks it
+    assert value_loss(new, old, ret, clip=0.5).item() == pytest.approx(0.5 * 2.5**2)
+
+
+def test_kl_estimators():
+    logp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    r = math.log(2)
+    assert kl_estimate(logp, ref, "k1").item() == pytest.approx(r)
+    assert kl_estimate(logp, ref, "k2").item() == pytest.approx(0.5 * r * r)
+    assert kl_estimate(logp, ref, "k3").item() == pytest.approx(0.5 - 1 + r)
+    assert kl_estimate(ref, ref, "k3").item() == 0.0
+
+
+def test_nan_loss_is_a_clear_error():
+    with pytest.raises(OmnigymError, match="loss became nan at global step 7"):
+        check_finite(torch.tensor(float("nan")), 7)
