@@ -52,7 +52,7 @@ class CommonConfig:
 
 
 def start(cfg: CommonConfig, algo: str) -> Run:
-    """Threads, seeds and the run directory; on resume, the checkpoint's RNG states win."""
+    """Threads, seeds and the run directory."""
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     if cfg.total_timesteps <= 0:
@@ -63,10 +63,12 @@ def start(cfg: CommonConfig, algo: str) -> Run:
     if cfg.resume and cfg.run_dir and cfg.run_dir != cfg.resume:
         raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
     cfg.run_dir = cfg.resume or cfg.run_dir or default_run_dir(algo, cfg.env_id, cfg.seed)
-    run = Run(cfg.run_dir, algo, cfg, resume=bool(cfg.resume), tensorboard=cfg.tensorboard, wandb=cfg.wandb)
-    if run.checkpoint is not None:
-        set_rng_state(run.checkpoint["rng"])
-    return run
+    return Run(cfg.run_dir, algo, cfg, resume=bool(cfg.resume), tensorboard=cfg.tensorboard, wandb=cfg.wandb)
+
+
+def restore_rng(run: Run) -> None:
+    """Call last when resuming: building networks draws from the RNGs the checkpoint restores."""
+    set_rng_state(run.checkpoint["rng"])
 
 
 def restore_envs(run: Run, envs):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omnigym.algos.common import Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, obs_tensor, restore_envs, start
+from omnigym.algos.common import Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, obs_tensor, restore_envs, restore_rng, start
 from omnigym.envs.vector import make_vec
 from omnigym.errors import OmnigymError
 from omnigym.models.control import QNetwork
@@ -88,6 +88,7 @@ def train(cfg: DQNConfig) -> dict:
         envs, exact = restore_envs(run, envs)
         obs, autoreset = (ckpt["obs"], ckpt["autoreset"]) if exact else (envs.reset(seed=cfg.seed + global_step)[0],
                                                                           np.zeros(cfg.num_envs, dtype=bool))
+        restore_rng(run)
 
     progress = ProgressBar(cfg.total_timesteps, "dqn", start=global_step, enabled=cfg.progress)
     clock = Clock(global_step)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.algos.common import (Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, obs_tensor,
-                                  restore_envs, start)
+                                  restore_envs, restore_rng, start)
 from omnigym.envs.vector import make_vec
 from omnigym.models.control import ActorCritic
 from omnigym.rl.advantages import gae, normalize
@@ -63,7 +63,8 @@ def train(cfg: PPOConfig) -> dict:
     global_step, first_update = 0, 0
     if run.checkpoint is not None:
         envs, exact = restore_envs(run, envs)
-    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, cfg.normalize_obs)
+    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device,
+                                 seed=None if run.checkpoint else cfg.seed, normalize_obs=cfg.normalize_obs)
     if run.checkpoint is not None:
         ckpt = run.checkpoint
         agent.load_state_dict(ckpt["model"])
@@ -71,6 +72,7 @@ def train(cfg: PPOConfig) -> dict:
         stats.load_state_dict(ckpt["episodes"])
         global_step, first_update = ckpt["global_step"], ckpt["update"]
         collector.load_state_dict(ckpt["collector"], exact, seed=cfg.seed + first_update)
+        restore_rng(run)
 
     progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
     clock = Clock(global_step)

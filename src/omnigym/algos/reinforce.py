@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.algos.common import Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, restore_envs, start
+from omnigym.algos.common import Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, restore_envs, restore_rng, start
 from omnigym.algos.ppo import load_policy  # same network, same checkpoint layout
 from omnigym.envs.vector import make_vec
 from omnigym.models.control import ActorCritic
@@ -53,7 +53,8 @@ def train(cfg: ReinforceConfig) -> dict:
     global_step, first_update = 0, 0
     if run.checkpoint is not None:
         envs, exact = restore_envs(run, envs)
-    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed)
+    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device,
+                                 seed=None if run.checkpoint else cfg.seed)
     if run.checkpoint is not None:
         ckpt = run.checkpoint
         agent.load_state_dict(ckpt["model"])
@@ -61,6 +62,7 @@ def train(cfg: ReinforceConfig) -> dict:
         stats.load_state_dict(ckpt["episodes"])
         global_step, first_update = ckpt["global_step"], ckpt["update"]
         collector.load_state_dict(ckpt["collector"], exact, seed=cfg.seed + first_update)
+        restore_rng(run)
 
     progress = ProgressBar(num_updates * batch_size, "reinforce", start=global_step, enabled=cfg.progress)
     clock = Clock(global_step)

@@ -36,8 +36,9 @@ class Rollout:
 
 
 class RolloutCollector:
-    def __init__(self, envs: gym.vector.VectorEnv, num_steps: int, stats, device, seed: int,
+    def __init__(self, envs: gym.vector.VectorEnv, num_steps: int, stats, device, seed: int | None,
                  normalize_obs: bool = False):
+        """``seed`` seeds the first reset; None leaves the envs alone for ``load_state_dict``."""
         self.envs, self.num_steps, self.stats, self.device = envs, num_steps, stats, device
         self.obs_rms = RunningMeanStd(envs.single_observation_space.shape) if normalize_obs else None
         self.continuous = isinstance(envs.single_action_space, gym.spaces.Box)
@@ -49,7 +50,7 @@ class RolloutCollector:
         self.logprobs_buf, self.rewards_buf, self.values_buf = (torch.zeros((T, N)) for _ in range(3))
         self.terminated_buf, self.truncated_buf, self.valid_buf = (torch.zeros((T, N), dtype=torch.bool)
                                                                    for _ in range(3))
-        self.obs = self.prepare(envs.reset(seed=seed)[0])
+        self.obs = self.prepare(envs.reset(seed=seed)[0]) if seed is not None else None
         self.autoreset = np.zeros(N, dtype=bool)
 
     def prepare(self, raw_obs: np.ndarray) -> torch.Tensor:
