@@ -1,0 +1,90 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from omnigym.cli import main
+
+
+def error_line(capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_unknown_env_id(capsys, tmp_path):
+    line = error_line(capsys, ["train", "ppo", "--env-id", "CartPol-v1", "--run-dir", str(tmp_path)])
+    assert line == "omnigym: error: unknown env id 'CartPol-v1'; closest known ids: CartPole-v1, CartPole-v0"
+
+
+def test_dqn_refuses_continuous_actions(capsys, tmp_path):
+    line = error_line(capsys, ["train", "dqn", "--env-id", "Pendulum-v1", "--run-dir", str(tmp_path)])
+    assert line.startswith("omnigym: error: DQN needs a discrete action space, but Pendulum-v1 has Box(")
+
+
+def test_num_envs_zero(capsys, tmp_path):
+    line = error_line(capsys, ["train", "ppo", "--num-envs", "0", "--run-dir", str(tmp_path)])
+    assert line == "omnigym: error: num_envs must be a positive integer, got 0"
+
+
+def test_unwritable_run_dir(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = error_line(capsys, ["train", "ppo", "--run-dir", str(blocker / "run")])
+    assert line.startswith(f"omnigym: error: cannot write to run directory {blocker / 'run'}")
+    assert line.endswith("choose another --run-dir")
+
+
+def test_resume_without_checkpoint(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
+    line = error_line(capsys, ["train", "ppo", "--resume", str(tmp_path)])
+    assert line == f"omnigym: error: no checkpoint at {tmp_path / 'checkpoint.pt'}; a run writes one every --checkpoint-every steps"
+
+
+def test_eval_on_corrupt_checkpoint(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
+    (tmp_path / "checkpoint.pt").write_bytes(b"garbage")
+    line = error_line(capsys, ["eval", str(tmp_path)])
+    assert "is corrupt or not an omnigym checkpoint" in line
+
+
+def test_unknown_algorithm(capsys):
+    line = error_line(capsys, ["train", "a3c"])
+    assert line.startswith("omnigym: error: unknown algorithm 'a3c'; choose one of reinforce, ppo, dqn")
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "ppo" in out and "native" in out
+
+
+def test_train_eval_plot_and_resume_from_the_shell(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "omnigym.cli"]
+    train = subprocess.run(cmd + ["train", "ppo", "--total-timesteps", "2048", "--run-dir", str(run_dir)],
+                           capture_output=True, text=True)
+    assert train.returncode == 0, train.stderr
+    assert f"learning curve: {run_dir / 'curve.png'}" in train.stderr
+    assert (run_dir / "curve.png").stat().st_size > 1000
+    assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["algo"] == "ppo" and config["total_timesteps"] == 2048
+
+    # Resuming a finished run with a larger budget continues it from its last checkpoint.
+    more = subprocess.run(cmd + ["train", "ppo", "--resume", str(run_dir), "--total-timesteps", "4096"],
+                          capture_output=True, text=True)
+    assert more.returncode == 0, more.stderr
+    steps = [json.loads(line)["global_step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] > 3000
+
+    evaluation = subprocess.run(cmd + ["eval", str(run_dir), "--episodes", "3"], capture_output=True, text=True)
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert evaluation.stdout.startswith("3 episodes: mean return")
+
+    plot = subprocess.run(cmd + ["plot", str(run_dir), str(run_dir), "--out", str(tmp_path / "p.png")],
+                          capture_output=True, text=True)
+    assert plot.returncode == 0, plot.stderr
+    assert (tmp_path / "p.png").stat().st_size > 1000
