@@ -66,3 +66,22 @@ def test_registry_names_the_known_estimators():
     assert get_advantage("gae") is gae
     with pytest.raises(OmnigymError, match="unknown advantage estimator 'nope'; known: .*gae"):
         get_advantage("nope")
+
+
+def test_group_estimators_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # two prompts, groups of 3
+    grpo = get_advantage("grpo")(rewards, 3)
+    std = torch.tensor([1.0, 0.0, 0.0]).std()
+    torch.testing.assert_close(grpo[:3], torch.tensor([2 / 3, -1 / 3, -1 / 3]) / (std + 1e-4))
+    torch.testing.assert_close(grpo[3:], torch.zeros(3))  # all equal: no signal
+    torch.testing.assert_close(get_advantage("dr_grpo")(rewards, 3)[:3], torch.tensor([2 / 3, -1 / 3, -1 / 3]))
+    # RLOO: 1 - mean(0, 0) = 1; 0 - mean(1, 0) = -0.5
+    torch.testing.assert_close(get_advantage("rloo")(rewards, 3)[:3], torch.tensor([1.0, -0.5, -0.5]))
+    rpp = get_advantage("reinforce_pp")(rewards)
+    torch.testing.assert_close(rpp.mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(rpp.std(), torch.tensor(1.0))
+
+
+def test_groups_must_divide_the_batch():
+    with pytest.raises(OmnigymError, match="5 rewards do not split into groups of 2"):
+        get_advantage("grpo")(torch.zeros(5), 2)

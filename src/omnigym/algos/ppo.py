@@ -56,8 +56,8 @@ class PPOConfig(CommonConfig):
 
 
 def train(cfg: PPOConfig) -> dict:
+    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
     run = start(cfg, "ppo")
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     stats = EpisodeStats(cfg.print_episodes)

@@ -43,8 +43,8 @@ class ReinforceConfig(CommonConfig):
 
 
 def train(cfg: ReinforceConfig) -> dict:
+    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
     run = start(cfg, "reinforce")
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate)
     stats = EpisodeStats(cfg.print_episodes)

@@ -91,3 +91,43 @@ def normalize(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e
     mean = (x * mask).sum() / n
     var = (((x - mean) * mask) ** 2).sum() / (n - 1).clamp(min=1)
     return (x - mean) / (var.sqrt() + eps) * mask
+
+
+# Group estimators for language: ``rewards`` is ``[num_prompts * group_size]``, samples of
+# one prompt adjacent. Each returns one advantage per sample (broadcast over its tokens).
+
+
+def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if rewards.numel() % group_size:
+        raise OmnigymError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    return rewards.reshape(-1, group_size)
+
+
+@register_advantage("grpo")
+def group_normalized(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO (Shao et al., 2024): reward minus its group's mean, over the group's std."""
+    g = _groups(rewards, group_size)
+    return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)).reshape(-1)
+
+
+@register_advantage("dr_grpo")
+def group_centered(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr. GRPO (Liu et al., 2025): the group mean is subtracted, nothing is divided."""
+    g = _groups(rewards, group_size)
+    return (g - g.mean(1, keepdim=True)).reshape(-1)
+
+
+@register_advantage("rloo")
+def leave_one_out(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO (Ahmadian et al., 2024): reward minus the mean of the *other* samples of its group."""
+    if group_size < 2:
+        raise OmnigymError("RLOO needs at least 2 samples per prompt")
+    g = _groups(rewards, group_size)
+    others = (g.sum(1, keepdim=True) - g) / (group_size - 1)
+    return (g - others).reshape(-1)
+
+
+@register_advantage("reinforce_pp")
+def batch_normalized(rewards: torch.Tensor, group_size: int = 1, eps: float = 1e-8) -> torch.Tensor:
+    """REINFORCE++ (Hu, 2025): rewards standardized over the whole batch, not per group."""
+    return (rewards - rewards.mean()) / (rewards.std() + eps)
