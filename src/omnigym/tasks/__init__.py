@@ -1,0 +1,1 @@
+"""Prompt sources: procedural tasks that need no download, and dataset loaders."""

@@ -1,0 +1,72 @@
+"""Loaders for prompt/answer data: GSM8K, HumanEval, generic jsonl, Hugging Face datasets.
+
+A malformed row fails with an error naming the file and line and what is missing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from omnigym.errors import OmnigymError, missing_extra
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        raise OmnigymError(f"no such file: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line_number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise OmnigymError(f"{path}:{line_number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise OmnigymError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
+            missing = [k for k in required if k not in row]
+            if missing:
+                raise OmnigymError(f"{path}:{line_number}: missing field(s) {', '.join(missing)}; "
+                                   f"the row has {', '.join(row) or 'none'}")
+            rows.append(row)
+    return rows
+
+
+def load_gsm8k(path: str | Path) -> list[dict]:
+    """GSM8K rows as ``{"question", "answer", "solution"}``: ``answer`` is what follows ``####``."""
+    examples = []
+    for i, row in enumerate(read_jsonl(path, ("question", "answer")), 1):
+        if "####" not in row["answer"]:
+            raise OmnigymError(f"{path}: row {i}: GSM8K answer has no '####' final answer")
+        solution, final = row["answer"].rsplit("####", 1)
+        examples.append({"question": row["question"], "answer": final.strip().replace(",", ""),
+                         "solution": solution.strip()})
+    return examples
+
+
+def load_humaneval(path: str | Path) -> list[dict]:
+    """HumanEval rows, ready for the ``code`` reward (``prompt``, ``test``, ``entry_point``)."""
+    return read_jsonl(path, ("task_id", "prompt", "test", "entry_point"))
+
+
+def load_prompt_answer(source: str, prompt_field: str = "prompt", answer_field: str = "answer",
+                       split: str = "train", **load_kwargs) -> list[dict]:
+    """A jsonl file, or anything ``datasets.load_dataset`` loads, as ``{"question", "answer"}``."""
+    if source.endswith((".jsonl", ".jsonl.gz")):
+        rows = read_jsonl(source, (prompt_field, answer_field))
+    else:
+        try:
+            from datasets import load_dataset
+        except ImportError:
+            raise missing_extra("datasets", "llm") from None
+        data = load_dataset(source, split=split, **load_kwargs)
+        missing = [k for k in (prompt_field, answer_field) if k not in data.column_names]
+        if missing:
+            raise OmnigymError(f"dataset {source} has no column(s) {', '.join(missing)}; it has "
+                               f"{', '.join(data.column_names)} (choose them with prompt_field/answer_field)")
+        rows = list(data)
+    return [{**row, "question": row[prompt_field], "answer": str(row[answer_field])} for row in rows]

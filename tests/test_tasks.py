@@ -1,0 +1,54 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from omnigym.errors import OmnigymError
+from omnigym.tasks.arithmetic import ArithmeticTask
+from omnigym.tasks.datasets import load_gsm8k, load_humaneval, load_prompt_answer, read_jsonl
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_arithmetic_is_repeatable_correct_and_splits_disjoint():
+    task = ArithmeticTask(digits=2, terms=3, operations="+-*")
+    train, heldout = task.sample(200, seed=0), task.sample(100, seed=0, split="heldout")
+    assert train == task.sample(200, seed=0)
+    assert {e["expression"] for e in train}.isdisjoint(e["expression"] for e in heldout)
+    for e in train[:50]:
+        assert int(e["answer"]) == eval(e["expression"])
+        assert len(e["expression"].split()) == 5
+
+
+def test_arithmetic_rejects_bad_knobs():
+    with pytest.raises(OmnigymError, match="unknown operations '/'"):
+        ArithmeticTask(operations="+/")
+    with pytest.raises(OmnigymError, match="terms >= 2"):
+        ArithmeticTask(terms=1)
+
+
+def test_malformed_rows_name_file_and_line(tmp_path):
+    bad = tmp_path / "data.jsonl"
+    bad.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2"}\n')
+    with pytest.raises(OmnigymError, match=r"data.jsonl:2: missing field\(s\) answer; the row has prompt"):
+        load_prompt_answer(str(bad))
+    bad.write_text('{"prompt": "1+1", "answer": "2"}\n{oops\n')
+    with pytest.raises(OmnigymError, match=r"data.jsonl:2: not valid JSON"):
+        read_jsonl(bad)
+
+
+def test_jsonl_and_hf_datasets_load_the_same_rows(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_text("\n".join(json.dumps({"q": f"{i}+1", "a": i + 1}) for i in range(5)))
+    from_file = load_prompt_answer(str(path), "q", "a")
+    from_hf = load_prompt_answer("json", "q", "a", data_files=str(path))
+    assert [r["question"] for r in from_file] == [r["question"] for r in from_hf] == [f"{i}+1" for i in range(5)]
+    assert from_file[0]["answer"] == "1"
+
+
+@pytest.mark.skipif(not (SHARED / "gsm8k").exists(), reason="../shared/data not present")
+def test_real_gsm8k_and_humaneval_rows():
+    gsm = load_gsm8k(SHARED / "gsm8k" / "test.jsonl")
+    assert len(gsm) == 1319 and gsm[0]["answer"] == "18"
+    human = load_humaneval(SHARED / "humaneval" / "HumanEval.jsonl.gz")
+    assert len(human) == 164 and human[0]["entry_point"] == "has_close_elements"
