@@ -81,6 +81,33 @@ def restore_envs(run: Run, envs):
     return pickle.loads(run.checkpoint["envs"]), True
 
 
+def start_on_policy(run: Run, cfg, envs, agent, optimizer, stats: EpisodeStats, normalize_obs: bool = False):
+    """The rollout collector of PPO and REINFORCE, and on resume every piece of their state.
+
+    Returns ``(envs, collector, global_step, first_update)``.
+    """
+    from omnigym.rl.rollout import RolloutCollector
+
+    if run.checkpoint is None:
+        return envs, RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, normalize_obs), 0, 0
+    ckpt = run.checkpoint
+    envs, exact = restore_envs(run, envs)
+    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, None, normalize_obs)
+    agent.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    stats.load_state_dict(ckpt["episodes"])
+    collector.load_state_dict(ckpt["collector"], exact, seed=cfg.seed + ckpt["update"])
+    restore_rng(run)
+    return envs, collector, ckpt["global_step"], ckpt["update"]
+
+
+def save_on_policy(run: Run, envs, agent, optimizer, stats: EpisodeStats, collector, global_step: int,
+                   update: int) -> None:
+    run.save(checkpoint_state(envs, model=agent.state_dict(), optimizer=optimizer.state_dict(),
+                              episodes=stats.state_dict(), collector=collector.state_dict(),
+                              global_step=global_step, update=update))
+
+
 def checkpoint_state(envs, **state) -> dict:
     return {"rng": rng_state(), "envs": snapshot_env(envs), **state}
 

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.algos.common import (Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, obs_tensor,
-                                  restore_envs, restore_rng, start)
+from omnigym.algos.common import (Clock, CommonConfig, EpisodeStats, due, finish, obs_tensor, save_on_policy,
+                                  start, start_on_policy)
 from omnigym.envs.vector import make_vec
 from omnigym.models.control import ActorCritic
 from omnigym.rl.advantages import gae, normalize
 from omnigym.rl.losses import check_finite, ppo_policy_loss, value_loss
 from omnigym.rl.optim import Adam
-from omnigym.rl.rollout import RolloutCollector
 from omnigym.rl.running_stats import RunningMeanStd
 from omnigym.track.progress import ProgressBar
 
@@ -63,19 +62,7 @@ def train(cfg: PPOConfig) -> dict:
     stats = EpisodeStats(cfg.print_episodes)
     batch_size = cfg.num_steps * cfg.num_envs
     num_updates = max(cfg.total_timesteps // batch_size, 1)
-    global_step, first_update = 0, 0
-    if run.checkpoint is not None:
-        envs, exact = restore_envs(run, envs)
-    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device,
-                                 seed=None if run.checkpoint else cfg.seed, normalize_obs=cfg.normalize_obs)
-    if run.checkpoint is not None:
-        ckpt = run.checkpoint
-        agent.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        stats.load_state_dict(ckpt["episodes"])
-        global_step, first_update = ckpt["global_step"], ckpt["update"]
-        collector.load_state_dict(ckpt["collector"], exact, seed=cfg.seed + first_update)
-        restore_rng(run)
+    envs, collector, global_step, first_update = start_on_policy(run, cfg, envs, agent, optimizer, stats, cfg.normalize_obs)
 
     progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
     clock = Clock(global_step)
@@ -130,9 +117,7 @@ def train(cfg: PPOConfig) -> dict:
         })
         progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
         if update == num_updates - 1 or due(global_step, global_step - batch_size, cfg.checkpoint_every):
-            run.save(checkpoint_state(envs, model=agent.state_dict(), optimizer=optimizer.state_dict(),
-                                      episodes=stats.state_dict(), collector=collector.state_dict(),
-                                      global_step=global_step, update=update + 1))
+            save_on_policy(run, envs, agent, optimizer, stats, collector, global_step, update + 1)
     progress.close()
     envs.close()
     return finish(run, stats, cfg, global_step)
