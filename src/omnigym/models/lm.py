@@ -1,0 +1,108 @@
+"""Language models: load any Hugging Face causal LM and its tokenizer, optionally with
+LoRA, and build tiny offline models that go through the very same loading path."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+from omnigym.errors import OmnigymError, missing_extra
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL_TOKENS = ["<pad>", "<unk>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise missing_extra("transformers", "llm") from None
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+@dataclass
+class LoraSettings:
+    r: int = 0
+    """LoRA rank; 0 trains all weights"""
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str = "all-linear"
+
+
+def load_tokenizer(name_or_path: str, chat_template: str | None = None):
+    """Tokenizer with left padding (for batched generation) and a chat template.
+
+    A model without a chat template needs one given (a Jinja string or a file with one).
+    """
+    transformers = _transformers()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as exc:
+        raise OmnigymError(f"cannot load a tokenizer from {name_or_path!r}: {str(exc).splitlines()[0]}") from None
+    if chat_template:
+        path = Path(chat_template)
+        tokenizer.chat_template = path.read_text() if path.is_file() else chat_template
+    if not getattr(tokenizer, "chat_template", None):
+        raise OmnigymError(f"{name_or_path} has no chat template; give one with --chat-template "
+                           "(a Jinja string or a file that holds one)")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str = "float32", device: str = "cpu"):
+    transformers = _transformers()
+    import torch
+
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
+    except OSError as exc:
+        raise OmnigymError(f"cannot load a model from {name_or_path!r}: {str(exc).splitlines()[0]}") from None
+    model.to(device)
+    if lora is not None and lora.r > 0:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise missing_extra("peft", "llm") from None
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    return model
+
+
+def build_tiny_model(path: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,
+                     max_positions: int = 256, seed: int = 0) -> Path:
+    """A ~1M-parameter Llama with a character-level tokenizer and a chat template, saved with
+    ``save_pretrained`` so that it loads like any hub model. A Llama config is used because
+    ``AutoTokenizer`` wraps a ``qwen2`` folder's vocabulary in Qwen2's tokenizer, which drops
+    a character tokenizer's spaces."""
+    transformers = _transformers()
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    path = Path(path)
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(string.printable)))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
+                                                     eos_token="<|end|>", padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = transformers.LlamaConfig(
+        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=True, pad_token_id=vocab["<pad>"], eos_token_id=vocab["<|end|>"], bos_token_id=None)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = vocab["<pad>"]
+    model.generation_config.eos_token_id = vocab["<|end|>"]
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
