@@ -1,0 +1,137 @@
+"""Language as an action space: an env whose observation is a conversation and whose
+action is the model's text.
+
+``reset()`` returns ``(messages, info)`` with the task's example in ``info["example"]``;
+``step(text)`` returns ``(messages, reward, terminated, truncated, info)`` like gymnasium.
+Single-turn envs end after one reply, scored by a reward function. Tool envs answer tool
+calls (a Python tool run in the sandbox, a calculator) until the model gives a final
+``<answer>`` or the turn limit truncates the episode. Envs are registered by id.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import operator
+import random
+import re
+from typing import Callable
+
+from omnigym.errors import OmnigymError
+
+TEXT_ENVS: dict[str, Callable[..., "TextEnv"]] = {}
+TOOL_CALL = re.compile(r"<tool name=\"(\w+)\">(.*?)</tool>", re.DOTALL)
+
+
+def register_text_env(env_id: str, factory: Callable[..., "TextEnv"]) -> None:
+    TEXT_ENVS[env_id] = factory
+
+
+def make_text_env(env_id: str, **kwargs) -> "TextEnv":
+    _register_builtins()
+    if env_id not in TEXT_ENVS:
+        close = difflib.get_close_matches(env_id, list(TEXT_ENVS), n=3, cutoff=0.4)
+        hint = f"; closest known ids: {', '.join(close)}" if close else f"; known: {', '.join(sorted(TEXT_ENVS))}"
+        raise OmnigymError(f"unknown text env id {env_id!r}{hint}")
+    return TEXT_ENVS[env_id](**kwargs)
+
+
+class TextEnv:
+    """Single-turn: the conversation is a system prompt and the task's question."""
+
+    def __init__(self, examples: list[dict], reward: Callable[[str, dict], float], system_prompt: str | None = None):
+        if not examples:
+            raise OmnigymError("a text env needs at least one example")
+        self.examples, self.reward, self.system_prompt = examples, reward, system_prompt
+        self._rng = random.Random()
+        self.messages: list[dict] = []
+        self.example: dict = {}
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self._rng.seed(seed)
+        self.example = (options or {}).get("example") or self._rng.choice(self.examples)
+        self.messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        self.messages.append({"role": "user", "content": self.example["question"]})
+        return list(self.messages), {"example": self.example}
+
+    def step(self, text: str):
+        self.messages.append({"role": "assistant", "content": text})
+        return list(self.messages), float(self.reward(text, self.example)), True, False, {"example": self.example}
+
+
+def calculator(expression: str) -> str:
+    """Arithmetic on numbers with + - * / ** and parentheses, evaluated on the syntax tree."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+                raise ValueError("exponent too large")
+            return ops[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in ops:
+            return ops[type(node.op)](ev(node.operand))
+        raise ValueError("only numbers and + - * / ** ( ) are allowed")
+
+    try:
+        return str(ev(ast.parse(expression.strip(), mode="eval").body))
+    except Exception as exc:  # the model sees the error and may try again
+        return f"error: {exc}"
+
+
+def python_tool(code: str) -> str:
+    from omnigym.rewards.sandbox import SandboxLimits, run_python
+
+    result = run_python(code, SandboxLimits(cpu_seconds=2, wall_seconds=5, max_output_bytes=2000))
+    if result.timed_out:
+        return "error: timed out"
+    return (result.stdout + result.stderr).strip()[:2000]
+
+
+class ToolEnv(TextEnv):
+    """Multi-turn: ``<tool name="python">…</tool>`` or ``<tool name="calculator">…</tool>`` in a
+    reply is answered by a ``tool`` message; a reply without a tool call is final and scored."""
+
+    TOOLS = {"python": python_tool, "calculator": calculator}
+
+    def __init__(self, examples, reward, system_prompt=None, max_turns: int = 4, tools=("python", "calculator")):
+        super().__init__(examples, reward, system_prompt)
+        unknown = set(tools) - set(self.TOOLS)
+        if unknown:
+            raise OmnigymError(f"unknown tools {sorted(unknown)}; available: {', '.join(self.TOOLS)}")
+        self.max_turns, self.tools, self.turns = max_turns, tools, 0
+
+    def reset(self, seed=None, options=None):
+        self.turns = 0
+        return super().reset(seed, options)
+
+    def step(self, text: str):
+        self.turns += 1
+        self.messages.append({"role": "assistant", "content": text})
+        calls = TOOL_CALL.findall(text)
+        if not calls:
+            return list(self.messages), float(self.reward(text, self.example)), True, False, {"example": self.example}
+        outputs = [self.TOOLS[name](arg) if name in self.tools else f"error: unknown tool {name}" for name, arg in calls]
+        self.messages.append({"role": "tool", "content": "\n".join(outputs)})
+        truncated = self.turns >= self.max_turns
+        return list(self.messages), 0.0, False, truncated, {"example": self.example, "tool_calls": len(calls)}
+
+
+def _register_builtins() -> None:
+    if TEXT_ENVS:
+        return
+    from omnigym.rewards import combine
+    from omnigym.tasks.arithmetic import ArithmeticTask
+
+    def arithmetic(digits=2, terms=2, operations="+", n=5000, seed=0, tools=False, **kw):
+        examples = ArithmeticTask(digits, terms, operations).sample(n, seed)
+        score = combine({"math": 1.0, "format": 0.1})
+        cls = ToolEnv if tools else TextEnv
+        return cls(examples, lambda text, ex: score(text, ex)[0], **kw)
+
+    register_text_env("arithmetic-v0", arithmetic)
+    register_text_env("arithmetic-tools-v0", lambda **kw: arithmetic(tools=True, **kw))
