@@ -4,4 +4,5 @@ ALGORITHMS = {
     "reinforce": "omnigym.algos.reinforce",
     "ppo": "omnigym.algos.ppo",
     "dqn": "omnigym.algos.dqn",
+    "grpo": "omnigym.algos.grpo",
 }
