@@ -70,10 +70,13 @@ class GRPOConfig:
     max_new_tokens: int = 24
     temperature: float = 1.0
     max_grad_norm: float = 1.0
-    sft_steps: int = 300
-    """supervised warm-up steps before GRPO (the demo's; 0 for a model that can already answer)"""
-    sft_batch_size: int = 32
-    sft_learning_rate: float = 3e-3
+    sft_steps: int = 1000
+    """at most this many supervised warm-up steps before GRPO (0 for a model that can already answer)"""
+    sft_target_accuracy: float = 0.3
+    """the warm-up stops once validation accuracy (train-split problems) reaches this"""
+    sft_eval_every: int = 25
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 1e-3
     eval_size: int = 500
     """held-out problems for eval/accuracy"""
     eval_every: int = 50
@@ -135,7 +138,7 @@ def train(cfg: GRPOConfig) -> dict:
     train_set, heldout = load_examples(cfg)
     sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_learning_rate)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
-    reference, sft_step, step = None, 0, 0
+    reference, sft_step, step, sft_done = None, 0, 0, cfg.sft_steps == 0
 
     def make_reference():
         if cfg.beta == 0:
@@ -149,25 +152,28 @@ def train(cfg: GRPOConfig) -> dict:
         policy.load_state_dict(ckpt["model"])
         sft_optimizer.load_state_dict(ckpt["sft_optimizer"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        sft_step, step = ckpt["sft_step"], ckpt["step"]
+        sft_step, step, sft_done = ckpt["sft_step"], ckpt["step"], ckpt["sft_done"]
         if ckpt.get("reference") is not None:
             reference = make_reference()
             reference.load_state_dict(ckpt["reference"])
         restore_rng(run)
 
-    def save():
+    def save(next_step: int):
         run.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(),
                   "sft_optimizer": sft_optimizer.state_dict(), "rng": rng_state(), "sft_step": sft_step,
-                  "step": step, "reference": reference.state_dict() if reference is not None else None})
+                  "sft_done": sft_done, "step": next_step,
+                  "reference": reference.state_dict() if reference is not None else None})
 
     def evaluate() -> float:
         return accuracy(engine, tokenizer, heldout, correct, cfg.system_prompt, cfg.max_new_tokens)
 
     progress = ProgressBar(cfg.sft_steps + cfg.steps, "grpo", start=sft_step + step, enabled=cfg.progress)
 
-    # 1. Supervised warm-up (the demo's): the answer in <answer> tags, so the policy starts
-    # with some reward to learn from.
-    for sft_step in range(sft_step, cfg.sft_steps):
+    # 1. Supervised warm-up (the demo's): answers in <answer> tags until accuracy on a
+    # validation set drawn from the training split reaches sft_target_accuracy, so that GRPO
+    # starts with some reward to learn from. The held-out set is never looked at here.
+    validation = random.Random(cfg.seed + 99).sample(train_set, 100)
+    while not sft_done and sft_step < cfg.sft_steps:
         rng = random.Random(cfg.seed * 1_000_003 + sft_step)
         examples = rng.sample(train_set, cfg.sft_batch_size)
         pairs = [(prompt_ids(tokenizer, e["question"], cfg.system_prompt),
@@ -178,21 +184,23 @@ def train(cfg: GRPOConfig) -> dict:
         sft_optimizer.zero_grad()
         loss.backward()
         sft_optimizer.step()
+        sft_step += 1
         metrics = {"sft/loss": loss.item()}
-        if sft_step == cfg.sft_steps - 1:
-            metrics["sft/accuracy"] = evaluate()
-        run.log(sft_step + 1, metrics)
-        progress.update(sft_step + 1, sft_loss=loss.item())
-    if cfg.sft_steps and sft_step == cfg.sft_steps - 1 and step == 0:
-        sft_step = cfg.sft_steps
-        save()
-    sft_step = cfg.sft_steps
+        if sft_step % cfg.sft_eval_every == 0 or sft_step == cfg.sft_steps:
+            metrics["sft/val_accuracy"] = accuracy(engine, tokenizer, validation, correct, cfg.system_prompt,
+                                                   cfg.max_new_tokens)
+            sft_done = metrics["sft/val_accuracy"] >= cfg.sft_target_accuracy or sft_step == cfg.sft_steps
+        run.log(sft_step, metrics)
+        progress.update(sft_step, sft_loss=loss.item())
+        if sft_done:
+            reference = make_reference()
+        if sft_done or sft_step % cfg.checkpoint_every == 0:
+            save(0)
     if reference is None:
         reference = make_reference()
 
     # 2. GRPO.
-    offset = cfg.sft_steps
-    first_accuracy = None
+    offset = sft_step
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     estimator = get_advantage(cfg.advantage)
     clock = Clock(step)
@@ -253,14 +261,10 @@ def train(cfg: GRPOConfig) -> dict:
                 metrics["kl/mean"] = stats["kl"].item()
         if step == cfg.steps - 1:
             metrics["eval/accuracy"] = evaluate()
-        if first_accuracy is None and "eval/accuracy" in metrics and step == 0:
-            first_accuracy = metrics["eval/accuracy"]
         run.log(offset + step + 1, metrics)
         progress.update(offset + step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
         if step == cfg.steps - 1 or due(step + 1, step, cfg.checkpoint_every):
-            step += 1
-            save()
-            step -= 1
+            save(step + 1)
     progress.close()
     return finish_lm(run, cfg)
 
