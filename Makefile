@@ -17,6 +17,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/omnigym train ppo
+	$(BIN)/omnigym train grpo
 
 demo-grpo: setup
 	$(BIN)/omnigym train grpo

@@ -5,4 +5,5 @@ ALGORITHMS = {
     "ppo": "omnigym.algos.ppo",
     "dqn": "omnigym.algos.dqn",
     "grpo": "omnigym.algos.grpo",
+    "text_reinforce": "omnigym.algos.text_reinforce",
 }

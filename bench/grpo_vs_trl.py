@@ -1,0 +1,117 @@
+"""Seconds per GRPO step: omnigym vs TRL's GRPOTrainer, same model, data and settings.
+
+Both train the same ~1M-parameter Llama (character tokenizer, saved and reloaded with
+from_pretrained) on the same arithmetic prompts with the same reward (correctness + 0.1 x
+format): 16 completions per step (2 prompts x 8 generations), 32 new tokens, beta 0.04,
+lr 1e-4, one torch thread. Each repetition is a fresh process; the frameworks alternate.
+A step's time is the interval between consecutive step ends (generation, scoring, reference
+and policy passes, optimizer step); the first 3 steps are dropped as warm-up.
+
+    python bench/grpo_vs_trl.py [--reps 3] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+STEP_TIMES = "STEP_TIMES "
+
+
+def run_omnigym(model_dir: str, steps: int) -> list[float]:
+    from omnigym.algos import grpo
+    from omnigym.track.run import Run
+
+    stamps, original = [], Run.log
+
+    def timed_log(self, step, metrics):
+        original(self, step, metrics)
+        stamps.append(time.perf_counter())
+
+    Run.log = timed_log
+    cfg = grpo.GRPOConfig(model=model_dir, sft_steps=0, steps=steps, prompts_per_step=2, group_size=8,
+                          max_new_tokens=32, beta=0.04, learning_rate=1e-4, eval_size=1, eval_every=10**9,
+                          run_dir=tempfile.mkdtemp(), progress=False, plot=False, tensorboard=False,
+                          checkpoint_every=10**9)
+    grpo.train(cfg)
+    # the first and last steps also evaluate; they fall among the dropped/edge intervals
+    return [b - a for a, b in zip(stamps, stamps[1:])][:-1]
+
+
+def run_trl(model_dir: str, steps: int) -> list[float]:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from omnigym.rewards import combine
+    from omnigym.tasks.arithmetic import ArithmeticTask
+
+    examples = ArithmeticTask().sample(2000, 1)
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": e["question"]}], "answer": e["answer"]}
+                              for e in examples])
+    score = combine({"math": 1.0, "format": 0.1})
+
+    def reward(completions, answer, **kwargs):
+        return [score(c[0]["content"], {"answer": a})[0] for c, a in zip(completions, answer)]
+
+    stamps = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+    config = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, num_generations=8,
+                        max_completion_length=32, beta=0.04, learning_rate=1e-4, max_steps=steps, use_cpu=True,
+                        report_to="none", save_strategy="no", logging_steps=10**6, seed=1, bf16=False)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward, args=config,
+                          train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model_dir),
+                          callbacks=[Stamp()])
+    trainer.train()
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def child(framework: str, model_dir: str, steps: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    times = (run_omnigym if framework == "omnigym" else run_trl)(model_dir, steps)
+    print(STEP_TIMES + json.dumps(times), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child[0], args.child[1], args.steps)
+
+    from omnigym.models.lm import build_tiny_model
+
+    model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="omnigym-tiny-"), seed=0))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    medians: dict[str, list[float]] = {"omnigym": [], "trl": []}
+    for rep in range(args.reps):
+        for framework in ("omnigym", "trl"):
+            out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", framework, model_dir],
+                                 capture_output=True, text=True, env=env)
+            line = next((l for l in out.stdout.splitlines() if l.startswith(STEP_TIMES)), None)
+            if line is None:
+                sys.exit(f"{framework} failed:\n{out.stderr[-3000:]}")
+            times = json.loads(line[len(STEP_TIMES):])[3:]
+            medians[framework].append(statistics.median(times))
+            print(f"rep {rep + 1} {framework:8s} median {medians[framework][-1]:.3f} s/step over {len(times)} steps",
+                  flush=True)
+    o, t = statistics.median(medians["omnigym"]), statistics.median(medians["trl"])
+    print(f"\nmedian s/step: omnigym {o:.3f}, TRL {t:.3f}; omnigym takes {o / t:.2f} of TRL's time ({t / o:.1f}x faster)")
+
+
+if __name__ == "__main__":
+    main()

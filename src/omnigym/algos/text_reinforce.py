@@ -1,0 +1,82 @@
+"""REINFORCE on text: the classic first exercise of RL on a language model.
+
+Sample completions of one prompt, reward those that contain the keywords, and step on
+``-(reward - mean reward) * log p(completion)``, the score-function gradient with the
+batch mean as baseline. Same engine, batches, log-probs and tracking as GRPO; no clipping,
+no reference model.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from omnigym.algos.common import Clock
+from omnigym.algos.lm_common import completion_texts, make_batch, prompt_ids, token_logprobs
+from omnigym.errors import OmnigymError
+from omnigym.rewards import get_reward
+from omnigym.rl.losses import aggregate, check_finite
+from omnigym.systems.generation import HFEngine, SamplingParams
+from omnigym.track.run import Run, default_run_dir
+
+
+@dataclass
+class TextReinforceConfig:
+    model: str = "tiny"
+    """hub id or local path; "tiny" builds a ~1M-parameter untrained model offline"""
+    prompt: str = "Say something."
+    keywords: str = "a"
+    """comma-separated keywords the completion should contain"""
+    seed: int = 1
+    steps: int = 40
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    run_dir: str | None = None
+    torch_threads: int = 1
+    device: str = "cpu"
+    tensorboard: bool = True
+    progress: bool = True
+    plot: bool = True
+
+
+def train(cfg: TextReinforceConfig) -> dict:
+    from omnigym.models.lm import build_tiny_model, load_model, load_tokenizer
+
+    torch.set_num_threads(cfg.torch_threads)
+    keywords = [k for k in cfg.keywords.split(",") if k]
+    if not keywords:
+        raise OmnigymError("--keywords needs at least one keyword")
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    cfg.run_dir = cfg.run_dir or default_run_dir("text_reinforce", cfg.model.replace("/", "-"), cfg.seed)
+    run = Run(cfg.run_dir, "text_reinforce", cfg, tensorboard=cfg.tensorboard)
+    model_path = str(build_tiny_model(run.dir / "tiny-model", seed=cfg.seed)) if cfg.model == "tiny" else cfg.model
+    tokenizer = load_tokenizer(model_path)
+    policy = load_model(model_path, device=cfg.device)
+    engine = HFEngine(policy, tokenizer)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+    reward_fn, example = get_reward("keyword"), {"keywords": keywords}
+    prompt = prompt_ids(tokenizer, cfg.prompt)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    clock = Clock(0)
+    for step in range(cfg.steps):
+        groups = engine.generate([prompt], cfg.batch_size, params)
+        rewards = torch.tensor([reward_fn(t, example) for t in completion_texts(tokenizer, groups)])
+        batch = make_batch([(s.prompt_ids, s.completion_ids) for s in groups[0]], tokenizer.pad_token_id, cfg.device)
+        advantages = (rewards - rewards.mean()).to(cfg.device).unsqueeze(1)
+        loss = -aggregate(advantages * token_logprobs(policy, batch), batch.loss_mask, "seq-mean-token-sum-norm",
+                          normalizer=cfg.max_new_tokens)
+        check_finite(loss, step)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        run.log(step + 1, {"reward/mean": rewards.mean().item(), "losses/policy_loss": loss.item(),
+                           "perf/steps_per_second": clock.sps(step + 1)})
+    plot_path = run.close(plot=cfg.plot, metric="reward/mean")
+    print(f"run: {run.dir}\nfinal mean reward: {rewards.mean().item():.3f}", file=sys.stderr)
+    return {"run_dir": str(run.dir), "final_reward": rewards.mean().item(), "plot": str(plot_path) if plot_path else None}
