@@ -50,7 +50,7 @@ class GRPOConfig:
     rewards: str = "math:1.0,format:0.1"
     """weighted rewards, name:weight,..."""
     seed: int = 1
-    steps: int = 200
+    steps: int = 300
     prompts_per_step: int = 8
     group_size: int = 8
     learning_rate: float = 1e-4
