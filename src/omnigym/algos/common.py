@@ -18,23 +18,15 @@ from omnigym.track.run import Run, default_run_dir
 
 
 @dataclass
-class CommonConfig:
-    env_id: str = "CartPole-v1"
-    """gymnasium env id (``omnigym list`` shows what is installed)"""
+class RunConfig:
+    """Flags every algorithm has: seed, run directory, resume, threads, device, tracking."""
+
     seed: int = 1
     """seed for torch, numpy, python and the envs: same seed, same metrics on CPU"""
-    total_timesteps: int = 100_000
-    """env steps to train for, summed over the vector envs"""
-    num_envs: int = 8
-    """parallel envs in the vector env"""
-    backend: str = "auto"
-    """vector env backend: auto, sync, async, native, envpool"""
     run_dir: str | None = None
-    """where the run writes (default runs/<algo>__<env>__<seed>__<time>)"""
+    """where the run writes (default runs/<algo>__<env or model>__<seed>__<time>)"""
     resume: str | None = None
     """continue the run in this directory from its last checkpoint"""
-    checkpoint_every: int = 25_000
-    """env steps between checkpoints (one is always written at the end); 0 writes only the last"""
     torch_threads: int = 1
     """torch intra-op threads; 1 is fastest for small networks on a shared CPU"""
     device: str = "cpu"
@@ -45,24 +37,38 @@ class CommonConfig:
     """log to Weights & Biases as well"""
     progress: bool = True
     """show a progress bar on a terminal"""
-    print_episodes: bool = False
-    """print one line per finished episode (global_step=..., episodic_return=...)"""
     plot: bool = True
     """write the learning curve PNG at the end"""
 
 
-def start(cfg: CommonConfig, algo: str) -> Run:
-    """Threads, seeds and the run directory."""
+@dataclass
+class CommonConfig(RunConfig):
+    env_id: str = "CartPole-v1"
+    """gymnasium env id (``omnigym list`` shows what is installed)"""
+    total_timesteps: int = 100_000
+    """env steps to train for, summed over the vector envs"""
+    num_envs: int = 8
+    """parallel envs in the vector env"""
+    backend: str = "auto"
+    """vector env backend: auto, sync, async, native, envpool"""
+    checkpoint_every: int = 25_000
+    """env steps between checkpoints (one is always written at the end); 0 writes only the last"""
+    print_episodes: bool = False
+    """print one line per finished episode (global_step=..., episodic_return=...)"""
+
+
+def start(cfg: RunConfig, algo: str, label: str | None = None) -> Run:
+    """Threads, seeds and the run directory (named after ``label``, default the env id)."""
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
-    if cfg.total_timesteps <= 0:
+    if getattr(cfg, "total_timesteps", 1) <= 0:
         raise OmnigymError(f"total_timesteps must be positive, got {cfg.total_timesteps}")
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     if cfg.resume and cfg.run_dir and cfg.run_dir != cfg.resume:
         raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
-    cfg.run_dir = cfg.resume or cfg.run_dir or default_run_dir(algo, cfg.env_id, cfg.seed)
+    cfg.run_dir = cfg.resume or cfg.run_dir or default_run_dir(algo, label or cfg.env_id, cfg.seed)
     return Run(cfg.run_dir, algo, cfg, resume=bool(cfg.resume), tensorboard=cfg.tensorboard, wandb=cfg.wandb)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.algos.common import Clock, due, restore_rng
+from omnigym.algos.common import Clock, RunConfig, due, restore_rng, start
 from omnigym.algos.lm_common import accuracy, completion_texts, make_batch, prompt_ids, sft_loss, token_logprobs
 from omnigym.errors import OmnigymError
 from omnigym.rewards import combine, get_reward
@@ -30,11 +30,11 @@ from omnigym.rl.losses import aggregate, check_finite, kl_estimate, ppo_policy_l
 from omnigym.systems.generation import HFEngine, SamplingParams
 from omnigym.track.checkpoint import rng_state
 from omnigym.track.progress import ProgressBar
-from omnigym.track.run import Run, default_run_dir
+from omnigym.track.run import Run
 
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(RunConfig):
     model: str = "tiny"
     """hub id or local path of a causal LM; "tiny" builds a ~1M-parameter model offline"""
     chat_template: str | None = None
@@ -49,7 +49,6 @@ class GRPOConfig:
     system_prompt: str | None = None
     rewards: str = "math:1.0,format:0.1"
     """weighted rewards, name:weight,..."""
-    seed: int = 1
     steps: int = 300
     prompts_per_step: int = 8
     group_size: int = 8
@@ -80,16 +79,8 @@ class GRPOConfig:
     eval_size: int = 500
     """held-out problems for eval/accuracy"""
     eval_every: int = 50
-    run_dir: str | None = None
-    resume: str | None = None
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
-    torch_threads: int = 1
-    device: str = "cpu"
-    tensorboard: bool = True
-    wandb: bool = False
-    progress: bool = True
-    plot: bool = True
 
 
 def load_examples(cfg: GRPOConfig) -> tuple[list[dict], list[dict]]:
@@ -118,17 +109,11 @@ def parse_rewards(spec: str) -> dict[str, float]:
 def train(cfg: GRPOConfig) -> dict:
     from omnigym.models.lm import LoraSettings, build_tiny_model, load_model, load_tokenizer
 
-    torch.set_num_threads(cfg.torch_threads)
     if cfg.prompts_per_step <= 0 or cfg.group_size < 2:
         raise OmnigymError("GRPO needs prompts_per_step >= 1 and group_size >= 2")
     weights = parse_rewards(cfg.rewards)
     score, correct = combine(weights), get_reward("math")
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    if cfg.resume and cfg.run_dir and cfg.run_dir != cfg.resume:
-        raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
-    cfg.run_dir = cfg.resume or cfg.run_dir or default_run_dir("grpo", cfg.model.replace("/", "-"), cfg.seed)
-    run = Run(cfg.run_dir, "grpo", cfg, resume=bool(cfg.resume), tensorboard=cfg.tensorboard, wandb=cfg.wandb)
+    run = start(cfg, "grpo", label=cfg.model)
     model_path = str(run.dir / "tiny-model") if cfg.model == "tiny" else cfg.model
     if cfg.model == "tiny" and not (run.dir / "tiny-model" / "config.json").exists():
         build_tiny_model(model_path, seed=cfg.seed)
