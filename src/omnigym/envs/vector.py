@@ -61,8 +61,8 @@ def make_vec(
 ) -> gym.vector.VectorEnv:
     """Make ``num_envs`` copies of ``env_id`` as one vector env with episode statistics.
 
-    ``seed`` seeds the envs on their first reset and the action space's sampler, so two
-    calls with the same seed give the same trajectories.
+    ``seed`` seeds the action spaces' samplers (and EnvPool's pool); pass it to the first
+    ``reset`` too, as the algorithms do, and two runs see the same trajectories.
     """
     if not isinstance(num_envs, int) or num_envs <= 0:
         raise OmnigymError(f"num_envs must be a positive integer, got {num_envs!r}")
@@ -86,13 +86,7 @@ def make_vec(
     if seed is not None:
         envs.action_space.seed(seed)
         envs.single_action_space.seed(seed)
-        envs._omnigym_seed = seed  # consumed by the first reset
     return envs
-
-
-def reset(envs: gym.vector.VectorEnv, seed: int | None):
-    """First reset of a vector env, seeded so that runs repeat."""
-    return envs.reset(seed=seed)
 
 
 def _make_envpool(env_id: str, num_envs: int, seed: int | None, **env_kwargs):
