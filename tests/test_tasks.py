@@ -52,3 +52,18 @@ def test_real_gsm8k_and_humaneval_rows():
     assert len(gsm) == 1319 and gsm[0]["answer"] == "18"
     human = load_humaneval(SHARED / "humaneval" / "HumanEval.jsonl.gz")
     assert len(human) == 164 and human[0]["entry_point"] == "has_close_elements"
+
+
+def test_reasoning_gym_tasks_and_their_scorer():
+    pytest.importorskip("reasoning_gym")
+    from omnigym.rewards import get_reward
+    from omnigym.tasks.reasoning_gym import load_reasoning_gym
+
+    examples = load_reasoning_gym("prime_factorization", size=5, seed=1)
+    assert len(examples) == 5 and examples[0]["question"]
+    reward = get_reward("reasoning_gym")
+    assert reward(f"<answer>{examples[0]['answer']}</answer>", examples[0]) == 1.0
+    assert reward("<answer>not a number</answer>", examples[0]) == 0.0  # its scorer raises here
+    assert reward("no tags", examples[0]) == 0.0
+    with pytest.raises(OmnigymError, match="reasoning-gym has no task 'nope'"):
+        load_reasoning_gym("nope")

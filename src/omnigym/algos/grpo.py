@@ -42,7 +42,8 @@ class GRPOConfig(RunConfig):
     lora_r: int = 0
     """LoRA rank (0 trains all weights)"""
     task: str = "arithmetic"
-    """"arithmetic" (procedural) or a jsonl file / HF dataset with question and answer fields"""
+    """"arithmetic", "reasoning_gym:<task>" (use --rewards reasoning_gym:1.0,...) or a jsonl file /
+    HF dataset with question and answer fields"""
     digits: int = 2
     terms: int = 2
     operations: str = "+"
@@ -89,9 +90,14 @@ def load_examples(cfg: GRPOConfig) -> tuple[list[dict], list[dict]]:
 
         task = ArithmeticTask(cfg.digits, cfg.terms, cfg.operations)
         return task.sample(20_000, cfg.seed), task.sample(cfg.eval_size, 10_000 + cfg.seed, split="heldout")
-    from omnigym.tasks.datasets import load_prompt_answer
+    if cfg.task.startswith("reasoning_gym:"):
+        from omnigym.tasks.reasoning_gym import load_reasoning_gym
 
-    rows = load_prompt_answer(cfg.task, "question", "answer")
+        rows = load_reasoning_gym(cfg.task.split(":", 1)[1], size=20_000 + cfg.eval_size, seed=cfg.seed)
+    else:
+        from omnigym.tasks.datasets import load_prompt_answer
+
+        rows = load_prompt_answer(cfg.task, "question", "answer")
     random.Random(cfg.seed).shuffle(rows)
     return rows[cfg.eval_size:], rows[:cfg.eval_size]
 

@@ -41,3 +41,4 @@ def combine(weights: dict[str, float]) -> Callable[[str, dict], tuple[float, dic
 
 def _load_builtins() -> None:
     from omnigym.rewards import code, text  # noqa: F401  (registration happens on import)
+    from omnigym.tasks import reasoning_gym  # noqa: F401
