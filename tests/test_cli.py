@@ -2,8 +2,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from omnigym.cli import main
 
 

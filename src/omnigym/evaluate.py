@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import load_checkpoint
 from omnigym.track.run import load_config_dict

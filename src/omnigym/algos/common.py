@@ -185,11 +185,6 @@ def finish(run: Run, stats: EpisodeStats, cfg: CommonConfig, global_step: int) -
     return summary
 
 
-def obs_tensor(obs, device) -> torch.Tensor:
-    tensor = torch.as_tensor(obs, device=device)
-    return tensor if tensor.dtype == torch.uint8 else tensor.float()
-
-
 def config_from_dict(cls, values: dict):
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names})

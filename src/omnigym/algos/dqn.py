@@ -17,13 +17,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omnigym.algos.common import Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, obs_tensor, restore_envs, restore_rng, start
+from omnigym.algos.common import Clock, CommonConfig, EpisodeStats, checkpoint_state, due, finish, restore_envs, restore_rng, start
 from omnigym.envs.vector import make_vec
 from omnigym.errors import OmnigymError
 from omnigym.models.control import QNetwork
 from omnigym.rl.buffers import ReplayBuffer
 from omnigym.rl.losses import check_finite
 from omnigym.rl.optim import Adam
+from omnigym.rl.rollout import obs_tensor
 from omnigym.track.progress import ProgressBar
 
 

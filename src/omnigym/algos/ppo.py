@@ -17,13 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.algos.common import (Clock, CommonConfig, EpisodeStats, due, finish, obs_tensor, save_on_policy,
+from omnigym.algos.common import (Clock, CommonConfig, EpisodeStats, due, finish, save_on_policy,
                                   start, start_on_policy)
 from omnigym.envs.vector import make_vec
 from omnigym.models.control import ActorCritic
 from omnigym.rl.advantages import gae, normalize
 from omnigym.rl.losses import check_finite, ppo_policy_loss, value_loss
 from omnigym.rl.optim import Adam
+from omnigym.rl.rollout import obs_tensor
 from omnigym.rl.running_stats import RunningMeanStd
 from omnigym.track.progress import ProgressBar
 

@@ -8,53 +8,42 @@ no reference model.
 
 from __future__ import annotations
 
-import random
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from omnigym.algos.common import Clock
+from omnigym.algos.common import Clock, RunConfig, start
 from omnigym.algos.lm_common import completion_texts, make_batch, prompt_ids, token_logprobs
 from omnigym.errors import OmnigymError
 from omnigym.rewards import get_reward
 from omnigym.rl.losses import aggregate, check_finite
 from omnigym.systems.generation import HFEngine, SamplingParams
-from omnigym.track.run import Run, default_run_dir
 
 
 @dataclass
-class TextReinforceConfig:
+class TextReinforceConfig(RunConfig):
     model: str = "tiny"
     """hub id or local path; "tiny" builds a ~1M-parameter untrained model offline"""
     prompt: str = "Say something."
     keywords: str = "a"
     """comma-separated keywords the completion should contain"""
-    seed: int = 1
     steps: int = 40
     batch_size: int = 32
     learning_rate: float = 1e-3
     max_new_tokens: int = 16
     temperature: float = 1.0
-    run_dir: str | None = None
-    torch_threads: int = 1
-    device: str = "cpu"
-    tensorboard: bool = True
-    progress: bool = True
-    plot: bool = True
 
 
 def train(cfg: TextReinforceConfig) -> dict:
     from omnigym.models.lm import build_tiny_model, load_model, load_tokenizer
 
-    torch.set_num_threads(cfg.torch_threads)
     keywords = [k for k in cfg.keywords.split(",") if k]
     if not keywords:
         raise OmnigymError("--keywords needs at least one keyword")
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    cfg.run_dir = cfg.run_dir or default_run_dir("text_reinforce", cfg.model.replace("/", "-"), cfg.seed)
-    run = Run(cfg.run_dir, "text_reinforce", cfg, tensorboard=cfg.tensorboard)
+    if cfg.resume:
+        raise OmnigymError("text_reinforce runs are short and keep no checkpoint; start a new run instead of --resume")
+    run = start(cfg, "text_reinforce", label=cfg.model)
     model_path = str(build_tiny_model(run.dir / "tiny-model", seed=cfg.seed)) if cfg.model == "tiny" else cfg.model
     tokenizer = load_tokenizer(model_path)
     policy = load_model(model_path, device=cfg.device)

@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
@@ -145,9 +144,8 @@ def run_python(code: str, limits: SandboxLimits | None = None, stdin: str = "") 
                 timed_out = True
             except BrokenPipeError:
                 pass
-            deadline_hit = timed_out
             _kill_all(proc, uid, privileged)
-        return SandboxResult(None if deadline_hit else proc.returncode, _read_capped(out_path, limits),
+        return SandboxResult(None if timed_out else proc.returncode, _read_capped(out_path, limits),
                              _read_capped(err_path, limits), timed_out, privileged)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

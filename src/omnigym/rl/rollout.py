@@ -17,6 +17,12 @@ import torch
 from omnigym.rl.running_stats import RunningMeanStd
 
 
+def obs_tensor(obs, device="cpu") -> torch.Tensor:
+    """Observations as a tensor: images stay uint8 (the encoder scales them), the rest float32."""
+    tensor = torch.as_tensor(obs, device=device)
+    return tensor if tensor.dtype == torch.uint8 else tensor.float()
+
+
 @dataclass
 class Rollout:
     obs: torch.Tensor              # [T, N, *obs_shape]
@@ -57,8 +63,7 @@ class RolloutCollector:
         if self.obs_rms is not None:
             self.obs_rms.update(raw_obs)
             raw_obs = self.obs_rms.normalize(raw_obs)
-        tensor = torch.as_tensor(raw_obs)
-        return tensor if tensor.dtype == torch.uint8 else tensor.float()
+        return obs_tensor(raw_obs)
 
     def collect(self, agent, global_step: int) -> tuple[Rollout, int]:
         """Run ``num_steps`` vector steps with ``agent.act``; returns the rollout and the new step count."""
