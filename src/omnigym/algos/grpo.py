@@ -22,12 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.algos.common import Clock, RunConfig, due, restore_rng, start
-from omnigym.algos.lm_common import accuracy, completion_texts, make_batch, prompt_ids, sft_loss, token_logprobs
+from omnigym.algos.lm_common import (accuracy, completion_logprobs, completion_texts, make_batch,
+                                     make_completion_batch, prompt_ids, sft_loss)
 from omnigym.errors import OmnigymError
 from omnigym.rewards import combine, get_reward
 from omnigym.rl.advantages import get_advantage
 from omnigym.rl.losses import aggregate, check_finite, kl_estimate, ppo_policy_loss
-from omnigym.systems.generation import HFEngine, SamplingParams
+from omnigym.systems.generation import SamplingParams, make_engine
 from omnigym.track.checkpoint import rng_state
 from omnigym.track.progress import ProgressBar
 from omnigym.track.run import Run
@@ -41,6 +42,8 @@ class GRPOConfig(RunConfig):
     """Jinja chat template (string or file) for models that have none"""
     lora_r: int = 0
     """LoRA rank (0 trains all weights)"""
+    engine: str = "auto"
+    """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv or hf"""
     task: str = "arithmetic"
     """"arithmetic", "reasoning_gym:<task>" (use --rewards reasoning_gym:1.0,...) or a jsonl file /
     HF dataset with question and answer fields"""
@@ -125,7 +128,7 @@ def train(cfg: GRPOConfig) -> dict:
         build_tiny_model(model_path, seed=cfg.seed)
     tokenizer = load_tokenizer(model_path, cfg.chat_template)
     policy = load_model(model_path, LoraSettings(r=cfg.lora_r), device=cfg.device)
-    engine = HFEngine(policy, tokenizer)
+    engine = make_engine(policy, tokenizer, cfg.engine)
     train_set, heldout = load_examples(cfg)
     sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_learning_rate)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
@@ -216,14 +219,13 @@ def train(cfg: GRPOConfig) -> dict:
 
         stats = {}
         if kept:
-            batch = make_batch([(samples[i].prompt_ids, samples[i].completion_ids) for i in kept],
-                               tokenizer.pad_token_id, cfg.device)
+            batch = make_completion_batch([samples[i] for i in kept], tokenizer.pad_token_id, cfg.device)
             adv = advantages[kept].to(cfg.device).unsqueeze(1)
             with torch.no_grad():
-                ref_logprobs = token_logprobs(reference, batch) if reference is not None else None
-                old_logprobs = token_logprobs(policy, batch) if cfg.ppo_epochs > 1 else None
+                ref_logprobs = completion_logprobs(reference, batch) if reference is not None else None
+                old_logprobs = completion_logprobs(policy, batch) if cfg.ppo_epochs > 1 else None
             for _ in range(cfg.ppo_epochs):
-                new_logprobs = token_logprobs(policy, batch)
+                new_logprobs = completion_logprobs(policy, batch)
                 old = old_logprobs if old_logprobs is not None else new_logprobs.detach()
                 loss, stats = ppo_policy_loss(new_logprobs, old, adv, batch.loss_mask, cfg.clip_low, cfg.clip_high,
                                               cfg.loss_aggregation, normalizer=cfg.max_new_tokens)

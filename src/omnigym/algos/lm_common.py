@@ -46,6 +46,60 @@ def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
+@dataclass
+class CompletionBatch:
+    """Completions scored against prompts they share. Every distinct prompt, less its last
+    token, is run once and its KV cache copied to each of its completions; the completion
+    pass then starts from that last token. A group of 8 samples of one prompt pays for the
+    prompt once instead of 8 times, forward and backward, and the numbers are the same."""
+    prefix_ids: torch.Tensor      # [G, P], left-padded distinct prompts without their last token
+    prefix_mask: torch.Tensor     # [G, P]
+    rows: torch.Tensor            # [B], the prefix row of each completion
+    input_ids: torch.Tensor       # [B, C], last prompt token + completion[:-1], right-padded
+    position_ids: torch.Tensor    # [B, C]
+    targets: torch.Tensor         # [B, C], the completion tokens
+    loss_mask: torch.Tensor       # [B, C], 1 on completion tokens
+
+
+def make_completion_batch(samples: list[Sample], pad_id: int, device="cpu") -> CompletionBatch:
+    if min(len(s.prompt_ids) for s in samples) < 2:
+        raise ValueError("every prompt needs at least 2 tokens")
+    distinct = list(dict.fromkeys(tuple(s.prompt_ids) for s in samples))
+    row_of = {p: i for i, p in enumerate(distinct)}
+    width = max(map(len, distinct)) - 1
+    prefix_ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
+    prefix_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+    for i, p in enumerate(distinct):
+        prefix_ids[i, width - len(p) + 1:] = torch.tensor(p[:-1])
+        prefix_mask[i, width - len(p) + 1:] = 1
+    length = max(len(s.completion_ids) for s in samples)
+    input_ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
+    targets = torch.full((len(samples), length), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((len(samples), length))
+    for i, s in enumerate(samples):
+        n = len(s.completion_ids)
+        input_ids[i, :n] = torch.tensor(s.prompt_ids[-1:] + s.completion_ids[:-1])
+        targets[i, :n] = torch.tensor(s.completion_ids)
+        loss_mask[i, :n] = 1
+    starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples])
+    position_ids = starts[:, None] + torch.arange(length)[None]
+    rows = torch.tensor([row_of[tuple(s.prompt_ids)] for s in samples])
+    return CompletionBatch(*(t.to(device) for t in (prefix_ids, prefix_mask, rows, input_ids, position_ids,
+                                                     targets, loss_mask)))
+
+
+def completion_logprobs(model, batch: CompletionBatch) -> torch.Tensor:
+    """log p(completion token t | prompt, completion tokens < t), ``[B, C]``."""
+    positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = model(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask, position_ids=positions,
+                  use_cache=True).past_key_values
+    cache.batch_select_indices(batch.rows)
+    attention = torch.cat([batch.prefix_mask[batch.rows], (batch.loss_mask > 0).long()], 1)
+    logits = model(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
+                   past_key_values=cache, use_cache=True).logits.float()
+    return logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
 def sft_loss(model, batch: TokenBatch) -> torch.Tensor:
     logprobs = token_logprobs(model, batch)
     return -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)

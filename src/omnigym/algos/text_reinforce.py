@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.algos.common import Clock, RunConfig, start
-from omnigym.algos.lm_common import completion_texts, make_batch, prompt_ids, token_logprobs
+from omnigym.algos.lm_common import completion_logprobs, completion_texts, make_completion_batch, prompt_ids
 from omnigym.errors import OmnigymError
 from omnigym.rewards import get_reward
 from omnigym.rl.losses import aggregate, check_finite
-from omnigym.systems.generation import HFEngine, SamplingParams
+from omnigym.systems.generation import SamplingParams, make_engine
 
 
 @dataclass
@@ -47,7 +47,7 @@ def train(cfg: TextReinforceConfig) -> dict:
     model_path = str(build_tiny_model(run.dir / "tiny-model", seed=cfg.seed)) if cfg.model == "tiny" else cfg.model
     tokenizer = load_tokenizer(model_path)
     policy = load_model(model_path, device=cfg.device)
-    engine = HFEngine(policy, tokenizer)
+    engine = make_engine(policy, tokenizer)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
     reward_fn, example = get_reward("keyword"), {"keywords": keywords}
     prompt = prompt_ids(tokenizer, cfg.prompt)
@@ -56,9 +56,9 @@ def train(cfg: TextReinforceConfig) -> dict:
     for step in range(cfg.steps):
         groups = engine.generate([prompt], cfg.batch_size, params)
         rewards = torch.tensor([reward_fn(t, example) for t in completion_texts(tokenizer, groups)])
-        batch = make_batch([(s.prompt_ids, s.completion_ids) for s in groups[0]], tokenizer.pad_token_id, cfg.device)
+        batch = make_completion_batch(groups[0], tokenizer.pad_token_id, cfg.device)
         advantages = (rewards - rewards.mean()).to(cfg.device).unsqueeze(1)
-        loss = -aggregate(advantages * token_logprobs(policy, batch), batch.loss_mask, "seq-mean-token-sum-norm",
+        loss = -aggregate(advantages * completion_logprobs(policy, batch), batch.loss_mask, "seq-mean-token-sum-norm",
                           normalizer=cfg.max_new_tokens)
         check_finite(loss, step)
         optimizer.zero_grad()

@@ -1,8 +1,9 @@
 """Generation engines: prompts in, ``n`` samples each, token ids and log-probs out.
 
-``HFEngine`` uses Hugging Face ``generate`` (batched, left padding, KV cache) and runs on
-CPU or GPU. A vLLM engine implements the same two methods; algorithms only see this
-interface.
+``HFEngine`` uses Hugging Face ``generate`` (batched, left padding, KV cache) and runs any
+causal LM on CPU or GPU; ``LlamaFamilyEngine`` (``kv_decode``) samples Llama-family models
+with far less per-token overhead. A vLLM engine implements the same two methods;
+algorithms only see this interface and get theirs from ``make_engine``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from omnigym.errors import OmnigymError
 
 
 @dataclass
@@ -38,7 +41,10 @@ class GenerationEngine(Protocol):
     def sync_weights(self, model) -> None: ...
 
 
-class HFEngine:
+class BatchedEngine:
+    """Flattens prompts x n into batches of at most ``batch_size`` rows; subclasses sample a
+    batch of left-padded prompts in ``_generate_batch``."""
+
     def __init__(self, model, tokenizer, batch_size: int = 256):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.eos_id = tokenizer.eos_token_id
@@ -59,6 +65,21 @@ class HFEngine:
         return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+        raise NotImplementedError
+
+    def _samples(self, prompts: list[list[int]], new_tokens: torch.Tensor, logprobs: torch.Tensor) -> list[Sample]:
+        """Cut each row after its end-of-sequence token."""
+        samples = []
+        for i, p in enumerate(prompts):
+            tokens = new_tokens[i].tolist()
+            finished = self.eos_id in tokens
+            length = tokens.index(self.eos_id) + 1 if finished else len(tokens)
+            samples.append(Sample(p, tokens[:length], logprobs[i, :length].tolist(), finished))
+        return samples
+
+
+class HFEngine(BatchedEngine):
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(map(len, prompts))
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -76,10 +97,19 @@ class HFEngine:
         temperature = 1.0 if params.greedy else params.temperature
         logits = torch.stack(out.logits, 1).float().cpu() / temperature
         logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        samples = []
-        for i, p in enumerate(prompts):
-            tokens = new_tokens[i].tolist()
-            finished = self.eos_id in tokens
-            length = tokens.index(self.eos_id) + 1 if finished else len(tokens)
-            samples.append(Sample(p, tokens[:length], logprobs[i, :length].tolist(), finished))
-        return samples
+        return self._samples(prompts, new_tokens, logprobs)
+
+
+def make_engine(model, tokenizer, kind: str = "auto", batch_size: int = 256) -> BatchedEngine:
+    """``hf``: Hugging Face ``generate``; ``kv``: the lean Llama-family sampler
+    (``kv_decode``); ``auto``: ``kv`` where the model allows it, else ``hf``."""
+    from omnigym.systems.kv_decode import LlamaFamilyEngine, unsupported_reason
+
+    if kind not in ("auto", "hf", "kv"):
+        raise OmnigymError(f"unknown engine {kind!r}; choose auto, hf or kv")
+    reason = unsupported_reason(model)
+    if kind == "kv" and reason:
+        raise OmnigymError(f"--engine kv cannot run this model: {reason}; use --engine hf")
+    if kind == "hf" or reason:
+        return HFEngine(model, tokenizer, batch_size)
+    return LlamaFamilyEngine(model, tokenizer, batch_size)

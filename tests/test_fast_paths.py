@@ -1,0 +1,119 @@
+"""The two fast paths of the language loop compute exactly what the plain ones do:
+the lean KV-cache sampler against Hugging Face ``generate``, and shared-prompt
+log-probs against a full forward pass over every padded sequence."""
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from omnigym.algos.lm_common import (completion_logprobs, make_batch, make_completion_batch,  # noqa: E402
+                                     token_logprobs)
+from omnigym.errors import OmnigymError  # noqa: E402
+from omnigym.models.lm import LoraSettings, build_tiny_model, load_model, load_tokenizer  # noqa: E402
+from omnigym.systems.generation import HFEngine, Sample, SamplingParams, make_engine  # noqa: E402
+from omnigym.systems.kv_decode import LlamaFamilyEngine, sample  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+def family_model(kind: str, vocab_size: int):
+    """Small random models of each supported architecture, with the features that differ:
+    Qwen2's q/k/v biases, Qwen3's per-head q/k norms, grouped-query attention, RoPE scaling."""
+    import transformers
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+    torch.manual_seed(0)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**common, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    elif kind == "qwen2":
+        config = transformers.Qwen2Config(**common)
+    else:
+        config = transformers.Qwen3Config(**common, head_dim=16)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # random biases and norms, so that a path that ignored them would show
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    return model
+
+
+PROMPTS = [[4, 20, 21, 22, 5], [4, 30, 31, 32, 33, 34, 35, 36, 5], [4, 40, 5]]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_kv_sampler_matches_generate(tiny, kind):
+    tokenizer = load_tokenizer(tiny)
+    model = family_model(kind, len(tokenizer))
+    greedy = SamplingParams(max_new_tokens=12, greedy=True)
+    expected = HFEngine(model, tokenizer).generate(PROMPTS, 2, greedy)
+    got = LlamaFamilyEngine(model, tokenizer).generate(PROMPTS, 2, greedy)
+    for want_group, got_group in zip(expected, got):
+        for want, have in zip(want_group, got_group):
+            assert have.completion_ids == want.completion_ids
+            assert torch.allclose(torch.tensor(have.logprobs), torch.tensor(want.logprobs), atol=1e-4)
+
+
+def test_kv_sampler_logprobs_are_the_models(tiny):
+    tokenizer, model = load_tokenizer(tiny), load_model(tiny)
+    torch.manual_seed(0)
+    samples = [s for g in LlamaFamilyEngine(model, tokenizer).generate(PROMPTS, 4, SamplingParams(max_new_tokens=16))
+               for s in g]
+    assert len({tuple(s.completion_ids) for s in samples}) > 3  # it samples, it does not repeat one answer
+    full = token_logprobs(model, make_batch([(s.prompt_ids, s.completion_ids) for s in samples],
+                                            tokenizer.pad_token_id))
+    for i, s in enumerate(samples):
+        start = len(s.prompt_ids) - 1
+        assert torch.allclose(full[i, start:start + len(s.completion_ids)], torch.tensor(s.logprobs), atol=1e-4)
+
+
+def test_top_k_and_top_p_filtering():
+    torch.manual_seed(0)
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.9]]).repeat(2000, 1)
+    assert (sample(logits, top_k=1) == 1).all()
+    assert (sample(logits, top_p=0.01) == 1).all()
+    drawn = sample(logits, top_k=2)
+    assert set(drawn.tolist()) == {1, 3}
+    # probabilities 0.024, 0.479, 0.065, 0.433: tokens 1 and 3 hold 0.911 of the mass
+    assert set(sample(logits, top_p=0.9).tolist()) == {1, 3}
+    assert set(sample(logits, top_p=0.95).tolist()) == {1, 2, 3}
+
+
+def test_engine_choice(tiny):
+    tokenizer = load_tokenizer(tiny)
+    assert isinstance(make_engine(load_model(tiny), tokenizer), LlamaFamilyEngine)
+    lora = load_model(tiny, LoraSettings(r=4))
+    assert type(make_engine(lora, tokenizer)) is HFEngine
+    with pytest.raises(OmnigymError, match="--engine kv cannot run this model: not a plain causal LM"):
+        make_engine(lora, tokenizer, "kv")
+    with pytest.raises(OmnigymError, match="unknown engine 'vllm2'"):
+        make_engine(lora, tokenizer, "vllm2")
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_shared_prompt_logprobs_equal_full_forward(tiny, lora):
+    tokenizer, model = load_tokenizer(tiny), load_model(tiny, LoraSettings(r=lora))
+    torch.manual_seed(1)
+    completions = [torch.randint(10, 60, (n,)).tolist() for n in (5, 1, 9, 3, 7, 2)]
+    samples = [Sample(PROMPTS[i % 3], c, [0.0] * len(c), True) for i, c in enumerate(completions)]
+
+    shared = completion_logprobs(model, make_completion_batch(samples, tokenizer.pad_token_id))
+    model.zero_grad()
+    (shared * make_completion_batch(samples, tokenizer.pad_token_id).loss_mask).sum().backward()
+    shared_grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    full = token_logprobs(model, make_batch([(s.prompt_ids, s.completion_ids) for s in samples],
+                                            tokenizer.pad_token_id))
+    picked = [full[i, len(s.prompt_ids) - 1:len(s.prompt_ids) - 1 + len(s.completion_ids)]
+              for i, s in enumerate(samples)]
+    model.zero_grad()
+    sum(p.sum() for p in picked).backward()
+    for i, p in enumerate(picked):
+        assert torch.allclose(shared[i, :len(p)], p, atol=1e-5)
+    for a, b in zip(shared_grads, (p.grad for p in model.parameters() if p.requires_grad)):
+        assert torch.allclose(a, b, atol=1e-4)
