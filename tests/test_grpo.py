@@ -64,6 +64,15 @@ def test_bad_reward_spec_is_a_clear_error(tmp_path):
         grpo.train(small(tmp_path, rewards="math=1"))
 
 
+def test_gsm8k_task_reads_the_final_answer(tmp_path):
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": f"work <<1+1=2>>\n#### {i}"})
+                              for i in range(30)))
+    train_rows, heldout = grpo.load_examples(grpo.GRPOConfig(task=f"gsm8k:{data}", eval_size=10))
+    assert len(train_rows) == 20 and len(heldout) == 10
+    assert all(r["answer"] == r["question"][1:] for r in train_rows + heldout)
+
+
 def test_reinforce_on_text_learns_a_keyword(tmp_path):
     from omnigym.algos import text_reinforce
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.algos.common import Clock, RunConfig, due, restore_rng, start
-from omnigym.algos.lm_common import (accuracy, completion_logprobs, completion_texts, make_batch,
+from omnigym.algos.lm_common import (accuracy, adamw, completion_logprobs, completion_texts, make_batch,
                                      make_completion_batch, prompt_ids, sft_loss)
 from omnigym.errors import OmnigymError
 from omnigym.rewards import combine, get_reward
@@ -45,8 +45,8 @@ class GRPOConfig(RunConfig):
     engine: str = "auto"
     """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv or hf"""
     task: str = "arithmetic"
-    """"arithmetic", "reasoning_gym:<task>" (use --rewards reasoning_gym:1.0,...) or a jsonl file /
-    HF dataset with question and answer fields"""
+    """"arithmetic", "reasoning_gym:<task>" (use --rewards reasoning_gym:1.0,...), "gsm8k:<file.jsonl>",
+    or a jsonl file / HF dataset with question and answer fields"""
     digits: int = 2
     terms: int = 2
     operations: str = "+"
@@ -97,6 +97,10 @@ def load_examples(cfg: GRPOConfig) -> tuple[list[dict], list[dict]]:
         from omnigym.tasks.reasoning_gym import load_reasoning_gym
 
         rows = load_reasoning_gym(cfg.task.split(":", 1)[1], size=20_000 + cfg.eval_size, seed=cfg.seed)
+    elif cfg.task.startswith("gsm8k:"):
+        from omnigym.tasks.datasets import load_gsm8k
+
+        rows = load_gsm8k(cfg.task.split(":", 1)[1])
     else:
         from omnigym.tasks.datasets import load_prompt_answer
 
@@ -130,8 +134,8 @@ def train(cfg: GRPOConfig) -> dict:
     policy = load_model(model_path, LoraSettings(r=cfg.lora_r), device=cfg.device)
     engine = make_engine(policy, tokenizer, cfg.engine)
     train_set, heldout = load_examples(cfg)
-    sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_learning_rate)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+    sft_optimizer = adamw(policy, cfg.sft_learning_rate, weight_decay=0.01)
+    optimizer = adamw(policy, cfg.learning_rate)
     reference, sft_step, step, sft_done = None, 0, 0, cfg.sft_steps == 0
 
     def make_reference():

@@ -100,6 +100,14 @@ def completion_logprobs(model, batch: CompletionBatch) -> torch.Tensor:
     return logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
+def adamw(model, learning_rate: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW over the trainable weights; torch's fused kernel (CPU and CUDA) takes a third
+    of the time of the per-tensor loop on a small model."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, fused=fused)
+
+
 def sft_loss(model, batch: TokenBatch) -> torch.Tensor:
     logprobs = token_logprobs(model, batch)
     return -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.algos.common import Clock, RunConfig, start
-from omnigym.algos.lm_common import completion_logprobs, completion_texts, make_completion_batch, prompt_ids
+from omnigym.algos.lm_common import adamw, completion_logprobs, completion_texts, make_completion_batch, prompt_ids
 from omnigym.errors import OmnigymError
 from omnigym.rewards import get_reward
 from omnigym.rl.losses import aggregate, check_finite
@@ -48,7 +48,7 @@ def train(cfg: TextReinforceConfig) -> dict:
     tokenizer = load_tokenizer(model_path)
     policy = load_model(model_path, device=cfg.device)
     engine = make_engine(policy, tokenizer)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+    optimizer = adamw(policy, cfg.learning_rate)
     reward_fn, example = get_reward("keyword"), {"keywords": keywords}
     prompt = prompt_ids(tokenizer, cfg.prompt)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
