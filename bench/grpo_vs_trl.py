@@ -3,11 +3,11 @@
 Both train the same ~1M-parameter Llama (character tokenizer, saved and reloaded with
 from_pretrained) on the same arithmetic prompts with the same reward (correctness + 0.1 x
 format): 16 completions per step (2 prompts x 8 generations), 32 new tokens, beta 0.04,
-lr 1e-4, one torch thread. Each repetition is a fresh process; the frameworks alternate.
+lr 1e-4, one torch thread (``--threads``). Each repetition is a fresh process; the frameworks alternate.
 A step's time is the interval between consecutive step ends (generation, scoring, reference
 and policy passes, optimizer step); the first 3 steps are dropped as warm-up.
 
-    python bench/grpo_vs_trl.py [--reps 3] [--steps 20]
+    python bench/grpo_vs_trl.py [--reps 3] [--steps 20] [--threads 1]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 STEP_TIMES = "STEP_TIMES "
 
 
-def run_omnigym(model_dir: str, steps: int) -> list[float]:
+def run_omnigym(model_dir: str, steps: int, threads: int) -> list[float]:
     from omnigym.algos import grpo
     from omnigym.track.run import Run
 
@@ -38,13 +38,13 @@ def run_omnigym(model_dir: str, steps: int) -> list[float]:
     cfg = grpo.GRPOConfig(model=model_dir, sft_steps=0, steps=steps, prompts_per_step=2, group_size=8,
                           max_new_tokens=32, beta=0.04, learning_rate=1e-4, eval_size=1, eval_every=10**9,
                           run_dir=tempfile.mkdtemp(), progress=False, plot=False, tensorboard=False,
-                          checkpoint_every=10**9, skip_equal_groups=False)
+                          checkpoint_every=10**9, skip_equal_groups=False, torch_threads=threads)
     grpo.train(cfg)
     # the first and last steps also evaluate; they fall among the dropped/edge intervals
     return [b - a for a, b in zip(stamps, stamps[1:])][:-1]
 
 
-def run_trl(model_dir: str, steps: int) -> list[float]:
+def run_trl(model_dir: str, steps: int, threads: int) -> list[float]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -76,11 +76,11 @@ def run_trl(model_dir: str, steps: int) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def child(framework: str, model_dir: str, steps: int) -> None:
+def child(framework: str, model_dir: str, steps: int, threads: int) -> None:
     import torch
 
-    torch.set_num_threads(1)
-    times = (run_omnigym if framework == "omnigym" else run_trl)(model_dir, steps)
+    torch.set_num_threads(threads)
+    times = (run_omnigym if framework == "omnigym" else run_trl)(model_dir, steps, threads)
     print(STEP_TIMES + json.dumps(times), flush=True)
 
 
@@ -88,19 +88,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in each framework's process")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child[0], args.child[1], args.steps)
+        return child(args.child[0], args.child[1], args.steps, args.threads)
 
     from omnigym.models.lm import build_tiny_model
 
     model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="omnigym-tiny-"), seed=0))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     medians: dict[str, list[float]] = {"omnigym": [], "trl": []}
     for rep in range(args.reps):
         for framework in ("omnigym", "trl"):
-            out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", framework, model_dir],
+            out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--threads", str(args.threads),
+                                  "--child", framework, model_dir],
                                  capture_output=True, text=True, env=env)
             line = next((l for l in out.stdout.splitlines() if l.startswith(STEP_TIMES)), None)
             if line is None:

@@ -53,8 +53,8 @@ class GRPOConfig(RunConfig):
     system_prompt: str | None = None
     rewards: str = "math:1.0,format:0.1"
     """weighted rewards, name:weight,..."""
-    steps: int = 300
-    prompts_per_step: int = 8
+    steps: int = 400
+    prompts_per_step: int = 16
     group_size: int = 8
     learning_rate: float = 1e-4
     beta: float = 0.04
