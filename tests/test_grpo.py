@@ -47,9 +47,10 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
 
 
-@pytest.mark.parametrize("variant", [dict(advantage="rloo", beta=0.0, loss_aggregation="token-mean", clip_high=0.28),
+@pytest.mark.parametrize("variant", [dict(advantage="rloo", beta=0.0, loss_aggregation="token-mean", clip_high=0.28,
+                                          engine="hf"),
                                      dict(advantage="dr_grpo", loss_aggregation="seq-mean-token-sum-norm",
-                                          ppo_epochs=2, kl_estimator="k1")])
+                                          ppo_epochs=2, kl_estimator="k1", lora_r=4)])
 def test_variants_run_and_log_their_metrics(tmp_path, variant):
     grpo.train(small(tmp_path, **variant))
     rows = [r for r in metrics(tmp_path) if "reward/mean" in r]
