@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.systems.generation import Sample, SamplingParams
+from omnigym.systems.generation import Sample, SamplingParams, distinct_rows, left_pad
 
 
 def prompt_ids(tokenizer, question: str, system_prompt: str | None = None) -> list[int]:
@@ -64,14 +64,8 @@ class CompletionBatch:
 def make_completion_batch(samples: list[Sample], pad_id: int, device="cpu") -> CompletionBatch:
     if min(len(s.prompt_ids) for s in samples) < 2:
         raise ValueError("every prompt needs at least 2 tokens")
-    distinct = list(dict.fromkeys(tuple(s.prompt_ids) for s in samples))
-    row_of = {p: i for i, p in enumerate(distinct)}
-    width = max(map(len, distinct)) - 1
-    prefix_ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
-    prefix_mask = torch.zeros((len(distinct), width), dtype=torch.long)
-    for i, p in enumerate(distinct):
-        prefix_ids[i, width - len(p) + 1:] = torch.tensor(p[:-1])
-        prefix_mask[i, width - len(p) + 1:] = 1
+    distinct, rows = distinct_rows(s.prompt_ids for s in samples)
+    prefix_ids, prefix_mask = left_pad([p[:-1] for p in distinct], max(map(len, distinct)) - 1, pad_id)
     length = max(len(s.completion_ids) for s in samples)
     input_ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
     targets = torch.full((len(samples), length), pad_id, dtype=torch.long)
@@ -83,7 +77,6 @@ def make_completion_batch(samples: list[Sample], pad_id: int, device="cpu") -> C
         loss_mask[i, :n] = 1
     starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples])
     position_ids = starts[:, None] + torch.arange(length)[None]
-    rows = torch.tensor([row_of[tuple(s.prompt_ids)] for s in samples])
     return CompletionBatch(*(t.to(device) for t in (prefix_ids, prefix_mask, rows, input_ids, position_ids,
                                                      targets, loss_mask)))
 

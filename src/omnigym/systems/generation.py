@@ -35,6 +35,25 @@ class Sample:
     finished: bool
 
 
+def left_pad(sequences, width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, width]`` token ids, right-aligned, and the mask of real tokens."""
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq):] = torch.tensor(seq)
+            mask[i, width - len(seq):] = 1
+    return ids, mask
+
+
+def distinct_rows(sequences) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    """The distinct sequences, in first-seen order, and each input's index among them."""
+    keys = [tuple(seq) for seq in sequences]
+    distinct = list(dict.fromkeys(keys))
+    index = {seq: i for i, seq in enumerate(distinct)}
+    return distinct, torch.tensor([index[key] for key in keys], dtype=torch.long)
+
+
 class GenerationEngine(Protocol):
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Sample]]: ...
 
@@ -82,11 +101,7 @@ class HFEngine(BatchedEngine):
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
         device = next(self.model.parameters()).device
         width = max(map(len, prompts))
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p):] = torch.tensor(p)
-            attention[i, width - len(p):] = 1
+        input_ids, attention = left_pad(prompts, width, self.pad_id)
         sampling = {} if params.greedy else {"temperature": params.temperature, "top_p": params.top_p,
                                              "top_k": params.top_k}
         out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from omnigym.systems.generation import BatchedEngine, SamplingParams
+from omnigym.systems.generation import BatchedEngine, SamplingParams, distinct_rows, left_pad
 
 FAMILY = {"llama", "mistral", "qwen2", "qwen3"}
 
@@ -96,15 +96,11 @@ class LlamaFamilyEngine(BatchedEngine):
 
         # A prompt sampled n times is read once: prefill the distinct prompts, then give each
         # row a copy of its prompt's cache.
-        distinct = list(dict.fromkeys(map(tuple, prompts)))
-        row_of = {p: i for i, p in enumerate(distinct)}
-        rows = torch.tensor([row_of[tuple(p)] for p in prompts], device=device)
-        tokens = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        distinct, rows = distinct_rows(prompts)
+        tokens, prompt_mask = left_pad(distinct, width, self.pad_id)
         valid = torch.zeros((len(distinct), total), dtype=torch.bool)  # keys a query may attend to
-        for i, p in enumerate(distinct):
-            tokens[i, width - len(p):] = torch.tensor(p)
-            valid[i, width - len(p):width] = True
-        tokens, valid = tokens.to(device), valid.to(device)
+        valid[:, :width] = prompt_mask.bool()
+        tokens, valid, rows = tokens.to(device), valid.to(device), rows.to(device)
         positions = (valid[:, :width].long().cumsum(-1) - 1).clamp(min=0)
         dtype = backbone.embed_tokens.weight.dtype
         cache_k = [torch.zeros(len(distinct), kv_heads, total, head_dim, dtype=dtype, device=device)
