@@ -122,9 +122,6 @@ def make_engine(model, tokenizer, kind: str = "auto", batch_size: int = 256) -> 
 
     if kind not in ("auto", "hf", "kv"):
         raise OmnigymError(f"unknown engine {kind!r}; choose auto, hf or kv")
-    reason = unsupported_reason(model)
-    if kind == "kv" and reason:
-        raise OmnigymError(f"--engine kv cannot run this model: {reason}; use --engine hf")
-    if kind == "hf" or reason:
+    if kind == "hf" or (kind == "auto" and unsupported_reason(model)):
         return HFEngine(model, tokenizer, batch_size)
-    return LlamaFamilyEngine(model, tokenizer, batch_size)
+    return LlamaFamilyEngine(model, tokenizer, batch_size)  # says why if it cannot run the model

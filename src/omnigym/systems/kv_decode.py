@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from omnigym.errors import OmnigymError
 from omnigym.systems.generation import BatchedEngine, SamplingParams, distinct_rows, left_pad
 
 FAMILY = {"llama", "mistral", "qwen2", "qwen3"}
@@ -64,7 +65,7 @@ class LlamaFamilyEngine(BatchedEngine):
     def __init__(self, model, tokenizer, batch_size: int = 256):
         reason = unsupported_reason(model)
         if reason:
-            raise ValueError(f"LlamaFamilyEngine cannot run this model: {reason}; use HFEngine")
+            raise OmnigymError(f"--engine kv cannot run this model: {reason}; use --engine hf")
         super().__init__(model, tokenizer, batch_size)
 
     def _snapshot(self) -> list[_Layer]:
