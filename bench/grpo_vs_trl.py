@@ -49,16 +49,16 @@ def run_trl(model_dir: str, steps: int, threads: int) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from omnigym.rewards import combine
+    from omnigym.rewards import WeightedSum
     from omnigym.tasks.arithmetic import ArithmeticTask
 
     examples = ArithmeticTask().sample(2000, 1)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": e["question"]}], "answer": e["answer"]}
                               for e in examples])
-    score = combine({"math": 1.0, "format": 0.1})
+    score = WeightedSum({"math": 1.0, "format": 0.1})
 
     def reward(completions, answer, **kwargs):
-        return [score(c[0]["content"], {"answer": a})[0] for c, a in zip(completions, answer)]
+        return score([c[0]["content"] for c in completions], [{"answer": a} for a in answer]).tolist()
 
     stamps = []
 

@@ -3,8 +3,8 @@ import copy
 import numpy as np
 import torch
 
-from omnigym.rl.buffers import ReplayBuffer
-from omnigym.rl.optim import Adam
+from omnigym.optim import Adam
+from omnigym.rl.replay import ReplayBuffer
 from omnigym.rl.running_stats import RunningMeanStd
 
 

@@ -8,12 +8,13 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from omnigym.algos.lm_common import (completion_logprobs, make_batch, make_completion_batch,  # noqa: E402
-                                     token_logprobs)
+from omnigym.inference import make_engine  # noqa: E402
+from omnigym.inference.engine import Sample, SamplingParams  # noqa: E402
+from omnigym.inference.hf import HFEngine  # noqa: E402
+from omnigym.inference.kv import LlamaFamilyEngine, sample  # noqa: E402
 from omnigym.errors import OmnigymError  # noqa: E402
 from omnigym.models.lm import LoraSettings, build_tiny_model, load_model, load_tokenizer  # noqa: E402
-from omnigym.systems.generation import HFEngine, Sample, SamplingParams, make_engine  # noqa: E402
-from omnigym.systems.kv_decode import LlamaFamilyEngine, sample  # noqa: E402
+from omnigym.models.tokens import completion_logprobs, make_batch, make_completion_batch, token_logprobs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +103,11 @@ def test_shared_prompt_logprobs_equal_full_forward(tiny, lora):
     completions = [torch.randint(10, 60, (n,)).tolist() for n in (5, 1, 9, 3, 7, 2)]
     samples = [Sample(PROMPTS[i % 3], c, [0.0] * len(c), True) for i, c in enumerate(completions)]
 
-    shared = completion_logprobs(model, make_completion_batch(samples, tokenizer.pad_token_id))
+    batch = make_completion_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                                  tokenizer.pad_token_id)
+    shared = completion_logprobs(model, batch)
     model.zero_grad()
-    (shared * make_completion_batch(samples, tokenizer.pad_token_id).loss_mask).sum().backward()
+    (shared * batch.loss_mask).sum().backward()
     shared_grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
     full = token_logprobs(model, make_batch([(s.prompt_ids, s.completion_ids) for s in samples],

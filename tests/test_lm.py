@@ -4,7 +4,8 @@ pytest.importorskip("transformers")
 
 from omnigym.errors import OmnigymError  # noqa: E402
 from omnigym.models.lm import LoraSettings, build_tiny_model, load_model, load_tokenizer  # noqa: E402
-from omnigym.systems.generation import HFEngine, SamplingParams  # noqa: E402
+from omnigym.inference.engine import SamplingParams  # noqa: E402
+from omnigym.inference.hf import HFEngine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +58,37 @@ def test_engine_returns_n_samples_with_logprobs_and_lora_wraps(tiny):
 
 def test_multi_turn_rollout_masks_tool_tokens(tiny):
     from omnigym.envs.text import ToolEnv
+    from omnigym.generators.text_env import TextEnvGenerator
+    from omnigym.inference.engine import Sample
     from omnigym.rewards import get_reward
-    from omnigym.systems.generation import Sample
-    from omnigym.systems.text_rollout import play
 
     tokenizer = load_tokenizer(tiny)
-    replies = iter(['<tool name="calculator">6*7</tool>', "<answer>42</answer>"])
+    scripts = {0: ['<tool name="calculator">6*7</tool>', "<answer>42</answer>"], 1: ["<answer>41</answer>"]}
 
     class ScriptedEngine:
+        """Episode 0 calls the calculator, then answers; episode 1 answers wrong at once."""
+        version = 3
+
         def generate(self, prompts, n, params):
-            ids = tokenizer(next(replies), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            return [[Sample(prompts[0], ids, [-0.5] * len(ids), True)]]
+            if len(prompts) == 1 and n == 2:  # first turn: one prompt, a group of two
+                texts = [scripts[0][0], scripts[1][0]]
+            else:
+                texts = [scripts[0][1]]
+            out = []
+            for text in texts:
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                out.append(Sample(prompts[0], ids, [-0.5] * len(ids), True))
+            return [out] if n == 2 else [[s] for s in out]
 
     env = ToolEnv([{"question": "What is 6*7?", "answer": "42"}], get_reward("math"))
-    episode = play(env, ScriptedEngine(), tokenizer, SamplingParams())
-    assert episode.reward == 1.0
-    generated = tokenizer.decode([t for t, g in zip(episode.tokens, episode.generated) if g], skip_special_tokens=True)
-    inserted = tokenizer.decode([t for t, g in zip(episode.tokens, episode.generated) if not g])
+    trajectories = TextEnvGenerator(env, ScriptedEngine(), tokenizer, SamplingParams()).generate(env.examples, 2)
+    first, second = trajectories.items
+    assert trajectories.rewards().tolist() == [1.0, 0.0] and trajectories.group_ids().tolist() == [0, 0]
+    assert (first.info["turns"], second.info["turns"], first.policy_version) == (2, 1, 3)
+    pairs = list(zip(first.response_ids, first.loss_mask))
+    generated = tokenizer.decode([t for t, m in pairs if m], skip_special_tokens=True)
+    inserted = tokenizer.decode([t for t, m in pairs if not m])
     assert generated == '<tool name="calculator">6*7</tool><answer>42</answer>'
-    assert "<|tool|>42<|end|>" in inserted and "What is 6*7?" in inserted
-    assert len(episode.tokens) == len(episode.generated) == len(episode.logprobs)
+    assert inserted.startswith("<|tool|>42<|end|>") and "What is 6*7?" in tokenizer.decode(first.prompt_ids)
+    assert len(first.response_ids) == len(first.loss_mask) == len(first.logprobs)
+    assert [lp for lp, m in zip(first.logprobs, first.loss_mask) if not m] == [0.0] * (len(pairs) - sum(first.loss_mask))

@@ -4,14 +4,17 @@ import pytest
 import torch
 
 from omnigym.errors import OmnigymError
-from omnigym.rl.losses import aggregate, check_finite, kl_estimate, ppo_policy_loss, value_loss
+from omnigym.rl.losses import (POLICY_LOSSES, PolicyLossConfig, aggregate, check_finite, get_policy_loss,
+                               kl_estimate, nll_loss, value_loss)
+
+ppo_clip = get_policy_loss("ppo_clip")
 
 
 def test_ppo_clip_by_hand():
     old = torch.zeros(4)
     new = torch.log(torch.tensor([1.5, 0.5, 1.1, 0.7]))  # ratios
     adv = torch.tensor([1.0, -1.0, -2.0, 1.0])
-    loss, stats = ppo_policy_loss(new, old, adv, clip_low=0.2)
+    loss, stats = ppo_clip(new, old, adv, cfg=PolicyLossConfig(clip_low=0.2))
     # per-sample max(-A r, -A clip(r)): 1.5,A=1 -> -1.2 ; 0.5,A=-1 -> 0.8 ; 1.1,A=-2 -> 2.2 ; 0.7,A=1 -> -0.7
     torch.testing.assert_close(loss, torch.tensor((-1.2 + 0.8 + 2.2 - 0.7) / 4))
     assert stats["clip_fraction"].item() == pytest.approx(0.5)
@@ -22,7 +25,7 @@ def test_ppo_mask_and_clip_higher():
     new = torch.log(torch.tensor([1.3, 1.3, 5.0]))
     adv = torch.ones(3)
     mask = torch.tensor([1.0, 1.0, 0.0])
-    loss, _ = ppo_policy_loss(new, old, adv, mask=mask, clip_low=0.2, clip_high=0.28)
+    loss, _ = ppo_clip(new, old, adv, mask, PolicyLossConfig(clip_low=0.2, clip_high=0.28))
     torch.testing.assert_close(loss, torch.tensor(-1.28))
 
 
@@ -55,3 +58,27 @@ def test_kl_estimators():
 def test_nan_loss_is_a_clear_error():
     with pytest.raises(OmnigymError, match="loss became nan at global step 7"):
         check_finite(torch.tensor(float("nan")), 7)
+
+
+def test_policy_losses_share_one_signature_and_weigh_stale_samples():
+    """Every registered loss takes (new, old, advantages, mask, cfg, behaviour); with a cap,
+    each token is weighted by min(pi_old / pi_behaviour, cap) (truncated importance sampling)."""
+    new = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
+    old = new.detach().clone()
+    behaviour = torch.log(torch.tensor([[0.25, 0.5]]))  # the sampler gave token 0 half the probability
+    adv, mask = torch.ones(1, 2), torch.ones(1, 2)
+    for name, loss_fn in POLICY_LOSSES.items():
+        plain, _ = loss_fn(new, old, adv, mask, PolicyLossConfig())
+        weighted, _ = loss_fn(new, old, adv, mask, PolicyLossConfig(behaviour_cap=1.5), behaviour)
+        unweighted, _ = loss_fn(new, old, adv, mask, PolicyLossConfig(), behaviour)  # no cap: no correction
+        assert unweighted.item() == plain.item(), name
+        # token 0: weight min(0.5 / 0.25, 1.5) = 1.5; token 1: weight 1
+        per_token = plain.item()  # both tokens contribute the same unweighted value
+        assert weighted.item() == pytest.approx(per_token * (1.5 + 1.0) / 2), name
+    with pytest.raises(OmnigymError, match="unknown policy loss 'nope'"):
+        get_policy_loss("nope")
+
+
+def test_nll_loss_counts_masked_tokens_only():
+    logprobs = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
+    assert nll_loss(logprobs, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(-(math.log(0.5) + math.log(0.25)) / 2)

@@ -5,14 +5,15 @@ from pathlib import Path
 import pytest
 
 from omnigym.errors import OmnigymError
-from omnigym.rewards import combine, get_reward
+from omnigym.rewards import WeightedSum, get_reward, per_sample
+from omnigym.rewards.text import format_reward
 from omnigym.rewards.text import extract_answer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def test_format_reward():
-    fmt = get_reward("format")
+    fmt = format_reward  # the per-sample function behind the batched reward
     assert fmt("<think>2+2 is 4</think> <answer>4</answer>", {}) == 1.0
     assert fmt("the answer is <answer>4</answer>", {}) == 0.5
     assert fmt("4", {}) == 0.0
@@ -28,22 +29,35 @@ def test_format_reward():
     ("<answer>18</answer>", "Janet sells 16 - 3 - 4 = 9 eggs... #### 18", 1.0),
 ])
 def test_math_reward(completion, gold, expected):
-    assert get_reward("math")(completion, {"answer": gold}) == expected
+    assert get_reward("math")([completion], [{"answer": gold}]).tolist() == [expected]
 
 
 def test_keyword_and_length():
-    assert get_reward("keyword")("I love Paris in spring", {"keywords": ["paris", "rome"]}) == 0.5
-    assert get_reward("length")("x" * 100, {"max_chars": 100}) == 1.0
-    assert get_reward("length")("x" * 150, {"max_chars": 100}) == 0.5
+    assert get_reward("keyword")(["I love Paris in spring"], [{"keywords": ["paris", "rome"]}]).tolist() == [0.5]
+    length = get_reward("length")
+    assert length(["x" * 100, "x" * 150], [{"max_chars": 100}] * 2).tolist() == [1.0, 0.5]
 
 
-def test_combined_rewards_report_each_part():
-    score = combine({"math": 1.0, "format": 0.1})
-    total, parts = score("<think>x</think><answer>7</answer>", {"answer": "7"})
-    assert parts == {"math": 1.0, "format": 1.0}
-    assert total == pytest.approx(1.1)
+def test_weighted_sum_reports_each_part_and_is_batched():
+    score = WeightedSum({"math": 1.0, "format": 0.1})
+    completions = ["<think>x</think><answer>7</answer>", "<answer>8</answer>", "7"]
+    examples = [{"answer": "7"}] * 3
+    parts = score.components(completions, examples)
+    assert {k: v.tolist() for k, v in parts.items()} == {"math": [1.0, 0.0, 0.0], "format": [1.0, 0.5, 0.0]}
+    assert score(completions, examples).tolist() == pytest.approx([1.1, 0.05, 0.0])
     with pytest.raises(OmnigymError, match="unknown reward 'nope'; known: .*math"):
-        combine({"nope": 1.0})
+        WeightedSum({"nope": 1.0})
+
+
+def test_rewards_pickle_and_refuse_mismatched_batches():
+    import pickle
+
+    for name in ("math", "format", "code", "keyword", "reasoning_gym"):
+        reward = pickle.loads(pickle.dumps(get_reward(name)))
+        assert isinstance(reward, per_sample)
+    assert pickle.loads(pickle.dumps(WeightedSum({"math": 1.0})))(["<answer>1</answer>"], [{"answer": "1"}]) == 1.0
+    with pytest.raises(OmnigymError, match="2 completions but 1 examples"):
+        get_reward("math")(["a", "b"], [{"answer": "1"}])
 
 
 @pytest.mark.skipif(not (SHARED / "gsm8k").exists(), reason="../shared/data not present")
@@ -52,7 +66,7 @@ def test_gsm8k_gold_answers_score_themselves():
     math = get_reward("math")
     for row in rows:
         gold = extract_answer(row["answer"])
-        assert math(f"<answer>{gold}</answer>", {"answer": row["answer"]}) == 1.0
+        assert math([f"<answer>{gold}</answer>"], [{"answer": row["answer"]}]).item() == 1.0
 
 
 @pytest.mark.skipif(not (SHARED / "humaneval").exists(), reason="../shared/data not present")
@@ -61,5 +75,5 @@ def test_humaneval_canonical_solutions_pass_and_empty_ones_fail():
         rows = [json.loads(line) for line in f][:8]
     code = get_reward("code")
     for row in rows:
-        assert code(row["prompt"] + row["canonical_solution"], row) == 1.0, row["task_id"]
-        assert code(row["prompt"] + "    pass\n", row) == 0.0, row["task_id"]
+        scores = code([row["prompt"] + row["canonical_solution"], row["prompt"] + "    pass\n"], [row, row])
+        assert scores.tolist() == [1.0, 0.0], row["task_id"]

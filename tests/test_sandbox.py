@@ -18,13 +18,13 @@ isolated = pytest.mark.skipif(os.geteuid() != 0, reason="uid and namespace isola
 
 
 def graded(code, tests):
-    return get_reward("code_graded")(f"```python\n{code}\n```", {"tests": tests})
+    return get_reward("code_graded")([f"```python\n{code}\n```"], [{"tests": tests}]).item()
 
 
 def test_a_correct_program_passes_and_a_wrong_one_is_graded():
     assert graded("def add(a, b):\n    return a + b", ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]) == 1.0
     assert graded("def add(a, b):\n    return a - b", ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]) == 0.5
-    assert get_reward("code")("def add(a, b):\n    return a - b", {"tests": ["assert add(1, 2) == 3"]}) == 0.0
+    assert get_reward("code")(["def add(a, b):\n    return a - b"], [{"tests": ["assert add(1, 2) == 3"]}]).item() == 0.0
 
 
 def test_infinite_loop_is_stopped_and_keeps_the_tests_passed_before_it():

@@ -62,8 +62,39 @@ def test_reasoning_gym_tasks_and_their_scorer():
     examples = load_reasoning_gym("prime_factorization", size=5, seed=1)
     assert len(examples) == 5 and examples[0]["question"]
     reward = get_reward("reasoning_gym")
-    assert reward(f"<answer>{examples[0]['answer']}</answer>", examples[0]) == 1.0
-    assert reward("<answer>not a number</answer>", examples[0]) == 0.0  # its scorer raises here
-    assert reward("no tags", examples[0]) == 0.0
+    completions = [f"<answer>{examples[0]['answer']}</answer>", "<answer>not a number</answer>", "no tags"]
+    assert reward(completions, examples[:1] * 3).tolist() == [1.0, 0.0, 0.0]  # its scorer raises on the 2nd
     with pytest.raises(OmnigymError, match="reasoning-gym has no task 'nope'"):
         load_reasoning_gym("nope")
+
+
+SCORE_IN_A_FRESH_PROCESS = """
+import pickle, sys
+from omnigym.rewards import get_reward
+examples, completions = pickle.load(sys.stdin.buffer)
+print(get_reward("reasoning_gym")(completions, examples).tolist())
+"""
+
+
+def test_reasoning_gym_reward_scores_the_same_in_another_process():
+    """A Ray or DataLoader worker has none of the parent's state: the examples alone must carry
+    what the scorer needs (a process-global cache used to turn every reward into 0 there)."""
+    pytest.importorskip("reasoning_gym")
+    import pickle
+    import subprocess
+    import sys
+
+    from omnigym.tasks.reasoning_gym import load_reasoning_gym
+
+    examples = load_reasoning_gym("basic_arithmetic", size=4, seed=3)
+    completions = [f"<answer>{e['answer']}</answer>" for e in examples[:2]] + ["<answer>-999999</answer>"] * 2
+    worker = subprocess.run([sys.executable, "-c", SCORE_IN_A_FRESH_PROCESS], input=pickle.dumps((examples, completions)),
+                            capture_output=True, check=True)
+    assert worker.stdout.decode().strip() == "[1.0, 1.0, 0.0, 0.0]"
+
+
+def test_reasoning_gym_reward_refuses_examples_it_cannot_score():
+    from omnigym.rewards import get_reward
+
+    with pytest.raises(OmnigymError, match="needs examples from a reasoning_gym task"):
+        get_reward("reasoning_gym")(["<answer>1</answer>"], [{"question": "q", "answer": "1"}])

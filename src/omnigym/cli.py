@@ -6,7 +6,6 @@ flag has a type, a default and a help line.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 from omnigym.errors import OmnigymError
@@ -20,31 +19,20 @@ USAGE = """usage: omnigym {train,eval,plot,list} ...
 """
 
 
-def _algorithm(name: str):
-    from omnigym.algos import ALGORITHMS
-
-    if name not in ALGORITHMS:
-        raise OmnigymError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
-    return importlib.import_module(ALGORITHMS[name])
-
-
-def _config_class(module):
-    return next(v for k, v in vars(module).items() if k.endswith("Config") and k != "CommonConfig"
-                and getattr(v, "__module__", "") == module.__name__)
-
-
 def train(argv: list[str]) -> dict:
     if not argv or argv[0].startswith("-"):
         raise OmnigymError("name an algorithm: omnigym train {reinforce,ppo,dqn,grpo,...} [flags]")
-    module = _algorithm(argv[0])
-    config_cls = _config_class(module)
+    from omnigym.algos import config_class, get_algorithm
+
+    module = get_algorithm(argv[0])
+    config_cls = config_class(module)
     import tyro
 
     default = None
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
         # Resuming starts from the run's saved config; flags given now override it.
-        from omnigym.algos.common import config_from_dict
-        from omnigym.track.run import load_config_dict
+        from omnigym.config import config_from_dict
+        from omnigym.track.files import load_config_dict
 
         i = next(i for i, a in enumerate(argv) if a.startswith("--resume"))
         run_dir = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
@@ -63,7 +51,7 @@ def evaluate(argv: list[str]) -> None:
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
     parser.add_argument("--seed", type=int, default=12345)
     args = parser.parse_args(argv)
-    from omnigym.evaluate import evaluate_run
+    from omnigym.evaluation.control import evaluate_run
 
     returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed)
     import numpy as np
@@ -93,8 +81,19 @@ def list_available() -> None:
     print("env backends: " + ", ".join(available_backends()))
 
 
+def set_up_process() -> None:
+    """What the entry point, and only it, sets for the whole process: quiet transformers
+    (no download progress bars, no advisory warnings on a terminal). Threads and seeds are
+    set per run, inside the run (``omnigym.process``)."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    set_up_process()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

@@ -1,9 +1,37 @@
-"""One algorithm per file. ``ALGORITHMS`` maps a CLI name to its module path."""
+"""The algorithms, one file each: ``control/`` for gymnasium envs, ``lm/`` for language models.
+
+``ALGORITHMS`` maps a CLI name to its module. A module has one config dataclass (its
+``CONFIG``), a ``train(cfg)`` and, where ``omnigym eval`` can replay it, ``load_policy``.
+No algorithm imports another; what they share lives in the seams (rl/, envs/, track/, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from omnigym.errors import OmnigymError
 
 ALGORITHMS = {
-    "reinforce": "omnigym.algos.reinforce",
-    "ppo": "omnigym.algos.ppo",
-    "dqn": "omnigym.algos.dqn",
-    "grpo": "omnigym.algos.grpo",
-    "text_reinforce": "omnigym.algos.text_reinforce",
+    "reinforce": "omnigym.algos.control.reinforce",
+    "ppo": "omnigym.algos.control.ppo",
+    "dqn": "omnigym.algos.control.dqn",
+    "grpo": "omnigym.algos.lm.grpo",
+    "text_reinforce": "omnigym.algos.lm.text_reinforce",
 }
+
+
+def get_algorithm(name: str):
+    if name not in ALGORITHMS:
+        raise OmnigymError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    return importlib.import_module(ALGORITHMS[name])
+
+
+def config_class(module) -> type:
+    return module.CONFIG
+
+
+def __getattr__(name: str):
+    # ``from omnigym.algos import ppo`` imports the algorithm's module on demand.
+    if name in ALGORITHMS:
+        return importlib.import_module(ALGORITHMS[name])
+    raise AttributeError(name)

@@ -3,9 +3,16 @@ action is the model's text.
 
 ``reset()`` returns ``(messages, info)`` with the task's example in ``info["example"]``;
 ``step(text)`` returns ``(messages, reward, terminated, truncated, info)`` like gymnasium.
-Single-turn envs end after one reply, scored by a reward function. Tool envs answer tool
-calls (a Python tool run in the sandbox, a calculator) until the model gives a final
-``<answer>`` or the turn limit truncates the episode. Envs are registered by id.
+Single-turn envs end after one reply, scored by a reward. Tool envs answer tool calls (a
+Python tool run in the sandbox, a calculator) until the model gives a final reply or the
+turn limit truncates the episode.
+
+``step`` is ``respond`` (the env's side of the conversation) plus the reward of a final
+reply. The reward is a batched ``omnigym.rewards.Reward``, so a generator that plays many
+episodes at once calls ``respond`` on each and scores all final replies in one call
+(``generators/text_env.py``); a reward model then scores a whole batch at once.
+
+Envs are registered by id; the built-in ids are always there, whatever a user registers.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ def register_text_env(env_id: str, factory: Callable[..., "TextEnv"]) -> None:
 
 
 def make_text_env(env_id: str, **kwargs) -> "TextEnv":
-    _register_builtins()
     if env_id not in TEXT_ENVS:
         close = difflib.get_close_matches(env_id, list(TEXT_ENVS), n=3, cutoff=0.4)
         hint = f"; closest known ids: {', '.join(close)}" if close else f"; known: {', '.join(sorted(TEXT_ENVS))}"
@@ -39,7 +45,7 @@ def make_text_env(env_id: str, **kwargs) -> "TextEnv":
 class TextEnv:
     """Single-turn: the conversation is a system prompt and the task's question."""
 
-    def __init__(self, examples: list[dict], reward: Callable[[str, dict], float], system_prompt: str | None = None):
+    def __init__(self, examples: list[dict], reward, system_prompt: str | None = None):
         if not examples:
             raise OmnigymError("a text env needs at least one example")
         self.examples, self.reward, self.system_prompt = examples, reward, system_prompt
@@ -55,9 +61,15 @@ class TextEnv:
         self.messages.append({"role": "user", "content": self.example["question"]})
         return list(self.messages), {"example": self.example}
 
-    def step(self, text: str):
+    def respond(self, text: str):
+        """The model said ``text``: returns ``(messages, terminated, truncated, info)``."""
         self.messages.append({"role": "assistant", "content": text})
-        return list(self.messages), float(self.reward(text, self.example)), True, False, {"example": self.example}
+        return list(self.messages), True, False, {"example": self.example}
+
+    def step(self, text: str):
+        messages, terminated, truncated, info = self.respond(text)
+        reward = float(self.reward([text], [self.example])[0]) if terminated else 0.0
+        return messages, reward, terminated, truncated, info
 
 
 def calculator(expression: str) -> str:
@@ -109,29 +121,31 @@ class ToolEnv(TextEnv):
         self.turns = 0
         return super().reset(seed, options)
 
-    def step(self, text: str):
+    def respond(self, text: str):
         self.turns += 1
         self.messages.append({"role": "assistant", "content": text})
         calls = TOOL_CALL.findall(text)
         if not calls:
-            return list(self.messages), float(self.reward(text, self.example)), True, False, {"example": self.example}
+            return list(self.messages), True, False, {"example": self.example}
         outputs = [self.TOOLS[name](arg) if name in self.tools else f"error: unknown tool {name}" for name, arg in calls]
         self.messages.append({"role": "tool", "content": "\n".join(outputs)})
         truncated = self.turns >= self.max_turns
-        return list(self.messages), 0.0, False, truncated, {"example": self.example, "tool_calls": len(calls)}
+        return list(self.messages), False, truncated, {"example": self.example, "tool_calls": len(calls)}
 
 
-def _register_builtins() -> None:
-    if TEXT_ENVS:
-        return
-    from omnigym.rewards import combine
+def arithmetic_env(digits: int = 2, terms: int = 2, operations: str = "+", n: int = 5000, seed: int = 0,
+                   tools: bool = False, **kwargs) -> TextEnv:
+    """Procedural arithmetic scored by correctness + 0.1 x format; with ``tools`` a ToolEnv."""
+    from omnigym.rewards import WeightedSum
     from omnigym.tasks.arithmetic import ArithmeticTask
 
-    def arithmetic(digits=2, terms=2, operations="+", n=5000, seed=0, tools=False, **kw):
-        examples = ArithmeticTask(digits, terms, operations).sample(n, seed)
-        score = combine({"math": 1.0, "format": 0.1})
-        cls = ToolEnv if tools else TextEnv
-        return cls(examples, lambda text, ex: score(text, ex)[0], **kw)
+    examples = ArithmeticTask(digits, terms, operations).sample(n, seed)
+    return (ToolEnv if tools else TextEnv)(examples, WeightedSum({"math": 1.0, "format": 0.1}), **kwargs)
 
-    register_text_env("arithmetic-v0", arithmetic)
-    register_text_env("arithmetic-tools-v0", lambda **kw: arithmetic(tools=True, **kw))
+
+def arithmetic_tools_env(**kwargs) -> TextEnv:
+    return arithmetic_env(tools=True, **kwargs)
+
+
+register_text_env("arithmetic-v0", arithmetic_env)
+register_text_env("arithmetic-tools-v0", arithmetic_tools_env)

@@ -138,3 +138,40 @@ class QNetwork(nn.Module):
 
     def forward(self, obs):
         return self.net(obs)
+
+
+def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = False):
+    """A checkpointed ``ActorCritic`` (PPO, REINFORCE) as ``obs batch (numpy) -> actions``,
+    with the run's observation normalization and actions clipped into a Box as in training."""
+    from omnigym.rl.rollout import obs_tensor
+    from omnigym.rl.running_stats import RunningMeanStd
+
+    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, tuple(hidden))
+    agent.load_state_dict(components["model"])
+    obs_rms = None
+    if components["collector"].get("obs_rms"):
+        obs_rms = RunningMeanStd(envs.single_observation_space.shape)
+        obs_rms.load_state_dict(components["collector"]["obs_rms"])
+    space = envs.single_action_space
+
+    @torch.inference_mode()
+    def policy(obs):
+        x = obs_tensor(obs_rms.normalize(obs) if obs_rms else obs, "cpu")
+        actions = (agent.greedy(x) if greedy else agent.act(x)[0]).numpy()
+        return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
+
+    return policy
+
+
+def q_network_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = True):
+    """A checkpointed ``QNetwork`` (DQN) as ``obs batch (numpy) -> greedy actions``."""
+    from omnigym.rl.rollout import obs_tensor
+
+    q_network = QNetwork(envs.single_observation_space, int(envs.single_action_space.n), tuple(hidden))
+    q_network.load_state_dict(components["model"])
+
+    @torch.inference_mode()
+    def policy(obs):
+        return q_network(obs_tensor(obs, "cpu")).argmax(-1).numpy()
+
+    return policy

@@ -21,7 +21,6 @@ def _transformers():
         import transformers
     except ImportError:
         raise missing_extra("transformers", "llm") from None
-    transformers.utils.logging.disable_progress_bar()
     return transformers
 
 

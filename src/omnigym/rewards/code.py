@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from omnigym.rewards import register_reward
+from omnigym.rewards import per_sample, register_reward
 from omnigym.rewards.sandbox import SandboxLimits, run_python
 
 FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -47,13 +47,15 @@ def code_score(completion: str, example: dict, limits: SandboxLimits | None = No
     return float(result.returncode == 0 and PASS_MARK in result.stdout)
 
 
-@register_reward("code")
 def code_reward(completion: str, example: dict) -> float:
     """1 if the program passes all its tests (binary), else 0."""
     return float(code_score(completion, example) == 1.0)
 
 
-@register_reward("code_graded")
 def code_graded_reward(completion: str, example: dict) -> float:
     """Fraction of the tests that pass."""
     return code_score(completion, example)
+
+
+register_reward("code")(per_sample(code_reward))
+register_reward("code_graded")(per_sample(code_graded_reward))

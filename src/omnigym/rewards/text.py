@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from omnigym.rewards import register_reward
+from omnigym.rewards import per_sample, register_reward
 
 THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -21,7 +21,6 @@ def extract_answer(text: str) -> str | None:
     return None
 
 
-@register_reward("format")
 def format_reward(completion: str, example: dict) -> float:
     """1 for ``<think>…</think><answer>…</answer>`` and nothing else, 0.5 for an answer tag alone."""
     if THINK_ANSWER.match(completion):
@@ -39,7 +38,6 @@ def _numeric(text: str) -> float | None:
         return None
 
 
-@register_reward("math")
 def math_reward(completion: str, example: dict) -> float:
     """1 if the answer in ``<answer>`` tags equals ``example["answer"]`` (math-verify: LaTeX,
     fractions, sets; numeric comparison when math-verify is absent or cannot parse)."""
@@ -62,7 +60,6 @@ def math_reward(completion: str, example: dict) -> float:
     return float(a is not None and b is not None and abs(a - b) <= 1e-6 * max(1.0, abs(b)))
 
 
-@register_reward("keyword")
 def keyword_reward(completion: str, example: dict) -> float:
     """Fraction of ``example["keywords"]`` that appear in the completion (case-insensitive)."""
     keywords = example.get("keywords") or []
@@ -70,8 +67,13 @@ def keyword_reward(completion: str, example: dict) -> float:
     return sum(k.lower() in text for k in keywords) / len(keywords) if keywords else 0.0
 
 
-@register_reward("length")
 def length_reward(completion: str, example: dict) -> float:
     """1 at or under ``example["max_chars"]`` (default 512), falling linearly to 0 at twice that."""
     limit = example.get("max_chars", 512)
     return max(0.0, min(1.0, 2.0 - len(completion) / limit))
+
+
+register_reward("format")(per_sample(format_reward))
+register_reward("math")(per_sample(math_reward))
+register_reward("keyword")(per_sample(keyword_reward))
+register_reward("length")(per_sample(length_reward))

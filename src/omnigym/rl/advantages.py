@@ -1,13 +1,28 @@
-"""Advantage estimators, in one registry shared by control and language algorithms.
+"""Advantage estimators: one contract, one registry, shared by control and language.
 
-Time-step estimators (GAE, discounted returns) take tensors shaped ``[T, N]`` (time,
-envs). ``bootstrap_values[t]`` is the critic's value of the observation that followed
-step ``t``; on a truncated step it is the value of the episode's final observation, so
-the estimate bootstraps from it, and on a terminated step it is ignored.
+Every estimator is called the same way::
+
+    advantages, returns = estimator(rewards, mask, group_ids=None, values=None, cfg=AdvantageConfig(), ends=None)
+
+- ``rewards`` ``[B, T]``: per-step (control: B envs, T steps) or per-token (language: B
+  sequences, T tokens; an outcome reward sits on the last completion token);
+- ``mask`` ``[B, T]``: 1 where a step or token counts (0 on padding, on tokens the env
+  inserted, on the autoreset step of a vector env); outputs are 0 where it is 0;
+- ``group_ids`` ``[B]``: which prompt each sequence answers (group estimators need it);
+- ``values`` ``[B, T]``: the critic's values, where there is a critic;
+- ``ends``: where episodes end inside a row (control). Without it, each row is one episode
+  that terminates at its last valid step, as a completion does.
+
+Time-step estimators (``gae``, ``returns``) bootstrap from ``ends.bootstrap_values[b, t]``,
+the critic's value of the observation after step ``t``, on a truncated step and at the end
+of the rollout, never on a terminated one. Group estimators (``grpo``, ``dr_grpo``,
+``rloo``, ``reinforce_pp``) score each sequence by the sum of its rewards and give every
+valid token of it the same advantage.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -15,6 +30,20 @@ import torch
 from omnigym.errors import OmnigymError
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
+
+
+@dataclass
+class AdvantageConfig:
+    gamma: float = 1.0
+    lam: float = 1.0
+
+
+@dataclass
+class EpisodeEnds:
+    """Where episodes end inside the rows of a control rollout, all ``[B, T]``."""
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    bootstrap_values: torch.Tensor
 
 
 def register_advantage(name: str):
@@ -31,55 +60,55 @@ def get_advantage(name: str) -> Callable:
     return ADVANTAGE_ESTIMATORS[name]
 
 
+def _sequence_ends(mask: torch.Tensor, values: torch.Tensor | None) -> EpisodeEnds:
+    """Each row one episode, terminated at its last valid step (steps after it count as ended;
+    masked steps before it, such as tokens a tool inserted, stay inside the episode)."""
+    valid = mask.long()
+    ended = valid.cumsum(-1) == valid.sum(-1, keepdim=True)  # the last valid step and all after it
+    bootstrap = torch.zeros(mask.shape, device=mask.device) if values is None else \
+        torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], 1)
+    return EpisodeEnds(ended, torch.zeros_like(ended), bootstrap)
+
+
 @register_advantage("gae")
-def gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    bootstrap_values: torch.Tensor,
-    terminated: torch.Tensor,
-    truncated: torch.Tensor,
-    gamma: float = 0.99,
-    lam: float = 0.95,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation. Returns ``(advantages, returns)``, both ``[T, N]``."""
-    not_terminated = 1.0 - terminated.float()
-    not_done = 1.0 - (terminated | truncated).float()
-    deltas = rewards + gamma * not_terminated * bootstrap_values - values
+def gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None):
+    """Generalized advantage estimation (Schulman et al., 2016); no critic means values of 0."""
+    values = torch.zeros_like(rewards) if values is None else values
+    ends = ends or _sequence_ends(mask, values)
+    not_terminated = 1.0 - ends.terminated.float()
+    not_done = 1.0 - (ends.terminated | ends.truncated).float()
+    deltas = rewards + cfg.gamma * not_terminated * ends.bootstrap_values - values
     advantages = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[0])
-    for t in reversed(range(rewards.shape[0])):
-        running = deltas[t] + gamma * lam * not_done[t] * running
-        advantages[t] = running
-    return advantages, advantages + values
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = deltas[:, t] + cfg.gamma * cfg.lam * not_done[:, t] * running
+        advantages[:, t] = running
+    mask = mask.to(rewards.dtype)
+    return advantages * mask, (advantages + values) * mask
 
 
 @register_advantage("returns")
-def discounted_returns(
-    rewards: torch.Tensor,
-    values: torch.Tensor | None,
-    bootstrap_values: torch.Tensor,
-    terminated: torch.Tensor,
-    truncated: torch.Tensor,
-    gamma: float = 0.99,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Monte-Carlo discounted returns (bootstrapped only at truncation and at the rollout's end).
+def discounted_returns(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(),
+                       ends=None):
+    """Monte-Carlo discounted returns, bootstrapped only at truncation and at the rollout's end.
 
-    With ``values`` given the advantage is ``return - value`` (a learned baseline); without,
-    the advantage is the return itself (plain REINFORCE).
-    """
-    not_terminated = 1.0 - terminated.float()
-    not_done = 1.0 - (terminated | truncated).float()
+    With ``values`` the advantage is ``return - value`` (a learned baseline); without, it is
+    the return itself (plain REINFORCE)."""
+    ends = ends or _sequence_ends(mask, values)
+    not_terminated = 1.0 - ends.terminated.float()
+    not_done = 1.0 - (ends.terminated | ends.truncated).float()
+    bootstrap = ends.bootstrap_values
     returns = torch.zeros_like(rewards)
     # After a truncation, the tail of the episode is replaced by the critic's estimate.
-    running = bootstrap_values[-1] * not_terminated[-1]
-    for t in reversed(range(rewards.shape[0])):
-        cut = not_done[t]
-        tail = cut * running + (1 - cut) * not_terminated[t] * bootstrap_values[t]
-        running = rewards[t] + gamma * tail
-        returns[t] = running
+    running = bootstrap[:, -1] * not_terminated[:, -1]
+    for t in reversed(range(rewards.shape[1])):
+        cut = not_done[:, t]
+        tail = cut * running + (1 - cut) * not_terminated[:, t] * bootstrap[:, t]
+        running = rewards[:, t] + cfg.gamma * tail
+        returns[:, t] = running
     advantages = returns - values if values is not None else returns.clone()
-    return advantages, returns
+    mask = mask.to(rewards.dtype)
+    return advantages * mask, returns * mask
 
 
 def normalize(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
@@ -93,41 +122,71 @@ def normalize(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e
     return (x - mean) / (var.sqrt() + eps) * mask
 
 
-# Group estimators for language: ``rewards`` is ``[num_prompts * group_size]``, samples of
-# one prompt adjacent. Each returns one advantage per sample (broadcast over its tokens).
+# Group estimators: one score per sequence, one advantage per sequence.
 
 
-def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    if rewards.numel() % group_size:
-        raise OmnigymError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    return rewards.reshape(-1, group_size)
+def _per_group(scores: torch.Tensor, group_ids: torch.Tensor | None, fn) -> torch.Tensor:
+    """Apply ``fn`` to ``[groups, size]`` matrices of the scores of each group. Groups of the
+    same size go through ``fn`` together; a group of one gets advantage 0 (nothing to compare)."""
+    if group_ids is None:
+        raise OmnigymError("a group advantage estimator needs group_ids (which prompt each sample answers)")
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    sizes = counts[inverse]
+    out = torch.zeros_like(scores)
+    for size in sizes.unique().tolist():
+        if size < 2:
+            continue
+        members = torch.nonzero(sizes == size).squeeze(1)
+        members = members[torch.argsort(inverse[members], stable=True)]  # each group's members adjacent
+        out[members] = fn(scores[members].reshape(-1, size)).reshape(-1)
+    return out
+
+
+def _outcome(fn):
+    """Wrap ``fn(scores, group_ids) -> [B]`` into the token-level contract."""
+
+    def estimator(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None):
+        mask = mask.to(rewards.dtype)
+        scores = (rewards * mask).sum(-1)
+        return fn(scores, group_ids)[:, None] * mask, scores[:, None] * mask
+
+    estimator.__name__, estimator.__doc__ = fn.__name__, fn.__doc__
+    return estimator
 
 
 @register_advantage("grpo")
-def group_normalized(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+@_outcome
+def group_normalized(scores, group_ids, eps: float = 1e-4):
     """GRPO (Shao et al., 2024): reward minus its group's mean, over the group's std."""
-    g = _groups(rewards, group_size)
-    return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)).reshape(-1)
+    return _per_group(scores, group_ids, lambda g: (g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps))
 
 
 @register_advantage("dr_grpo")
-def group_centered(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+@_outcome
+def group_centered(scores, group_ids):
     """Dr. GRPO (Liu et al., 2025): the group mean is subtracted, nothing is divided."""
-    g = _groups(rewards, group_size)
-    return (g - g.mean(1, keepdim=True)).reshape(-1)
+    return _per_group(scores, group_ids, lambda g: g - g.mean(1, keepdim=True))
 
 
 @register_advantage("rloo")
-def leave_one_out(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+@_outcome
+def leave_one_out(scores, group_ids):
     """RLOO (Ahmadian et al., 2024): reward minus the mean of the *other* samples of its group."""
-    if group_size < 2:
-        raise OmnigymError("RLOO needs at least 2 samples per prompt")
-    g = _groups(rewards, group_size)
-    others = (g.sum(1, keepdim=True) - g) / (group_size - 1)
-    return (g - others).reshape(-1)
+    return _per_group(scores, group_ids, lambda g: g - (g.sum(1, keepdim=True) - g) / (g.shape[1] - 1))
 
 
 @register_advantage("reinforce_pp")
-def batch_normalized(rewards: torch.Tensor, group_size: int = 1, eps: float = 1e-8) -> torch.Tensor:
+@_outcome
+def batch_normalized(scores, group_ids, eps: float = 1e-8):
     """REINFORCE++ (Hu, 2025): rewards standardized over the whole batch, not per group."""
-    return (rewards - rewards.mean()) / (rewards.std() + eps)
+    return (scores - scores.mean()) / (scores.std() + eps)
+
+
+def outcome_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sequence rewards ``[B]`` as token rewards ``[B, T]``: each on its sequence's last valid token."""
+    valid = mask.bool()
+    last = (valid.long() * torch.arange(1, mask.shape[1] + 1, device=mask.device)).argmax(-1)
+    rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=mask.device)
+    rows = torch.nonzero(valid.any(-1)).squeeze(1)
+    rewards[rows, last[rows]] = scores[rows]
+    return rewards

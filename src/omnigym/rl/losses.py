@@ -1,10 +1,18 @@
-"""Losses shared by control and language: PPO-clip, clipped value, entropy, KL estimators.
+"""Losses shared by control and language: policy losses (one contract, one registry),
+clipped value loss, KL estimators, negative log-likelihood.
+
+A policy loss is called ``loss(new_logprobs, old_logprobs, advantages, mask, cfg,
+behaviour_logprobs=None) -> (loss, stats)``: ``old_logprobs`` are the proximal policy's (the
+one the ratio is taken against), ``behaviour_logprobs`` the sampler's, when it differs.
 
 Every loss takes an optional ``mask`` (1 for steps or tokens that count, 0 for padding,
 env-inserted tokens or the reset step of an autoresetting vector env).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -39,29 +47,85 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor | None, mode: str = "token-
     raise OmnigymError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGGREGATIONS)}")
 
 
-def ppo_policy_loss(
+@dataclass
+class PolicyLossConfig:
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    """upper clip of the ratio; above clip_low is DAPO's clip-higher (None: same as clip_low)"""
+    aggregation: str = "token-mean"
+    normalizer: float | None = None
+    """the constant of seq-mean-token-sum-norm (default: the sequence width)"""
+    behaviour_cap: float | None = None
+    """truncated importance sampling: weight each step by min(pi_old / pi_behaviour, cap) when
+    the samples came from another policy (an async generator, another engine)"""
+
+
+POLICY_LOSSES: dict[str, Callable] = {}
+
+
+def register_policy_loss(name: str):
+    def wrap(fn):
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_policy_loss(name: str) -> Callable:
+    if name not in POLICY_LOSSES:
+        raise OmnigymError(f"unknown policy loss {name!r}; known: {', '.join(sorted(POLICY_LOSSES))}")
+    return POLICY_LOSSES[name]
+
+
+def _behaviour_weights(old_logprobs, behaviour_logprobs, cfg: PolicyLossConfig):
+    """Decoupled PPO's correction: the proximal policy (old) is not the one that sampled."""
+    if behaviour_logprobs is None or cfg.behaviour_cap is None:
+        return None
+    return (old_logprobs - behaviour_logprobs).exp().clamp(max=cfg.behaviour_cap).detach()
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip(
     new_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor | None = None,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    aggregation: str = "token-mean",
-    normalizer: float | None = None,
+    cfg: PolicyLossConfig = PolicyLossConfig(),
+    behaviour_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate. ``clip_high`` above ``clip_low`` is DAPO's clip-higher."""
-    clip_high = clip_low if clip_high is None else clip_high
+    """PPO clipped surrogate (Schulman et al., 2017), per step or token."""
+    clip_high = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
     log_ratio = new_logprobs - old_logprobs
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = aggregate(torch.maximum(unclipped, clipped), mask, aggregation, normalizer)
+    clipped = -advantages * ratio.clamp(1.0 - cfg.clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    weights = _behaviour_weights(old_logprobs, behaviour_logprobs, cfg)
+    if weights is not None:
+        loss = loss * weights
     with torch.no_grad():
         stats = {
             "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
             "clip_fraction": masked_mean((clipped > unclipped).float(), mask),
         }
-    return loss, stats
+    return aggregate(loss, mask, cfg.aggregation, cfg.normalizer), stats
+
+
+@register_policy_loss("reinforce")
+def reinforce(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    cfg: PolicyLossConfig = PolicyLossConfig(),
+    behaviour_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The score-function gradient ``-advantage * log pi`` (Williams, 1992); no ratio, no clip."""
+    loss = -advantages * new_logprobs
+    weights = _behaviour_weights(old_logprobs, behaviour_logprobs, cfg)
+    if weights is not None:
+        loss = loss * weights
+    return aggregate(loss, mask, cfg.aggregation, cfg.normalizer), {}
 
 
 def value_loss(
@@ -99,3 +163,8 @@ def check_finite(loss: torch.Tensor, step: int) -> None:
             f"loss became {loss.item()} at global step {step}; lower the learning rate or check the rewards. "
             "The last checkpoint was written before this step and is intact"
         )
+
+
+def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of the tokens under ``mask`` (supervised fine-tuning)."""
+    return -(logprobs * mask).sum() / mask.sum().clamp(min=1)

@@ -1,3 +1,1 @@
-from omnigym.track.run import Run
-
-__all__ = ["Run"]
+"""Tracking: the run directory, metrics log, checkpoints, progress and plots."""

@@ -1,9 +1,16 @@
-"""Atomic checkpoints: a crash mid-write leaves the previous checkpoint loadable."""
+"""Checkpoints: what a run saves to continue exactly, written atomically.
+
+``Checkpointer.save(components, **counters)`` stores each component's ``state_dict()``
+(models, optimizers, env cursors, episode statistics, the metrics log: anything with
+``state_dict``/``load_state_dict``), the counters (step numbers) and the RNG states.
+``restore(components)`` loads them back into freshly built components and sets the RNGs
+last, because building networks draws from them. A crash mid-write leaves the previous
+checkpoint loadable.
+"""
 
 from __future__ import annotations
 
 import os
-import pickle
 import random
 from pathlib import Path
 
@@ -58,10 +65,29 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def snapshot_env(envs) -> bytes | None:
-    """Pickle a vector env so a resumed run continues mid-episode exactly; None if it cannot be
-    pickled (subprocess or emulator backends), in which case resume starts fresh episodes."""
-    try:
-        return pickle.dumps(envs)
-    except Exception:
-        return None
+class Checkpointer:
+    """The checkpoint file of one run directory."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / CHECKPOINT_NAME
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def save(self, components: dict, **counters) -> None:
+        state = {name: c.state_dict() if hasattr(c, "state_dict") else c for name, c in components.items()}
+        save_checkpoint(self.path, {"components": state, "counters": counters, "rng": rng_state()})
+
+    def load(self) -> dict:
+        saved = load_checkpoint(self.path)
+        if not isinstance(saved, dict) or "components" not in saved:
+            raise OmnigymError(f"checkpoint {self.path} was written by an older omnigym; start a new run")
+        return saved
+
+    @staticmethod
+    def restore(saved: dict, components: dict) -> dict:
+        """Load ``saved`` into ``components`` (by name), then the RNGs; returns the counters."""
+        for name, component in components.items():
+            component.load_state_dict(saved["components"][name])
+        set_rng_state(saved["rng"])
+        return saved["counters"]

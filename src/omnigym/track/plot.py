@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from omnigym.errors import OmnigymError
+from omnigym.track.files import load_config_dict, read_metrics
 
 
 def _label(run_dir: Path) -> str:
-    from omnigym.track.run import load_config_dict
-
     cfg = load_config_dict(run_dir)
     return f"{cfg.get('algo', '?')} {cfg.get('env_id', cfg.get('task', ''))}".strip()
 
@@ -20,12 +19,9 @@ def _label(run_dir: Path) -> str:
 def plot_runs(run_dirs, out, metric: str = "charts/episodic_return", points: int = 200) -> Path:
     """Overlay runs; runs with the same algorithm and env are seeds of one curve, drawn as
     their mean with a min-max band, interpolated onto a common step grid."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from omnigym.track.run import read_metrics
+    # A Figure drawn on the Agg canvas directly: no pyplot, so no process-wide backend switch.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
     for run_dir in map(Path, run_dirs):
@@ -35,7 +31,9 @@ def plot_runs(run_dirs, out, metric: str = "charts/episodic_return", points: int
     if not groups:
         raise OmnigymError(f"no run among {', '.join(map(str, run_dirs))} logged {metric!r}")
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     for label, curves in groups.items():
         grid = np.linspace(0, min(steps[-1] for steps, _ in curves), points)
         ys = np.stack([np.interp(grid, steps, values) for steps, values in curves])
@@ -50,5 +48,4 @@ def plot_runs(run_dirs, out, metric: str = "charts/episodic_return", points: int
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out

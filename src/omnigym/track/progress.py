@@ -31,3 +31,18 @@ class ProgressBar:
     def close(self) -> None:
         if self.enabled:
             self._progress.stop()
+
+
+class Clock:
+    """Steps per second since the (re)start of this process."""
+
+    def __init__(self, start_step: int):
+        self.start_step, self.start_time = start_step, time.perf_counter()
+
+    def sps(self, step: int) -> float:
+        return (step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
+
+
+def crossed_multiple(step: int, previous_step: int, every: int) -> bool:
+    """Did the step count pass a multiple of ``every`` (0 means never) since ``previous_step``?"""
+    return every > 0 and step // every > previous_step // every

@@ -1,5 +1,9 @@
-"""Pieces the language algorithms share: prompts, padded batches, token log-probs,
-a supervised step and held-out accuracy."""
+"""Token batches for a causal LM and the log-probabilities of their tokens.
+
+``TokenBatch`` (prompt + completion, right-padded) is what supervised losses read;
+``CompletionBatch`` runs each distinct prompt once and scores the completions that share
+it, which is what the policy and reference passes of RL read.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,24 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.systems.generation import Sample, SamplingParams, distinct_rows, left_pad
+
+def left_pad(sequences, width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, width]`` token ids, right-aligned, and the mask of real tokens."""
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq):] = torch.tensor(seq)
+            mask[i, width - len(seq):] = 1
+    return ids, mask
 
 
-def prompt_ids(tokenizer, question: str, system_prompt: str | None = None) -> list[int]:
-    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
-    messages.append({"role": "user", "content": question})
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def distinct_rows(sequences) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    """The distinct sequences, in first-seen order, and each input's index among them."""
+    keys = [tuple(seq) for seq in sequences]
+    distinct = list(dict.fromkeys(keys))
+    index = {seq: i for i, seq in enumerate(distinct)}
+    return distinct, torch.tensor([index[key] for key in keys], dtype=torch.long)
 
 
 @dataclass
@@ -58,27 +72,33 @@ class CompletionBatch:
     input_ids: torch.Tensor       # [B, C], last prompt token + completion[:-1], right-padded
     position_ids: torch.Tensor    # [B, C]
     targets: torch.Tensor         # [B, C], the completion tokens
-    loss_mask: torch.Tensor       # [B, C], 1 on completion tokens
+    loss_mask: torch.Tensor       # [B, C], 1 on completion tokens the model generated
+    attention: torch.Tensor       # [B, C], 1 on every completion token (generated or inserted)
 
 
-def make_completion_batch(samples: list[Sample], pad_id: int, device="cpu") -> CompletionBatch:
-    if min(len(s.prompt_ids) for s in samples) < 2:
+def make_completion_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+                          masks: list[list[int]] | None = None, device="cpu") -> CompletionBatch:
+    """``completions[i]`` follows ``prompts[i]``; ``masks[i]`` (default all 1) marks the
+    tokens the loss counts: a multi-turn episode's tool and template tokens are 0."""
+    if min(len(p) for p in prompts) < 2:
         raise ValueError("every prompt needs at least 2 tokens")
-    distinct, rows = distinct_rows(s.prompt_ids for s in samples)
+    distinct, rows = distinct_rows(prompts)
     prefix_ids, prefix_mask = left_pad([p[:-1] for p in distinct], max(map(len, distinct)) - 1, pad_id)
-    length = max(len(s.completion_ids) for s in samples)
-    input_ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
-    targets = torch.full((len(samples), length), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(samples), length))
-    for i, s in enumerate(samples):
-        n = len(s.completion_ids)
-        input_ids[i, :n] = torch.tensor(s.prompt_ids[-1:] + s.completion_ids[:-1])
-        targets[i, :n] = torch.tensor(s.completion_ids)
-        loss_mask[i, :n] = 1
-    starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples])
+    length = max(len(c) for c in completions)
+    input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    targets = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((len(prompts), length))
+    attention = torch.zeros((len(prompts), length), dtype=torch.long)
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        n = len(completion)
+        input_ids[i, :n] = torch.tensor(prompt[-1:] + completion[:-1])
+        targets[i, :n] = torch.tensor(completion)
+        loss_mask[i, :n] = 1 if masks is None else torch.tensor(masks[i], dtype=torch.float32)
+        attention[i, :n] = 1
+    starts = torch.tensor([len(p) - 1 for p in prompts])
     position_ids = starts[:, None] + torch.arange(length)[None]
     return CompletionBatch(*(t.to(device) for t in (prefix_ids, prefix_mask, rows, input_ids, position_ids,
-                                                     targets, loss_mask)))
+                                                     targets, loss_mask, attention)))
 
 
 def completion_logprobs(model, batch: CompletionBatch) -> torch.Tensor:
@@ -87,33 +107,7 @@ def completion_logprobs(model, batch: CompletionBatch) -> torch.Tensor:
     cache = model(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask, position_ids=positions,
                   use_cache=True).past_key_values
     cache.batch_select_indices(batch.rows)
-    attention = torch.cat([batch.prefix_mask[batch.rows], (batch.loss_mask > 0).long()], 1)
+    attention = torch.cat([batch.prefix_mask[batch.rows], batch.attention], 1)
     logits = model(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
                    past_key_values=cache, use_cache=True).logits.float()
     return logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-
-
-def adamw(model, learning_rate: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
-    """AdamW over the trainable weights; torch's fused kernel (CPU and CUDA) takes a third
-    of the time of the per-tensor loop on a small model."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, fused=fused)
-
-
-def sft_loss(model, batch: TokenBatch) -> torch.Tensor:
-    logprobs = token_logprobs(model, batch)
-    return -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
-
-
-@torch.no_grad()
-def accuracy(engine, tokenizer, examples: list[dict], reward, system_prompt=None, max_new_tokens: int = 32) -> float:
-    """Fraction of ``examples`` whose greedy completion gets reward 1 (e.g. a correct answer)."""
-    prompts = [prompt_ids(tokenizer, e["question"], system_prompt) for e in examples]
-    samples = engine.generate(prompts, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
-    texts = [tokenizer.decode(group[0].completion_ids, skip_special_tokens=True) for group in samples]
-    return sum(reward(t, e) >= 1.0 for t, e in zip(texts, examples)) / max(len(examples), 1)
-
-
-def completion_texts(tokenizer, groups: list[list[Sample]]) -> list[str]:
-    return [tokenizer.decode(s.completion_ids, skip_special_tokens=True) for group in groups for s in group]

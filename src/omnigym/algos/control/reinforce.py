@@ -13,20 +13,21 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.algos.common import Clock, CommonConfig, EpisodeStats, due, finish, save_on_policy, start, start_on_policy
-from omnigym.algos.ppo import load_policy  # same network, same checkpoint layout
+from omnigym.config import ControlConfig, check_control
 from omnigym.envs.vector import make_vec
-from omnigym.models.control import ActorCritic
-from omnigym.rl.advantages import discounted_returns, normalize
-from omnigym.rl.losses import check_finite, masked_mean, value_loss
-from omnigym.rl.optim import Adam
-from omnigym.track.progress import ProgressBar
-
-__all__ = ["ReinforceConfig", "train", "load_policy"]
+from omnigym.models.control import ActorCritic, actor_critic_policy
+from omnigym.optim import Adam
+from omnigym.process import scoped_run
+from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, discounted_returns, normalize
+from omnigym.rl.losses import check_finite, reinforce, value_loss
+from omnigym.rl.rollout import RolloutCollector
+from omnigym.track.episodes import EpisodeStats, close_control_run
+from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.run import start_run
 
 
 @dataclass
-class ReinforceConfig(CommonConfig):
+class ReinforceConfig(ControlConfig):
     num_envs: int = 8
     num_steps: int = 256
     """steps per env per update; long enough to hold whole episodes"""
@@ -41,30 +42,42 @@ class ReinforceConfig(CommonConfig):
     hidden: tuple[int, ...] = (64, 64)
 
 
+CONFIG = ReinforceConfig
+
+
+@scoped_run
 def train(cfg: ReinforceConfig) -> dict:
+    check_control(cfg)
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
-    run = start(cfg, "reinforce")
+    run = start_run(cfg, "reinforce", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate)
     stats = EpisodeStats(cfg.print_episodes)
+    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed)
+    components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": collector}
+    global_step, first_update = 0, 0
+    if run.saved:
+        counters = run.restore(components)
+        global_step, first_update = counters["global_step"], counters["update"]
     batch_size = cfg.num_steps * cfg.num_envs
     num_updates = max(cfg.total_timesteps // batch_size, 1)
-    envs, collector, global_step, first_update = start_on_policy(run, cfg, envs, agent, optimizer, stats)
 
     progress = ProgressBar(num_updates * batch_size, "reinforce", start=global_step, enabled=cfg.progress)
     clock = Clock(global_step)
     for update in range(first_update, num_updates):
         rollout, global_step = collector.collect(agent, global_step)
         # Without a baseline the critic is never trained, so its values (used only past the
-        # rollout's end) are zeroed: plain REINFORCE cuts the return there.
+        # rollout's end) are zeroed: plain REINFORCE cuts the return there. The estimator
+        # takes [envs, steps]; a rollout is [steps, envs].
         bootstrap = rollout.bootstrap_values if cfg.baseline else torch.zeros_like(rollout.bootstrap_values)
-        advantages, returns = discounted_returns(rollout.rewards, rollout.values if cfg.baseline else None, bootstrap,
-                                                 rollout.terminated, rollout.truncated, cfg.gamma)
-        obs, actions, b_advantages, b_returns, b_values = rollout.flat(rollout.obs, rollout.actions, advantages,
-                                                                       returns, rollout.values)
+        advantages, returns = discounted_returns(
+            rollout.rewards.T, rollout.valid.T, values=rollout.values.T if cfg.baseline else None,
+            cfg=AdvantageConfig(gamma=cfg.gamma), ends=EpisodeEnds(rollout.terminated.T, rollout.truncated.T, bootstrap.T))
+        obs, actions, b_advantages, b_returns, b_values = rollout.flat(rollout.obs, rollout.actions, advantages.T,
+                                                                       returns.T, rollout.values)
         _, logprob, entropy, value = agent.act(obs.to(cfg.device), actions.to(cfg.device))
         adv = normalize(b_advantages) if cfg.norm_adv else b_advantages
-        pg_loss = -masked_mean(logprob * adv.to(cfg.device))
+        pg_loss, _ = reinforce(logprob, logprob.detach(), adv.to(cfg.device))
         loss = pg_loss - cfg.ent_coef * entropy.mean()
         if cfg.baseline:
             v_loss = value_loss(value, b_values, b_returns.to(cfg.device))
@@ -72,7 +85,7 @@ def train(cfg: ReinforceConfig) -> dict:
         check_finite(loss, global_step)
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(optimizer.params, cfg.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
         optimizer.step()
 
         metrics = {**stats.drain(), "losses/policy_loss": pg_loss.item(), "losses/entropy": entropy.mean().item(),
@@ -81,8 +94,13 @@ def train(cfg: ReinforceConfig) -> dict:
             metrics["losses/value_loss"] = v_loss.item()
         run.log(global_step, metrics)
         progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
-        if update == num_updates - 1 or due(global_step, global_step - batch_size, cfg.checkpoint_every):
-            save_on_policy(run, envs, agent, optimizer, stats, collector, global_step, update + 1)
+        if update == num_updates - 1 or crossed_multiple(global_step, global_step - batch_size, cfg.checkpoint_every):
+            run.save(components, global_step=global_step, update=update + 1)
     progress.close()
-    envs.close()
-    return finish(run, stats, cfg, global_step)
+    collector.envs.close()
+    return close_control_run(run, stats, cfg.plot, global_step)
+
+
+def load_policy(cfg: ReinforceConfig, components: dict, envs, greedy: bool = False):
+    """The trained policy as ``obs (numpy batch) -> actions (numpy)`` for evaluation."""
+    return actor_critic_policy(cfg.hidden, components, envs, greedy)

@@ -17,20 +17,21 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.algos.common import (Clock, CommonConfig, EpisodeStats, due, finish, save_on_policy,
-                                  start, start_on_policy)
+from omnigym.config import ControlConfig, check_control
 from omnigym.envs.vector import make_vec
-from omnigym.models.control import ActorCritic
-from omnigym.rl.advantages import gae, normalize
-from omnigym.rl.losses import check_finite, ppo_policy_loss, value_loss
-from omnigym.rl.optim import Adam
-from omnigym.rl.rollout import obs_tensor
-from omnigym.rl.running_stats import RunningMeanStd
-from omnigym.track.progress import ProgressBar
+from omnigym.models.control import ActorCritic, actor_critic_policy
+from omnigym.optim import Adam
+from omnigym.process import scoped_run
+from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, gae, normalize
+from omnigym.rl.losses import PolicyLossConfig, check_finite, ppo_clip, value_loss
+from omnigym.rl.rollout import RolloutCollector
+from omnigym.track.episodes import EpisodeStats, close_control_run
+from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.run import start_run
 
 
 @dataclass
-class PPOConfig(CommonConfig):
+class PPOConfig(ControlConfig):
     num_envs: int = 8
     num_steps: int = 32
     """steps per env per rollout"""
@@ -55,15 +56,27 @@ class PPOConfig(CommonConfig):
     hidden: tuple[int, ...] = (64, 64)
 
 
+CONFIG = PPOConfig
+
+
+@scoped_run
 def train(cfg: PPOConfig) -> dict:
+    check_control(cfg)
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
-    run = start(cfg, "ppo")
+    run = start_run(cfg, "ppo", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     stats = EpisodeStats(cfg.print_episodes)
+    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, cfg.normalize_obs)
+    components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": collector}
+    global_step, first_update = 0, 0
+    if run.saved:
+        counters = run.restore(components)
+        global_step, first_update = counters["global_step"], counters["update"]
     batch_size = cfg.num_steps * cfg.num_envs
     num_updates = max(cfg.total_timesteps // batch_size, 1)
-    envs, collector, global_step, first_update = start_on_policy(run, cfg, envs, agent, optimizer, stats, cfg.normalize_obs)
+    advantage_cfg = AdvantageConfig(cfg.gamma, cfg.gae_lambda)
+    loss_cfg = PolicyLossConfig(clip_low=cfg.clip_coef)
 
     progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
     clock = Clock(global_step)
@@ -72,10 +85,13 @@ def train(cfg: PPOConfig) -> dict:
             optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
 
         # 1. Roll out the current policy; 2. estimate advantages (GAE bootstraps from the
-        # final observation's value on truncation, not on termination).
+        # final observation's value on truncation, not on termination). The estimators take
+        # [envs, steps]; a rollout is [steps, envs].
         rollout, global_step = collector.collect(agent, global_step)
-        advantages, returns = gae(rollout.rewards, rollout.values, rollout.bootstrap_values, rollout.terminated,
-                                  rollout.truncated, cfg.gamma, cfg.gae_lambda)
+        ends = EpisodeEnds(rollout.terminated.T, rollout.truncated.T, rollout.bootstrap_values.T)
+        advantages, returns = gae(rollout.rewards.T, rollout.valid.T, values=rollout.values.T, cfg=advantage_cfg,
+                                  ends=ends)
+        advantages, returns = advantages.T, returns.T
 
         # 3. Clipped policy steps over the valid transitions.
         b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns = (
@@ -90,7 +106,7 @@ def train(cfg: PPOConfig) -> dict:
                 idx = order[begin:begin + minibatch]
                 _, new_logprob, entropy, new_value = agent.act(b_obs[idx], b_actions[idx])
                 adv = normalize(b_advantages[idx]) if cfg.norm_adv and len(idx) > 1 else b_advantages[idx]
-                pg_loss, pg_stats = ppo_policy_loss(new_logprob, b_logprobs[idx], adv, clip_low=cfg.clip_coef)
+                pg_loss, pg_stats = ppo_clip(new_logprob, b_logprobs[idx], adv, cfg=loss_cfg)
                 v_loss = value_loss(new_value, b_values[idx], b_returns[idx],
                                     clip=cfg.clip_coef if cfg.clip_vloss else None)
                 entropy_loss = entropy.mean()
@@ -98,7 +114,7 @@ def train(cfg: PPOConfig) -> dict:
                 check_finite(loss, global_step)
                 optimizer.zero_grad()
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(optimizer.params, cfg.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
                 optimizer.step()
                 clip_fractions.append(pg_stats["clip_fraction"])
             if cfg.target_kl is not None and pg_stats["approx_kl"].item() > cfg.target_kl:
@@ -117,25 +133,13 @@ def train(cfg: PPOConfig) -> dict:
             "charts/learning_rate": optimizer.param_groups[0]["lr"], "perf/sps": clock.sps(global_step),
         })
         progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
-        if update == num_updates - 1 or due(global_step, global_step - batch_size, cfg.checkpoint_every):
-            save_on_policy(run, envs, agent, optimizer, stats, collector, global_step, update + 1)
+        if update == num_updates - 1 or crossed_multiple(global_step, global_step - batch_size, cfg.checkpoint_every):
+            run.save(components, global_step=global_step, update=update + 1)
     progress.close()
-    envs.close()
-    return finish(run, stats, cfg, global_step)
+    collector.envs.close()
+    return close_control_run(run, stats, cfg.plot, global_step)
 
 
-def load_policy(cfg: PPOConfig, checkpoint: dict, envs, greedy: bool = False):
+def load_policy(cfg: PPOConfig, components: dict, envs, greedy: bool = False):
     """The trained policy as ``obs (numpy batch) -> actions (numpy)`` for evaluation."""
-    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, tuple(cfg.hidden))
-    agent.load_state_dict(checkpoint["model"])
-    obs_rms = None
-    if checkpoint["collector"].get("obs_rms"):
-        obs_rms = RunningMeanStd(envs.single_observation_space.shape)
-        obs_rms.load_state_dict(checkpoint["collector"]["obs_rms"])
-
-    @torch.inference_mode()
-    def policy(obs):
-        x = obs_tensor(obs_rms.normalize(obs) if obs_rms else obs, "cpu")
-        return (agent.greedy(x) if greedy else agent.act(x)[0]).numpy()
-
-    return policy
+    return actor_critic_policy(cfg.hidden, components, envs, greedy)

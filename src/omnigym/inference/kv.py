@@ -8,7 +8,7 @@ arithmetic in a few dozen tensor ops. The weights are read from the live model a
 ``generate`` call, so a policy trained in between is always the one sampled. Rotary
 embeddings come from the model's own ``rotary_emb`` module, so every RoPE scaling variant
 Hugging Face implements is covered. Anything else (LoRA-wrapped models, sliding windows,
-other architectures) goes to ``HFEngine``: ``make_engine`` picks.
+other architectures) goes to ``HFEngine``: ``omnigym.inference.make_engine`` picks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from omnigym.errors import OmnigymError
-from omnigym.systems.generation import BatchedEngine, SamplingParams, distinct_rows, left_pad
+from omnigym.inference.engine import BatchedEngine, SamplingParams
+from omnigym.models.tokens import distinct_rows, left_pad
 
 FAMILY = {"llama", "mistral", "qwen2", "qwen3"}
 

@@ -1,0 +1,328 @@
+"""Group Relative Policy Optimization (Shao et al., 2024) and its variants, on any causal LM.
+
+Each step: draw ``prompts_per_step`` prompts, play ``group_size`` episodes of each in the
+text env (``--env single-turn``: one scored reply; ``--env tools``: replies may call a
+Python sandbox or a calculator first), turn each group's rewards into advantages
+(``--advantage``: grpo, dr_grpo, rloo, reinforce_pp), drop groups whose rewards are all
+equal (no signal), then take ``ppo_epochs`` clipped policy steps on the tokens the model
+generated against the stored old log-probs, with a KL penalty to the reference model
+(``--beta 0`` drops it).
+
+``omnigym train grpo`` with no flags is an offline demo: it builds a ~1M-parameter model,
+warms it up with a short supervised phase on 2-digit addition, then trains it with GRPO
+from rewards alone (correctness + 0.1 x format) and reports held-out accuracy before and
+after. With ``--model`` a hub id or a local path, the same loop trains a real model.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from omnigym.backends.local import LocalBackend
+from omnigym.config import RunConfig
+from omnigym.envs.text import TextEnv, ToolEnv
+from omnigym.errors import OmnigymError
+from omnigym.evaluation.text import accuracy
+from omnigym.generators.text_env import TextEnvGenerator, render
+from omnigym.inference import make_engine
+from omnigym.inference.engine import SamplingParams
+from omnigym.models.tokens import completion_logprobs, make_batch, make_completion_batch, token_logprobs
+from omnigym.optim import adamw
+from omnigym.process import scoped_run
+from omnigym.rewards import get_reward, parse_weights
+from omnigym.rl.advantages import get_advantage, outcome_rewards
+from omnigym.rl.losses import PolicyLossConfig, aggregate, check_finite, kl_estimate, nll_loss, ppo_clip
+from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.run import Run, start_run
+
+
+@dataclass
+class GRPOConfig(RunConfig):
+    model: str = "tiny"
+    """hub id or local path of a causal LM; "tiny" builds a ~1M-parameter model offline"""
+    chat_template: str | None = None
+    """Jinja chat template (string or file) for models that have none"""
+    lora_r: int = 0
+    """LoRA rank (0 trains all weights)"""
+    engine: str = "auto"
+    """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv or hf"""
+    task: str = "arithmetic"
+    """"arithmetic", "reasoning_gym:<task>" (use --rewards reasoning_gym:1.0,...), "gsm8k:<file.jsonl>",
+    or a jsonl file / HF dataset with question and answer fields"""
+    digits: int = 2
+    terms: int = 2
+    operations: str = "+"
+    system_prompt: str | None = None
+    env: str = "single-turn"
+    """single-turn (one reply, scored) or tools (the reply may call <tool name="python"> or
+    <tool name="calculator"> and read the answer, up to --max-turns replies)"""
+    max_turns: int = 4
+    """replies per episode in the tools env"""
+    rewards: str = "math:1.0,format:0.1"
+    """weighted rewards, name:weight,..."""
+    steps: int = 400
+    prompts_per_step: int = 16
+    group_size: int = 8
+    learning_rate: float = 1e-4
+    beta: float = 0.04
+    """KL penalty to the reference model; 0 drops the reference model"""
+    kl_estimator: str = "k3"
+    advantage: str = "grpo"
+    """grpo, dr_grpo, rloo, reinforce_pp (group estimators), or gae / returns (no critic:
+    every completion token gets the sequence's reward)"""
+    loss_aggregation: str = "seq-mean-token-mean"
+    """token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO)"""
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    """above clip_low is DAPO's clip-higher (e.g. 0.28)"""
+    ppo_epochs: int = 1
+    """policy steps per batch, against the stored old log-probs"""
+    behaviour_cap: float | None = None
+    """truncated importance sampling against the engine's log-probs, capped here (off by default:
+    the engine samples the current policy)"""
+    skip_equal_groups: bool = True
+    max_new_tokens: int = 24
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    sft_steps: int = 1000
+    """at most this many supervised warm-up steps before GRPO (0 for a model that can already answer)"""
+    sft_target_accuracy: float = 0.3
+    """the warm-up stops once validation accuracy (train-split problems) reaches this"""
+    sft_eval_every: int = 25
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 1e-3
+    eval_size: int = 500
+    """held-out problems for eval/accuracy"""
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    """GRPO steps between checkpoints (one is always written at the end)"""
+
+
+CONFIG = GRPOConfig
+
+
+def load_examples(cfg: GRPOConfig) -> tuple[list[dict], list[dict]]:
+    if cfg.task == "arithmetic":
+        from omnigym.tasks.arithmetic import ArithmeticTask
+
+        task = ArithmeticTask(cfg.digits, cfg.terms, cfg.operations)
+        return task.sample(20_000, cfg.seed), task.sample(cfg.eval_size, 10_000 + cfg.seed, split="heldout")
+    if cfg.task.startswith("reasoning_gym:"):
+        from omnigym.tasks.reasoning_gym import load_reasoning_gym
+
+        rows = load_reasoning_gym(cfg.task.split(":", 1)[1], size=20_000 + cfg.eval_size, seed=cfg.seed)
+    elif cfg.task.startswith("gsm8k:"):
+        from omnigym.tasks.datasets import load_gsm8k
+
+        rows = load_gsm8k(cfg.task.split(":", 1)[1])
+    else:
+        from omnigym.tasks.datasets import load_prompt_answer
+
+        rows = load_prompt_answer(cfg.task, "question", "answer")
+    random.Random(cfg.seed).shuffle(rows)
+    return rows[cfg.eval_size:], rows[:cfg.eval_size]
+
+
+def padded(rows: list[list], width: int | None = None) -> torch.Tensor:
+    """Right-padded ``[B, width]`` float tensor of ragged rows."""
+    width = width or max(map(len, rows))
+    out = torch.zeros((len(rows), width))
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+@scoped_run
+def train(cfg: GRPOConfig) -> dict:
+    from omnigym.models.lm import LoraSettings, build_tiny_model, load_model, load_tokenizer
+
+    if cfg.prompts_per_step <= 0 or cfg.group_size < 2:
+        raise OmnigymError("GRPO needs prompts_per_step >= 1 and group_size >= 2")
+    if cfg.env not in ("single-turn", "tools"):
+        raise OmnigymError(f"--env must be single-turn or tools, got {cfg.env!r}")
+    reward, correct = parse_weights(cfg.rewards), get_reward("math")
+    estimator = get_advantage(cfg.advantage)
+    train_set, heldout = load_examples(cfg)
+    run = start_run(cfg, "grpo", cfg.model)
+    model_path = str(run.dir / "tiny-model") if cfg.model == "tiny" else cfg.model
+    if cfg.model == "tiny" and not (run.dir / "tiny-model" / "config.json").exists():
+        build_tiny_model(model_path, seed=cfg.seed)
+    tokenizer = load_tokenizer(model_path, cfg.chat_template)
+    policy = load_model(model_path, LoraSettings(r=cfg.lora_r), device=cfg.device)
+    engine = make_engine(policy, tokenizer, cfg.engine)
+    env = ToolEnv(train_set, reward, cfg.system_prompt, cfg.max_turns) if cfg.env == "tools" else \
+        TextEnv(train_set, reward, cfg.system_prompt)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    generator = TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns)
+    sft_optimizer = adamw(policy, cfg.sft_learning_rate, weight_decay=0.01)
+    sft = LocalBackend(policy, sft_optimizer)
+    trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate), cfg.max_grad_norm)
+    components = {"trainer": trainer, "sft_optimizer": sft_optimizer}
+    reference, sft_step, step, sft_done = None, 0, 0, cfg.sft_steps == 0
+
+    def make_reference():
+        if cfg.beta == 0:
+            return None
+        ref = copy.deepcopy(policy).eval()
+        ref.requires_grad_(False)
+        return ref
+
+    if run.saved:
+        if run.saved["counters"]["has_reference"]:
+            reference = components["reference"] = make_reference()
+        counters = run.restore(components)
+        sft_step, step, sft_done = counters["sft_step"], counters["step"], counters["sft_done"]
+
+    def save(next_step: int):
+        run.save(components, sft_step=sft_step, step=next_step, sft_done=sft_done, has_reference=reference is not None)
+
+    def evaluate(examples) -> float:
+        return accuracy(env, engine, tokenizer, examples, correct, cfg.max_new_tokens, cfg.max_turns)
+
+    progress = ProgressBar(cfg.sft_steps + cfg.steps, "grpo", start=sft_step + step, enabled=cfg.progress)
+
+    # 1. Supervised warm-up (the demo's): answers in <answer> tags until accuracy on a
+    # validation set drawn from the training split reaches sft_target_accuracy, so that GRPO
+    # starts with some reward to learn from. The held-out set is never looked at here.
+    validation = random.Random(cfg.seed + 99).sample(train_set, 100)
+
+    def sft_loss(model, batch):
+        loss = nll_loss(token_logprobs(model, batch), batch.loss_mask)
+        check_finite(loss, sft_step)
+        return loss, {}
+
+    while not sft_done and sft_step < cfg.sft_steps:
+        rng = random.Random(cfg.seed * 1_000_003 + sft_step)
+        examples = rng.sample(train_set, cfg.sft_batch_size)
+        pairs = [(render(tokenizer, env.reset(options={"example": e})[0]),
+                  tokenizer(f"<answer>{e['answer']}</answer>", add_special_tokens=False)["input_ids"]
+                  + [tokenizer.eos_token_id]) for e in examples]
+        loss = sft.forward_backward(make_batch(pairs, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
+        sft.optim_step()
+        sft_step += 1
+        metrics = {"sft/loss": loss.item()}
+        if sft_step % cfg.sft_eval_every == 0 or sft_step == cfg.sft_steps:
+            metrics["sft/val_accuracy"] = evaluate(validation)
+            sft_done = metrics["sft/val_accuracy"] >= cfg.sft_target_accuracy or sft_step == cfg.sft_steps
+        run.log(sft_step, metrics)
+        progress.update(sft_step, sft_loss=loss.item())
+        if sft_done:
+            reference = make_reference()
+            if reference is not None:
+                components["reference"] = reference
+        if sft_done or sft_step % cfg.checkpoint_every == 0:
+            save(0)
+    if reference is None:
+        reference = make_reference()
+        if reference is not None:
+            components["reference"] = reference
+
+    # 2. GRPO.
+    offset = sft_step
+    loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
+                                behaviour_cap=cfg.behaviour_cap)
+
+    def grpo_loss(model, batch):
+        new_logprobs = completion_logprobs(model, batch.tokens)
+        old = batch.old_logprobs if batch.old_logprobs is not None else new_logprobs.detach()
+        loss, stats = ppo_clip(new_logprobs, old, batch.advantages, batch.tokens.loss_mask, loss_cfg,
+                               batch.behaviour_logprobs)
+        if batch.ref_logprobs is not None:
+            kl = kl_estimate(new_logprobs, batch.ref_logprobs, cfg.kl_estimator)
+            kl_term = aggregate(kl, batch.tokens.loss_mask, cfg.loss_aggregation, cfg.max_new_tokens)
+            loss = loss + cfg.beta * kl_term
+            stats["kl"] = kl_term.detach()
+        check_finite(loss, offset + step)
+        return loss, stats
+
+    clock = Clock(step)
+    for step in range(step, cfg.steps):
+        metrics = {}
+        if step == 0 or step % cfg.eval_every == 0:
+            metrics["eval/accuracy"] = evaluate(heldout)
+        rng = random.Random(cfg.seed * 7_919 + step)
+        examples = rng.sample(train_set, cfg.prompts_per_step)
+        trajectories = generator.generate(examples, cfg.group_size)
+        rewards, group_ids = trajectories.rewards(), trajectories.group_ids()
+        masks = padded([t.loss_mask for t in trajectories.items])
+        advantages, _ = estimator(outcome_rewards(rewards, masks), masks, group_ids)
+        keep = torch.ones(len(rewards), dtype=torch.bool)
+        if cfg.skip_equal_groups:
+            spread = rewards.reshape(-1, cfg.group_size).std(1) > 0  # groups are adjacent, group_size each
+            keep = spread.repeat_interleave(cfg.group_size)
+        kept = torch.nonzero(keep).squeeze(1).tolist()
+
+        stats = {}
+        if kept:
+            stats = policy_steps(cfg, trainer, reference, trajectories.select(kept), advantages[kept],
+                                 tokenizer.pad_token_id, grpo_loss)
+            engine.update_weights(policy.named_parameters(), version=step + 1)
+        metrics.update({
+            "reward/mean": rewards.mean().item(),
+            **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
+            "reward/std": rewards.std().item(), "groups/kept_fraction": keep.float().mean().item(),
+            "completion/length": sum(len(t.response_ids) for t in trajectories.items) / len(trajectories),
+            "perf/steps_per_second": clock.sps(step + 1),
+        })
+        if kept:
+            metrics.update({"losses/policy_loss": stats["loss"].item(), "losses/clip_fraction":
+                            stats["clip_fraction"].item(), "losses/approx_kl": stats["approx_kl"].item()})
+            if "kl" in stats:
+                metrics["kl/mean"] = stats["kl"].item()
+        if cfg.env == "tools":
+            metrics["episode/turns"] = sum(t.info["turns"] for t in trajectories.items) / len(trajectories)
+        if step == cfg.steps - 1:
+            metrics["eval/accuracy"] = evaluate(heldout)
+        run.log(offset + step + 1, metrics)
+        progress.update(offset + step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
+        if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):
+            save(step + 1)
+    progress.close()
+    return finish_lm(run, cfg)
+
+
+@dataclass
+class PolicyBatch:
+    tokens: object                      # CompletionBatch
+    advantages: torch.Tensor            # [B, C]
+    old_logprobs: torch.Tensor | None   # the policy before this batch's steps (None: one step, ratio 1)
+    ref_logprobs: torch.Tensor | None
+    behaviour_logprobs: torch.Tensor | None
+
+
+def policy_steps(cfg: GRPOConfig, trainer: LocalBackend, reference, trajectories, advantages: torch.Tensor,
+                 pad_id: int, loss_fn) -> dict:
+    """``ppo_epochs`` clipped steps on the kept trajectories; returns the last step's stats."""
+    items = trajectories.items
+    tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items], pad_id,
+                                   [t.loss_mask for t in items], cfg.device)
+    width = tokens.loss_mask.shape[1]
+    behaviour = padded([t.logprobs for t in items], width).to(cfg.device) if cfg.behaviour_cap else None
+    with torch.no_grad():
+        ref_logprobs = completion_logprobs(reference, tokens) if reference is not None else None
+        old_logprobs = completion_logprobs(trainer.model, tokens) if cfg.ppo_epochs > 1 else None
+    batch = PolicyBatch(tokens, advantages[:, :width].to(cfg.device), old_logprobs, ref_logprobs, behaviour)
+    for _ in range(cfg.ppo_epochs):
+        stats = trainer.forward_backward(batch, loss_fn)
+        trainer.optim_step()
+    return stats
+
+
+def finish_lm(run: Run, cfg) -> dict:
+    from omnigym.track.files import read_metrics
+
+    rows = [r for r in read_metrics(run.dir) if "eval/accuracy" in r]
+    plot_path = run.close(plot=cfg.plot and bool(rows), metric="eval/accuracy")
+    before, after = (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if rows else (float("nan"),) * 2
+    print(f"run: {run.dir}", file=sys.stderr)
+    print(f"held-out accuracy before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)",
+          file=sys.stderr)
+    if plot_path:
+        print(f"curve: {plot_path}", file=sys.stderr)
+    return {"run_dir": str(run.dir), "accuracy_before": before, "accuracy_after": after,
+            "plot": str(plot_path) if plot_path else None}

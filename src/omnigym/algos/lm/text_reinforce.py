@@ -1,0 +1,91 @@
+"""REINFORCE on text: the classic first exercise of RL on a language model.
+
+Play a single-turn text env whose one prompt asks for anything, reward the completions
+that contain the keywords, and step on ``-(reward - mean reward) * log p(completion)``, the
+score-function gradient with the batch mean as baseline. Same env layer, generator,
+engine, batches, log-probs and tracking as GRPO; no clipping, no reference model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omnigym.backends.local import LocalBackend
+from omnigym.config import RunConfig
+from omnigym.envs.text import TextEnv
+from omnigym.errors import OmnigymError
+from omnigym.generators.text_env import TextEnvGenerator
+from omnigym.inference import make_engine
+from omnigym.inference.engine import SamplingParams
+from omnigym.models.tokens import completion_logprobs, make_completion_batch
+from omnigym.optim import adamw
+from omnigym.process import scoped_run
+from omnigym.rewards import get_reward
+from omnigym.rl.losses import PolicyLossConfig, check_finite, reinforce
+from omnigym.track.progress import Clock
+from omnigym.track.run import start_run
+
+
+@dataclass
+class TextReinforceConfig(RunConfig):
+    model: str = "tiny"
+    """hub id or local path; "tiny" builds a ~1M-parameter untrained model offline"""
+    prompt: str = "Say something."
+    keywords: str = "a"
+    """comma-separated keywords the completion should contain"""
+    steps: int = 40
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+
+
+CONFIG = TextReinforceConfig
+
+
+@scoped_run
+def train(cfg: TextReinforceConfig) -> dict:
+    from omnigym.models.lm import build_tiny_model, load_model, load_tokenizer
+
+    keywords = [k for k in cfg.keywords.split(",") if k]
+    if not keywords:
+        raise OmnigymError("--keywords needs at least one keyword")
+    if cfg.resume:
+        raise OmnigymError("text_reinforce runs are short and keep no checkpoint; start a new run instead of --resume")
+    run = start_run(cfg, "text_reinforce", cfg.model)
+    model_path = str(build_tiny_model(run.dir / "tiny-model", seed=cfg.seed)) if cfg.model == "tiny" else cfg.model
+    tokenizer = load_tokenizer(model_path)
+    policy = load_model(model_path, device=cfg.device)
+    engine = make_engine(policy, tokenizer)
+    trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate))
+    example = {"question": cfg.prompt, "keywords": keywords}
+    env = TextEnv([example], get_reward("keyword"))
+    generator = TextEnvGenerator(env, engine, tokenizer,
+                                 SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature))
+    loss_cfg = PolicyLossConfig(aggregation="seq-mean-token-sum-norm", normalizer=cfg.max_new_tokens)
+
+    def loss_fn(model, batch):
+        tokens, advantages = batch
+        logprobs = completion_logprobs(model, tokens)
+        loss, _ = reinforce(logprobs, logprobs.detach(), advantages, tokens.loss_mask, loss_cfg)
+        check_finite(loss, step)
+        return loss, {}
+
+    clock = Clock(0)
+    for step in range(cfg.steps):
+        trajectories = generator.generate([example], cfg.batch_size)
+        rewards = trajectories.rewards()
+        items = trajectories.items
+        tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items],
+                                       tokenizer.pad_token_id, device=cfg.device)
+        advantages = (rewards - rewards.mean()).to(cfg.device).unsqueeze(1)
+        loss = trainer.forward_backward((tokens, advantages), loss_fn)["loss"]
+        trainer.optim_step()
+        engine.update_weights(policy.named_parameters(), version=step + 1)
+        run.log(step + 1, {"reward/mean": rewards.mean().item(), "losses/policy_loss": loss.item(),
+                           "perf/steps_per_second": clock.sps(step + 1)})
+    plot_path = run.close(plot=cfg.plot, metric="reward/mean")
+    run.say(f"run: {run.dir}", f"final mean reward: {rewards.mean().item():.3f}")
+    return {"run_dir": str(run.dir), "final_reward": rewards.mean().item(), "plot": str(plot_path) if plot_path else None}

@@ -1,0 +1,1 @@
+"""Generators: prompts (or env states) in, scored trajectories out (``base.py``)."""

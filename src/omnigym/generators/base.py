@@ -1,0 +1,63 @@
+"""The generator seam: what a language algorithm trains on, and who makes it.
+
+What crosses it::
+
+    generator.generate(examples: list[dict], group_size: int) -> Trajectories
+
+Each example is played ``group_size`` times. A ``Trajectory`` is one whole episode as one
+token sequence after its first prompt: the tokens the model generated (``loss_mask`` 1,
+with the engine's log-probs) and the tokens the env or the chat template inserted
+between turns (``loss_mask`` 0), its reward, the group it belongs to (the example's
+index) and the policy version that generated it. Trainers read nothing else, so a
+generator in another process (a Ray actor) can hand the same object over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    """every token after the first prompt: generated, then inserted, then generated, ..."""
+    loss_mask: list[int]
+    """1 where the model generated the token, 0 where the env or the template inserted it"""
+    logprobs: list[float]
+    """the engine's sampling log-prob of each generated token, 0.0 on inserted tokens"""
+    reward: float
+    group_id: int
+    policy_version: int
+    example: dict
+    info: dict = field(default_factory=dict)
+    """``reward_parts`` (each reward's value), ``turns``, ``truncated``"""
+
+
+@dataclass
+class Trajectories:
+    items: list[Trajectory]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def rewards(self) -> torch.Tensor:
+        return torch.tensor([t.reward for t in self.items])
+
+    def group_ids(self) -> torch.Tensor:
+        return torch.tensor([t.group_id for t in self.items])
+
+    def select(self, keep: list[int]) -> "Trajectories":
+        return Trajectories([self.items[i] for i in keep])
+
+    def reward_parts(self) -> dict[str, float]:
+        """Each reward's mean over the batch (the parts of a weighted sum)."""
+        names = self.items[0].info.get("reward_parts", {}) if self.items else {}
+        return {name: sum(t.info["reward_parts"][name] for t in self.items) / len(self.items) for name in names}
+
+
+class Generator(Protocol):
+    def generate(self, examples: list[dict], group_size: int) -> Trajectories: ...

@@ -1,0 +1,26 @@
+"""Sampling with Hugging Face ``generate``: any causal LM, CPU or GPU, LoRA included."""
+
+from __future__ import annotations
+
+import torch
+
+from omnigym.inference.engine import BatchedEngine, Sample, SamplingParams
+from omnigym.models.tokens import left_pad
+
+
+class HFEngine(BatchedEngine):
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+        device = next(self.model.parameters()).device
+        width = max(map(len, prompts))
+        input_ids, attention = left_pad(prompts, width, self.pad_id)
+        sampling = {} if params.greedy else {"temperature": params.temperature, "top_p": params.top_p,
+                                             "top_k": params.top_k}
+        out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                                  max_new_tokens=params.max_new_tokens, eos_token_id=self.eos_id,
+                                  pad_token_id=self.pad_id, use_cache=True, return_dict_in_generate=True,
+                                  output_logits=True, do_sample=not params.greedy, **sampling)
+        new_tokens = out.sequences[:, width:].cpu()
+        temperature = 1.0 if params.greedy else params.temperature
+        logits = torch.stack(out.logits, 1).float().cpu() / temperature
+        logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        return self._samples(prompts, new_tokens, logprobs)

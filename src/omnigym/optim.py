@@ -1,0 +1,64 @@
+"""The optimizers: torch.optim optimizers, one of which is made cheap to start.
+
+``Adam`` (control networks) is a real ``torch.optim.Optimizer``: param groups, state,
+``state_dict`` in torch.optim.Adam's layout, LR schedulers, DDP and ZeRO wrappers all see
+an ordinary optimizer. Its step calls ``torch.optim.adam.adam``, the functional kernel
+``torch.optim.Adam`` runs, so the numbers are identical (tests/test_buffers_optim.py).
+Why not torch.optim.Adam itself: its ``step`` and the base class's ``add_param_group``
+and ``zero_grad`` are wrapped to switch off torch.compile, and the first call of such a
+wrapper imports ``torch._dynamo``, about a second here (torch 2.13) -- longer than
+training CartPole takes. An eager optimizer never runs under torch.compile, so this class
+calls torch's own undecorated ``add_param_group`` and ``zero_grad``
+(``__wrapped__``): the same code without that import. ``state_dict`` and
+``load_state_dict`` keep the wrapper; they run once, at the first checkpoint.
+
+``adamw`` (language models) is torch's AdamW with the fused kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.adam import adam
+
+
+class Adam(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        torch.optim.Optimizer.add_param_group.__wrapped__(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        torch.optim.Optimizer.zero_grad.__wrapped__(self, set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                if not self.state[p]:
+                    self.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                     "exp_avg_sq": torch.zeros_like(p)}
+            states = [self.state[p] for p in params]
+            adam(params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                 [], [s["step"] for s in states], foreach=True, amsgrad=False, beta1=group["betas"][0],
+                 beta2=group["betas"][1], lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                 maximize=False)
+        return loss
+
+
+def trainable(params) -> list[torch.nn.Parameter]:
+    return [p for p in params if p.requires_grad]
+
+
+def adamw(model, learning_rate: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW over the trainable weights; torch's fused kernel (CPU and CUDA) takes a third
+    of the time of the per-tensor loop on a small model."""
+    params = trainable(model.parameters())
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, fused=fused)

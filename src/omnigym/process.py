@@ -1,0 +1,49 @@
+"""Process-wide settings a run needs, scoped to the run.
+
+``omnigym.cli`` is the entry point and the only place that changes the process for good
+(threads of a fresh process, transformers' progress bars). A ``train()`` called from
+Python instead gets ``run_scope``: it seeds python, numpy and torch and sets torch's
+thread count for the run, and puts all of them back when the run returns or fails, so
+the caller's process is left as it was found.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+
+@contextmanager
+def run_scope(seed: int, torch_threads: int = 0):
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.get_num_threads())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    if torch_threads > 0:
+        torch.set_num_threads(torch_threads)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.set_rng_state(saved[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        if torch.get_num_threads() != saved[3]:
+            torch.set_num_threads(saved[3])
+
+
+def scoped_run(train):
+    """Decorator for an algorithm's ``train(cfg)``: runs it inside ``run_scope(cfg.seed, cfg.torch_threads)``."""
+
+    @functools.wraps(train)
+    def wrapper(cfg):
+        with run_scope(cfg.seed, cfg.torch_threads):
+            return train(cfg)
+
+    return wrapper

@@ -1,0 +1,56 @@
+"""Finished episodes as gymnasium's RecordEpisodeStatistics reports them."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class EpisodeStats:
+    def __init__(self, print_episodes: bool = False, window: int = 20):
+        self.recent = deque(maxlen=window)
+        self.print_episodes = print_episodes
+        self._returns: list[float] = []
+        self._lengths: list[int] = []
+
+    def add(self, info: dict, global_step: int) -> None:
+        if "episode" not in info:
+            return
+        for i in np.flatnonzero(info["_episode"]):
+            r, length = float(info["episode"]["r"][i]), int(info["episode"]["l"][i])
+            self.recent.append(r)
+            self._returns.append(r)
+            self._lengths.append(length)
+            if self.print_episodes:
+                print(f"global_step={global_step}, episodic_return={r}", flush=True)
+
+    def drain(self) -> dict:
+        """Metrics of the episodes finished since the last drain."""
+        if not self._returns:
+            return {}
+        out = {"charts/episodic_return": float(np.mean(self._returns)),
+               "charts/episodic_length": float(np.mean(self._lengths)),
+               "charts/episodes": len(self._returns),
+               "charts/return_last_20": self.mean_recent}
+        self._returns, self._lengths = [], []
+        return out
+
+    @property
+    def mean_recent(self) -> float:
+        return float(np.mean(self.recent)) if self.recent else float("nan")
+
+    def state_dict(self) -> dict:
+        return {"recent": list(self.recent), "maxlen": self.recent.maxlen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.recent = deque(state["recent"], maxlen=state["maxlen"])
+
+
+def close_control_run(run, stats: EpisodeStats, plot: bool, global_step: int) -> dict:
+    """Close the run and tell a person where it is and how it ended."""
+    plot_path = run.close(plot=plot)
+    run.say(f"run: {run.dir}", *([f"learning curve: {plot_path}"] if plot_path else []),
+            f"final mean return (last {len(stats.recent)} episodes): {stats.mean_recent:.1f}")
+    return {"run_dir": str(run.dir), "global_step": global_step, "mean_return_last_20": stats.mean_recent,
+            "plot": str(plot_path) if plot_path else None}
