@@ -13,7 +13,7 @@ def test_replay_buffer_wraps_and_skips_masked_rows():
     for i in range(2):
         obs = np.full((2, 2), i, dtype=np.float32)
         buf.add(obs, np.array([i, i]), np.array([1.0, 2.0]), obs + 1, np.array([False, True]),
-                keep=np.array([True, i == 1]))
+                valid=np.array([True, i == 1]))
     assert len(buf) == 3
     assert buf.position == 0
     assert sorted(buf.obs[:, 0].tolist()) == [0.0, 1.0, 1.0]
@@ -49,3 +49,30 @@ def test_running_mean_std_matches_numpy():
         rms.update(chunk)
     np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-3)
     np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-3)
+
+
+def test_adam_is_a_torch_optimizer_with_torch_adams_state_layout():
+    net = torch.nn.Linear(3, 2)
+    ours = Adam([{"params": [net.weight], "lr": 1e-2}, {"params": [net.bias], "lr": 1e-3}])
+    assert isinstance(ours, torch.optim.Optimizer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(ours, lambda step: 0.5 ** step)
+    net(torch.randn(4, 3)).sum().backward()
+    ours.step()
+    scheduler.step()
+    assert [g["lr"] for g in ours.param_groups] == [5e-3, 5e-4]
+    theirs = torch.optim.Adam([{"params": [net.weight]}, {"params": [net.bias]}])
+    theirs.load_state_dict(ours.state_dict())  # a checkpoint of ours is a checkpoint of torch.optim.Adam
+    assert set(theirs.state[net.weight]) == {"step", "exp_avg", "exp_avg_sq"}
+
+
+def test_adam_does_not_import_torch_dynamo():
+    """The reason it exists: torch.optim.Adam's first step imports torch._dynamo (about 1 s)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, torch\nfrom omnigym.optim import Adam\nnet = torch.nn.Linear(3, 2)\nopt = Adam(net.parameters())\n"
+             "net(torch.randn(2, 3)).sum().backward()\nopt.step()\nopt.zero_grad()\n"
+             "Adam(net.parameters()).load_state_dict(opt.state_dict())\n"
+             "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

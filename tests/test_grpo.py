@@ -50,12 +50,51 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
 @pytest.mark.parametrize("variant", [dict(advantage="rloo", beta=0.0, loss_aggregation="token-mean", clip_high=0.28,
                                           engine="hf"),
                                      dict(advantage="dr_grpo", loss_aggregation="seq-mean-token-sum-norm",
-                                          ppo_epochs=2, kl_estimator="k1", lora_r=4)])
-def test_variants_run_and_log_their_metrics(tmp_path, variant):
+                                          ppo_epochs=2, kl_estimator="k1", lora_r=4),
+                                     dict(advantage="gae", behaviour_cap=2.0)])
+def test_variants_update_the_policy(tmp_path, monkeypatch, variant):
+    """Each variant's policy steps change the trained weights (LoRA: the adapters only), and
+    the metrics that measure the update move: the KL to the reference grows from 0, and with
+    two epochs the second one sees a ratio away from 1."""
+    import torch
+
+    before, after, original = {}, {}, grpo.policy_steps
+
+    def watched(cfg, trainer, *args, **kwargs):
+        trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        before.setdefault("params", trained)
+        out = original(cfg, trainer, *args, **kwargs)
+        after["params"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        return out
+
+    monkeypatch.setattr(grpo, "policy_steps", watched)
     grpo.train(small(tmp_path, **variant))
     rows = [r for r in metrics(tmp_path) if "reward/mean" in r]
-    assert len(rows) == 6
-    assert all(("kl/mean" in r) == (variant.get("beta", 0.04) > 0) for r in rows if "losses/policy_loss" in r)
+    updated = [r for r in rows if "losses/policy_loss" in r]
+    assert len(rows) == 6 and len(updated) >= 2
+    assert before["params"].keys() == after["params"].keys()
+    if variant.get("lora_r"):
+        assert all("lora_" in name for name in before["params"])
+    changed = [n for n in before["params"] if not torch.equal(before["params"][n], after["params"][n])]
+    assert len(changed) >= len(before["params"]) // 2, changed
+    if variant.get("beta", 0.04) > 0:
+        kls = [r["kl/mean"] for r in updated]
+        assert kls[0] == pytest.approx(0.0, abs=1e-6) and max(kls[1:]) > 1e-6
+    else:
+        assert all("kl/mean" not in r for r in rows)
+    if variant.get("ppo_epochs", 1) > 1:
+        assert max(r["losses/approx_kl"] for r in updated) > 0
+
+
+def test_gae_advantage_is_accepted_from_the_command_line(tmp_path):
+    """`--advantage gae` used to end in a TypeError traceback (two calling contracts in one registry)."""
+    from omnigym.cli import main
+
+    args = ["train", "grpo", "--advantage", "gae", "--run-dir", str(tmp_path / "run"), "--sft-steps", "10",
+            "--sft-target-accuracy", "1.1", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+            "--eval-size", "4", "--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(args) == 0
+    assert sum("reward/mean" in r for r in metrics(tmp_path / "run")) == 2
 
 
 def test_bad_reward_spec_is_a_clear_error(tmp_path):

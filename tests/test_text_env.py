@@ -43,3 +43,26 @@ def test_calculator_refuses_code():
 def test_unknown_text_env_id():
     with pytest.raises(OmnigymError, match="unknown text env id 'arithmetc-v0'; closest known ids: arithmetic-v0"):
         make_text_env("arithmetc-v0")
+
+
+def test_registering_an_env_keeps_the_built_in_ones():
+    from omnigym.envs.text import TEXT_ENVS, TextEnv, register_text_env
+
+    def mine(**kwargs):
+        return TextEnv([{"question": "Say hi.", "answer": "hi"}], get_reward("keyword"))
+
+    register_text_env("mine-v0", mine)
+    try:
+        assert make_text_env("mine-v0").reset()[0][-1]["content"] == "Say hi."
+        assert make_text_env("arithmetic-v0", n=3).reset(seed=0)[0][-1]["content"].startswith("What is")
+        assert make_text_env("arithmetic-tools-v0", n=3).max_turns == 4
+    finally:
+        TEXT_ENVS.pop("mine-v0")
+
+
+def test_built_in_envs_pickle_for_other_processes():
+    import pickle
+
+    env = pickle.loads(pickle.dumps(make_text_env("arithmetic-v0", n=5)))
+    _, info = env.reset(seed=2)
+    assert env.step(f"<answer>{info['example']['answer']}</answer>")[1] == pytest.approx(1.05)

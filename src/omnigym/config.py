@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from omnigym.errors import require
+
 
 @dataclass
 class RunConfig:
@@ -61,6 +63,4 @@ def config_from_dict(cls, values: dict):
 
 def check_control(cfg: ControlConfig) -> None:
     """Range checks every control run makes before it touches the run directory."""
-    from omnigym.errors import require
-
     require(cfg.total_timesteps > 0, f"total_timesteps must be positive, got {cfg.total_timesteps}")

@@ -4,13 +4,12 @@
 ``state_dict`` in torch.optim.Adam's layout, LR schedulers, DDP and ZeRO wrappers all see
 an ordinary optimizer. Its step calls ``torch.optim.adam.adam``, the functional kernel
 ``torch.optim.Adam`` runs, so the numbers are identical (tests/test_buffers_optim.py).
-Why not torch.optim.Adam itself: its ``step`` and the base class's ``add_param_group``
-and ``zero_grad`` are wrapped to switch off torch.compile, and the first call of such a
-wrapper imports ``torch._dynamo``, about a second here (torch 2.13) -- longer than
-training CartPole takes. An eager optimizer never runs under torch.compile, so this class
-calls torch's own undecorated ``add_param_group`` and ``zero_grad``
-(``__wrapped__``): the same code without that import. ``state_dict`` and
-``load_state_dict`` keep the wrapper; they run once, at the first checkpoint.
+Why not torch.optim.Adam itself: its ``step`` and the base class's ``add_param_group``,
+``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped to switch off
+torch.compile, and the first call of such a wrapper imports ``torch._dynamo``, one to three
+seconds here (torch 2.13) -- longer than training CartPole takes. An eager optimizer
+never runs under torch.compile, so this class calls torch's own undecorated methods
+(``__wrapped__``): the same code without that import.
 
 ``adamw`` (language models) is torch's AdamW with the fused kernel.
 """
@@ -31,6 +30,12 @@ class Adam(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         torch.optim.Optimizer.zero_grad.__wrapped__(self, set_to_none)
+
+    def state_dict(self) -> dict:
+        return torch.optim.Optimizer.state_dict.__wrapped__(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        torch.optim.Optimizer.load_state_dict.__wrapped__(self, state_dict)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -50,8 +50,8 @@ class Trajectories:
     def group_ids(self) -> torch.Tensor:
         return torch.tensor([t.group_id for t in self.items])
 
-    def select(self, keep: list[int]) -> "Trajectories":
-        return Trajectories([self.items[i] for i in keep])
+    def select(self, indices: list[int]) -> "Trajectories":
+        return Trajectories([self.items[i] for i in indices])
 
     def reward_parts(self) -> dict[str, float]:
         """Each reward's mean over the batch (the parts of a weighted sum)."""

@@ -26,10 +26,10 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, obs, actions, rewards, next_obs, terminated, keep=None) -> None:
-        """Add a batch of transitions (one per env). ``keep`` masks out autoreset steps."""
-        if keep is not None:
-            obs, actions, rewards, next_obs, terminated = (a[keep] for a in (obs, actions, rewards, next_obs, terminated))
+    def add(self, obs, actions, rewards, next_obs, terminated, valid=None) -> None:
+        """Add a batch of transitions (one per env). ``valid`` masks out autoreset steps."""
+        if valid is not None:
+            obs, actions, rewards, next_obs, terminated = (a[valid] for a in (obs, actions, rewards, next_obs, terminated))
         for i in range(len(rewards)):
             p = self.position
             self.obs[p], self.actions[p], self.rewards[p] = obs[i], actions[i], rewards[i]

@@ -114,7 +114,7 @@ def train(cfg: DQNConfig) -> dict:
             with torch.inference_mode():
                 actions = q_network(obs_tensor(obs, device)).argmax(-1).cpu().numpy()
         next_obs, rewards, terminated, truncated, info, valid = cursor.step(actions)
-        buffer.add(obs, actions, rewards, next_obs, terminated, keep=valid)
+        buffer.add(obs, actions, rewards, next_obs, terminated, valid=valid)
         global_step += int(valid.sum())
         stats.add(info, global_step)
 

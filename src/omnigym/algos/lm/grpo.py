@@ -165,16 +165,17 @@ def train(cfg: GRPOConfig) -> dict:
     components = {"trainer": trainer, "sft_optimizer": sft_optimizer}
     reference, sft_step, step, sft_done = None, 0, 0, cfg.sft_steps == 0
 
-    def make_reference():
+    def add_reference():
+        """The frozen copy of the policy the KL term pulls toward (none with --beta 0), checkpointed."""
         if cfg.beta == 0:
             return None
-        ref = copy.deepcopy(policy).eval()
+        ref = components["reference"] = copy.deepcopy(policy).eval()
         ref.requires_grad_(False)
         return ref
 
     if run.saved:
         if run.saved["counters"]["has_reference"]:
-            reference = components["reference"] = make_reference()
+            reference = add_reference()
         counters = run.restore(components)
         sft_step, step, sft_done = counters["sft_step"], counters["step"], counters["sft_done"]
 
@@ -199,9 +200,7 @@ def train(cfg: GRPOConfig) -> dict:
     while not sft_done and sft_step < cfg.sft_steps:
         rng = random.Random(cfg.seed * 1_000_003 + sft_step)
         examples = rng.sample(train_set, cfg.sft_batch_size)
-        pairs = [(render(tokenizer, env.reset(options={"example": e})[0]),
-                  tokenizer(f"<answer>{e['answer']}</answer>", add_special_tokens=False)["input_ids"]
-                  + [tokenizer.eos_token_id]) for e in examples]
+        pairs = [pair for e in examples for pair in demonstration(env, tokenizer, e)]
         loss = sft.forward_backward(make_batch(pairs, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
         sft.optim_step()
         sft_step += 1
@@ -212,18 +211,14 @@ def train(cfg: GRPOConfig) -> dict:
         run.log(sft_step, metrics)
         progress.update(sft_step, sft_loss=loss.item())
         if sft_done:
-            reference = make_reference()
-            if reference is not None:
-                components["reference"] = reference
+            reference = add_reference()
         if sft_done or sft_step % cfg.checkpoint_every == 0:
             save(0)
     if reference is None:
-        reference = make_reference()
-        if reference is not None:
-            components["reference"] = reference
+        reference = add_reference()
 
     # 2. GRPO.
-    offset = sft_step
+    warmup_steps = sft_step  # GRPO's log steps continue after the warm-up's
     loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
                                 behaviour_cap=cfg.behaviour_cap)
 
@@ -237,7 +232,7 @@ def train(cfg: GRPOConfig) -> dict:
             kl_term = aggregate(kl, batch.tokens.loss_mask, cfg.loss_aggregation, cfg.max_new_tokens)
             loss = loss + cfg.beta * kl_term
             stats["kl"] = kl_term.detach()
-        check_finite(loss, offset + step)
+        check_finite(loss, warmup_steps + step)
         return loss, stats
 
     clock = Clock(step)
@@ -251,25 +246,25 @@ def train(cfg: GRPOConfig) -> dict:
         rewards, group_ids = trajectories.rewards(), trajectories.group_ids()
         masks = padded([t.loss_mask for t in trajectories.items])
         advantages, _ = estimator(outcome_rewards(rewards, masks), masks, group_ids)
-        keep = torch.ones(len(rewards), dtype=torch.bool)
+        informative = torch.ones(len(rewards), dtype=torch.bool)  # episodes whose group's rewards differ
         if cfg.skip_equal_groups:
             spread = rewards.reshape(-1, cfg.group_size).std(1) > 0  # groups are adjacent, group_size each
-            keep = spread.repeat_interleave(cfg.group_size)
-        kept = torch.nonzero(keep).squeeze(1).tolist()
+            informative = spread.repeat_interleave(cfg.group_size)
+        trained = torch.nonzero(informative).squeeze(1).tolist()
 
         stats = {}
-        if kept:
-            stats = policy_steps(cfg, trainer, reference, trajectories.select(kept), advantages[kept],
+        if trained:
+            stats = policy_steps(cfg, trainer, reference, trajectories.select(trained), advantages[trained],
                                  tokenizer.pad_token_id, grpo_loss)
             engine.update_weights(policy.named_parameters(), version=step + 1)
         metrics.update({
             "reward/mean": rewards.mean().item(),
             **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
-            "reward/std": rewards.std().item(), "groups/kept_fraction": keep.float().mean().item(),
+            "reward/std": rewards.std().item(), "groups/kept_fraction": informative.float().mean().item(),
             "completion/length": sum(len(t.response_ids) for t in trajectories.items) / len(trajectories),
             "perf/steps_per_second": clock.sps(step + 1),
         })
-        if kept:
+        if trained:
             metrics.update({"losses/policy_loss": stats["loss"].item(), "losses/clip_fraction":
                             stats["clip_fraction"].item(), "losses/approx_kl": stats["approx_kl"].item()})
             if "kl" in stats:
@@ -278,12 +273,28 @@ def train(cfg: GRPOConfig) -> dict:
             metrics["episode/turns"] = sum(t.info["turns"] for t in trajectories.items) / len(trajectories)
         if step == cfg.steps - 1:
             metrics["eval/accuracy"] = evaluate(heldout)
-        run.log(offset + step + 1, metrics)
-        progress.update(offset + step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
+        run.log(warmup_steps + step + 1, metrics)
+        progress.update(warmup_steps + step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
         if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):
             save(step + 1)
     progress.close()
     return finish_lm(run, cfg)
+
+
+def demonstration(env, tokenizer, example: dict) -> list[tuple[list[int], list[int]]]:
+    """The warm-up's (prompt, target) token pairs for one example: the answer in <answer>
+    tags; in the tools env, when the example has an expression, first the calculator call
+    and then, after the env's real reply to it, the answer (one pair per model turn)."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    messages, _ = env.reset(options={"example": example})
+    pairs, answer = [], f"<answer>{example['answer']}</answer>"
+    if isinstance(env, ToolEnv) and "expression" in example:
+        call = f'<tool name="calculator">{example["expression"]}</tool>'
+        pairs.append((render(tokenizer, messages), ids(call)))
+        messages, *_ = env.respond(call)
+    return pairs + [(render(tokenizer, messages), ids(answer))]
 
 
 @dataclass
@@ -297,7 +308,7 @@ class PolicyBatch:
 
 def policy_steps(cfg: GRPOConfig, trainer: LocalBackend, reference, trajectories, advantages: torch.Tensor,
                  pad_id: int, loss_fn) -> dict:
-    """``ppo_epochs`` clipped steps on the kept trajectories; returns the last step's stats."""
+    """``ppo_epochs`` clipped steps on the trajectories of informative groups; returns the last step's stats."""
     items = trajectories.items
     tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items], pad_id,
                                    [t.loss_mask for t in items], cfg.device)
