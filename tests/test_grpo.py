@@ -11,9 +11,9 @@ from omnigym.track.run import Run  # noqa: E402
 
 
 def small(run_dir, **extra):
-    return grpo.GRPOConfig(run_dir=str(run_dir), sft_steps=20, sft_target_accuracy=1.1, sft_eval_every=10,
-                           steps=6, prompts_per_step=2, group_size=4, eval_size=20, eval_every=3,
-                           checkpoint_every=2, progress=False, plot=False, tensorboard=False, **extra)
+    flags = dict(sft_steps=20, sft_target_accuracy=1.1, sft_eval_every=10, steps=6, prompts_per_step=2, group_size=4,
+                 eval_size=20, eval_every=3, checkpoint_every=2, progress=False, plot=False, tensorboard=False)
+    return grpo.GRPOConfig(run_dir=str(run_dir), **{**flags, **extra})
 
 
 def metrics(run_dir):
@@ -68,7 +68,13 @@ def test_variants_update_the_policy(tmp_path, monkeypatch, variant):
         return out
 
     monkeypatch.setattr(grpo, "policy_steps", watched)
-    grpo.train(small(tmp_path, **variant))
+    # A reward an untrained model already earns sometimes (letters in its reply), so every
+    # group carries signal without a warm-up.
+    task = tmp_path / "letters.jsonl"
+    task.write_text("\n".join(json.dumps({"question": f"Say {i}.", "answer": "-", "keywords": ["a", "e", "o"]})
+                              for i in range(40)))
+    grpo.train(small(tmp_path / "run", task=str(task), rewards="keyword:1.0", sft_steps=0, eval_size=4, **variant))
+    tmp_path = tmp_path / "run"
     rows = [r for r in metrics(tmp_path) if "reward/mean" in r]
     updated = [r for r in rows if "losses/policy_loss" in r]
     assert len(rows) == 6 and len(updated) >= 2
@@ -78,8 +84,10 @@ def test_variants_update_the_policy(tmp_path, monkeypatch, variant):
     changed = [n for n in before["params"] if not torch.equal(before["params"][n], after["params"][n])]
     assert len(changed) >= len(before["params"]) // 2, changed
     if variant.get("beta", 0.04) > 0:
-        kls = [r["kl/mean"] for r in updated]
-        assert kls[0] == pytest.approx(0.0, abs=1e-6) and max(kls[1:]) > 1e-6
+        kls = [r["kl/mean"] for r in updated]  # logged from the last epoch of each step
+        if variant.get("ppo_epochs", 1) == 1:
+            assert kls[0] == pytest.approx(0.0, abs=1e-6)  # the first step starts at the reference
+        assert max(kls[1:]) > max(kls[0], 1e-6)
     else:
         assert all("kl/mean" not in r for r in rows)
     if variant.get("ppo_epochs", 1) > 1:
@@ -129,3 +137,13 @@ def test_demo_grpo_raises_heldout_accuracy(tmp_path):
     summary = grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path), progress=False, plot=False, tensorboard=False))
     assert 0.15 <= summary["accuracy_before"] <= 0.5
     assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.10
+
+
+def test_too_few_examples_is_a_clear_error_before_the_run_dir(tmp_path):
+    from omnigym.errors import OmnigymError
+
+    task = tmp_path / "three.jsonl"
+    task.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": "1"}) for i in range(3)))
+    with pytest.raises(OmnigymError, match="leaves 1 training examples after the 2 held out"):
+        grpo.train(small(tmp_path / "run", task=str(task), eval_size=2))
+    assert not (tmp_path / "run").exists()

@@ -148,6 +148,9 @@ def train(cfg: GRPOConfig) -> dict:
     reward, correct = parse_weights(cfg.rewards), get_reward("math")
     estimator = get_advantage(cfg.advantage)
     train_set, heldout = load_examples(cfg)
+    if len(train_set) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
+        raise OmnigymError(f"--task {cfg.task} leaves {len(train_set)} training examples after the {cfg.eval_size} "
+                           "held out; that is fewer than --prompts-per-step or --sft-batch-size")
     run = start_run(cfg, "grpo", cfg.model)
     model_path = str(run.dir / "tiny-model") if cfg.model == "tiny" else cfg.model
     if cfg.model == "tiny" and not (run.dir / "tiny-model" / "config.json").exists():
@@ -190,7 +193,7 @@ def train(cfg: GRPOConfig) -> dict:
     # 1. Supervised warm-up (the demo's): answers in <answer> tags until accuracy on a
     # validation set drawn from the training split reaches sft_target_accuracy, so that GRPO
     # starts with some reward to learn from. The held-out set is never looked at here.
-    validation = random.Random(cfg.seed + 99).sample(train_set, 100)
+    validation = random.Random(cfg.seed + 99).sample(train_set, min(100, len(train_set)))
 
     def sft_loss(model, batch):
         loss = nll_loss(token_logprobs(model, batch), batch.loss_mask)
