@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # CPU wheel of torch; a GPU user installs their own torch into .venv first (see README).
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo demo-grpo test bench clean
+.PHONY: setup demo demo-grpo test test-quick bench clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -24,6 +24,9 @@ demo-grpo: setup
 
 test: setup
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+test-quick: setup  # the inner loop: everything but the slow learning tests
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" tests
 
 bench: setup
 	$(BIN)/python bench/cartpole_vs_anchors.py

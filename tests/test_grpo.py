@@ -147,3 +147,32 @@ def test_too_few_examples_is_a_clear_error_before_the_run_dir(tmp_path):
     with pytest.raises(OmnigymError, match="leaves 1 training examples after the 2 held out"):
         grpo.train(small(tmp_path / "run", task=str(task), eval_size=2))
     assert not (tmp_path / "run").exists()
+
+
+def test_grpo_trains_through_the_tool_env(tmp_path, monkeypatch):
+    """`--env tools`: the same command plays multi-turn episodes (calculator call, the env's
+    reply, the answer) and trains on the model's own tokens; a short warm-up demonstrates
+    the calculator call, so most episodes take two turns."""
+    import torch
+
+    seen = {}
+    original = grpo.policy_steps
+
+    def watched(cfg, trainer, reference, trajectories, *args, **kwargs):
+        seen.setdefault("before", {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        seen.setdefault("episodes", []).extend(trajectories.items)
+        out = original(cfg, trainer, reference, trajectories, *args, **kwargs)
+        seen["after"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        return out
+
+    monkeypatch.setattr(grpo, "policy_steps", watched)
+    grpo.train(small(tmp_path, env="tools", max_turns=3, sft_steps=120, sft_batch_size=16, sft_eval_every=1000,
+                     max_new_tokens=40, steps=4, prompts_per_step=4, eval_size=8))
+    rows = [r for r in metrics(tmp_path) if "reward/mean" in r]
+    assert len(rows) == 4 and sum(r["episode/turns"] for r in rows) / 4 > 1.5
+    multi_turn = [t for t in seen["episodes"] if t.info["turns"] == 2]
+    assert multi_turn, "no trained episode called the tool"
+    for t in multi_turn:  # the env's reply sits between the two turns, masked out of the loss
+        first_zero = t.loss_mask.index(0)
+        assert 0 < first_zero and 1 in t.loss_mask[first_zero:] and 0.0 == t.logprobs[first_zero]
+    assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
