@@ -92,3 +92,31 @@ def test_multi_turn_rollout_masks_tool_tokens(tiny):
     assert inserted.startswith("<|tool|>42<|end|>") and "What is 6*7?" in tokenizer.decode(first.prompt_ids)
     assert len(first.response_ids) == len(first.loss_mask) == len(first.logprobs)
     assert [lp for lp, m in zip(first.logprobs, first.loss_mask) if not m] == [0.0] * (len(pairs) - sum(first.loss_mask))
+
+
+def test_episodes_cut_off_by_the_turn_limit_score_zero(tiny):
+    from omnigym.envs.text import ToolEnv
+    from omnigym.generators.text_env import TextEnvGenerator
+    from omnigym.inference.engine import Sample
+    from omnigym.rewards import WeightedSum
+
+    tokenizer = load_tokenizer(tiny)
+    call = tokenizer('<tool name="calculator">1+1</tool>', add_special_tokens=False)["input_ids"]
+    answer = tokenizer("<answer>2</answer>", add_special_tokens=False)["input_ids"]
+
+    class Engine:
+        """Row 0 calls the calculator forever; row 1 answers at once."""
+        version = 0
+
+        def generate(self, prompts, n, params):
+            if n == 2:
+                return [[Sample(prompts[0], call, [-1.0] * len(call), True),
+                         Sample(prompts[0], answer, [-1.0] * len(answer), True)]]
+            return [[Sample(p, call, [-1.0] * len(call), True)] for p in prompts]
+
+    env = ToolEnv([{"question": "1+1?", "answer": "2"}], WeightedSum({"math": 1.0, "format": 0.1}), max_turns=2)
+    trajectories = TextEnvGenerator(env, Engine(), tokenizer, SamplingParams()).generate(env.examples, 2)
+    looping, answered = trajectories.items
+    assert (looping.info["truncated"], looping.info["turns"], looping.reward) == (True, 2, 0.0)
+    assert answered.reward == pytest.approx(1.05)
+    assert trajectories.reward_parts() == pytest.approx({"math": 0.5, "format": 0.25})

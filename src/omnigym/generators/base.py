@@ -54,9 +54,11 @@ class Trajectories:
         return Trajectories([self.items[i] for i in indices])
 
     def reward_parts(self) -> dict[str, float]:
-        """Each reward's mean over the batch (the parts of a weighted sum)."""
-        names = self.items[0].info.get("reward_parts", {}) if self.items else {}
-        return {name: sum(t.info["reward_parts"][name] for t in self.items) / len(self.items) for name in names}
+        """Each reward's mean over the batch (the parts of a weighted sum); an episode cut off
+        before a final reply counts 0 for every part."""
+        names = dict.fromkeys(name for t in self.items for name in t.info.get("reward_parts", {}))
+        return {name: sum(t.info.get("reward_parts", {}).get(name, 0.0) for t in self.items) / len(self.items)
+                for name in names}
 
 
 class Generator(Protocol):
