@@ -176,3 +176,16 @@ def test_grpo_trains_through_the_tool_env(tmp_path, monkeypatch):
         first_zero = t.loss_mask.index(0)
         assert 0 < first_zero and 1 in t.loss_mask[first_zero:] and 0.0 == t.logprobs[first_zero]
     assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
+
+
+@pytest.mark.parametrize("flags, message", [(["--env", "tool"], "--env must be single-turn or tools"),
+                                            (["--max-turns", "0"], "--max-turns and --max-new-tokens must be at least 1"),
+                                            (["--behaviour-cap", "-1"], "--behaviour-cap must be positive"),
+                                            (["--advantage", "gea"], "unknown advantage estimator 'gea'")])
+def test_bad_new_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
+    from omnigym.cli import main
+
+    assert main(["train", "grpo", "--run-dir", str(tmp_path / "run"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("omnigym: error:") and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()

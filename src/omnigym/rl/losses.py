@@ -77,11 +77,12 @@ def get_policy_loss(name: str) -> Callable:
     return POLICY_LOSSES[name]
 
 
-def _behaviour_weights(old_logprobs, behaviour_logprobs, cfg: PolicyLossConfig):
-    """Decoupled PPO's correction: the proximal policy (old) is not the one that sampled."""
+def _behaviour_corrected(loss, old_logprobs, behaviour_logprobs, cfg: PolicyLossConfig) -> torch.Tensor:
+    """Decoupled PPO's correction, when the policy that sampled is not the proximal (old) one:
+    each step's loss weighted by ``min(pi_old / pi_behaviour, cap)``."""
     if behaviour_logprobs is None or cfg.behaviour_cap is None:
-        return None
-    return (old_logprobs - behaviour_logprobs).exp().clamp(max=cfg.behaviour_cap).detach()
+        return loss
+    return loss * (old_logprobs - behaviour_logprobs).exp().clamp(max=cfg.behaviour_cap).detach()
 
 
 @register_policy_loss("ppo_clip")
@@ -99,10 +100,7 @@ def ppo_clip(
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - cfg.clip_low, 1.0 + clip_high)
-    loss = torch.maximum(unclipped, clipped)
-    weights = _behaviour_weights(old_logprobs, behaviour_logprobs, cfg)
-    if weights is not None:
-        loss = loss * weights
+    loss = _behaviour_corrected(torch.maximum(unclipped, clipped), old_logprobs, behaviour_logprobs, cfg)
     with torch.no_grad():
         stats = {
             "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
@@ -121,10 +119,7 @@ def reinforce(
     behaviour_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The score-function gradient ``-advantage * log pi`` (Williams, 1992); no ratio, no clip."""
-    loss = -advantages * new_logprobs
-    weights = _behaviour_weights(old_logprobs, behaviour_logprobs, cfg)
-    if weights is not None:
-        loss = loss * weights
+    loss = _behaviour_corrected(-advantages * new_logprobs, old_logprobs, behaviour_logprobs, cfg)
     return aggregate(loss, mask, cfg.aggregation, cfg.normalizer), {}
 
 

@@ -145,6 +145,10 @@ def train(cfg: GRPOConfig) -> dict:
         raise OmnigymError("GRPO needs prompts_per_step >= 1 and group_size >= 2")
     if cfg.env not in ("single-turn", "tools"):
         raise OmnigymError(f"--env must be single-turn or tools, got {cfg.env!r}")
+    if cfg.max_turns < 1 or cfg.max_new_tokens < 1:
+        raise OmnigymError("--max-turns and --max-new-tokens must be at least 1")
+    if cfg.behaviour_cap is not None and cfg.behaviour_cap <= 0:
+        raise OmnigymError(f"--behaviour-cap must be positive (a cap on pi_old / pi_engine), got {cfg.behaviour_cap}")
     reward, correct = parse_weights(cfg.rewards), get_reward("math")
     estimator = get_advantage(cfg.advantage)
     train_set, heldout = load_examples(cfg)
