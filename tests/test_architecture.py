@@ -79,7 +79,7 @@ def test_train_from_python_leaves_threads_rngs_and_plot_backend_alone(tmp_path):
 
     from omnigym.algos import ppo
 
-    backend = matplotlib.get_backend()
+    backend, threads = matplotlib.get_backend(), torch.get_num_threads()
     torch.set_num_threads(2)
     random.seed(5)
     np.random.seed(5)
@@ -88,9 +88,12 @@ def test_train_from_python_leaves_threads_rngs_and_plot_backend_alone(tmp_path):
     random.seed(5)
     np.random.seed(5)
     torch.manual_seed(5)
-    ppo.train(ppo.PPOConfig(total_timesteps=512, run_dir=str(tmp_path / "run"), progress=False, tensorboard=False,
-                            torch_threads=1))
-    assert (tmp_path / "run" / "curve.png").exists()  # the plot was drawn ...
-    assert matplotlib.get_backend() == backend  # ... without switching the process's backend
-    assert torch.get_num_threads() == 2
-    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+    try:
+        ppo.train(ppo.PPOConfig(total_timesteps=512, run_dir=str(tmp_path / "run"), progress=False,
+                                tensorboard=False, torch_threads=1))
+        assert (tmp_path / "run" / "curve.png").exists()  # the plot was drawn ...
+        assert matplotlib.get_backend() == backend  # ... without switching the process's backend
+        assert torch.get_num_threads() == 2
+        assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+    finally:
+        torch.set_num_threads(threads)  # the rest of the suite runs as conftest set it
