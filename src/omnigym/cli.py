@@ -20,26 +20,44 @@ USAGE = """usage: omnigym {train,eval,plot,list} ...
 
 
 def train(argv: list[str]) -> dict:
-    if not argv or argv[0].startswith("-"):
-        raise OmnigymError("name an algorithm: omnigym train {reinforce,ppo,dqn,grpo,...} [flags]")
-    from omnigym.algos import config_class, get_algorithm
+    from omnigym.algos import ALGORITHMS, config_class, get_algorithm
 
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: omnigym train ALGO [flags]   (omnigym train ALGO --help lists its flags)\n\nalgorithms:")
+        for name in ALGORITHMS:
+            print(f"  {name:16s}{(get_algorithm(name).__doc__ or '').strip().splitlines()[0]}")
+        if not argv:
+            raise OmnigymError("name an algorithm: omnigym train {" + ",".join(ALGORITHMS) + "} [flags]")
+        return {}
+    if argv[0].startswith("-"):
+        raise OmnigymError("name an algorithm first: omnigym train {" + ",".join(ALGORITHMS) + "} [flags]")
     module = get_algorithm(argv[0])
     config_cls = config_class(module)
     import tyro
 
     default = None
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
-        # Resuming starts from the run's saved config; flags given now override it.
-        from omnigym.config import config_from_dict
-        from omnigym.track.files import load_config_dict
-
-        i = next(i for i, a in enumerate(argv) if a.startswith("--resume"))
-        run_dir = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
-        default = config_from_dict(config_cls, load_config_dict(run_dir))
+        default = resumed_defaults(argv, config_cls)
     cfg = tyro.cli(config_cls, args=argv[1:], prog=f"omnigym train {argv[0]}", default=default,
                    description=module.__doc__)
     return module.train(cfg)
+
+
+def resumed_defaults(argv: list[str], config_cls):
+    """Resuming starts from the run's saved config; flags given now override it. Where the
+    run lives now comes from --resume, not from the saved config (the run may have moved)."""
+    import dataclasses
+
+    from omnigym.config import config_from_dict
+    from omnigym.track.files import load_config_dict
+
+    i = next(i for i, a in enumerate(argv) if a.startswith("--resume"))
+    run_dir = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+    values = load_config_dict(run_dir)
+    if values.get("algo") != argv[0]:
+        raise OmnigymError(f"{run_dir} is a {values.get('algo')} run; continue it with: "
+                           f"omnigym train {values.get('algo')} --resume {run_dir}")
+    return dataclasses.replace(config_from_dict(config_cls, values), run_dir=None, resume=None, overwrite=False)
 
 
 def evaluate(argv: list[str]) -> None:
@@ -92,6 +110,8 @@ def set_up_process() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from omnigym.track.run import active_run
+
     argv = sys.argv[1:] if argv is None else argv
     set_up_process()
     if not argv or argv[0] in ("-h", "--help"):
@@ -110,10 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
     except OmnigymError as exc:
-        print(f"omnigym: error: {exc}", file=sys.stderr)
+        run = active_run()
+        print(f"omnigym: error: {exc}" + (f" [{run.state_line()}]" if run else ""), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("omnigym: interrupted; continue with --resume RUN_DIR (from its last checkpoint)", file=sys.stderr)
+        run = active_run()
+        where = run.state_line() if run else "the run had not started; nothing was written"
+        print(f"omnigym: interrupted; {where}", file=sys.stderr)
         return 130
     return 0
 

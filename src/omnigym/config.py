@@ -1,15 +1,63 @@
-"""The flags every algorithm shares, and reading a saved config back.
+"""The flags every algorithm shares, their range checks, and reading a saved config back.
 
 Each algorithm has one config dataclass that extends ``RunConfig`` (language) or
-``ControlConfig`` (gymnasium envs); the CLI is generated from it by tyro.
+``ControlConfig`` (gymnasium envs); the CLI is generated from it by tyro. ``cfg.check()``
+is the first thing every ``train`` does: a value out of range is refused in one line that
+names the flag, before anything is built or written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+from typing import ClassVar
 
-from omnigym.errors import require
+from omnigym.errors import OmnigymError, require
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def require_positive(cfg, *names: str) -> None:
+    """Each named flag above 0 (each element of a tuple flag such as --hidden)."""
+    for name in names:
+        value = getattr(cfg, name)
+        ok = all(v > 0 for v in value) if isinstance(value, tuple) else value > 0
+        require(ok, f"{flag(name)} must be positive, got {value}")
+
+
+def require_non_negative(cfg, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        require(value >= 0, f"{flag(name)} must be 0 or more, got {value}")
+
+
+def require_fraction(cfg, *names: str) -> None:
+    """Discounts, lambdas, probabilities: between 0 and 1."""
+    for name in names:
+        value = getattr(cfg, name)
+        require(0 <= value <= 1, f"{flag(name)} must be between 0 and 1, got {value}")
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise OmnigymError(f"unknown --device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        require(count > 0, f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}, "
+                           f"CUDA build: {torch.version.cuda or 'no'}); use --device cpu")
+        require(parsed.index is None or parsed.index < count,
+                f"--device {device}: there are only {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
+    elif parsed.type == "mps":
+        require(torch.backends.mps.is_available(), f"--device {device}: MPS is not available here; use --device cpu")
+    else:
+        require(parsed.type == "cpu", f"--device {device} is not supported; use cpu, cuda, cuda:N or mps")
 
 
 @dataclass
@@ -19,9 +67,11 @@ class RunConfig:
     seed: int = 1
     """seed for torch, numpy, python and the envs: same seed, same metrics on CPU"""
     run_dir: str | None = None
-    """where the run writes (default runs/<algo>__<env or model>__<seed>__<time>)"""
+    """where the run writes (default runs/<algo>__<env or model>__<seed>__<time>); must be new or empty"""
     resume: str | None = None
     """continue the run in this directory from its last checkpoint"""
+    overwrite: bool = False
+    """let --run-dir replace the run already in that directory"""
     torch_threads: int = 1
     """torch intra-op threads while the run trains (0 leaves torch's setting alone); 1 is fastest
     for small networks on a shared CPU"""
@@ -32,9 +82,23 @@ class RunConfig:
     wandb: bool = False
     """log to Weights & Biases as well"""
     progress: bool = True
-    """show a progress bar on a terminal"""
+    """show a progress bar on a terminal (a progress line every 30 s elsewhere)"""
     plot: bool = True
     """write the learning curve PNG at the end"""
+
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = ()
+    """settings a resumed run must keep: its checkpoint only fits them (track/run.py refuses a change)"""
+
+    def check(self) -> None:
+        """Refuse values no run can use. Subclasses add their own ranges after this."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float):
+                require(math.isfinite(value), f"{flag(field.name)} must be a finite number, got {value}")
+        require_non_negative(self, "torch_threads")
+        require(not (self.resume and self.overwrite), "--resume continues a run and --overwrite replaces it; "
+                                                      "give one of them")
+        check_device(self.device)
 
 
 @dataclass
@@ -42,7 +106,7 @@ class ControlConfig(RunConfig):
     """Flags of the control algorithms: the env, its vectorization, the step budget."""
 
     env_id: str = "CartPole-v1"
-    """gymnasium env id (``omnigym list`` shows what is installed)"""
+    """gymnasium env id, or module:EnvName for your own env (``omnigym list`` shows what is installed)"""
     total_timesteps: int = 100_000
     """env steps to train for, summed over the vector envs"""
     num_envs: int = 8
@@ -54,13 +118,15 @@ class ControlConfig(RunConfig):
     print_episodes: bool = False
     """print one line per finished episode (global_step=..., episodic_return=...)"""
 
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = ("env_id", "num_envs", "backend", "hidden")
+
+    def check(self) -> None:
+        super().check()
+        require_positive(self, "total_timesteps", "num_envs")
+        require_non_negative(self, "checkpoint_every")
+
 
 def config_from_dict(cls, values: dict):
     """A config of class ``cls`` from a saved ``config.json`` (unknown keys are ignored)."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names})
-
-
-def check_control(cfg: ControlConfig) -> None:
-    """Range checks every control run makes before it touches the run directory."""
-    require(cfg.total_timesteps > 0, f"total_timesteps must be positive, got {cfg.total_timesteps}")

@@ -16,12 +16,24 @@ from typing import Callable
 
 import numpy as np
 
+from omnigym.errors import OmnigymError
+
+
+def check_finite_obs(obs, step: int):
+    """NaN or inf in an observation would surface later as a NaN loss or a sampling error
+    far from its cause; stop here and say where it came from."""
+    if isinstance(obs, np.ndarray) and obs.dtype.kind == "f" and not np.isfinite(obs).all():
+        bad = obs[~np.isfinite(obs)][0]
+        raise OmnigymError(f"the env returned a non-finite observation ({bad}) at env step {step}; fix the env, "
+                           "or wrap it (gymnasium.wrappers.TransformObservation) to replace such values")
+    return obs
+
 
 class EnvCursor:
     def __init__(self, envs, seed: int, prepare: Callable = lambda obs: obs):
         """``prepare`` turns a raw observation batch into what ``obs`` holds (e.g. normalized)."""
         self.envs, self.seed, self.prepare = envs, seed, prepare
-        self.obs = prepare(envs.reset(seed=seed)[0])
+        self.obs = prepare(check_finite_obs(envs.reset(seed=seed)[0], 0))
         self.autoreset = np.zeros(envs.num_envs, dtype=bool)
         self.steps = 0
 
@@ -31,6 +43,10 @@ class EnvCursor:
         next_obs, rewards, terminated, truncated, info = self.envs.step(actions)
         valid = ~self.autoreset
         self.steps += int(valid.sum())
+        check_finite_obs(next_obs, self.steps)
+        if not np.isfinite(rewards).all():
+            raise OmnigymError(f"the env returned a non-finite reward ({rewards[~np.isfinite(rewards)][0]}) at env step "
+                               f"{self.steps}; fix the env's reward, or clip it with a gymnasium wrapper")
         self.autoreset = terminated | truncated
         self.obs = self.prepare(next_obs)
         return next_obs, rewards, terminated, truncated, info, valid

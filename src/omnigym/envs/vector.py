@@ -1,5 +1,10 @@
 """One factory for vectorized control environments, with interchangeable backends.
 
+``env`` is a registered gymnasium id (``CartPole-v1``), gymnasium's ``module:EnvName`` (the
+module is imported first, so that it can register ``EnvName``; a ``module:Class`` or
+``module:factory`` that is not a registered id is used as the env's factory), or, from
+Python, a class, a factory function or an env object.
+
 Every backend returns a gymnasium 1.x ``VectorEnv`` in NEXT_STEP autoreset mode (the
 mode gymnasium's own vector envs use): the step that ends an episode returns its true
 final observation, and the following step returns the reset observation with reward 0.
@@ -16,6 +21,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from omnigym.errors import OmnigymError, missing_extra
+from omnigym.user_code import import_object, import_reference, is_reference
 
 BACKENDS = ("auto", "sync", "async", "native", "envpool")
 
@@ -52,23 +58,78 @@ def available_backends() -> list[str]:
     return names
 
 
+def resolve_env(env):
+    """A registered id for ``env``, or the factory (a callable making one env) it names."""
+    if isinstance(env, str) and is_reference(env):
+        module, name = import_reference(env, "--env-id")
+        if name in gym.registry:
+            return name
+        factory = import_object(env, "--env-id")
+        if not callable(factory):
+            raise OmnigymError(f"--env-id {env}: {name} is neither a registered env id nor a class or function")
+        return factory
+    if isinstance(env, str):
+        _spec(env)
+        return env
+    if isinstance(env, gym.Env):
+        return env
+    if callable(env):
+        return env
+    raise OmnigymError(f"env must be an env id, module:EnvName, an env class or factory, or an env; got {env!r}")
+
+
 def make_vec(
-    env_id: str,
+    env,
     num_envs: int = 1,
     backend: str = "auto",
     seed: int | None = None,
     **env_kwargs,
 ) -> gym.vector.VectorEnv:
-    """Make ``num_envs`` copies of ``env_id`` as one vector env with episode statistics.
+    """Make ``num_envs`` copies of ``env`` as one vector env with episode statistics.
 
     ``seed`` seeds the action spaces' samplers (and EnvPool's pool); pass it to the first
     ``reset`` too, as the algorithms do, and two runs see the same trajectories.
     """
     if not isinstance(num_envs, int) or num_envs <= 0:
-        raise OmnigymError(f"num_envs must be a positive integer, got {num_envs!r}")
+        raise OmnigymError(f"--num-envs must be positive, got {num_envs!r}")
     if backend not in BACKENDS:
         raise OmnigymError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    _spec(env_id)
+    env_id = resolve_env(env)
+    if not isinstance(env_id, str):
+        envs = _vectorize_factory(env_id, num_envs, backend, env_kwargs)
+    else:
+        try:
+            envs = _make_registered(env_id, num_envs, backend, seed, env_kwargs)
+        except OmnigymError:
+            raise
+        except Exception as exc:  # a missing dependency (MuJoCo, ROMs) or an env that fails to build
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise OmnigymError(f"env {env_id} could not be made: {type(exc).__name__}: {detail}") from None
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    if seed is not None:
+        envs.action_space.seed(seed)
+        envs.single_action_space.seed(seed)
+    return envs
+
+
+def _vectorize_factory(factory, num_envs: int, backend: str, env_kwargs: dict) -> gym.vector.VectorEnv:
+    if backend not in ("auto", "sync", "async"):
+        raise OmnigymError(f"--backend {backend} needs a registered env id; your own env runs with sync or async")
+    if isinstance(factory, gym.Env):  # an env object: it is the first env, copies are the others
+        import copy
+
+        made = [factory] + [copy.deepcopy(factory) for _ in range(num_envs - 1)]
+        fns = [lambda e=e: e for e in made]
+    else:
+        fns = [lambda: factory(**env_kwargs)] * num_envs
+    vector_cls = gym.vector.AsyncVectorEnv if backend == "async" else gym.vector.SyncVectorEnv
+    try:
+        return vector_cls(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+    except Exception as exc:  # the user's env failed to build, or its spaces are not a gymnasium env's
+        raise OmnigymError(f"your env could not be made: {type(exc).__name__}: {exc}") from None
+
+
+def _make_registered(env_id: str, num_envs: int, backend: str, seed, env_kwargs: dict) -> gym.vector.VectorEnv:
     if backend == "auto":
         backend = "native" if has_native(env_id) else "sync"
 
@@ -81,11 +142,6 @@ def make_vec(
         envs = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **env_kwargs)
     else:
         envs = _make_envpool(env_id, num_envs, seed, **env_kwargs)
-
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    if seed is not None:
-        envs.action_space.seed(seed)
-        envs.single_action_space.seed(seed)
     return envs
 
 

@@ -34,7 +34,8 @@ class Trajectory:
     policy_version: int
     example: dict
     info: dict = field(default_factory=dict)
-    """``reward_parts`` (each reward's value), ``turns``, ``truncated``"""
+    """``reward_parts`` (each reward's value), ``turns``, ``truncated`` (out of turns),
+    ``cut_off`` (a reply stopped at max_new_tokens before the model ended it)"""
 
 
 @dataclass

@@ -28,7 +28,7 @@ class _Episode:
         self.response: list[int] = []
         self.mask: list[int] = []
         self.logprobs: list[float] = []
-        self.turns, self.truncated, self.done = 0, False, False
+        self.turns, self.truncated, self.done, self.cut_off = 0, False, False, False
         self.reward, self.parts = 0.0, {}
 
     @property
@@ -63,6 +63,7 @@ class TextEnvGenerator:
                 episode.mask += [1] * len(sample.completion_ids)
                 episode.logprobs += sample.logprobs
                 episode.turns += 1
+                episode.cut_off |= not sample.finished  # stopped by max_new_tokens, not by the model
                 text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
                 messages, terminated, truncated, _ = episode.env.respond(text)
                 if terminated:
@@ -80,7 +81,7 @@ class TextEnvGenerator:
             episode.truncated = True
         return Trajectories([Trajectory(e.prompt, e.response, e.mask, e.logprobs, e.reward, e.group_id, version,
                                         e.env.example, {"reward_parts": e.parts, "turns": e.turns,
-                                                        "truncated": e.truncated})
+                                                        "truncated": e.truncated, "cut_off": e.cut_off})
                              for e in episodes])
 
     def _append_env_turn(self, episode: _Episode, messages: list[dict]) -> None:

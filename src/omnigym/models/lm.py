@@ -4,6 +4,7 @@ LoRA, and build tiny offline models that go through the very same loading path."
 from __future__ import annotations
 
 import string
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,27 @@ def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str =
         model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                  target_modules=lora.target_modules, task_type="CAUSAL_LM"))
     return model
+
+
+def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: str | None = None,
+                              lora: LoraSettings | None = None, device: str = "cpu"):
+    """The model and tokenizer of ``--model``: "tiny" is built offline (in a temporary folder,
+    the same weights for the same seed), anything else is a local folder or a hub id."""
+    if name_or_path == "tiny":
+        with tempfile.TemporaryDirectory() as folder:
+            build_tiny_model(folder, seed=seed)
+            tokenizer = load_tokenizer(folder, chat_template)
+            return load_model(folder, lora, device=device), tokenizer
+    path = Path(name_or_path).expanduser()
+    looks_like_path = name_or_path.startswith(("/", ".", "~")) or path.exists()
+    if looks_like_path and not path.is_dir():
+        raise OmnigymError(f"--model {name_or_path}: no such folder; give a folder saved with save_pretrained, "
+                           "or a hub id")
+    if looks_like_path and not (path / "config.json").exists():
+        raise OmnigymError(f"--model {name_or_path} has no config.json; give a folder saved with save_pretrained")
+    source = str(path) if looks_like_path else name_or_path
+    tokenizer = load_tokenizer(source, chat_template)  # first: a missing chat template is the cheaper failure
+    return load_model(source, lora, device=device), tokenizer
 
 
 def build_tiny_model(path: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,

@@ -152,12 +152,11 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = 
 
 
 def check_finite(loss: torch.Tensor, step: int) -> None:
-    """Stop before a NaN/inf loss poisons the weights (the last checkpoint stays good)."""
+    """Stop before a NaN/inf loss poisons the weights: no checkpoint is written after it (the
+    CLI adds where the run's last checkpoint is, if any)."""
     if not torch.isfinite(loss):
-        raise OmnigymError(
-            f"loss became {loss.item()} at global step {step}; lower the learning rate or check the rewards. "
-            "The last checkpoint was written before this step and is intact"
-        )
+        raise OmnigymError(f"loss became {loss.item()} at step {step}; lower the learning rate, or check the "
+                           "env's observations and rewards")
 
 
 def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,6 @@ def close_control_run(run, stats: EpisodeStats, plot: bool, global_step: int) ->
     """Close the run and tell a person where it is and how it ended."""
     plot_path = run.close(plot=plot)
     run.say(f"run: {run.dir}", *([f"learning curve: {plot_path}"] if plot_path else []),
-            f"final mean return (last {len(stats.recent)} episodes): {stats.mean_recent:.1f}")
+            f"final mean return (last {len(stats.recent)} episodes): {stats.mean_recent:.2f}")
     return {"run_dir": str(run.dir), "global_step": global_step, "mean_return_last_20": stats.mean_recent,
             "plot": str(plot_path) if plot_path else None}

@@ -1,35 +1,44 @@
-"""A live progress bar (rich) with the numbers that matter; silent when not on a terminal."""
+"""Progress a person can see: a live bar (rich) on a terminal, and elsewhere (CI, nohup,
+a notebook's captured output) a plain line every ``line_every`` seconds."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 
 class ProgressBar:
-    def __init__(self, total: int, description: str, start: int = 0, enabled: bool = True):
+    def __init__(self, total: int, description: str, start: int = 0, enabled: bool = True, line_every: float = 30.0):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         console = Console(stderr=True)
-        self.enabled = enabled and console.is_terminal
+        self.bar = enabled and console.is_terminal
+        self.lines = enabled and not console.is_terminal
+        self.total, self.description, self.line_every = total, description, line_every
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TimeRemainingColumn(), TextColumn("{task.fields[stats]}"),
-                                  console=console, disable=not self.enabled, transient=False)
+                                  console=console, disable=not self.bar, transient=False)
         self._task = self._progress.add_task(description, total=total, completed=start, stats="")
         self._last = 0.0
-        if self.enabled:
+        self._start, self._last_line = time.monotonic(), time.monotonic()
+        if self.bar:
             self._progress.start()
 
     def update(self, completed: int, **stats) -> None:
         now = time.monotonic()
-        if not self.enabled or now - self._last < 0.2:
+        text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
+        if self.lines and now - self._last_line >= self.line_every:
+            self._last_line = now
+            print(f"{self.description}: {completed}/{self.total} ({100 * completed / max(self.total, 1):.0f}%) "
+                  f"{text}  [{now - self._start:.0f} s]", file=sys.stderr, flush=True)
+        if not self.bar or now - self._last < 0.2:
             return
         self._last = now
-        text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
         self._progress.update(self._task, completed=completed, stats=text)
 
     def close(self) -> None:
-        if self.enabled:
+        if self.bar:
             self._progress.stop()
 
 

@@ -1,10 +1,15 @@
 """A run directory and what a training run writes into it.
 
-``start_run`` checks everything it can before it writes anything, then gives the
-algorithm a ``Run``: the metrics log (``metrics.jsonl``, TensorBoard, W&B) and, separately,
-the checkpointer. On ``--resume`` the saved checkpoint is loaded up front; the algorithm
-builds its components and calls ``run.restore(components)``, which also rolls the metrics
-log back to the checkpoint, so a resumed run's log equals an uninterrupted one.
+A run starts in two steps, so that a start that fails leaves the disk as it was:
+
+- ``start_run(cfg, algo, label)`` decides the directory and checks it (a new or empty
+  directory; an existing run only with ``--resume`` or ``--overwrite``; on ``--resume`` a run
+  of the same algorithm, made with the settings the checkpoint needs) and loads the
+  checkpoint. It writes nothing.
+- ``run.begin(components)``, once the algorithm has built everything, restores the
+  checkpoint into the components (when resuming), and only then creates the directory,
+  writes ``config.json`` and opens the metrics log, rolled back to the checkpoint so that a
+  resumed run's log equals an uninterrupted one. It returns the saved counters.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ import dataclasses
 import json
 import math
 import os
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from omnigym.errors import OmnigymError
-from omnigym.track.checkpoint import Checkpointer
-from omnigym.track.files import CONFIG_NAME, METRICS_NAME
+from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
+from omnigym.track.files import CONFIG_NAME, METRICS_NAME, load_config_dict
 
 
 class MetricsLog:
@@ -77,24 +84,68 @@ class MetricsLog:
             self._wandb.finish()
 
 
+RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", "curve.png")
+"""What a run writes (besides TensorBoard's events files); ``--overwrite`` removes exactly these."""
+
+_active: "Run | None" = None
+
+
+def active_run() -> "Run | None":
+    """The run this process began last (the CLI reports on it when interrupted or failing)."""
+    return _active
+
+
 class Run:
-    def __init__(self, run_dir: Path, algo: str, metrics: MetricsLog, checkpointer: Checkpointer, saved: dict | None):
-        self.dir, self.algo, self.metrics, self.checkpointer = run_dir, algo, metrics, checkpointer
+    def __init__(self, run_dir: Path, algo: str, cfg, saved: dict | None, replace: bool = False):
+        self.dir, self.algo, self.cfg = run_dir, algo, cfg
         self.saved = saved
         """the loaded checkpoint when resuming, else None"""
+        self.checkpointer = Checkpointer(run_dir)
+        self.metrics: MetricsLog | None = None
+        self.last_checkpoint = saved["counters"] if saved else None
+        """the counters of the newest checkpoint on disk (None before the first)"""
+        self._replace = replace
+
+    def begin(self, components: dict) -> dict:
+        """Restore the checkpoint into ``components`` when resuming, then write the run's
+        config and open its log. Returns the saved counters ({} for a new run)."""
+        global _active
+        counters = self._restore(components) if self.saved else {}
+        try:
+            if self._replace:
+                remove_run_files(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            config_dict = {"algo": self.algo, **dataclasses.asdict(self.cfg)}
+            (self.dir / CONFIG_NAME).write_text(json.dumps(config_dict, indent=2, default=describe))
+        except OSError as exc:
+            raise OmnigymError(f"cannot write to run directory {self.dir}: {exc.strerror}; "
+                               "choose another --run-dir") from None
+        self.metrics = MetricsLog(self.dir, config_dict, append=self.saved is not None,
+                                  tensorboard=self.cfg.tensorboard, wandb=self.cfg.wandb)
+        if self.saved:
+            self.metrics.load_state_dict(self.saved["components"]["metrics"])
+        _active = self
+        return counters
+
+    def _restore(self, components: dict) -> dict:
+        try:
+            return self.checkpointer.restore(self.saved, components)
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OmnigymError(f"the checkpoint in {self.dir} does not fit this run's settings ({detail}); "
+                               "resume with the settings in its config.json, or start a new run") from None
 
     def log(self, step: int, metrics: dict) -> None:
         self.metrics.log(step, metrics)
 
-    def restore(self, components: dict) -> dict:
-        """Load the saved state into ``components`` and the metrics log; returns the counters."""
-        return self.checkpointer.restore(self.saved, {**components, "metrics": self.metrics})
-
     def save(self, components: dict, **counters) -> None:
         self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
+        self.last_checkpoint = counters
 
     def close(self, plot: bool = True, metric: str = "charts/episodic_return") -> Path | None:
+        global _active
         self.metrics.close()
+        _active = None
         if not plot:
             return None
         from omnigym.track.plot import plot_runs
@@ -106,28 +157,92 @@ class Run:
         for line in lines:
             print(line, file=sys.stderr)
 
+    def state_line(self) -> str:
+        """Where the run stands, for a message about a run that stopped early."""
+        if self.last_checkpoint is None:
+            return (f"no checkpoint was written yet (one comes every --checkpoint-every steps), so there is nothing "
+                    f"to resume; {self.dir} keeps the metrics so far")
+        at = ", ".join(f"{k} {v}" for k, v in self.last_checkpoint.items() if type(v) is int and k != "update")
+        return f"continue with: omnigym train {self.algo} --resume {self.dir}  (last checkpoint: {at})"
 
-def default_run_dir(algo: str, label: str, seed: int) -> str:
-    return os.path.join("runs", f"{algo}__{label.replace('/', '-')}__{seed}__{int(time.time())}")
+
+def describe(value) -> str:
+    """How config.json records a Python object given as a flag (an env class or factory):
+    ``module:qualname`` when it can be imported again by that name."""
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if module and qualname and "<" not in qualname and module != "__main__":
+        return f"{module}:{qualname}"
+    return repr(value)
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / name).exists() for name in (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME))
+
+
+def remove_run_files(path: Path) -> None:
+    for name in RUN_FILES:
+        (path / name).unlink(missing_ok=True)
+    for events in path.glob("events.out.tfevents.*"):
+        events.unlink()
+    shutil.rmtree(path / "wandb", ignore_errors=True)
+
+
+def default_run_dir(algo: str, label, seed: int) -> str:
+    label = re.sub(r"[^\w.\-]+", "-", label if isinstance(label, str) else describe(label).split(":")[-1])
+    base = os.path.join("runs", f"{algo}__{label}__{seed}__{int(time.time())}")
+    name, n = base, 1
+    while os.path.exists(name):  # two runs started in the same second
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def check_writable(path: Path) -> None:
+    """``path`` can be created: its nearest existing ancestor is a writable directory."""
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        why = "is not a directory" if not parent.is_dir() else "is not writable"
+        raise OmnigymError(f"cannot write to run directory {path}: {parent} {why}; choose another --run-dir")
 
 
 def start_run(cfg, algo: str, label: str) -> Run:
     """The run directory of ``cfg`` (``--resume`` or ``--run-dir``, else a new name from
-    ``label``), its config written, its log open and, when resuming, its checkpoint loaded."""
-    if cfg.resume and cfg.run_dir and Path(cfg.run_dir).resolve() != Path(cfg.resume).resolve():
-        raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
-    cfg.run_dir = cfg.resume or cfg.run_dir or default_run_dir(algo, label, cfg.seed)
-    run_dir = Path(cfg.run_dir)
-    checkpointer = Checkpointer(run_dir)
-    saved = checkpointer.load() if cfg.resume else None
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise OmnigymError(f"cannot write to run directory {run_dir}: {exc.strerror}; choose another --run-dir") from None
-    config_dict = {"algo": algo, **dataclasses.asdict(cfg)}
-    (run_dir / CONFIG_NAME).write_text(json.dumps(config_dict, indent=2, default=str))
-    metrics = MetricsLog(run_dir, config_dict, append=saved is not None, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
-    return Run(run_dir, algo, metrics, checkpointer, saved)
+    ``label``), checked, and its checkpoint when resuming. Nothing is written until ``begin``."""
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        if cfg.run_dir and Path(cfg.run_dir).resolve() != run_dir.resolve():
+            raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
+        check_resumable(cfg, algo, load_config_dict(run_dir))
+        saved = Checkpointer(run_dir).load()
+    else:
+        run_dir, saved = Path(cfg.run_dir or default_run_dir(algo, label, cfg.seed)), None
+        if run_dir.exists() and not run_dir.is_dir():
+            raise OmnigymError(f"--run-dir {run_dir} is a file; choose a directory")
+        if run_dir.is_dir() and is_run_dir(run_dir) and not cfg.overwrite:
+            raise OmnigymError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
+                               "or replace it with --overwrite")
+        if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
+            raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
+        check_writable(run_dir)
+    cfg.run_dir = str(run_dir)
+    return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir))
+
+
+def check_resumable(cfg, algo: str, saved_config: dict) -> None:
+    """A run continues with the algorithm and the settings its checkpoint was made with;
+    ``cfg.RESUME_FIXED`` names the settings that cannot change (shapes, envs, data)."""
+    made_by = saved_config.get("algo")
+    if made_by != algo:
+        raise OmnigymError(f"{cfg.resume} is a {made_by} run; continue it with: "
+                           f"omnigym train {made_by} --resume {cfg.resume}")
+    for name in getattr(cfg, "RESUME_FIXED", ()):
+        now, then = getattr(cfg, name, None), saved_config.get(name)
+        now = json.loads(json.dumps(now, default=describe))
+        if then is not None and now != then:
+            def shown(value):
+                return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+            raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}, not "
+                               f"{shown(now)}; its checkpoint only fits its own setting (leave the flag out to keep it)")

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omnigym.config import ControlConfig, check_control
+from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.cursor import EnvCursor
 from omnigym.envs.vector import make_vec
-from omnigym.errors import OmnigymError
+from omnigym.errors import OmnigymError, require
 from omnigym.models.control import QNetwork, q_network_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
@@ -56,6 +56,17 @@ class DQNConfig(ControlConfig):
     log_every: int = 1000
     """env steps between metric lines"""
 
+    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("buffer_size",)
+
+    def check(self) -> None:
+        super().check()
+        require_positive(self, "learning_rate", "buffer_size", "batch_size", "train_frequency", "gradient_steps",
+                         "target_network_frequency", "log_every")
+        require_non_negative(self, "learning_starts")
+        require_fraction(self, "gamma", "start_e", "end_e", "exploration_fraction")
+        require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
+        require_positive(self, "hidden")
+
 
 CONFIG = DQNConfig
 
@@ -80,7 +91,7 @@ class Sampler:
 
 @scoped_run
 def train(cfg: DQNConfig) -> dict:
-    check_control(cfg)
+    cfg.check()
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
@@ -98,7 +109,7 @@ def train(cfg: DQNConfig) -> dict:
     cursor = EnvCursor(envs, cfg.seed)
     components = {"model": q_network, "target": target_network, "optimizer": optimizer, "buffer": buffer,
                   "sampler": sampler, "episodes": stats, "envs": cursor}
-    global_step = run.restore(components)["global_step"] if run.saved else 0
+    global_step = run.begin(components).get("global_step", 0)  # restores the checkpoint when resuming
     rng = sampler.rng
     td_loss = q_mean = torch.tensor(float("nan"))
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.config import ControlConfig, check_control
+from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.vector import make_vec
+from omnigym.errors import require
 from omnigym.models.control import ActorCritic, actor_critic_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
@@ -55,13 +56,26 @@ class PPOConfig(ControlConfig):
     """normalize observations with running statistics (MuJoCo)"""
     hidden: tuple[int, ...] = (64, 64)
 
+    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs",)
+
+    def check(self) -> None:
+        super().check()
+        require_positive(self, "num_steps", "learning_rate", "update_epochs", "num_minibatches", "max_grad_norm")
+        require_non_negative(self, "clip_coef", "ent_coef", "vf_coef")
+        require_fraction(self, "gamma", "gae_lambda")
+        batch = self.num_steps * self.num_envs
+        require(self.num_minibatches <= batch, f"--num-minibatches {self.num_minibatches} is more than the {batch} "
+                                               "transitions of a rollout (--num-steps x --num-envs)")
+        require(self.target_kl is None or self.target_kl > 0, f"--target-kl must be positive, got {self.target_kl}")
+        require_positive(self, "hidden")
+
 
 CONFIG = PPOConfig
 
 
 @scoped_run
 def train(cfg: PPOConfig) -> dict:
-    check_control(cfg)
+    cfg.check()
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
     run = start_run(cfg, "ppo", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
@@ -69,10 +83,8 @@ def train(cfg: PPOConfig) -> dict:
     stats = EpisodeStats(cfg.print_episodes)
     collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, cfg.normalize_obs)
     components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": collector}
-    global_step, first_update = 0, 0
-    if run.saved:
-        counters = run.restore(components)
-        global_step, first_update = counters["global_step"], counters["update"]
+    counters = run.begin(components)  # restores the checkpoint when resuming
+    global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
     batch_size = cfg.num_steps * cfg.num_envs
     num_updates = max(cfg.total_timesteps // batch_size, 1)
     advantage_cfg = AdvantageConfig(cfg.gamma, cfg.gae_lambda)
@@ -88,6 +100,7 @@ def train(cfg: PPOConfig) -> dict:
         # final observation's value on truncation, not on termination). The estimators take
         # [envs, steps]; a rollout is [steps, envs].
         rollout, global_step = collector.collect(agent, global_step)
+        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)  # before a long update
         ends = EpisodeEnds(rollout.terminated.T, rollout.truncated.T, rollout.bootstrap_values.T)
         advantages, returns = gae(rollout.rewards.T, rollout.valid.T, values=rollout.values.T, cfg=advantage_cfg,
                                   ends=ends)
@@ -132,7 +145,6 @@ def train(cfg: PPOConfig) -> dict:
             "losses/explained_variance": explained_variance, "losses/early_stop": int(stop_early),
             "charts/learning_rate": optimizer.param_groups[0]["lr"], "perf/sps": clock.sps(global_step),
         })
-        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
         if update == num_updates - 1 or crossed_multiple(global_step, global_step - batch_size, cfg.checkpoint_every):
             run.save(components, global_step=global_step, update=update + 1)
     progress.close()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.config import ControlConfig, check_control
+from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.vector import make_vec
 from omnigym.models.control import ActorCritic, actor_critic_policy
 from omnigym.optim import Adam
@@ -41,13 +41,20 @@ class ReinforceConfig(ControlConfig):
     max_grad_norm: float = 0.5
     hidden: tuple[int, ...] = (64, 64)
 
+    def check(self) -> None:
+        super().check()
+        require_positive(self, "num_steps", "learning_rate", "max_grad_norm")
+        require_non_negative(self, "ent_coef", "vf_coef")
+        require_fraction(self, "gamma")
+        require_positive(self, "hidden")
+
 
 CONFIG = ReinforceConfig
 
 
 @scoped_run
 def train(cfg: ReinforceConfig) -> dict:
-    check_control(cfg)
+    cfg.check()
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
     run = start_run(cfg, "reinforce", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
@@ -55,10 +62,8 @@ def train(cfg: ReinforceConfig) -> dict:
     stats = EpisodeStats(cfg.print_episodes)
     collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed)
     components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": collector}
-    global_step, first_update = 0, 0
-    if run.saved:
-        counters = run.restore(components)
-        global_step, first_update = counters["global_step"], counters["update"]
+    counters = run.begin(components)  # restores the checkpoint when resuming
+    global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
     batch_size = cfg.num_steps * cfg.num_envs
     num_updates = max(cfg.total_timesteps // batch_size, 1)
 
@@ -66,6 +71,7 @@ def train(cfg: ReinforceConfig) -> dict:
     clock = Clock(global_step)
     for update in range(first_update, num_updates):
         rollout, global_step = collector.collect(agent, global_step)
+        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)  # before a long update
         # Without a baseline the critic is never trained, so its values (used only past the
         # rollout's end) are zeroed: plain REINFORCE cuts the return there. The estimator
         # takes [envs, steps]; a rollout is [steps, envs].
@@ -93,7 +99,6 @@ def train(cfg: ReinforceConfig) -> dict:
         if cfg.baseline:
             metrics["losses/value_loss"] = v_loss.item()
         run.log(global_step, metrics)
-        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
         if update == num_updates - 1 or crossed_multiple(global_step, global_step - batch_size, cfg.checkpoint_every):
             run.save(components, global_step=global_step, update=update + 1)
     progress.close()

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.backends.local import LocalBackend
-from omnigym.config import RunConfig
+from omnigym.config import RunConfig, require_non_negative, require_positive
 from omnigym.envs.text import TextEnv, ToolEnv
-from omnigym.errors import OmnigymError
+from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy
 from omnigym.generators.text_env import TextEnvGenerator, render
 from omnigym.inference import make_engine
@@ -34,9 +34,10 @@ from omnigym.inference.engine import SamplingParams
 from omnigym.models.tokens import completion_logprobs, make_batch, make_completion_batch, token_logprobs
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
-from omnigym.rewards import get_reward, parse_weights
+from omnigym.rewards import WeightedSum, get_reward, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
 from omnigym.rl.losses import PolicyLossConfig, aggregate, check_finite, kl_estimate, nll_loss, ppo_clip
+from omnigym.tasks import Task, load_task
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import Run, start_run
 
@@ -53,7 +54,8 @@ class GRPOConfig(RunConfig):
     """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv or hf"""
     task: str = "arithmetic"
     """"arithmetic", "reasoning_gym:<task>" (use --rewards reasoning_gym:1.0,...), "gsm8k:<file.jsonl>",
-    or a jsonl file / HF dataset with question and answer fields"""
+    a registered text env id, a jsonl file with question and answer fields, module:name of your
+    own task (docs/bring_your_own.md), or a HF dataset available offline"""
     digits: int = 2
     terms: int = 2
     operations: str = "+"
@@ -63,8 +65,12 @@ class GRPOConfig(RunConfig):
     <tool name="calculator"> and read the answer, up to --max-turns replies)"""
     max_turns: int = 4
     """replies per episode in the tools env"""
-    rewards: str = "math:1.0,format:0.1"
-    """weighted rewards, name:weight,..."""
+    rewards: str | None = None
+    """weighted rewards, name:weight,... (module:name:weight for your own); default: the task env's
+    own reward, else math:1.0,format:0.1"""
+    accuracy_reward: str | None = None
+    """the reward that decides correctness for sft/val_accuracy and eval/accuracy (an episode is
+    correct when it scores >= 1); default: the first of --rewards"""
     steps: int = 400
     prompts_per_step: int = 16
     group_size: int = 8
@@ -102,30 +108,40 @@ class GRPOConfig(RunConfig):
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
 
+    RESUME_FIXED = ("model", "lora_r", "task", "env")
+
+    def check(self) -> None:
+        super().check()
+        require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
+                         "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
+                         "sft_learning_rate", "eval_size", "eval_every")
+        require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every", "lora_r")
+        require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
+        require(self.env in ("single-turn", "tools"), f"--env must be single-turn or tools, got {self.env!r}")
+        require(self.behaviour_cap is None or self.behaviour_cap > 0,
+                f"--behaviour-cap must be positive (a cap on pi_old / pi_engine), got {self.behaviour_cap}")
+
 
 CONFIG = GRPOConfig
+DEFAULT_REWARDS = "math:1.0,format:0.1"
 
 
-def load_examples(cfg: GRPOConfig) -> tuple[list[dict], list[dict]]:
-    if cfg.task == "arithmetic":
-        from omnigym.tasks.arithmetic import ArithmeticTask
-
-        task = ArithmeticTask(cfg.digits, cfg.terms, cfg.operations)
-        return task.sample(20_000, cfg.seed), task.sample(cfg.eval_size, 10_000 + cfg.seed, split="heldout")
-    if cfg.task.startswith("reasoning_gym:"):
-        from omnigym.tasks.reasoning_gym import load_reasoning_gym
-
-        rows = load_reasoning_gym(cfg.task.split(":", 1)[1], size=20_000 + cfg.eval_size, seed=cfg.seed)
-    elif cfg.task.startswith("gsm8k:"):
-        from omnigym.tasks.datasets import load_gsm8k
-
-        rows = load_gsm8k(cfg.task.split(":", 1)[1])
+def task_env(cfg: GRPOConfig, task: Task):
+    """The env GRPO trains in and the reward that decides correctness for accuracy."""
+    if task.env is not None:  # a registered text env: its class, its reward unless --rewards is given
+        env = copy.copy(task.env)
+        env.examples = task.train
+        if cfg.rewards:
+            env.reward = parse_weights(cfg.rewards)
     else:
-        from omnigym.tasks.datasets import load_prompt_answer
-
-        rows = load_prompt_answer(cfg.task, "question", "answer")
-    random.Random(cfg.seed).shuffle(rows)
-    return rows[cfg.eval_size:], rows[:cfg.eval_size]
+        reward = parse_weights(cfg.rewards or DEFAULT_REWARDS)
+        env = ToolEnv(task.train, reward, cfg.system_prompt, cfg.max_turns) if cfg.env == "tools" else \
+            TextEnv(task.train, reward, cfg.system_prompt)
+    if cfg.accuracy_reward:
+        correct = get_reward(cfg.accuracy_reward)
+    else:  # the first part of a weighted sum (math in math:1.0,format:0.1), else the whole reward
+        correct = next(iter(env.reward.parts.values())) if isinstance(env.reward, WeightedSum) else env.reward
+    return env, correct
 
 
 def padded(rows: list[list], width: int | None = None) -> torch.Tensor:
@@ -139,38 +155,27 @@ def padded(rows: list[list], width: int | None = None) -> torch.Tensor:
 
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
-    from omnigym.models.lm import LoraSettings, build_tiny_model, load_model, load_tokenizer
+    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
 
-    if cfg.prompts_per_step <= 0 or cfg.group_size < 2:
-        raise OmnigymError("GRPO needs prompts_per_step >= 1 and group_size >= 2")
-    if cfg.env not in ("single-turn", "tools"):
-        raise OmnigymError(f"--env must be single-turn or tools, got {cfg.env!r}")
-    if cfg.max_turns < 1 or cfg.max_new_tokens < 1:
-        raise OmnigymError("--max-turns and --max-new-tokens must be at least 1")
-    if cfg.behaviour_cap is not None and cfg.behaviour_cap <= 0:
-        raise OmnigymError(f"--behaviour-cap must be positive (a cap on pi_old / pi_engine), got {cfg.behaviour_cap}")
-    reward, correct = parse_weights(cfg.rewards), get_reward("math")
+    cfg.check()
     estimator = get_advantage(cfg.advantage)
-    train_set, heldout = load_examples(cfg)
+    task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    train_set, heldout = task.train, task.heldout
     if len(train_set) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
         raise OmnigymError(f"--task {cfg.task} leaves {len(train_set)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step or --sft-batch-size")
+    env, correct = task_env(cfg, task)
     run = start_run(cfg, "grpo", cfg.model)
-    model_path = str(run.dir / "tiny-model") if cfg.model == "tiny" else cfg.model
-    if cfg.model == "tiny" and not (run.dir / "tiny-model" / "config.json").exists():
-        build_tiny_model(model_path, seed=cfg.seed)
-    tokenizer = load_tokenizer(model_path, cfg.chat_template)
-    policy = load_model(model_path, LoraSettings(r=cfg.lora_r), device=cfg.device)
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+                                                  cfg.device)
     engine = make_engine(policy, tokenizer, cfg.engine)
-    env = ToolEnv(train_set, reward, cfg.system_prompt, cfg.max_turns) if cfg.env == "tools" else \
-        TextEnv(train_set, reward, cfg.system_prompt)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     generator = TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns)
     sft_optimizer = adamw(policy, cfg.sft_learning_rate, weight_decay=0.01)
     sft = LocalBackend(policy, sft_optimizer)
     trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate), cfg.max_grad_norm)
     components = {"trainer": trainer, "sft_optimizer": sft_optimizer}
-    reference, sft_step, step, sft_done = None, 0, 0, cfg.sft_steps == 0
+    reference = None
 
     def add_reference():
         """The frozen copy of the policy the KL term pulls toward (none with --beta 0), checkpointed."""
@@ -180,11 +185,11 @@ def train(cfg: GRPOConfig) -> dict:
         ref.requires_grad_(False)
         return ref
 
-    if run.saved:
-        if run.saved["counters"]["has_reference"]:
-            reference = add_reference()
-        counters = run.restore(components)
-        sft_step, step, sft_done = counters["sft_step"], counters["step"], counters["sft_done"]
+    if run.saved and run.saved["counters"]["has_reference"]:
+        reference = add_reference()
+    counters = run.begin(components)  # restores the checkpoint when resuming
+    sft_step, step = counters.get("sft_step", 0), counters.get("step", 0)
+    sft_done = counters.get("sft_done", cfg.sft_steps == 0)
 
     def save(next_step: int):
         run.save(components, sft_step=sft_step, step=next_step, sft_done=sft_done, has_reference=reference is not None)
@@ -269,6 +274,7 @@ def train(cfg: GRPOConfig) -> dict:
             **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
             "reward/std": rewards.std().item(), "groups/kept_fraction": informative.float().mean().item(),
             "completion/length": sum(len(t.response_ids) for t in trajectories.items) / len(trajectories),
+            "completion/cut_off_fraction": sum(t.info["cut_off"] for t in trajectories.items) / len(trajectories),
             "perf/steps_per_second": clock.sps(step + 1),
         })
         if trained:
@@ -334,13 +340,19 @@ def policy_steps(cfg: GRPOConfig, trainer: LocalBackend, reference, trajectories
 def finish_lm(run: Run, cfg) -> dict:
     from omnigym.track.files import read_metrics
 
-    rows = [r for r in read_metrics(run.dir) if "eval/accuracy" in r]
+    logged = read_metrics(run.dir)
+    rows = [r for r in logged if "eval/accuracy" in r]
     plot_path = run.close(plot=cfg.plot and bool(rows), metric="eval/accuracy")
     before, after = (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if rows else (float("nan"),) * 2
     print(f"run: {run.dir}", file=sys.stderr)
     print(f"held-out accuracy before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)",
           file=sys.stderr)
+    cut = [r["completion/cut_off_fraction"] for r in logged if "completion/cut_off_fraction" in r]
+    if cut:
+        print(f"completions cut off by --max-new-tokens {cfg.max_new_tokens}: {100 * sum(cut) / len(cut):.1f}% "
+              "(an answer cut off scores as wrong; raise --max-new-tokens if this is high)", file=sys.stderr)
     if plot_path:
         print(f"curve: {plot_path}", file=sys.stderr)
     return {"run_dir": str(run.dir), "accuracy_before": before, "accuracy_after": after,
+            "cut_off_fraction": sum(cut) / len(cut) if cut else float("nan"),
             "plot": str(plot_path) if plot_path else None}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.backends.local import LocalBackend
-from omnigym.config import RunConfig
+from omnigym.config import RunConfig, require_positive
 from omnigym.envs.text import TextEnv
 from omnigym.errors import OmnigymError
 from omnigym.generators.text_env import TextEnvGenerator
@@ -41,13 +41,19 @@ class TextReinforceConfig(RunConfig):
     max_new_tokens: int = 16
     temperature: float = 1.0
 
+    def check(self) -> None:
+        super().check()
+        require_positive(self, "steps", "batch_size", "learning_rate", "max_new_tokens", "temperature")
+
 
 CONFIG = TextReinforceConfig
 
 
 @scoped_run
 def train(cfg: TextReinforceConfig) -> dict:
-    from omnigym.models.lm import build_tiny_model, load_model, load_tokenizer
+    from omnigym.models.lm import load_policy_and_tokenizer
+
+    cfg.check()
 
     keywords = [k for k in cfg.keywords.split(",") if k]
     if not keywords:
@@ -55,9 +61,7 @@ def train(cfg: TextReinforceConfig) -> dict:
     if cfg.resume:
         raise OmnigymError("text_reinforce runs are short and keep no checkpoint; start a new run instead of --resume")
     run = start_run(cfg, "text_reinforce", cfg.model)
-    model_path = str(build_tiny_model(run.dir / "tiny-model", seed=cfg.seed)) if cfg.model == "tiny" else cfg.model
-    tokenizer = load_tokenizer(model_path)
-    policy = load_model(model_path, device=cfg.device)
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, device=cfg.device)
     engine = make_engine(policy, tokenizer)
     trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate))
     example = {"question": cfg.prompt, "keywords": keywords}
@@ -65,6 +69,7 @@ def train(cfg: TextReinforceConfig) -> dict:
     generator = TextEnvGenerator(env, engine, tokenizer,
                                  SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature))
     loss_cfg = PolicyLossConfig(aggregation="seq-mean-token-sum-norm", normalizer=cfg.max_new_tokens)
+    run.begin({})
 
     def loss_fn(model, batch):
         tokens, advantages = batch

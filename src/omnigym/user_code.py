@@ -1,0 +1,59 @@
+"""Your own code named on the command line as ``module:name``, the way gymnasium names
+entry points (``--env-id my_envs:Maze-v0``, ``--rewards my_rewards:exact:1.0``,
+``--task my_tasks:capitals``).
+
+The module is imported with the current directory on the import path, as ``python -m``
+would, so a file beside you works without installing it. A module that fails to import is
+reported in one line naming the file and line, not as a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import traceback
+from types import ModuleType
+
+from omnigym.errors import OmnigymError
+
+REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.\-]*$")
+
+
+def is_reference(spec) -> bool:
+    """Does ``spec`` look like ``module:name``?"""
+    return isinstance(spec, str) and REFERENCE.match(spec) is not None
+
+
+def import_reference(spec: str, what: str) -> tuple[ModuleType, str]:
+    """Import the module of ``module:name``; returns it and ``name``. ``what`` names the flag."""
+    module_name, _, name = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(module_name), name
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise OmnigymError(f"{what} {spec}: no module named {exc.name!r} here; run from the folder that holds "
+                               f"{exc.name.replace('.', '/')}.py, or install it") from None
+        raise _import_failed(spec, what, exc) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise _import_failed(spec, what, exc) from None
+
+
+def _import_failed(spec: str, what: str, exc: Exception) -> OmnigymError:
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    return OmnigymError(f"{what} {spec}: importing it failed at {frame.filename}:{frame.lineno}: "
+                        f"{type(exc).__name__}: {exc}")
+
+
+def import_object(spec: str, what: str):
+    """The object named by ``module:name`` (``name`` may be dotted: ``module:Class.attr``)."""
+    module, name = import_reference(spec, what)
+    obj = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise OmnigymError(f"{what} {spec}: module {module.__name__} has no {name!r}")
+        obj = getattr(obj, part)
+    return obj
