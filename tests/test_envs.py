@@ -54,7 +54,7 @@ def test_unknown_env_id_names_the_closest_ids():
 
 @pytest.mark.parametrize("n", [0, -3])
 def test_num_envs_must_be_positive(n):
-    with pytest.raises(OmnigymError, match="num_envs must be a positive integer"):
+    with pytest.raises(OmnigymError, match="--num-envs must be positive"):
         make_vec("CartPole-v1", n)
 
 

@@ -116,7 +116,10 @@ def test_gsm8k_task_reads_the_final_answer(tmp_path):
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": f"work <<1+1=2>>\n#### {i}"})
                               for i in range(30)))
-    train_rows, heldout = grpo.load_examples(grpo.GRPOConfig(task=f"gsm8k:{data}", eval_size=10))
+    from omnigym.tasks import load_task
+
+    task = load_task(f"gsm8k:{data}", seed=1, eval_size=10)
+    train_rows, heldout = task.train, task.heldout
     assert len(train_rows) == 20 and len(heldout) == 10
     assert all(r["answer"] == r["question"][1:] for r in train_rows + heldout)
 
@@ -197,7 +200,7 @@ def test_grpo_trains_through_the_tool_env(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("flags, message", [(["--env", "tool"], "--env must be single-turn or tools"),
-                                            (["--max-turns", "0"], "--max-turns and --max-new-tokens must be at least 1"),
+                                            (["--max-turns", "0"], "--max-turns must be positive, got 0"),
                                             (["--behaviour-cap", "-1"], "--behaviour-cap must be positive"),
                                             (["--advantage", "gea"], "unknown advantage estimator 'gea'")])
 def test_bad_new_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):

@@ -56,7 +56,7 @@ def test_kl_estimators():
 
 
 def test_nan_loss_is_a_clear_error():
-    with pytest.raises(OmnigymError, match="loss became nan at global step 7"):
+    with pytest.raises(OmnigymError, match="loss became nan at step 7"):
         check_finite(torch.tensor(float("nan")), 7)
 
 

@@ -110,8 +110,6 @@ def set_up_process() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from omnigym.track.run import active_run
-
     argv = sys.argv[1:] if argv is None else argv
     set_up_process()
     if not argv or argv[0] in ("-h", "--help"):
@@ -130,10 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
     except OmnigymError as exc:
+        from omnigym.track.run import active_run
+
         run = active_run()
-        print(f"omnigym: error: {exc}" + (f" [{run.state_line()}]" if run else ""), file=sys.stderr)
+        where = f" [{run.state_line()}]" if run and run.last_checkpoint else ""
+        print(f"omnigym: error: {exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        from omnigym.track.run import active_run
+
         run = active_run()
         where = run.state_line() if run else "the run had not started; nothing was written"
         print(f"omnigym: interrupted; {where}", file=sys.stderr)

@@ -39,11 +39,20 @@ def run_scope(seed: int, torch_threads: int = 0):
 
 
 def scoped_run(train):
-    """Decorator for an algorithm's ``train(cfg)``: runs it inside ``run_scope(cfg.seed, cfg.torch_threads)``."""
+    """Decorator for an algorithm's ``train(cfg)``: runs it inside ``run_scope(cfg.seed, cfg.torch_threads)``;
+    a run that fails before its first checkpoint is removed (``Run.abandon``)."""
 
     @functools.wraps(train)
     def wrapper(cfg):
+        from omnigym.track.run import active_run
+
         with run_scope(cfg.seed, cfg.torch_threads):
-            return train(cfg)
+            try:
+                return train(cfg)
+            except Exception:
+                run = active_run()
+                if run is not None:
+                    run.abandon()
+                raise
 
     return wrapper

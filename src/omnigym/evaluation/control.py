@@ -10,7 +10,9 @@ from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import load_config_dict
 
 
-def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345) -> list[float]:
+def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None) -> list[float]:
+    """Returns of ``episodes`` episodes of the run's env (or ``env``: the id, class, factory or
+    env object to use instead, for a run trained on a Python object eval cannot rebuild)."""
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
     values = load_config_dict(run_dir)
@@ -19,7 +21,11 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
         raise OmnigymError(f"omnigym eval does not support {values['algo']} runs; their eval metrics are in metrics.jsonl")
     cfg = config_from_dict(config_class(module), values)
     saved = Checkpointer(run_dir).load()
-    envs = make_vec(cfg.env_id, 1, backend="sync", seed=seed)
+    env = env if env is not None else cfg.env_id
+    if isinstance(env, str) and env.startswith("<"):  # config.json holds a repr: a lambda or an env object
+        raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that eval cannot find by name; "
+                           "evaluate it from Python with evaluate_run(run_dir, env=...)")
+    envs = make_vec(env, 1, backend="sync", seed=seed)
     policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
     returns: list[float] = []
     obs, _ = envs.reset(seed=seed)

@@ -15,6 +15,7 @@ import copy
 
 from omnigym.generators.base import Trajectories, Trajectory
 from omnigym.inference.engine import SamplingParams
+from omnigym.rewards import checked
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
@@ -103,7 +104,7 @@ class TextEnvGenerator:
             totals = reward.total(parts).tolist()
             parts = {name: values.tolist() for name, values in parts.items()}
         else:
-            totals, parts = reward(texts, examples).tolist(), {}
+            totals, parts = checked("of the env", reward(texts, examples), len(texts)).tolist(), {}
         for i, episode in enumerate(finished):
             episode.done = True
             episode.reward = totals[i]

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from omnigym.errors import OmnigymError
+from omnigym.user_code import import_object, import_reference, is_reference
 
 Reward = Callable[[Sequence[str], Sequence[dict]], torch.Tensor]
 REWARDS: dict[str, Reward] = {}
@@ -46,10 +47,18 @@ class per_sample:
 
 
 def get_reward(name: str) -> Reward:
+    """A registered reward, or ``module:name`` from your own code: a reward the module
+    registers under ``name`` on import, or the module's batched reward object ``name``."""
     _load_builtins()
-    if name not in REWARDS:
-        raise OmnigymError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}")
-    return REWARDS[name]
+    if name in REWARDS:
+        return REWARDS[name]
+    if is_reference(name):
+        _, attr = import_reference(name, "reward")
+        reward = REWARDS.get(attr) or import_object(name, "reward")
+        if not callable(reward):
+            raise OmnigymError(f"reward {name} is not callable; a reward is (completions, examples) -> tensor")
+        return reward
+    raise OmnigymError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}, or module:name of your own")
 
 
 class WeightedSum:
@@ -60,7 +69,8 @@ class WeightedSum:
         self.parts = {name: get_reward(name) for name in self.weights}
 
     def components(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, torch.Tensor]:
-        return {name: reward(completions, examples).double() for name, reward in self.parts.items()}
+        return {name: checked(name, reward(completions, examples), len(completions))
+                for name, reward in self.parts.items()}
 
     def total(self, components: dict[str, torch.Tensor]) -> torch.Tensor:
         values = list(components.items())
@@ -73,12 +83,35 @@ class WeightedSum:
         return self.total(self.components(completions, examples))
 
 
-def parse_weights(spec: str) -> WeightedSum:
-    """``"math:1.0,format:0.1"`` as a ``WeightedSum``; every name must be a known reward."""
+def checked(name: str, values, n: int) -> torch.Tensor:
+    """A reward's output as float64, refused in one line unless it is one finite number per completion."""
     try:
-        weights = {name.strip(): float(weight) for name, weight in (part.split(":") for part in spec.split(","))}
-    except ValueError:
-        raise OmnigymError(f"--rewards must look like 'math:1.0,format:0.1', got {spec!r}") from None
+        values = torch.as_tensor(values, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise OmnigymError(f"reward {name} returned {type(values).__name__}; a reward returns one float per "
+                           "completion (a 1-D tensor; wrap a per-example function with per_sample)") from None
+    if values.shape != (n,):
+        raise OmnigymError(f"reward {name} returned shape {tuple(values.shape)} for {n} completions; a reward returns "
+                           "one float per completion (wrap a per-example function with per_sample)")
+    if not torch.isfinite(values).all():
+        raise OmnigymError(f"reward {name} returned a non-finite value ({values[~torch.isfinite(values)][0].item()})")
+    return values
+
+
+def parse_weights(spec: str) -> WeightedSum:
+    """``"math:1.0,format:0.1"`` as a ``WeightedSum``; every name must be a known reward
+    (``my_module:my_reward:1.0`` names your own: the weight follows the last colon)."""
+    weights = {}
+    for part in spec.split(","):
+        name, _, weight = part.strip().rpartition(":")
+        try:
+            weights[name] = float(weight)
+        except ValueError:
+            name = ""
+        if not name:
+            raise OmnigymError(f"--rewards must look like 'math:1.0,format:0.1' (name:weight,...), got {spec!r}")
+        if weights[name] != weights[name] or abs(weights[name]) == float("inf"):
+            raise OmnigymError(f"--rewards: the weight of {name} must be a finite number, got {weight}")
     return WeightedSum(weights)
 
 

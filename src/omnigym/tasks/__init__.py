@@ -75,8 +75,14 @@ def load_task(spec: str, seed: int, eval_size: int, digits: int = 2, terms: int 
 
 
 def _hub_dataset(spec: str) -> list[dict]:
+    import difflib
+
+    from omnigym.envs.text import TEXT_ENVS
     from omnigym.tasks.datasets import load_prompt_answer
 
+    close = difflib.get_close_matches(spec, ["arithmetic", *TEXT_ENVS], n=3, cutoff=0.6)
+    if close:
+        raise OmnigymError(f"unknown --task {spec!r}; closest known: {', '.join(close)}")
     try:
         return load_prompt_answer(spec, "question", "answer")
     except OmnigymError:
@@ -94,6 +100,8 @@ def _split(spec: str, rows, env, seed: int, eval_size: int) -> Task:
     if missing is not None:
         raise OmnigymError(f"--task {spec}: every example needs 'question' and 'answer'; one has "
                            f"{', '.join(missing) or 'no fields'}")
+    if not rows:
+        raise OmnigymError(f"--task {spec} has no examples")
     if len(rows) <= eval_size:
         raise OmnigymError(f"--task {spec} has {len(rows)} examples, and --eval-size {eval_size} holds out that many "
                            f"or more; use --eval-size below {len(rows)}")

@@ -105,6 +105,8 @@ class Run:
         self.last_checkpoint = saved["counters"] if saved else None
         """the counters of the newest checkpoint on disk (None before the first)"""
         self._replace = replace
+        self._created = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
+        """the directories ``begin`` will create (``abandon`` removes them again)"""
 
     def begin(self, components: dict) -> dict:
         """Restore the checkpoint into ``components`` when resuming, then write the run's
@@ -151,6 +153,19 @@ class Run:
         from omnigym.track.plot import plot_runs
 
         return plot_runs([self.dir], self.dir / "curve.png", metric=metric)
+
+    def abandon(self) -> None:
+        """After a failure: a run that wrote no checkpoint has nothing to resume, so its files
+        go (and its directory, if this run made it), leaving the disk as before the start."""
+        global _active
+        if self.metrics is None or self.last_checkpoint is not None:
+            return  # the CLI's message says where the last checkpoint is
+        _active = None
+        self.metrics.close()
+        remove_run_files(self.dir)
+        for folder in self._created:
+            if folder.exists() and not any(folder.iterdir()):
+                folder.rmdir()
 
     def say(self, *lines: str) -> None:
         """The closing lines a person reads (stderr, so stdout stays the episode stream)."""

@@ -1,0 +1,199 @@
+"""Every bad input gets one line on stderr, exit code 2, and leaves the disk as it was.
+
+``CASES`` is also the table of the troubleshooting page: the flags, and the start of the
+message a user sees. Each case runs in an empty working directory, and the test checks
+that nothing at all was written there (no ``runs/``, no half-made run directory).
+"""
+
+import json
+import os
+
+import pytest
+
+from omnigym.cli import main
+
+CASES = [
+    (["train", "ppo", "--num-minibatches", "0"], "--num-minibatches must be positive, got 0"),
+    (["train", "ppo", "--num-steps", "0"], "--num-steps must be positive, got 0"),
+    (["train", "ppo", "--num-minibatches", "300"], "--num-minibatches 300 is more than the 256 transitions"),
+    (["train", "ppo", "--num-envs", "0"], "--num-envs must be positive, got 0"),
+    (["train", "ppo", "--total-timesteps", "-5"], "--total-timesteps must be positive, got -5"),
+    (["train", "dqn", "--buffer-size", "0"], "--buffer-size must be positive, got 0"),
+    (["train", "dqn", "--batch-size", "0"], "--batch-size must be positive, got 0"),
+    (["train", "ppo", "--device", "cuda"], "--device cuda: torch sees no CUDA GPU here"),
+    (["train", "ppo", "--device", "gpu0"], "unknown --device 'gpu0'; use cpu, cuda, cuda:N or mps"),
+    (["train", "ppo", "--learning-rate", "-0.001"], "--learning-rate must be positive, got -0.001"),
+    (["train", "ppo", "--learning-rate", "nan"], "--learning-rate must be a finite number, got nan"),
+    (["train", "ppo", "--gamma", "1.5"], "--gamma must be between 0 and 1, got 1.5"),
+    (["train", "ppo", "--gae-lambda", "2"], "--gae-lambda must be between 0 and 1, got 2.0"),
+    (["train", "ppo", "--hidden", "64", "0"], "--hidden must be positive, got (64, 0)"),
+    (["train", "reinforce", "--gamma", "-0.1"], "--gamma must be between 0 and 1, got -0.1"),
+    (["train", "dqn", "--tau", "0"], "--tau must be in (0, 1], got 0.0"),
+    (["train", "ppo", "--resume", "x"], "x is not a run directory (no config.json)"),
+    (["train", "ppo", "--env-id", "CartPol-v1"], "unknown env id 'CartPol-v1'; closest known ids: CartPole-v1"),
+    (["train", "ppo", "--env-id", "no_such_module:Env"], "--env-id no_such_module:Env: no module named 'no_such_module'"),
+    (["train", "ppo", "--env-id", "toy_envs:Missing"], "--env-id toy_envs:Missing: module toy_envs has no 'Missing'"),
+    (["train", "ppo", "--env-id", "toy_envs:NaNEnv"], "the env returned a non-finite observation (nan) at env step"),
+    (["train", "dqn", "--env-id", "toy_envs:NaNEnv"], "the env returned a non-finite observation (nan) at env step"),
+    (["train", "grpo", "--max-new-tokens", "0"], "--max-new-tokens must be positive, got 0"),
+    (["train", "grpo", "--group-size", "1"], "--group-size must be at least 2"),
+    (["train", "grpo", "--model", "/nonexistent/path"], "--model /nonexistent/path: no such folder"),
+    (["train", "grpo", "--task", "EMPTY"], "has no examples"),
+    (["train", "grpo", "--task", "SMALL"], "has 3 examples, and --eval-size 500 holds out that many or more"),
+    (["train", "grpo", "--task", "arithmetic-tool-v0"], "unknown --task 'arithmetic-tool-v0'; closest known: "
+                                                        "arithmetic-tools-v0"),
+    (["train", "grpo", "--task", "my_org/no-such-dataset"], "--task my_org/no-such-dataset is not a built-in task"),
+    (["train", "grpo", "--rewards", "math"], "--rewards must look like 'math:1.0,format:0.1'"),
+    (["train", "grpo", "--rewards", "maths:1.0"], "unknown reward 'maths'"),
+    (["train", "grpo", "--accuracy-reward", "nope"], "unknown reward 'nope'"),
+    (["train", "grpo", "--eval-size", "0"], "--eval-size must be positive, got 0"),
+    (["train"], "name an algorithm: omnigym train {reinforce,ppo,dqn,grpo,text_reinforce}"),
+    (["train", "a3c"], "unknown algorithm 'a3c'; choose one of"),
+    (["eval", "NOT_A_RUN"], "is not a run directory (no config.json)"),
+    (["eval", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
+    (["train", "ppo", "--resume", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
+    (["fit", "ppo"], "unknown command 'fit'; choose train, eval, plot or list"),
+]
+
+
+def snapshot(root):
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def prepare(tmp_path, argv):
+    """Replace placeholders by files in the working directory."""
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps({"question": "1+1", "answer": "2"}) + "\n"
+                                                   for _ in range(3)))
+    (tmp_path / "not-a-run").mkdir()
+    (tmp_path / "bad-config").mkdir()
+    (tmp_path / "bad-config" / "config.json").write_text("{not json")
+    names = {"EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config"}
+    return [names.get(a, a) for a in argv]
+
+
+@pytest.mark.parametrize("argv, message", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    argv = prepare(tmp_path, argv)
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("omnigym: error: ") and message in err[0], err[0]
+    assert snapshot(tmp_path) == before
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A short finished PPO run, copied fresh for each test that may touch it."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["train", "ppo", "--total-timesteps", "512", "--run-dir", str(run_dir), "--no-progress"]) == 0
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    import shutil
+
+    shutil.copytree(finished_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "ppo", "--run-dir", "RUN"], "RUN already holds a run; continue it with --resume RUN, or replace it "
+                                            "with --overwrite"),
+    (["train", "dqn", "--resume", "RUN"], "RUN is a ppo run; continue it with: omnigym train ppo --resume RUN"),
+    (["train", "ppo", "--resume", "RUN", "--hidden", "32", "32"], "RUN was made with --hidden 64 64, not 32 32"),
+    (["train", "ppo", "--resume", "RUN", "--env-id", "Acrobot-v1"], "RUN was made with --env-id CartPole-v1, not "
+                                                                     "Acrobot-v1"),
+    (["train", "ppo", "--resume", "RUN", "--normalize-obs"], "RUN was made with --normalize-obs False, not True"),
+    (["train", "ppo", "--resume", "RUN", "--run-dir", "OTHER"], "give either --resume"),
+    (["train", "reinforce", "--run-dir", "RUN"], "RUN already holds a run"),
+    (["train", "ppo", "--resume", "RUN", "--overwrite"], "--resume continues a run and --overwrite replaces it"),
+])
+def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, argv, message):
+    argv = [str(run_copy) if a == "RUN" else str(run_copy.parent / "other") if a == "OTHER" else a for a in argv]
+    before = snapshot(run_copy.parent)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message.replace("RUN", str(run_copy)) in err[0], err
+    assert snapshot(run_copy.parent) == before
+
+
+def test_a_checkpoint_made_with_other_settings_is_refused_before_anything_is_written(run_copy, capsys):
+    """A config.json edited by hand no longer matches its checkpoint: the restore fails in one
+    line, and config.json, metrics and checkpoint are as they were."""
+    config = json.loads((run_copy / "config.json").read_text())
+    (run_copy / "config.json").write_text(json.dumps({**config, "hidden": [32, 32]}))
+    before = snapshot(run_copy)
+    assert main(["train", "ppo", "--resume", str(run_copy)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not fit this run's settings" in err[0], err
+    assert snapshot(run_copy) == before
+
+
+@pytest.mark.parametrize("spelling", ["trailing-slash", "dot-relative", "absolute", "moved"])
+def test_resume_takes_any_spelling_of_the_path_and_a_moved_run(run_copy, tmp_path, monkeypatch, spelling):
+    monkeypatch.chdir(tmp_path)
+    target = run_copy
+    if spelling == "moved":
+        target = tmp_path / "elsewhere" / "renamed"
+        target.parent.mkdir()
+        run_copy.rename(target)
+    arg = {"trailing-slash": "run/", "dot-relative": "./run", "absolute": str(run_copy), "moved": str(target)}[spelling]
+    assert main(["train", "ppo", "--resume", arg, "--total-timesteps", "1024", "--no-progress", "--no-plot"]) == 0
+    assert json.loads((target / "config.json").read_text())["run_dir"] == os.path.normpath(arg)
+    steps = [json.loads(line)["global_step"] for line in (target / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] > 900 and steps == sorted(steps)  # the 512-step run went on to 1024 (autoreset steps not counted)
+
+
+def test_overwrite_replaces_a_finished_run(run_copy, capsys):
+    old_events = sorted(p.name for p in run_copy.glob("events.out.tfevents.*"))
+    assert main(["train", "ppo", "--run-dir", str(run_copy), "--overwrite", "--total-timesteps", "256",
+                 "--no-progress"]) == 0
+    rows = [json.loads(line) for line in (run_copy / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["global_step"] <= 256  # the new run's log only, not the 512-step run's
+    assert not set(old_events) & {p.name for p in run_copy.glob("events.out.tfevents.*")}
+
+
+def test_a_run_dir_holding_other_files_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["train", "ppo", "--run-dir", str(tmp_path)]) == 2
+    assert "is not empty and holds no omnigym run" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_train_help_lists_the_algorithms(capsys):
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("ppo", "dqn", "reinforce", "grpo", "text_reinforce"))
+    assert "Proximal Policy Optimization" in out
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tmp_path, capsys):
+    err = interrupted_run(tmp_path, checkpoint_every=0, capsys=capsys)
+    assert err == [f"omnigym: interrupted; no checkpoint was written yet (one comes every --checkpoint-every steps), "
+                   f"so there is nothing to resume; {tmp_path / 'run'} keeps the metrics so far"]
+
+
+def test_ctrl_c_after_a_checkpoint_says_how_to_resume_and_resuming_works(tmp_path, capsys):
+    import re
+
+    err = interrupted_run(tmp_path, checkpoint_every=16, capsys=capsys)
+    assert len(err) == 1 and re.fullmatch(rf"omnigym: interrupted; continue with: omnigym train ppo --resume "
+                                          rf"{tmp_path / 'run'}  \(last checkpoint: global_step \d+\)", err[0]), err
+    assert main(["train", "ppo", "--resume", str(tmp_path / "run"), "--total-timesteps", "128", "--no-progress",
+                 "--no-plot"]) == 0
+
+
+def interrupted_run(tmp_path, checkpoint_every, capsys):
+    """PPO on ``toy_envs:InterruptEnv``, which raises KeyboardInterrupt (what Ctrl-C raises)
+    on its 90th step; returns the stderr lines."""
+    import toy_envs
+
+    toy_envs.InterruptEnv.steps = 0
+    code = main(["train", "ppo", "--env-id", "toy_envs:InterruptEnv", "--num-envs", "1", "--num-steps", "16",
+                 "--checkpoint-every", str(checkpoint_every), "--run-dir", str(tmp_path / "run"), "--no-progress"])
+    assert code == 130
+    return capsys.readouterr().err.strip().splitlines()

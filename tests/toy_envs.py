@@ -1,0 +1,116 @@
+"""Small envs the tests train on, named as ``toy_envs:Name`` the way a user names their own.
+
+Each has a known best return, so a test can tell a policy that learned from one that did
+not, and so can tell an ``eval`` that reproduces training from one that does not.
+"""
+
+import gymnasium as gym
+import numpy as np
+
+EPISODE = 20
+
+
+class _SignEnv(gym.Env):
+    """The observation is ``offset + s`` with ``s`` = -1 or +1 drawn each step; the large
+    offset makes the sign unreadable without observation normalization."""
+
+    def __init__(self, offset: float = 1000.0):
+        self.offset = offset
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+    def _obs(self):
+        return np.array([self.offset + self.s], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.s = 0, float(self.np_random.choice([-1.0, 1.0]))
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = self.reward(action)
+        self.t += 1
+        self.s = float(self.np_random.choice([-1.0, 1.0]))
+        return self._obs(), reward, False, self.t >= EPISODE, {}
+
+
+class SignEnv(_SignEnv):
+    """Continuous: reward ``-|a - s|`` with ``a`` in [-1, 1]. The env does not clip, so an
+    action beyond the box costs more: the best policy pushes its mean past +-1 and relies
+    on the clipping that training (and eval) apply. Best return 0."""
+
+    def __init__(self, offset: float = 1000.0):
+        super().__init__(offset)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reward(self, action):
+        return -abs(float(np.asarray(action).reshape(-1)[0]) - self.s)
+
+
+class SignChoiceEnv(_SignEnv):
+    """Discrete: reward 1 for action 1 when ``s`` > 0 and action 0 otherwise. Best return 20."""
+
+    def __init__(self, offset: float = 1000.0):
+        super().__init__(offset)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reward(self, action):
+        return float(int(action) == int(self.s > 0))
+
+
+class SidePixelEnv(gym.Env):
+    """Pixels: an 84x84 frame with a bright bar on the left or the right; reward 1 for
+    naming the side (action 0 left, 1 right). Best return 20."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0, 255, (1, 84, 84), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def _obs(self):
+        frame = np.zeros((1, 84, 84), dtype=np.uint8)
+        columns = slice(8, 30) if self.side == 0 else slice(54, 76)
+        frame[0, 20:64, columns] = 255
+        return frame
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.side = 0, int(self.np_random.integers(2))
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.side)
+        self.t += 1
+        self.side = int(self.np_random.integers(2))
+        return self._obs(), reward, False, self.t >= EPISODE, {}
+
+
+class NaNEnv(gym.Env):
+    """Returns a NaN observation on its third step (a broken env)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.full(2, np.nan if self.t == 3 else 0.0, np.float32)
+        return obs, 1.0, False, self.t >= EPISODE, {}
+
+
+gym.register("SignChoice-v0", entry_point=SignChoiceEnv, max_episode_steps=EPISODE)
+
+
+class InterruptEnv(NaNEnv):
+    """A Ctrl-C arrives on the 90th step of the process (as KeyboardInterrupt)."""
+
+    steps = 0
+
+    def step(self, action):
+        InterruptEnv.steps += 1
+        if InterruptEnv.steps % 90 == 0:
+            raise KeyboardInterrupt
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, False, self.t >= EPISODE, {}
