@@ -34,7 +34,7 @@ from omnigym.inference.engine import SamplingParams
 from omnigym.models.tokens import completion_logprobs, make_batch, make_completion_batch, token_logprobs
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
-from omnigym.rewards import WeightedSum, get_reward, parse_weights
+from omnigym.rewards import WeightedSum, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
 from omnigym.rl.losses import PolicyLossConfig, aggregate, check_finite, kl_estimate, nll_loss, ppo_clip
 from omnigym.tasks import Task, load_task
@@ -138,9 +138,11 @@ def task_env(cfg: GRPOConfig, task: Task):
         env = ToolEnv(task.train, reward, cfg.system_prompt, cfg.max_turns) if cfg.env == "tools" else \
             TextEnv(task.train, reward, cfg.system_prompt)
     if cfg.accuracy_reward:
-        correct = get_reward(cfg.accuracy_reward)
-    else:  # the first part of a weighted sum (math in math:1.0,format:0.1), else the whole reward
-        correct = next(iter(env.reward.parts.values())) if isinstance(env.reward, WeightedSum) else env.reward
+        correct = WeightedSum({cfg.accuracy_reward: 1.0})
+    elif isinstance(env.reward, WeightedSum):  # its first part: math in math:1.0,format:0.1
+        correct = WeightedSum({next(iter(env.reward.weights)): 1.0})
+    else:
+        correct = env.reward
     return env, correct
 
 
