@@ -53,6 +53,12 @@ CASES = [
     (["eval", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
     (["train", "ppo", "--resume", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
     (["fit", "ppo"], "unknown command 'fit'; choose train, eval, plot or list"),
+    (["train", "ppo", "--num-steps", "abc"], "Error parsing --num-steps: invalid literal for int() with base 10: 'abc'; "
+                                             "see omnigym train ppo --help"),
+    (["train", "ppo", "--no-such-flag"], "Unrecognized options: --no-such-flag; see omnigym train ppo --help"),
+    (["eval"], "the following arguments are required: run_dir; see omnigym eval --help"),
+    (["eval", "NOT_A_RUN", "--episodes", "0"], "--episodes must be positive, got 0"),
+    (["plot", "NOT_A_RUN"], "not-a-run has no metrics.jsonl"),
 ]
 
 

@@ -33,14 +33,35 @@ def train(argv: list[str]) -> dict:
         raise OmnigymError("name an algorithm first: omnigym train {" + ",".join(ALGORITHMS) + "} [flags]")
     module = get_algorithm(argv[0])
     config_cls = config_class(module)
-    import tyro
-
     default = None
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
         default = resumed_defaults(argv, config_cls)
-    cfg = tyro.cli(config_cls, args=argv[1:], prog=f"omnigym train {argv[0]}", default=default,
-                   description=module.__doc__)
+    cfg = parse_flags(config_cls, argv, default, module.__doc__)
     return module.train(cfg)
+
+
+def parse_flags(config_cls, argv: list[str], default, description: str | None):
+    """tyro's parse of the flags; its error box (a wrong type, an unknown flag) becomes one line."""
+    import contextlib
+    import io
+
+    import tyro
+
+    prog = f"omnigym train {argv[0]}"
+    box = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(box):
+            return tyro.cli(config_cls, args=argv[1:], prog=prog, default=default, description=description)
+    except SystemExit as exc:
+        if not exc.code:
+            sys.stderr.write(box.getvalue())
+            raise
+        # The box is drawn in unicode on a terminal and in ASCII elsewhere; its second line of
+        # text is the message (the first is the box's title).
+        lines = [line.strip("│|╭╮╰╯─-+ \t") for line in box.getvalue().splitlines()]
+        lines = [line for line in lines if line]
+        what = lines[1] if len(lines) > 1 else "the flags could not be read"
+        raise OmnigymError(f"{what}; see {prog} --help") from None
 
 
 def resumed_defaults(argv: list[str], config_cls):
@@ -60,10 +81,21 @@ def resumed_defaults(argv: list[str], config_cls):
     return dataclasses.replace(config_from_dict(config_cls, values), run_dir=None, resume=None, overwrite=False)
 
 
-def evaluate(argv: list[str]) -> None:
-    import argparse
+class ArgumentParser:
+    """argparse's parser, with its usage-and-error exit turned into one ``OmnigymError`` line."""
 
-    parser = argparse.ArgumentParser(prog="omnigym eval", description="Evaluate a run's last checkpoint.")
+    def __new__(cls, prog: str, description: str):
+        import argparse
+
+        class OneLine(argparse.ArgumentParser):
+            def error(self, message):
+                raise OmnigymError(f"{message}; see {self.prog} --help")
+
+        return OneLine(prog=prog, description=description)
+
+
+def evaluate(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="omnigym eval", description="Evaluate a run's last checkpoint.")
     parser.add_argument("run_dir")
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
@@ -79,9 +111,7 @@ def evaluate(argv: list[str]) -> None:
 
 
 def plot(argv: list[str]) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds).")
+    parser = ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds).")
     parser.add_argument("run_dirs", nargs="+")
     parser.add_argument("--out", default="runs/plot.png")
     parser.add_argument("--metric", default="charts/episodic_return")
@@ -134,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f" [{run.state_line()}]" if run and run.last_checkpoint else ""
         print(f"omnigym: error: {exc}{where}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed early (omnigym ... | head): nothing more to say
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         from omnigym.track.run import active_run
 
