@@ -59,6 +59,8 @@ CASES = [
     (["eval"], "the following arguments are required: run_dir; see omnigym eval --help"),
     (["eval", "NOT_A_RUN", "--episodes", "0"], "--episodes must be positive, got 0"),
     (["plot", "NOT_A_RUN"], "not-a-run has no metrics.jsonl"),
+    (["plot", "RUN_LOG", "--out", "RUN_LOG/metrics.jsonl/x.png"], "cannot write the plot to "),
+    (["plot", "RUN_LOG", "--metric", "nope"], "no run among"),
 ]
 
 
@@ -74,7 +76,11 @@ def prepare(tmp_path, argv):
     (tmp_path / "not-a-run").mkdir()
     (tmp_path / "bad-config").mkdir()
     (tmp_path / "bad-config" / "config.json").write_text("{not json")
-    names = {"EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config"}
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "metrics.jsonl").write_text(json.dumps({"global_step": 1, "charts/episodic_return": 1.0}))
+    (tmp_path / "log" / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
+    names = {"EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
+             "RUN_LOG": "log", "RUN_LOG/metrics.jsonl/x.png": "log/metrics.jsonl/x.png"}
     return [names.get(a, a) for a in argv]
 
 

@@ -46,6 +46,9 @@ def plot_runs(run_dirs, out, metric: str = "charts/episodic_return", points: int
     ax.legend()
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    except (OSError, ValueError) as exc:  # an unwritable place, or a suffix matplotlib cannot write
+        raise OmnigymError(f"cannot write the plot to {out}: {getattr(exc, 'strerror', None) or exc}") from None
     return out
