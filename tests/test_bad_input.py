@@ -37,6 +37,8 @@ CASES = [
     (["train", "dqn", "--env-id", "toy_envs:NaNEnv"], "the env returned a non-finite observation (nan) at env step"),
     (["train", "grpo", "--max-new-tokens", "0"], "--max-new-tokens must be positive, got 0"),
     (["train", "grpo", "--group-size", "1"], "--group-size must be at least 2"),
+    (["train", "grpo", "--max-new-tokens", "100000"], "--max-new-tokens 100000 does not fit the model's context of 256"),
+    (["train", "text_reinforce", "--max-new-tokens", "256"], "--max-new-tokens 256 does not fit the model's context"),
     (["train", "grpo", "--model", "/nonexistent/path"], "--model /nonexistent/path: no such folder"),
     (["train", "grpo", "--task", "EMPTY"], "has no examples"),
     (["train", "grpo", "--task", "SMALL"], "has 3 examples, and --eval-size 500 holds out that many or more"),

@@ -82,3 +82,36 @@ def test_train_eval_plot_and_resume_from_the_shell(tmp_path):
                           capture_output=True, text=True)
     assert plot.returncode == 0, plot.stderr
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_summary_keeps_two_decimals(tmp_path, capsys):
+    """A return of 0.93 was shown as 0.9."""
+    import re
+
+    assert main(["train", "ppo", "--env-id", "toy_envs:SignChoiceEnv", "--total-timesteps", "512", "--run-dir",
+                 str(tmp_path / "run"), "--no-progress", "--no-plot"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"final mean return \(last \d+ episodes\): -?\d+\.\d\d", last), last
+
+
+def test_progress_moves_when_a_rollout_is_collected_before_the_update(tmp_path, monkeypatch):
+    """On Atari one update takes long; the bar moved only after it, so it sat at 0."""
+    from omnigym.algos.control import ppo
+    from omnigym.track.run import Run
+
+    events = []
+
+    class Recorder:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def update(self, completed, **stats):
+            events.append(("progress", completed))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(ppo, "ProgressBar", Recorder)
+    monkeypatch.setattr(Run, "log", lambda self, step, metrics: events.append(("log", step)))
+    ppo.train(ppo.PPOConfig(total_timesteps=512, run_dir=str(tmp_path / "run"), plot=False, tensorboard=False))
+    assert events[0][0] == "progress" and events[0][1] > 0 and events[1][0] == "log"

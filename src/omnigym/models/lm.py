@@ -96,6 +96,15 @@ def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: s
     return load_model(source, lora, device=device), tokenizer
 
 
+def check_context(model, max_new_tokens: int) -> None:
+    """Refuse completions longer than the model can hold at all (before the run starts),
+    instead of generating past its positions or for hours."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and max_new_tokens >= limit:
+        raise OmnigymError(f"--max-new-tokens {max_new_tokens} does not fit the model's context of {limit} tokens "
+                           "(prompt included); use fewer")
+
+
 def build_tiny_model(path: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,
                      max_positions: int = 256, seed: int = 0) -> Path:
     """A ~1M-parameter Llama with a character-level tokenizer and a chat template, saved with

@@ -157,7 +157,7 @@ def padded(rows: list[list], width: int | None = None) -> torch.Tensor:
 
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
-    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
 
     cfg.check()
     estimator = get_advantage(cfg.advantage)
@@ -170,6 +170,7 @@ def train(cfg: GRPOConfig) -> dict:
     run = start_run(cfg, "grpo", cfg.model)
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
+    check_context(policy, cfg.max_new_tokens)
     engine = make_engine(policy, tokenizer, cfg.engine)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     generator = TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns)

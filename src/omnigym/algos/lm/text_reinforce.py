@@ -51,7 +51,7 @@ CONFIG = TextReinforceConfig
 
 @scoped_run
 def train(cfg: TextReinforceConfig) -> dict:
-    from omnigym.models.lm import load_policy_and_tokenizer
+    from omnigym.models.lm import check_context, load_policy_and_tokenizer
 
     cfg.check()
 
@@ -62,6 +62,7 @@ def train(cfg: TextReinforceConfig) -> dict:
         raise OmnigymError("text_reinforce runs are short and keep no checkpoint; start a new run instead of --resume")
     run = start_run(cfg, "text_reinforce", cfg.model)
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, device=cfg.device)
+    check_context(policy, cfg.max_new_tokens)
     engine = make_engine(policy, tokenizer)
     trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate))
     example = {"question": cfg.prompt, "keywords": keywords}
