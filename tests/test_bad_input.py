@@ -55,6 +55,23 @@ CASES = [
     (["eval", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
     (["train", "ppo", "--resume", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
     (["fit", "ppo"], "unknown command 'fit'; choose train, eval, plot or list"),
+    ([], "name a command: train, eval, plot or list"),
+    (["list", "extra"], "omnigym list takes no arguments, got extra"),
+    (["train", "ppo", "--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
+    (["train", "ppo", "--wandb"], "wandb is not installed; install it with: pip install 'omnigym[wandb]'"),
+    (["train", "ppo", "--env-id", "toy_envs.py:SignEnv"], "name the module without .py: toy_envs:SignEnv"),
+    (["train", "ppo", "--env-id", "toy_envs:DictObsEnv"], "the networks take Box observations"),
+    (["train", "dqn", "--env-id", "toy_envs:ImageLastEnv"], "image observations must be channels-first C x 84 x 84"),
+    (["train", "grpo", "--task", "toy_text:failing_task"], "--task toy_text:failing_task raised RuntimeError: task boom "
+                                                           "(at "),
+    (["train", "grpo", "--task", "toy_text:short_questions", "--eval-size", "8", "--sft-steps", "0", "--rewards",
+      "toy_text:failing_reward:1.0"], "reward toy_text:failing_reward raised KeyError: 'missing' (at "),
+    (["train", "grpo", "--task", "LATIN1"], "latin1.jsonl is not UTF-8 JSON lines text (UnicodeDecodeError)"),
+    (["train", "grpo", "--chat-template", "missing.jinja"], "--chat-template missing.jinja: no such file, and not a "
+                                                            "Jinja template"),
+    (["train", "grpo", "--chat-template", "BROKEN{{"], "--chat-template does not compile: "),
+    (["train", "grpo", "--kl-estimator", "k9"], "unknown --kl-estimator 'k9'; choose k1, k2 or k3"),
+    (["train", "grpo", "--loss-aggregation", "foo"], "unknown --loss-aggregation 'foo'"),
     (["train", "ppo", "--num-steps", "abc"], "Error parsing --num-steps: invalid literal for int() with base 10: 'abc'; "
                                              "see omnigym train ppo --help"),
     (["train", "ppo", "--no-such-flag"], "Unrecognized options: --no-such-flag; see omnigym train ppo --help"),
@@ -67,7 +84,11 @@ CASES = [
 
 
 def snapshot(root):
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+    """Every file under ``root`` with a hash of its bytes, and every folder."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in root.rglob("*")}
 
 
 def prepare(tmp_path, argv):
@@ -81,7 +102,8 @@ def prepare(tmp_path, argv):
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "metrics.jsonl").write_text(json.dumps({"global_step": 1, "charts/episodic_return": 1.0}))
     (tmp_path / "log" / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
-    names = {"EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
+    (tmp_path / "latin1.jsonl").write_bytes('{"question": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
+    names = {"LATIN1": "latin1.jsonl", "EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
              "RUN_LOG": "log", "RUN_LOG/metrics.jsonl/x.png": "log/metrics.jsonl/x.png"}
     return [names.get(a, a) for a in argv]
 
@@ -125,6 +147,12 @@ def run_copy(finished_run, tmp_path):
     (["train", "ppo", "--resume", "RUN", "--run-dir", "OTHER"], "give either --resume"),
     (["train", "reinforce", "--run-dir", "RUN"], "RUN already holds a run"),
     (["train", "ppo", "--resume", "RUN", "--overwrite"], "--resume continues a run and --overwrite replaces it"),
+    (["train", "ppo", "--resume", "RUN", "--seed", "5"], "RUN was made with --seed 1, not 5"),
+    (["train", "ppo", "--resume", "RUN", "--total-timesteps", "256"], "RUN is already at global_step "),
+    (["train", "ppo", "--run-dir", "RUN", "--overwrite", "--env-id", "toy_envs:NaNEnv"],
+     "the env returned a non-finite observation"),
+    (["train", "ppo", "--resume", "RUN", "--learning-rate", "1e30", "--total-timesteps", "4096"],
+     "loss became "),
 ])
 def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, argv, message):
     argv = [str(run_copy) if a == "RUN" else str(run_copy.parent / "other") if a == "OTHER" else a for a in argv]
@@ -133,6 +161,14 @@ def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, a
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.replace("RUN", str(run_copy)) in err[0], err
     assert snapshot(run_copy.parent) == before
+
+
+def test_resume_refuses_a_log_that_no_longer_reaches_the_checkpoint(run_copy, capsys):
+    (run_copy / "metrics.jsonl").write_text("")
+    before = snapshot(run_copy)
+    assert main(["train", "ppo", "--resume", str(run_copy), "--total-timesteps", "1024"]) == 2
+    assert "metrics.jsonl is missing or shorter than when the checkpoint was written" in capsys.readouterr().err
+    assert snapshot(run_copy) == before
 
 
 def test_a_checkpoint_made_with_other_settings_is_refused_before_anything_is_written(run_copy, capsys):
@@ -188,7 +224,8 @@ def test_train_help_lists_the_algorithms(capsys):
 def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tmp_path, capsys):
     err = interrupted_run(tmp_path, checkpoint_every=0, capsys=capsys)
     assert err == [f"omnigym: interrupted; no checkpoint was written yet (one comes every --checkpoint-every steps), "
-                   f"so there is nothing to resume; {tmp_path / 'run'} keeps the metrics so far"]
+                   f"so there is nothing to resume; {tmp_path / 'run'} was put back as it was before the start"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_ctrl_c_after_a_checkpoint_says_how_to_resume_and_resuming_works(tmp_path, capsys):

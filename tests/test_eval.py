@@ -53,3 +53,20 @@ def test_eval_without_normalization_would_not_reproduce(tmp_path):
     checkpoint["components"]["collector"]["obs_rms"] = None
     torch.save(checkpoint, tmp_path / "run" / "checkpoint.pt")
     assert np.mean(evaluate_run(run_dir, episodes=20, greedy=True)) < training_return - 5
+
+
+def test_sampled_eval_is_repeatable_with_its_seed(tmp_path):
+    run_dir, _ = trained(tmp_path, "CartPole-v1", 1024)
+    first, again = evaluate_run(run_dir, episodes=5, seed=3), evaluate_run(run_dir, episodes=5, seed=3)
+    assert first == again
+    assert evaluate_run(run_dir, episodes=5, seed=4) != first
+
+
+def test_eval_of_an_env_that_never_ends_stops_with_one_line(tmp_path, monkeypatch):
+    from omnigym.errors import OmnigymError
+    from omnigym.evaluation import control
+
+    run_dir, _ = trained(tmp_path, "toy_envs:EndlessEnv", 256)
+    monkeypatch.setattr(control, "MAX_EPISODE_STEPS", 500)
+    with pytest.raises(OmnigymError, match="no episode ended in 500 steps; give the env a time limit"):
+        evaluate_run(run_dir, episodes=2)

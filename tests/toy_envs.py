@@ -114,3 +114,22 @@ class InterruptEnv(NaNEnv):
             raise KeyboardInterrupt
         self.t += 1
         return np.zeros(2, np.float32), 1.0, False, self.t >= EPISODE, {}
+
+
+class DictObsEnv(NaNEnv):
+    """A Dict observation space, which the networks do not take."""
+
+    observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+
+
+class ImageLastEnv(NaNEnv):
+    """Channels-last images (H x W x C), which the CNN does not take."""
+
+    observation_space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+
+
+class EndlessEnv(NaNEnv):
+    """Never ends an episode (a class given with no time limit)."""
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, {}

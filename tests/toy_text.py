@@ -19,3 +19,11 @@ def wrong_shape(completions, examples):
 
 
 has_text = per_sample(lambda completion, example: float(bool(completion.strip())))
+
+
+def failing_task():
+    raise RuntimeError("task boom")
+
+
+def failing_reward(completions, examples):
+    return [example["missing"] for example in examples]

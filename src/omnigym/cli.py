@@ -97,9 +97,10 @@ class ArgumentParser:
 def evaluate(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym eval", description="Evaluate a run's last checkpoint.")
     parser.add_argument("run_dir")
-    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
-    parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--seed", type=int, default=12345,
+                        help="seeds the env and the sampled actions: same seed, same returns (default 12345)")
     args = parser.parse_args(argv)
     from omnigym.evaluation.control import evaluate_run
 
@@ -144,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     set_up_process()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
+        if not argv:
+            print("omnigym: error: name a command: train, eval, plot or list", file=sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    from omnigym.track.run import forget_active_run
+
+    forget_active_run()
     try:
         if command == "train":
             train(rest)
@@ -154,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         elif command == "plot":
             plot(rest)
         elif command == "list":
+            if rest:
+                raise OmnigymError(f"omnigym list takes no arguments, got {' '.join(rest)}")
             list_available()
         else:
             raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")

@@ -2,8 +2,8 @@
 
 Each algorithm has one config dataclass that extends ``RunConfig`` (language) or
 ``ControlConfig`` (gymnasium envs); the CLI is generated from it by tyro. ``cfg.check()``
-is the first thing every ``train`` does: a value out of range is refused in one line that
-names the flag, before anything is built or written.
+runs first in every ``train`` (``process.scoped_run`` calls it): a value out of range is
+refused in one line that names the flag, before anything is built or written.
 """
 
 from __future__ import annotations
@@ -86,8 +86,11 @@ class RunConfig:
     plot: bool = True
     """write the learning curve PNG at the end"""
 
-    RESUME_FIXED: ClassVar[tuple[str, ...]] = ()
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = ("seed",)
     """settings a resumed run must keep: its checkpoint only fits them (track/run.py refuses a change)"""
+    BUDGET: ClassVar[tuple[str, str] | None] = None
+    """(the flag that sets the run's length, the checkpoint counter it is compared with): a resumed
+    run must have steps left"""
 
     def check(self) -> None:
         """Refuse values no run can use. Subclasses add their own ranges after this."""
@@ -96,6 +99,12 @@ class RunConfig:
             if isinstance(value, float):
                 require(math.isfinite(value), f"{flag(field.name)} must be a finite number, got {value}")
         require_non_negative(self, "torch_threads")
+        require(0 <= self.seed < 2**32, f"--seed must be between 0 and 2**32 - 1, got {self.seed}")
+        if self.wandb:
+            import importlib.util
+
+            require(importlib.util.find_spec("wandb") is not None,
+                    "wandb is not installed; install it with: pip install 'omnigym[wandb]'")
         require(not (self.resume and self.overwrite), "--resume continues a run and --overwrite replaces it; "
                                                       "give one of them")
         check_device(self.device)
@@ -118,7 +127,8 @@ class ControlConfig(RunConfig):
     print_episodes: bool = False
     """print one line per finished episode (global_step=..., episodic_return=...)"""
 
-    RESUME_FIXED: ClassVar[tuple[str, ...]] = ("env_id", "num_envs", "backend", "hidden")
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden")
+    BUDGET = ("total_timesteps", "global_step")
 
     def check(self) -> None:
         super().check()

@@ -39,17 +39,19 @@ def run_scope(seed: int, torch_threads: int = 0):
 
 
 def scoped_run(train):
-    """Decorator for an algorithm's ``train(cfg)``: runs it inside ``run_scope(cfg.seed, cfg.torch_threads)``;
-    a run that fails before its first checkpoint is removed (``Run.abandon``)."""
+    """Decorator for an algorithm's ``train(cfg)``: checks the config (``cfg.check()``: every flag's
+    range, before anything is built), runs it inside ``run_scope(cfg.seed, cfg.torch_threads)``,
+    and undoes a run that fails or is interrupted before its first checkpoint (``Run.abandon``)."""
 
     @functools.wraps(train)
     def wrapper(cfg):
         from omnigym.track.run import active_run
 
+        cfg.check()
         with run_scope(cfg.seed, cfg.torch_threads):
             try:
                 return train(cfg)
-            except Exception:
+            except BaseException:  # an error or Ctrl-C: a run without a checkpoint is undone
                 run = active_run()
                 if run is not None:
                     run.abandon()

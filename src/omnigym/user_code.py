@@ -29,6 +29,8 @@ def is_reference(spec) -> bool:
 def import_reference(spec: str, what: str) -> tuple[ModuleType, str]:
     """Import the module of ``module:name``; returns it and ``name``. ``what`` names the flag."""
     module_name, _, name = spec.partition(":")
+    if module_name.endswith(".py"):
+        raise OmnigymError(f"{what} {spec}: name the module without .py: {module_name[:-3]}:{name}")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
@@ -43,9 +45,25 @@ def import_reference(spec: str, what: str) -> tuple[ModuleType, str]:
 
 
 def _import_failed(spec: str, what: str, exc: Exception) -> OmnigymError:
+    return OmnigymError(f"{what} {spec}: importing it failed at {where(exc)}: {type(exc).__name__}: {exc}")
+
+
+def where(exc: BaseException) -> str:
+    """``file:line`` of the code that raised ``exc`` (a syntax error: the line it is on)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
     frame = traceback.extract_tb(exc.__traceback__)[-1]
-    return OmnigymError(f"{what} {spec}: importing it failed at {frame.filename}:{frame.lineno}: "
-                        f"{type(exc).__name__}: {exc}")
+    return f"{frame.filename}:{frame.lineno}"
+
+
+def call_user_code(what: str, fn, *args):
+    """``fn(*args)``; an exception in it becomes one line naming ``what``, the error and where."""
+    try:
+        return fn(*args)
+    except OmnigymError:
+        raise
+    except Exception as exc:
+        raise OmnigymError(f"{what} raised {type(exc).__name__}: {exc} (at {where(exc)})") from None
 
 
 def import_object(spec: str, what: str):

@@ -6,8 +6,13 @@ from omnigym.algos import config_class, get_algorithm
 from omnigym.config import config_from_dict
 from omnigym.envs.vector import make_vec
 from omnigym.errors import OmnigymError
+from omnigym.process import run_scope
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import load_config_dict
+
+
+MAX_EPISODE_STEPS = 1_000_000
+"""an episode this long means an env without a time limit: eval stops instead of hanging"""
 
 
 def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None) -> list[float]:
@@ -15,6 +20,8 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
     env object to use instead, for a run trained on a Python object eval cannot rebuild)."""
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
+    if not 0 <= seed < 2**32:
+        raise OmnigymError(f"--seed must be between 0 and 2**32 - 1, got {seed}")
     values = load_config_dict(run_dir)
     module = get_algorithm(values.get("algo", "?"))
     if not hasattr(module, "load_policy"):
@@ -26,12 +33,19 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
         raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that eval cannot find by name; "
                            "evaluate it from Python with evaluate_run(run_dir, env=...)")
     envs = make_vec(env, 1, backend="sync", seed=seed)
-    policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
-    returns: list[float] = []
-    obs, _ = envs.reset(seed=seed)
-    while len(returns) < episodes:
-        obs, _, _, _, info = envs.step(policy(obs))
-        if "episode" in info and info["_episode"][0]:
-            returns.append(float(info["episode"]["r"][0]))
+    with run_scope(seed):  # sampled actions come from torch's generator: same seed, same returns
+        policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
+        returns: list[float] = []
+        obs, _ = envs.reset(seed=seed)
+        steps_since_episode = 0
+        while len(returns) < episodes:
+            obs, _, _, _, info = envs.step(policy(obs))
+            steps_since_episode += 1
+            if "episode" in info and info["_episode"][0]:
+                returns.append(float(info["episode"]["r"][0]))
+                steps_since_episode = 0
+            elif steps_since_episode >= MAX_EPISODE_STEPS:
+                raise OmnigymError(f"no episode ended in {MAX_EPISODE_STEPS} steps; give the env a time limit "
+                                   "(gymnasium.register(..., max_episode_steps=N) or gymnasium.wrappers.TimeLimit)")
     envs.close()
     return returns

@@ -16,6 +16,7 @@ import copy
 from omnigym.generators.base import Trajectories, Trajectory
 from omnigym.inference.engine import SamplingParams
 from omnigym.rewards import checked
+from omnigym.user_code import call_user_code
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
@@ -104,7 +105,8 @@ class TextEnvGenerator:
             totals = reward.total(parts).tolist()
             parts = {name: values.tolist() for name, values in parts.items()}
         else:
-            totals, parts = checked("of the env", reward(texts, examples), len(texts)).tolist(), {}
+            totals = checked("of the env", call_user_code("the env's reward", reward, texts, examples), len(texts))
+            totals, parts = totals.tolist(), {}
         for i, episode in enumerate(finished):
             episode.done = True
             episode.reward = totals[i]

@@ -93,11 +93,22 @@ class GaussianHead(nn.Module):
         return self.mean(features)
 
 
+def check_observation_space(space: gym.Space) -> None:
+    """The observations the networks here read: a Box of numbers, or C x 84 x 84 images."""
+    if not isinstance(space, gym.spaces.Box):
+        raise OmnigymError(f"the networks take Box observations (a vector, or C x 84 x 84 images), got {space}; "
+                           "wrap the env in gymnasium.wrappers.FlattenObservation")
+    if len(space.shape) == 3 and space.shape[1:] != (84, 84):
+        raise OmnigymError(f"image observations must be channels-first C x 84 x 84 (the Nature CNN's input), got "
+                           f"{space.shape}; resize them (gymnasium.wrappers.ResizeObservation) and put channels first")
+
+
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs on vectors; one shared CNN encoder on pixels."""
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64)):
         super().__init__()
+        check_observation_space(observation_space)
         if len(observation_space.shape) == 3:
             self.encoder = NatureCNN(observation_space.shape[0])
             n_in, hidden = self.encoder.out_features, ()
@@ -112,7 +123,7 @@ class ActorCritic(nn.Module):
         elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
             self.head = GaussianHead(width, action_space.shape[0])
         else:
-            raise OmnigymError(f"PPO supports Discrete and 1-D Box action spaces, got {action_space}")
+            raise OmnigymError(f"PPO and REINFORCE take Discrete or 1-D Box actions, got {action_space}")
 
     def value(self, obs):
         return self.critic(self.encoder(obs)).squeeze(-1)
@@ -130,6 +141,7 @@ class ActorCritic(nn.Module):
 class QNetwork(nn.Module):
     def __init__(self, observation_space: gym.Space, n_actions: int, hidden: tuple[int, ...] = (120, 84)):
         super().__init__()
+        check_observation_space(observation_space)
         if len(observation_space.shape) == 3:
             encoder = NatureCNN(observation_space.shape[0])
             self.net = nn.Sequential(encoder, layer(encoder.out_features, n_actions, 1.0))

@@ -34,6 +34,22 @@ class LoraSettings:
     target_modules: str = "all-linear"
 
 
+def read_chat_template(given: str) -> str:
+    """``--chat-template``: a Jinja template, or a file that holds one; checked to compile."""
+    import jinja2
+
+    path = Path(given).expanduser()
+    if path.is_file():
+        given = path.read_text()
+    elif "{" not in given:
+        raise OmnigymError(f"--chat-template {given}: no such file, and not a Jinja template")
+    try:
+        jinja2.Environment().parse(given)
+    except jinja2.TemplateSyntaxError as exc:
+        raise OmnigymError(f"--chat-template does not compile: {exc.message} (line {exc.lineno})") from None
+    return given
+
+
 def load_tokenizer(name_or_path: str, chat_template: str | None = None):
     """Tokenizer with left padding (for batched generation) and a chat template.
 
@@ -45,8 +61,7 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None):
     except OSError as exc:
         raise OmnigymError(f"cannot load a tokenizer from {name_or_path!r}: {str(exc).splitlines()[0]}") from None
     if chat_template:
-        path = Path(chat_template)
-        tokenizer.chat_template = path.read_text() if path.is_file() else chat_template
+        tokenizer.chat_template = read_chat_template(chat_template)
     if not getattr(tokenizer, "chat_template", None):
         raise OmnigymError(f"{name_or_path} has no chat template; give one with --chat-template "
                            "(a Jinja string or a file that holds one)")

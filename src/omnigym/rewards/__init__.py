@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from omnigym.errors import OmnigymError
-from omnigym.user_code import import_object, import_reference, is_reference
+from omnigym.user_code import call_user_code, import_object, import_reference, is_reference
 
 Reward = Callable[[Sequence[str], Sequence[dict]], torch.Tensor]
 REWARDS: dict[str, Reward] = {}
@@ -69,7 +69,7 @@ class WeightedSum:
         self.parts = {name: get_reward(name) for name in self.weights}
 
     def components(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, torch.Tensor]:
-        return {name: checked(name, reward(completions, examples), len(completions))
+        return {name: checked(name, call_user_code(f"reward {name}", reward, completions, examples), len(completions))
                 for name, reward in self.parts.items()}
 
     def total(self, components: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -32,7 +32,7 @@ class Task:
 def load_task(spec: str, seed: int, eval_size: int, digits: int = 2, terms: int = 2, operations: str = "+") -> Task:
     """``spec``'s examples: ``eval_size`` held out (never trained on), the rest to train on."""
     from omnigym.envs.text import TEXT_ENVS, TextEnv, make_text_env
-    from omnigym.user_code import import_object, import_reference, is_reference
+    from omnigym.user_code import call_user_code, import_object, import_reference, is_reference
 
     if eval_size < 1:
         raise OmnigymError(f"--eval-size must be positive, got {eval_size}")
@@ -66,7 +66,7 @@ def load_task(spec: str, seed: int, eval_size: int, digits: int = 2, terms: int 
             rows = env.examples
         else:
             made = import_object(spec, "--task")
-            made = made() if callable(made) else made
+            made = call_user_code(f"--task {spec}", made) if callable(made) else made
             env = made if isinstance(made, TextEnv) else None
             rows = env.examples if env is not None else made
     else:

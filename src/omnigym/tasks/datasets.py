@@ -19,7 +19,11 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     rows = []
     with opener(path, "rt", encoding="utf-8") as f:
-        for line_number, line in enumerate(f, 1):
+        try:
+            lines = list(f)
+        except (UnicodeDecodeError, OSError, EOFError) as exc:
+            raise OmnigymError(f"{path} is not UTF-8 JSON lines text ({type(exc).__name__})") from None
+        for line_number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:

@@ -107,26 +107,36 @@ class Run:
         self._replace = replace
         self._created = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
         """the directories ``begin`` will create (``abandon`` removes them again)"""
+        self._saved_here = False
+        self._set_aside: Path | None = None
+        self._config_before: bytes | None = None
+        self._events_before: set[Path] = set()
 
     def begin(self, components: dict) -> dict:
         """Restore the checkpoint into ``components`` when resuming, then write the run's
         config and open its log. Returns the saved counters ({} for a new run)."""
         global _active
         counters = self._restore(components) if self.saved else {}
+        self._events_before = set(self.dir.glob("events.out.tfevents.*"))
+        self._config_before = (self.dir / CONFIG_NAME).read_bytes() if self.saved else None
+        _active = self
         try:
             if self._replace:
-                remove_run_files(self.dir)
+                self._set_aside = set_aside_run_files(self.dir)
             self.dir.mkdir(parents=True, exist_ok=True)
             config_dict = {"algo": self.algo, **dataclasses.asdict(self.cfg)}
             (self.dir / CONFIG_NAME).write_text(json.dumps(config_dict, indent=2, default=describe))
+            self.metrics = MetricsLog(self.dir, config_dict, append=self.saved is not None,
+                                      tensorboard=self.cfg.tensorboard, wandb=self.cfg.wandb)
+            if self.saved:
+                self.metrics.load_state_dict(self.saved["components"]["metrics"])
         except OSError as exc:
+            self.abandon()
             raise OmnigymError(f"cannot write to run directory {self.dir}: {exc.strerror}; "
                                "choose another --run-dir") from None
-        self.metrics = MetricsLog(self.dir, config_dict, append=self.saved is not None,
-                                  tensorboard=self.cfg.tensorboard, wandb=self.cfg.wandb)
-        if self.saved:
-            self.metrics.load_state_dict(self.saved["components"]["metrics"])
-        _active = self
+        except BaseException:
+            self.abandon()
+            raise
         return counters
 
     def _restore(self, components: dict) -> dict:
@@ -143,10 +153,13 @@ class Run:
     def save(self, components: dict, **counters) -> None:
         self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
         self.last_checkpoint = counters
+        self._saved_here = True
+        self._drop_set_aside()
 
     def close(self, plot: bool = True, metric: str = "charts/episodic_return") -> Path | None:
         global _active
         self.metrics.close()
+        self._drop_set_aside()
         _active = None
         if not plot:
             return None
@@ -154,15 +167,34 @@ class Run:
 
         return plot_runs([self.dir], self.dir / "curve.png", metric=metric)
 
+    def _drop_set_aside(self) -> None:
+        """The replaced run (``--overwrite``) is deleted once the new one has a checkpoint."""
+        if self._set_aside is not None:
+            shutil.rmtree(self._set_aside, ignore_errors=True)
+            self._set_aside = None
+
     def abandon(self) -> None:
-        """After a failure: a run that wrote no checkpoint has nothing to resume, so its files
-        go (and its directory, if this run made it), leaving the disk as before the start."""
-        global _active
-        if self.metrics is None or self.last_checkpoint is not None:
-            return  # the CLI's message says where the last checkpoint is
-        _active = None
-        self.metrics.close()
+        """After a failure or Ctrl-C before this process wrote a checkpoint, put the
+        directory back as it was: a resumed run gets its config.json and its log up to the
+        checkpoint back; a new run's files and the folders it made go, and a run it was
+        replacing (``--overwrite``) comes back."""
+        if self._saved_here:
+            return  # the run has a checkpoint of this process; the CLI says how to continue
+        if self.metrics is not None:
+            self.metrics.close()
+        for events in set(self.dir.glob("events.out.tfevents.*")) - self._events_before:
+            events.unlink()
+        if self.saved:
+            (self.dir / CONFIG_NAME).write_bytes(self._config_before)
+            with open(self.dir / METRICS_NAME, "r+b") as log:
+                log.truncate(self.saved["components"]["metrics"]["offset"])
+            return
         remove_run_files(self.dir)
+        if self._set_aside is not None:
+            for kept in self._set_aside.iterdir():
+                kept.rename(self.dir / kept.name)
+            self._set_aside.rmdir()
+            self._set_aside = None
         for folder in self._created:
             if folder.exists() and not any(folder.iterdir()):
                 folder.rmdir()
@@ -176,7 +208,7 @@ class Run:
         """Where the run stands, for a message about a run that stopped early."""
         if self.last_checkpoint is None:
             return (f"no checkpoint was written yet (one comes every --checkpoint-every steps), so there is nothing "
-                    f"to resume; {self.dir} keeps the metrics so far")
+                    f"to resume; {self.dir} was put back as it was before the start")
         at = ", ".join(f"{k} {v}" for k, v in self.last_checkpoint.items() if type(v) is int and k != "update")
         return f"continue with: omnigym train {self.algo} --resume {self.dir}  (last checkpoint: {at})"
 
@@ -192,6 +224,23 @@ def describe(value) -> str:
 
 def is_run_dir(path: Path) -> bool:
     return any((path / name).exists() for name in (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME))
+
+
+def set_aside_run_files(path: Path) -> Path:
+    """Move a run's files into a hidden folder of its directory (``--overwrite``), from which
+    ``Run.abandon`` can bring them back."""
+    aside = path / ".replaced-run"
+    aside.mkdir(exist_ok=True)
+    for name in [*RUN_FILES, "wandb", *(p.name for p in path.glob("events.out.tfevents.*"))]:
+        if (path / name).exists():
+            (path / name).rename(aside / name)
+    return aside
+
+
+def forget_active_run() -> None:
+    """A new command starts with no run (the CLI calls this; tests call main() many times)."""
+    global _active
+    _active = None
 
 
 def remove_run_files(path: Path) -> None:
@@ -231,6 +280,7 @@ def start_run(cfg, algo: str, label: str) -> Run:
             raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
         check_resumable(cfg, algo, load_config_dict(run_dir))
         saved = Checkpointer(run_dir).load()
+        check_saved_state(cfg, run_dir, saved)
     else:
         run_dir, saved = Path(cfg.run_dir or default_run_dir(algo, label, cfg.seed)), None
         if run_dir.exists() and not run_dir.is_dir():
@@ -243,6 +293,20 @@ def start_run(cfg, algo: str, label: str) -> Run:
         check_writable(run_dir)
     cfg.run_dir = str(run_dir)
     return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir))
+
+
+def check_saved_state(cfg, run_dir: Path, saved: dict) -> None:
+    """The run has steps left, and its log still reaches the checkpoint (it is cut back to it)."""
+    if cfg.BUDGET:
+        flag_name, counter = cfg.BUDGET
+        done, goal = saved["counters"].get(counter, 0), getattr(cfg, flag_name)
+        if done >= goal:
+            raise OmnigymError(f"{run_dir} is already at {counter} {done} of --{flag_name.replace('_', '-')} {goal}; "
+                               f"give a larger --{flag_name.replace('_', '-')} to continue it")
+    log, offset = run_dir / METRICS_NAME, saved["components"]["metrics"]["offset"]
+    if not log.is_file() or log.stat().st_size < offset:
+        raise OmnigymError(f"{log} is missing or shorter than when the checkpoint was written; put it back "
+                           "(a resumed run's log continues it), or start a new run")
 
 
 def check_resumable(cfg, algo: str, saved_config: dict) -> None:

@@ -91,12 +91,11 @@ class Sampler:
 
 @scoped_run
 def train(cfg: DQNConfig) -> dict:
-    cfg.check()
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
         raise OmnigymError(f"DQN needs a discrete action space, but {cfg.env_id} has {envs.single_action_space}; "
-                           "use ppo (or sac) for continuous actions")
+                           "use ppo")
     run = start_run(cfg, "dqn", cfg.env_id)
     device = torch.device(cfg.device)
     q_network = QNetwork(envs.single_observation_space, int(envs.single_action_space.n), cfg.hidden).to(device)
@@ -154,7 +153,7 @@ def train(cfg: DQNConfig) -> dict:
                     target_param.lerp_(param, cfg.tau)
 
         # 3. Log, show, checkpoint.
-        if crossed_multiple(global_step, previous_step, cfg.log_every):
+        if crossed_multiple(global_step, previous_step, cfg.log_every) or global_step >= cfg.total_timesteps:
             run.log(global_step, {**stats.drain(), "losses/td_loss": td_loss.item(), "losses/q_values": q_mean.item(),
                                   "charts/epsilon": epsilon(cfg, global_step), "perf/sps": clock.sps(global_step)})
         progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)

@@ -54,7 +54,6 @@ CONFIG = ReinforceConfig
 
 @scoped_run
 def train(cfg: ReinforceConfig) -> dict:
-    cfg.check()
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
     run = start_run(cfg, "reinforce", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)

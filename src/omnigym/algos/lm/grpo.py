@@ -36,7 +36,7 @@ from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import WeightedSum, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
-from omnigym.rl.losses import PolicyLossConfig, aggregate, check_finite, kl_estimate, nll_loss, ppo_clip
+from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, nll_loss, ppo_clip
 from omnigym.tasks import Task, load_task
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import Run, start_run
@@ -108,7 +108,9 @@ class GRPOConfig(RunConfig):
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
 
-    RESUME_FIXED = ("model", "lora_r", "task", "env")
+    RESUME_FIXED = RunConfig.RESUME_FIXED + ("model", "lora_r", "task", "env", "eval_size", "digits", "terms",
+                                             "operations")
+    BUDGET = ("steps", "step")
 
     def check(self) -> None:
         super().check()
@@ -118,6 +120,10 @@ class GRPOConfig(RunConfig):
         require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every", "lora_r")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
         require(self.env in ("single-turn", "tools"), f"--env must be single-turn or tools, got {self.env!r}")
+        require(self.loss_aggregation in AGGREGATIONS, f"unknown --loss-aggregation {self.loss_aggregation!r}; "
+                                                       f"choose one of {', '.join(AGGREGATIONS)}")
+        require(self.kl_estimator in ("k1", "k2", "k3"), f"unknown --kl-estimator {self.kl_estimator!r}; "
+                                                          "choose k1, k2 or k3")
         require(self.behaviour_cap is None or self.behaviour_cap > 0,
                 f"--behaviour-cap must be positive (a cap on pi_old / pi_engine), got {self.behaviour_cap}")
 
@@ -158,8 +164,6 @@ def padded(rows: list[list], width: int | None = None) -> torch.Tensor:
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
     from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
-
-    cfg.check()
     estimator = get_advantage(cfg.advantage)
     task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
     train_set, heldout = task.train, task.heldout

@@ -53,7 +53,6 @@ CONFIG = TextReinforceConfig
 def train(cfg: TextReinforceConfig) -> dict:
     from omnigym.models.lm import check_context, load_policy_and_tokenizer
 
-    cfg.check()
 
     keywords = [k for k in cfg.keywords.split(",") if k]
     if not keywords:
