@@ -61,6 +61,7 @@ CASES = [
     (["train", "ppo", "--wandb"], "wandb is not installed; install it with: pip install 'omnigym[wandb]'"),
     (["train", "ppo", "--env-id", "toy_envs.py:SignEnv"], "name the module without .py: toy_envs:SignEnv"),
     (["train", "ppo", "--env-id", "toy_envs:DictObsEnv"], "the networks take Box observations"),
+    (["train", "ppo", "--env-id", "toy_envs:OldGymEnv"], "your env's reset() must return (observation, info dict), got ndarray"),
     (["train", "dqn", "--env-id", "toy_envs:ImageLastEnv"], "image observations must be channels-first C x 84 x 84"),
     (["train", "grpo", "--task", "toy_text:failing_task"], "--task toy_text:failing_task raised RuntimeError: task boom "
                                                            "(at "),
@@ -74,6 +75,10 @@ CASES = [
     (["train", "grpo", "--loss-aggregation", "foo"], "unknown --loss-aggregation 'foo'"),
     (["train", "ppo", "--num-steps", "abc"], "Error parsing --num-steps: invalid literal for int() with base 10: 'abc'; "
                                              "see omnigym train ppo --help"),
+    (["train", "ppo", "--total-timesteps", "1e5"], "Error parsing --total-timesteps: invalid literal for int() with "
+                                                   "base 10: '1e5'"),
+    (["train", "grpo", "--rewards", "math:1.0,math:0.5"], "--rewards names math twice"),
+    (["plot", "RUN_LOG", "--out", "RUN_LOG"], "--out 'log' must name an image file"),
     (["train", "ppo", "--no-such-flag"], "Unrecognized options: --no-such-flag; see omnigym train ppo --help"),
     (["eval"], "the following arguments are required: run_dir; see omnigym eval --help"),
     (["eval", "NOT_A_RUN", "--episodes", "0"], "--episodes must be positive, got 0"),

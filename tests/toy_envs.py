@@ -116,16 +116,42 @@ class InterruptEnv(NaNEnv):
         return np.zeros(2, np.float32), 1.0, False, self.t >= EPISODE, {}
 
 
-class DictObsEnv(NaNEnv):
+class _SpaceEnv(gym.Env):
+    """A correct env whose observation space is ``observation_space``, with zero observations."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._zero(), {}
+
+    def step(self, action):
+        return self._zero(), 0.0, False, True, {}
+
+
+class DictObsEnv(_SpaceEnv):
     """A Dict observation space, which the networks do not take."""
 
     observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
 
+    def _zero(self):
+        return {"x": np.zeros(2, np.float32)}
 
-class ImageLastEnv(NaNEnv):
+
+class ImageLastEnv(_SpaceEnv):
     """Channels-last images (H x W x C), which the CNN does not take."""
 
     observation_space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+
+    def _zero(self):
+        return np.zeros((84, 84, 3), np.uint8)
+
+
+class OldGymEnv(NaNEnv):
+    """The old gym API: reset returns the observation alone."""
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32)
 
 
 class EndlessEnv(NaNEnv):

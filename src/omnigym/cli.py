@@ -59,8 +59,12 @@ def parse_flags(config_cls, argv: list[str], default, description: str | None):
         # The box is drawn in unicode on a terminal and in ASCII elsewhere; its second line of
         # text is the message (the first is the box's title).
         lines = [line.strip("│|╭╮╰╯─-+ \t") for line in box.getvalue().splitlines()]
-        lines = [line for line in lines if line]
-        what = lines[1] if len(lines) > 1 else "the flags could not be read"
+        message = []  # the message may wrap over several lines, up to the separator under it
+        for line in lines[1:]:
+            if not line and message:
+                break
+            message += [line] if line else []
+        what = " ".join(message) or "the flags could not be read"
         raise OmnigymError(f"{what}; see {prog} --help") from None
 
 

@@ -18,10 +18,11 @@ import difflib
 import importlib.util
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from omnigym.errors import OmnigymError, missing_extra
-from omnigym.user_code import import_object, import_reference, is_reference
+from omnigym.errors import OmnigymError, missing_extra, require
+from omnigym.user_code import import_object, import_reference, is_reference, where
 
 BACKENDS = ("auto", "sync", "async", "native", "envpool")
 
@@ -31,7 +32,8 @@ def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
     if env_id not in gym.registry:
         known = list(gym.registry.keys())
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
-        hint = f"; closest known ids: {', '.join(close)}" if close else "; run `omnigym list` for the ids available here"
+        hint = f"; closest known ids: {', '.join(close)}" if close else \
+            "; python -c 'import gymnasium; gymnasium.pprint_registry()' lists the ids installed here"
         raise OmnigymError(f"unknown env id {env_id!r}{hint}")
     return gym.spec(env_id)
 
@@ -63,19 +65,65 @@ def resolve_env(env):
     if isinstance(env, str) and is_reference(env):
         module, name = import_reference(env, "--env-id")
         if name in gym.registry:
+            check_user_env(lambda: gym.make(name))
             return name
         factory = import_object(env, "--env-id")
         if not callable(factory):
             raise OmnigymError(f"--env-id {env}: {name} is neither a registered env id nor a class or function")
+        check_user_env(factory)
         return factory
     if isinstance(env, str):
         _spec(env)
         return env
     if isinstance(env, gym.Env):
+        import copy
+
+        check_user_env(lambda: copy.deepcopy(env))
         return env
     if callable(env):
+        check_user_env(env)
         return env
     raise OmnigymError(f"env must be an env id, module:EnvName, an env class or factory, or an env; got {env!r}")
+
+
+def check_user_env(factory) -> None:
+    """Your env, made once and stepped once, checked for what the vector env and the networks
+    rely on (reset gives ``(obs, info)``, step gives five values, observations have their
+    space's shape, rewards are numbers), so that a mistake is one line here rather than a
+    traceback from deep inside the vector env. Anything else gymnasium allows is allowed."""
+    try:
+        env = factory()
+    except Exception as exc:
+        raise OmnigymError(f"your env could not be made: {type(exc).__name__}: {exc} (at {where(exc)})") from None
+    if not isinstance(env, gym.Env):
+        raise OmnigymError(f"your env factory returned {type(env).__name__}, not a gymnasium.Env")
+    try:
+        reset = env.reset(seed=0)
+        require(isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict),
+                f"your env's reset() must return (observation, info dict), got {type(reset).__name__}")
+        _check_obs(env, reset[0], "reset()")
+        step = env.step(env.action_space.sample())
+        require(isinstance(step, tuple) and len(step) == 5, "your env's step() must return (observation, reward, "
+                                                           "terminated, truncated, info)")
+        _check_obs(env, step[0], "step()")
+        require(np.ndim(step[1]) == 0 and np.issubdtype(np.asarray(step[1]).dtype, np.number),
+                f"your env's step() returned a reward of {step[1]!r}; a reward is a number")
+    except OmnigymError:
+        raise
+    except Exception as exc:  # the env's own code raised
+        raise OmnigymError(f"your env raised {type(exc).__name__}: {exc} (at {where(exc)})") from None
+    finally:
+        env.close()
+
+
+def _check_obs(env, obs, where_from: str) -> None:
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Box):
+        ok = np.shape(obs) == space.shape  # dtype and bounds only warn in gymnasium; the shape must match
+    else:
+        ok = space.contains(obs)
+    require(ok, f"your env's {where_from} returned an observation of shape {np.shape(obs)} that does not fit its "
+                f"observation_space {space}")
 
 
 def make_vec(

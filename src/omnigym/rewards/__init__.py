@@ -104,6 +104,8 @@ def parse_weights(spec: str) -> WeightedSum:
     weights = {}
     for part in spec.split(","):
         name, _, weight = part.strip().rpartition(":")
+        if name in weights:
+            raise OmnigymError(f"--rewards names {name} twice; give each reward once, with its weight")
         try:
             weights[name] = float(weight)
         except ValueError:

@@ -44,9 +44,9 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and path.name != CHECKPOINT_NAME:  # a run directory
         path = path / CHECKPOINT_NAME
-    if not path.exists():
+    if not path.is_file():
         raise OmnigymError(f"no checkpoint at {path}; a run writes one every --checkpoint-every steps")
     try:
         return torch.load(path, map_location="cpu", weights_only=False)

@@ -46,6 +46,8 @@ def plot_runs(run_dirs, out, metric: str = "charts/episodic_return", points: int
     ax.legend()
     fig.tight_layout()
     out = Path(out)
+    if not str(out) or out.is_dir() or not out.suffix:
+        raise OmnigymError(f"--out {str(out)!r} must name an image file, e.g. runs/plot.png")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
