@@ -140,3 +140,56 @@ def test_importing_the_trainers_package_gives_no_access_to_its_state():
                         "except ImportError as e:\n    print('no import', e)")
     assert "_probe" not in result.stdout
     del rewards.REWARDS["_probe"]
+
+
+# The trainer reads what the sandbox wrote only through descriptors it opened itself, and
+# its clean-up cannot raise: attacks on the files of the working directory.
+
+def leftover_workdirs():
+    import tempfile
+
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("omnigym-sandbox-")}
+
+
+def test_output_files_replaced_by_links_to_secrets_leak_nothing(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-token")
+    secret.chmod(0o600)
+    tmp_path.chmod(0o755)
+    program = (f"import os\nfor name in ('.stdout', '.stderr'):\n"
+               f"    try: os.remove(name)\n    except OSError: pass\n"
+               f"    os.symlink({str(secret)!r}, name)\n"
+               f"    os.symlink('/proc/{os.getpid()}/environ', name + '-env')\nprint('done')")
+    result = run_python(program, QUICK)
+    assert result.stdout == "done\n"
+    assert "s3cret" not in result.stdout + result.stderr and "PATH=" not in result.stdout + result.stderr
+
+
+def test_an_output_file_replaced_by_a_fifo_or_deleted_does_not_block_or_raise():
+    import signal
+    import time
+
+    def hang(*_):
+        raise TimeoutError("run_python blocked on a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(30)
+    try:
+        for trick in ("os.mkfifo('.stdout'); os.mkfifo('.stderr')", "pass"):
+            start = time.monotonic()
+            program = f"import os\nfor n in ('.stdout', '.stderr'):\n    try: os.remove(n)\n    except OSError: pass\n" \
+                      f"{trick}\nprint('still here')"
+            result = run_python(program, QUICK)
+            assert result.stdout == "still here\n" and time.monotonic() - start < QUICK.wall_seconds + 5
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_directory_tree_too_deep_for_rmtree_is_still_removed():
+    before = leftover_workdirs()
+    program = "import os\nfor _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')"
+    result = run_python(program, QUICK)
+    assert result.stdout == "deep\n"
+    assert leftover_workdirs() == before
+    assert run_python("print(1 + 1)", QUICK).stdout == "2\n"  # the next program runs as before

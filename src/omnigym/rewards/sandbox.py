@@ -6,7 +6,10 @@ What it does, in the child process before the program starts:
 - ``python -I``: no user site, no ``PYTHON*`` variables, the script's dir not on the path;
 - resource limits: CPU seconds, address space, processes, file size, open files, no core;
 - a wall-clock limit, after which every process of the sandbox is killed;
-- stdout and stderr go to files capped by the file-size limit, and are read back capped;
+- stdout and stderr go to unnamed files the trainer opened (outside the working directory,
+  already unlinked, so the program cannot replace them with a link or a FIFO), capped by the
+  file-size limit, and are read back capped through the trainer's own descriptors;
+- clean-up never raises: a tree too deep for ``shutil.rmtree`` is removed by ``rm -rf``;
 - when the trainer runs as root (containers, CI): new network and mount namespaces (no
   network, not even loopback; private tmpfs over /tmp, /var/tmp and /dev/shm), and the
   program runs as a fresh unprivileged uid, so it cannot signal the trainer, read or write
@@ -125,13 +128,12 @@ def run_python(code: str, limits: SandboxLimits | None = None, stdin: str = "") 
     try:
         with open(os.path.join(workdir, "main.py"), "w") as f:
             f.write(code)
-        out_path, err_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
         if privileged:
             for path in (workdir, os.path.join(workdir, "main.py")):
                 os.chown(path, uid, uid)
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1"}
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             # main.py is opened relative to the working directory, which the child holds open:
             # by path it is hidden under the child's private /tmp.
             proc = subprocess.Popen([python, "-I", "-B", "-c", RUN_MAIN], cwd=workdir, env=env,
@@ -145,12 +147,23 @@ def run_python(code: str, limits: SandboxLimits | None = None, stdin: str = "") 
             except BrokenPipeError:
                 pass
             _kill_all(proc, uid, privileged)
-        return SandboxResult(None if timed_out else proc.returncode, _read_capped(out_path, limits),
-                             _read_capped(err_path, limits), timed_out, privileged)
+            return SandboxResult(None if timed_out else proc.returncode, _read_capped(out, limits),
+                                 _read_capped(err, limits), timed_out, privileged)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_tree(workdir)
 
 
-def _read_capped(path: str, limits: SandboxLimits) -> str:
-    with open(path, "rb") as f:
-        return f.read(limits.max_output_bytes).decode("utf-8", errors="replace")
+def _read_capped(file, limits: SandboxLimits) -> str:
+    file.seek(0)
+    return file.read(limits.max_output_bytes).decode("utf-8", errors="replace")
+
+
+def _remove_tree(path: str) -> None:
+    """Remove the working directory, whatever the program left in it (links are removed, never
+    followed; a tree deeper than Python's recursion limit goes to ``rm -rf``)."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        pass
+    if os.path.lexists(path):
+        subprocess.run(["rm", "-rf", "--one-file-system", path], check=False, timeout=60)
