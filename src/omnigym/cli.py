@@ -6,6 +6,7 @@ flag has a type, a default and a help line.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from omnigym.errors import OmnigymError
@@ -85,17 +86,11 @@ def resumed_defaults(argv: list[str], config_cls):
     return dataclasses.replace(config_from_dict(config_cls, values), run_dir=None, resume=None, overwrite=False)
 
 
-class ArgumentParser:
+class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, with its usage-and-error exit turned into one ``OmnigymError`` line."""
 
-    def __new__(cls, prog: str, description: str):
-        import argparse
-
-        class OneLine(argparse.ArgumentParser):
-            def error(self, message):
-                raise OmnigymError(f"{message}; see {self.prog} --help")
-
-        return OneLine(prog=prog, description=description)
+    def error(self, message):
+        raise OmnigymError(f"{message}; see {self.prog} --help")
 
 
 def evaluate(argv: list[str]) -> None:
