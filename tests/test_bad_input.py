@@ -30,6 +30,7 @@ CASES = [
     (["train", "reinforce", "--gamma", "-0.1"], "--gamma must be between 0 and 1, got -0.1"),
     (["train", "dqn", "--tau", "0"], "--tau must be in (0, 1], got 0.0"),
     (["train", "ppo", "--resume", "x"], "x is not a run directory (no config.json)"),
+    (["train", "ppo", "--resume"], "--resume needs the run directory to continue: omnigym train ppo --resume RUN_DIR"),
     (["train", "ppo", "--env-id", "CartPol-v1"], "unknown env id 'CartPol-v1'; closest known ids: CartPole-v1"),
     (["train", "ppo", "--env-id", "no_such_module:Env"], "--env-id no_such_module:Env: no module named 'no_such_module'"),
     (["train", "ppo", "--env-id", "toy_envs:Missing"], "--env-id toy_envs:Missing: module toy_envs has no 'Missing'"),

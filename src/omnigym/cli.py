@@ -79,6 +79,8 @@ def resumed_defaults(argv: list[str], config_cls):
 
     i = next(i for i, a in enumerate(argv) if a.startswith("--resume"))
     run_dir = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+    if not run_dir or run_dir.startswith("-"):
+        raise OmnigymError(f"--resume needs the run directory to continue: omnigym train {argv[0]} --resume RUN_DIR")
     values = load_config_dict(run_dir)
     if values.get("algo") != argv[0]:
         raise OmnigymError(f"{run_dir} is a {values.get('algo')} run; continue it with: "
