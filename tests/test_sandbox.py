@@ -9,12 +9,12 @@ import threading
 import pytest
 
 from omnigym.rewards import get_reward
-from omnigym.rewards.sandbox import SandboxLimits, run_python
+from omnigym.rewards.sandbox import SandboxLimits, isolation, run_python
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox's limits are Linux's")
 
 QUICK = SandboxLimits(cpu_seconds=2, wall_seconds=4, memory_mb=512, max_processes=16, max_file_mb=1)
-isolated = pytest.mark.skipif(os.geteuid() != 0, reason="uid and namespace isolation need root")
+isolated = pytest.mark.skipif(isolation().kind != "bubblewrap", reason=isolation().line())
 
 
 def graded(code, tests):
@@ -76,7 +76,7 @@ for attempt in (lambda: open({str(secret)!r}).read(), lambda: open({str(tmp_path
         print('denied', type(e).__name__)
 """
     result = run_python(code)
-    assert result.isolated
+    assert result.isolation == "bubblewrap"
     assert "LEAK" not in result.stdout and result.stdout.count("denied") == 5
     assert secret.read_text() == "the trainer's data"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.txt"]

@@ -1,21 +1,27 @@
-"""Code rewards: the model's program run against unit tests in the sandbox.
+"""Code rewards: the model's program judged against unit tests in the sandbox.
 
-An example carries either HumanEval's fields (``test`` defining ``check(candidate)`` and
-``entry_point``), which give a binary reward, or ``tests``, a list of Python statements
-(usually asserts), which give a graded reward: the fraction that passed, counting those
-that passed before a limit stopped the program.
+An example carries either HumanEval's fields (``test`` defining ``check(candidate)``,
+``entry_point`` and usually ``prompt``), which give a binary reward, or ``tests``, a list of
+Python statements (usually asserts) that name the program's functions, which give a graded
+reward: the fraction that passed, counting those that passed before a limit stopped it.
+
+The verdict comes from ``judge_harness.py``, run in the sandbox: the tests run in a
+process of their own that the program cannot reach, against stubs that call the program's
+functions and bring their results back as plain data. docs/rewards.md has the design and
+its limits.
 """
 
 from __future__ import annotations
 
-import json
+import ast
 import re
+from pathlib import Path
 
 from omnigym.rewards import per_sample, register_reward
-from omnigym.rewards.sandbox import SandboxLimits, run_python
+from omnigym.rewards.sandbox import SandboxLimits, run_sandboxed, sandbox_interpreter
 
-FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
-PASS_MARK = "__omnigym_test_passed__"
+FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+HARNESS = (Path(__file__).with_name("judge_harness.py")).read_text()
 
 
 def extract_code(completion: str) -> str:
@@ -24,27 +30,46 @@ def extract_code(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def _graded_program(code: str, tests: list[str]) -> str:
-    runner = (
-        f"\nimport sys as _s\nfor _t in {json.dumps(tests)}:\n"
-        "    try:\n        exec(_t, globals())\n    except BaseException:\n        continue\n"
-        f"    print({PASS_MARK!r}, flush=True)\n"
-    )
-    return code + "\n" + runner
+def candidate_program(completion: str, example: dict) -> str:
+    """The program to judge. HumanEval's usual completion is the function body only: when
+    the code does not define the entry point at top level, it is appended to the prompt."""
+    code = extract_code(completion)
+    prompt, entry = example.get("prompt", ""), example.get("entry_point")
+    if not prompt or not entry or _defines(code, entry):
+        return code
+    return prompt + code if prompt.endswith("\n") or code.startswith("\n") else prompt + "\n" + code
+
+
+def _defines(code: str, name: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name
+               for node in tree.body)
+
+
+def judge(completion: str, example: dict, limits: SandboxLimits | None = None) -> tuple[int, int]:
+    """(tests passed, tests) for one completion."""
+    if "tests" in example:
+        tests = [str(t) for t in example["tests"]]
+        if not tests:
+            return 0, 0
+        job = {"tests": tests}
+    else:
+        tests = ["check"]
+        job = {"check": example["test"], "entry_point": example["entry_point"], "prelude": example.get("prompt", "")}
+    program = candidate_program(completion, example)
+    result = run_sandboxed([sandbox_interpreter(), "-I", "-S", "-c", HARNESS], limits, "",
+                           (repr(job).encode(), program.encode()), writable=1)
+    passed = {line.split()[1] for line in result.channels[0].decode(errors="replace").splitlines()
+              if line.startswith("pass ") and len(line.split()) == 2}
+    return len(passed & {str(i) for i in range(len(tests))}), len(tests)
 
 
 def code_score(completion: str, example: dict, limits: SandboxLimits | None = None) -> float:
-    code = extract_code(completion)
-    if "tests" in example:
-        tests = list(example["tests"])
-        if not tests:
-            return 0.0
-        result = run_python(_graded_program(code, tests), limits)
-        return min(result.stdout.count(PASS_MARK), len(tests)) / len(tests)
-    program = f"{example.get('prompt', '') if example.get('prepend_prompt') else ''}{code}\n\n{example['test']}\n\n" \
-              f"check({example['entry_point']})\nprint({PASS_MARK!r})\n"
-    result = run_python(program, limits)
-    return float(result.returncode == 0 and PASS_MARK in result.stdout)
+    passed, total = judge(completion, example, limits)
+    return passed / total if total else 0.0
 
 
 def code_reward(completion: str, example: dict) -> float:

@@ -1,41 +1,46 @@
-"""Run untrusted Python (model-written code) in a separate, limited process.
+"""Run untrusted Python (model-written code) where it cannot reach the trainer.
 
-What it does, in the child process before the program starts:
-- a throw-away working directory, removed afterwards; ``HOME`` and ``TMPDIR`` point into
-  it, and the environment is rebuilt from nothing (no trainer variables, no tokens);
-- ``python -I``: no user site, no ``PYTHON*`` variables, the script's dir not on the path;
-- resource limits: CPU seconds, address space, processes, file size, open files, no core;
-- a wall-clock limit, after which every process of the sandbox is killed;
-- stdout and stderr go to unnamed files the trainer opened (outside the working directory,
-  already unlinked, so the program cannot replace them with a link or a FIFO), capped by the
-  file-size limit, and are read back capped through the trainer's own descriptors;
-- clean-up never raises: a tree too deep for ``shutil.rmtree`` is removed by ``rm -rf``;
-- when the trainer runs as root (containers, CI): new network and mount namespaces (no
-  network, not even loopback; private tmpfs over /tmp, /var/tmp and /dev/shm), and the
-  program runs as a fresh unprivileged uid, so it cannot signal the trainer, read or write
-  its files, or touch another sandbox. Killing is then by uid, so forks that escape the
-  process group die too.
+The isolation is bubblewrap's (``bwrap``, Debian package ``bubblewrap``, the sandbox
+Flatpak uses); this file only chooses its flags and the limits around it. With it, each
+program gets:
 
-Without root only the limits, the scrubbed environment and the process group apply;
-docs/rewards.md says what that leaves open.
+- its own user, PID, IPC, UTS, network and cgroup namespaces: no network (not even
+  loopback), no view of the trainer's processes or ``/proc``, no SysV IPC shared with
+  anyone; ``--die-with-parent`` and a PID namespace, so nothing it starts outlives the call;
+- a filesystem made of ``/usr`` (and the interpreter's prefix) read-only, a fresh ``/proc``
+  and ``/dev``, and two private tmpfs, ``/tmp`` (the working directory, ``HOME``,
+  ``TMPDIR``) and ``/dev/shm``, each capped at ``disk_mb``; no home, no ``/etc``, no
+  ``/run``, no project files;
+- when the trainer runs as root (containers, CI): a fresh unprivileged uid before bwrap
+  starts, so even a kernel-level escape from the namespaces lands as nobody, and a cgroup
+  that caps the memory (tmpfs included) and the process count of the whole sandbox.
+
+Around it, in every mode: an environment rebuilt from nothing, ``python -I -S``, resource
+limits (CPU seconds, address space per process, processes, file size, open files, no
+core), a wall-clock limit after which the sandbox is killed, and stdout/stderr written to
+unnamed files the trainer opened itself and reads back capped through its own
+descriptors. The trainer never opens a path the program could have written.
+
+Without bwrap (or where the kernel refuses it user namespaces) the program runs with the
+limits only: ``isolation().lost`` says what that gives up, and ``omnigym list`` shows it.
 """
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import os
 import random
-import resource
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
-CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
-MS_REC, MS_PRIVATE = 0x4000, 0x40000
-RUN_MAIN = "exec(compile(open('main.py').read(), 'main.py', 'exec'), {'__name__': '__main__'})"
+KILL_MARGIN_SECONDS = 2.0
+"""A call returns at most this long after ``wall_seconds``: killing, reaping, reading back."""
 
 
 @dataclass
@@ -43,8 +48,11 @@ class SandboxLimits:
     cpu_seconds: int = 5
     wall_seconds: float = 10.0
     memory_mb: int = 1024
+    """Per process always; for the whole sandbox too where a cgroup can be made (root)."""
     max_processes: int = 16
     max_file_mb: int = 8
+    disk_mb: int = 64
+    """Size of each private tmpfs (the working directory and /dev/shm)."""
     max_output_bytes: int = 64_000
 
 
@@ -54,47 +62,19 @@ class SandboxResult:
     stdout: str
     stderr: str
     timed_out: bool
-    isolated: bool
-    """True when namespaces and a separate uid were used (trainer running as root)."""
+    isolation: str
+    channels: list[bytes] = field(default_factory=list)
+    """What the program wrote to each ``writable`` descriptor handed to ``run_sandboxed``."""
 
 
-def _isolate(uid: int, limits: SandboxLimits, privileged: bool) -> None:
-    """Runs in the child between fork and exec."""
-    os.setsid()
-    if privileged:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWNS | CLONE_NEWNET) == 0:
-            libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
-            for path in (b"/tmp", b"/var/tmp", b"/dev/shm"):
-                libc.mount(b"tmpfs", path, b"tmpfs", 0, b"size=16m")
-    mb = 1024 * 1024
-    for limit, value in ((resource.RLIMIT_CPU, limits.cpu_seconds), (resource.RLIMIT_AS, limits.memory_mb * mb),
-                         (resource.RLIMIT_NPROC, limits.max_processes),
-                         (resource.RLIMIT_FSIZE, limits.max_file_mb * mb), (resource.RLIMIT_NOFILE, 64),
-                         (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(limit, (value, value))
-    if privileged:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
+@dataclass(frozen=True)
+class Isolation:
+    kind: str  # "bubblewrap" or "limits only"
+    summary: str
+    lost: str = ""
 
-
-def _kill_all(proc: subprocess.Popen, uid: int, privileged: bool) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if privileged:
-        # kill(-1) from a process with the sandbox's uid reaches exactly the sandbox's processes.
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setuid(uid)
-                os.kill(-1, signal.SIGKILL)
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
-    proc.wait()
+    def line(self) -> str:
+        return f"{self.summary}" + (f"; {self.lost}" if self.lost else "")
 
 
 def _world_runnable(path: str) -> bool:
@@ -111,59 +91,260 @@ def _world_runnable(path: str) -> bool:
         parent = os.path.dirname(parent)
 
 
+@functools.cache
 def sandbox_interpreter() -> str:
     """The trainer's Python if an unprivileged uid may run it, else a system Python (the
     programs need only the standard library)."""
     candidates = [sys.executable] + [shutil.which(n) or "" for n in ("python3", "python")]
     candidates += ["/usr/bin/python3", "/usr/local/bin/python3"]
-    return next((c for c in candidates if c and _world_runnable(c)), sys.executable)
+    if os.geteuid() != 0:  # the base interpreter: a venv's is a link bwrap would not find
+        return os.path.realpath(sys.executable)
+    runnable = [c for c in candidates if c and _world_runnable(c)]
+    return os.path.realpath(runnable[0] if runnable else sys.executable)
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0 and _world_runnable(sandbox_interpreter())
+
+
+def _bwrap_args(limits: SandboxLimits) -> list[str]:
+    python = os.path.realpath(sandbox_interpreter())
+    prefix = os.path.dirname(os.path.dirname(python))
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
+            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    if not python.startswith("/usr/"):  # pyenv, conda, a venv's base: that prefix only
+        args += ["--ro-bind", prefix, prefix]
+    size = str(limits.disk_mb * 1024 * 1024)
+    args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev",
+             "--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp",
+             "--chdir", "/tmp"]
+    return args
+
+
+class _Cgroup:
+    """A memory + pids cgroup for one sandbox (v2, or v1's memory and pids hierarchies),
+    where the trainer may make one; otherwise nothing, and the per-process limits stand."""
+
+    def __init__(self, limits: SandboxLimits | None):
+        self.dirs: list[str] = []
+        if limits is None:
+            return
+        name = f"omnigym-sandbox-{os.getpid()}-{random.SystemRandom().randrange(1 << 40):x}"
+        memory = str(limits.memory_mb * 1024 * 1024)
+        for parent, settings in _cgroup_parents(memory, str(limits.max_processes)):
+            path = os.path.join(parent, name)
+            try:
+                os.mkdir(path)
+                self.dirs.append(path)
+                for file, value in settings:
+                    if os.path.exists(os.path.join(path, file)):
+                        with open(os.path.join(path, file), "w") as f:
+                            f.write(value)
+            except OSError:
+                self.remove()
+                self.dirs = []
+                return
+
+    def remove(self) -> None:
+        for path in self.dirs:
+            for _ in range(50):  # the killed processes leave within milliseconds
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    import time
+
+                    time.sleep(0.01)
+
+
+def _cgroup_parents(memory: str, pids: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    if os.geteuid() != 0:
+        return []
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return []
+    own = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            own[controller] = path
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers") and "" in own:
+        parent = "/sys/fs/cgroup" + own[""]
+        enabled = open(os.path.join(parent, "cgroup.subtree_control")).read().split() \
+            if os.path.exists(os.path.join(parent, "cgroup.subtree_control")) else []
+        if {"memory", "pids"} <= set(enabled):
+            return [(parent, [("memory.max", memory), ("memory.swap.max", "0"), ("pids.max", pids)])]
+        return []
+    found = []
+    if "memory" in own and os.path.isdir("/sys/fs/cgroup/memory"):
+        found.append(("/sys/fs/cgroup/memory" + own["memory"],
+                      [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)]))
+    if "pids" in own and os.path.isdir("/sys/fs/cgroup/pids"):
+        found.append(("/sys/fs/cgroup/pids" + own["pids"], [("pids.max", pids)]))
+    return found if len(found) == 2 else []
+
+
+def _launcher(uid: int | None, limits: SandboxLimits, cgroup: _Cgroup) -> list[str]:
+    """The programs that put the sandbox in its cgroup, drop to its uid and set its limits,
+    each exec-ing the next: util-linux's ``setpriv`` and ``prlimit``, so the trainer can
+    spawn without running Python between fork and exec (which costs ~25 ms in a process
+    the size of a trainer, more than bwrap itself)."""
+    join = "".join(f'echo $$ > "{os.path.join(d, "cgroup.procs")}" && ' for d in cgroup.dirs)
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
+    mb = 1024 * 1024
+    limit = ["prlimit", f"--cpu={limits.cpu_seconds}", f"--as={limits.memory_mb * mb}",
+             f"--nproc={limits.max_processes}", f"--fsize={limits.max_file_mb * mb}", "--nofile=64", "--core=0", "--"]
+    return ["sh", "-c", join + 'exec "$@"', "sh"] + drop + limit
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """Which isolation a sandboxed program gets here, tried once with a real program."""
+    lost = ("the program can read and write what the trainer's user can, reach the network, "
+            "see the trainer's processes and leave daemons behind")
+    if sys.platform != "linux":
+        return Isolation("limits only", f"sandbox: resource limits only ({sys.platform} has no bubblewrap)", lost)
+    if not shutil.which("bwrap"):
+        return Isolation("limits only", "sandbox: resource limits only: bubblewrap is not installed "
+                         "(apt-get install bubblewrap)", lost)
+    probe = _run([sandbox_interpreter(), "-I", "-S", "-c", "print('ok')"], SandboxLimits(), "", (), True)
+    if probe.stdout.strip() != "ok":
+        why = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return Isolation("limits only", f"sandbox: resource limits only: bubblewrap failed here ({why})", lost)
+    uid = "a fresh unprivileged uid" if _as_root() else "your uid mapped into a user namespace"
+    cap = "memory and processes capped for the whole sandbox (cgroup)" if _cgroup_parents("1", "1") \
+        else "memory capped per process"
+    return Isolation("bubblewrap", f"sandbox: bubblewrap: read-only /usr, private capped tmpfs, no network, "
+                     f"own PID/IPC/UTS/user namespaces, {uid}, {cap}")
+
+
+def run_sandboxed(argv: list[str], limits: SandboxLimits | None = None, stdin: str = "",
+                  readable: tuple[bytes, ...] = (), writable: int = 0) -> SandboxResult:
+    """Run ``argv`` (an interpreter command line) in the sandbox. Each of ``readable`` is
+    handed to it as an open descriptor on an unnamed file holding those bytes, then
+    ``writable`` descriptors on empty unnamed files; their numbers are appended to ``argv``
+    in that order, and what it wrote to the writable ones comes back in ``channels``."""
+    limits = limits or SandboxLimits()
+    use_bwrap = isolation().kind == "bubblewrap"
+    return _run(argv, limits, stdin, readable, use_bwrap, writable)
 
 
 def run_python(code: str, limits: SandboxLimits | None = None, stdin: str = "") -> SandboxResult:
-    limits = limits or SandboxLimits()
-    python = sandbox_interpreter()
-    privileged = os.geteuid() == 0 and sys.platform == "linux" and _world_runnable(python)
-    uid = 3_000_000 + random.SystemRandom().randrange(1_000_000)
-    workdir = tempfile.mkdtemp(prefix="omnigym-sandbox-")
+    """Run ``code`` as a script (``__main__``) and return its output."""
+    runner = ("import os, sys\nfd = int(sys.argv[1])\nsource = os.read(fd, 1 << 26).decode()\nos.close(fd)\n"
+              "del fd, os, sys\nexec(compile(source, 'main.py', 'exec'), {'__name__': '__main__'})")
+    return run_sandboxed([sandbox_interpreter(), "-I", "-S", "-c", runner], limits, stdin, (code.encode(),))
+
+
+def _run(argv, limits, stdin, readable, use_bwrap, writable=0) -> SandboxResult:
+    root = _as_root()
+    uid = 3_000_000 + random.SystemRandom().randrange(1_000_000) if root else None
+    cgroup = _Cgroup(limits) if root else _Cgroup(None)
+    workdir = None if use_bwrap else tempfile.mkdtemp(prefix="omnigym-sandbox-")
+    files = []
     try:
-        with open(os.path.join(workdir, "main.py"), "w") as f:
-            f.write(code)
-        if privileged:
-            for path in (workdir, os.path.join(workdir, "main.py")):
-                os.chown(path, uid, uid)
-        env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1"}
+        if workdir and uid is not None:
+            os.chown(workdir, uid, uid)
+        for data in readable:
+            files.append(tempfile.TemporaryFile())
+            files[-1].write(data)
+            files[-1].seek(0)
+        channels = [tempfile.TemporaryFile() for _ in range(writable)]
+        files += channels
+        fds = tuple(f.fileno() for f in files)
+        home = "/tmp" if use_bwrap else workdir
+        env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+        command = _launcher(uid, limits, cgroup) + (_bwrap_args(limits) if use_bwrap else []) + list(argv) \
+            + [str(fd) for fd in fds]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            # main.py is opened relative to the working directory, which the child holds open:
-            # by path it is hidden under the child's private /tmp.
-            proc = subprocess.Popen([python, "-I", "-B", "-c", RUN_MAIN], cwd=workdir, env=env,
-                                    stdin=subprocess.PIPE, stdout=out, stderr=err, close_fds=True,
-                                    preexec_fn=lambda: _isolate(uid, limits, privileged))
-            timed_out = False
-            try:
-                proc.communicate(stdin.encode(), timeout=limits.wall_seconds)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            except BrokenPipeError:
-                pass
-            _kill_all(proc, uid, privileged)
+            proc = subprocess.Popen(command, cwd=workdir or "/", env=env, stdin=subprocess.PIPE if stdin else
+                                    subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True, pass_fds=fds,
+                                    start_new_session=True)
+            timed_out = not _wait(proc, stdin.encode(), limits.wall_seconds)
+            _kill_all(proc, None if use_bwrap else uid)
             return SandboxResult(None if timed_out else proc.returncode, _read_capped(out, limits),
-                                 _read_capped(err, limits), timed_out, privileged)
+                                 _read_capped(err, limits), timed_out, "bubblewrap" if use_bwrap else "limits only",
+                                 [_read_bytes(c, limits) for c in channels])
     finally:
-        _remove_tree(workdir)
+        for f in files:
+            f.close()
+        cgroup.remove()
+        if workdir:
+            _remove_tree(workdir)
+
+
+def _wait(proc: subprocess.Popen, stdin: bytes, seconds: float) -> bool:
+    """Feed stdin and wait for the exit, at most ``seconds``; True if it exited. (A pidfd
+    wakes us at the exit itself: ``Popen.wait(timeout)`` polls with sleeps.)"""
+    if stdin:
+        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        exited = bool(select.select([pidfd], [], [], seconds)[0])
+    finally:
+        os.close(pidfd)
+    if exited:
+        proc.wait()
+    return exited
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except OSError:  # the program closed stdin or ended
+        pass
+
+
+def _kill_all(proc: subprocess.Popen, uid: int | None) -> None:
+    """bwrap's PID namespace dies with it (``--die-with-parent``); without bwrap the process
+    group goes, and as root every process of the sandbox's uid, wherever it forked to (``uid``)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if uid is not None:
+        # kill(-1) from a process with the sandbox's uid reaches exactly the sandbox's processes.
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setuid(uid)
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    try:
+        proc.wait(timeout=KILL_MARGIN_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _read_bytes(file, limits: SandboxLimits) -> bytes:
+    file.seek(0)
+    return file.read(limits.max_output_bytes)
 
 
 def _read_capped(file, limits: SandboxLimits) -> str:
-    file.seek(0)
-    return file.read(limits.max_output_bytes).decode("utf-8", errors="replace")
+    return _read_bytes(file, limits).decode("utf-8", errors="replace")
 
 
 def _remove_tree(path: str) -> None:
-    """Remove the working directory, whatever the program left in it (links are removed, never
-    followed; a tree deeper than Python's recursion limit goes to ``rm -rf``)."""
+    """Remove the fallback's working directory, whatever the program left in it (links are
+    removed, never followed; a tree deeper than Python's recursion limit goes to ``rm -rf``)."""
     try:
         shutil.rmtree(path, ignore_errors=True)
     except RecursionError:
         pass
     if os.path.lexists(path):
-        subprocess.run(["rm", "-rf", "--one-file-system", path], check=False, timeout=60)
+        try:
+            subprocess.run(["rm", "-rf", "--one-file-system", path], check=False, timeout=KILL_MARGIN_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
