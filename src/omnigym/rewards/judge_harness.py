@@ -121,6 +121,8 @@ def read_exactly(fd, n):
 def serve_candidate(code_fd, requests, replies):
     source = read_all(code_fd)
     os.close(code_fd)
+    for stream in (sys.stdout, sys.stderr):  # the judge's exit ends this process unflushed
+        stream.reconfigure(line_buffering=True)
     module = type(sys)("solution")
     sys.modules["solution"] = module
     try:

@@ -1,0 +1,198 @@
+"""Attacks on the code verdict and on the sandbox, each run three ways: the ``code`` reward
+(HumanEval's check), the ``code_graded`` reward (a list of asserts) and the tool env's
+python tool. Every one must score 0 (the tool: leak nothing), return in time, change
+nothing outside the sandbox, and leave the next correct program scoring 1."""
+
+import glob
+import os
+import sys
+import time
+
+import pytest
+
+from omnigym.envs.text import ToolEnv
+from omnigym.rewards import get_reward
+from omnigym.rewards.code import code_score
+from omnigym.rewards.sandbox import KILL_MARGIN_SECONDS, SandboxLimits, isolation
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
+bubblewrap = pytest.mark.skipif(isolation().kind != "bubblewrap", reason=isolation().line())
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a fresh uid and the cgroup need the trainer to be root")
+
+QUICK = SandboxLimits(cpu_seconds=2, wall_seconds=3, memory_mb=512, max_processes=16, max_file_mb=1)
+SECRET = "omnigym-trainer-secret-4711"
+HUMANEVAL = {"prompt": 'def add(a, b):\n    """The sum of a and b."""\n', "entry_point": "add",
+             "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-4, 4) == 0\n"}
+GRADED = {"tests": ["assert add(1, 2) == 3", "assert add(-4, 4) == 0"]}
+CORRECT = "def add(a, b):\n    return a + b\n"
+WRONG = "def add(a, b):\n    return a - b\n"
+# This verdict format, and the fixed marker the harness printed before (which the program
+# could also read from its own main.py): printing either must win nothing.
+FAKE_VERDICT = "pass 0\\npass 1\\ndone\\n" + "__omnigym_test_passed__\\n" * 2
+
+ATTACKS = {
+    # forging the verdict
+    "print a pass verdict then exit 0": WRONG + f"import os\nprint('{FAKE_VERDICT}', end='', flush=True)\nos._exit(0)",
+    "read the harness and print what it prints on a pass": WRONG + (
+        "import glob, re\nfor p in glob.glob('/proc/*/cmdline') + glob.glob('*.py'):\n"
+        "    for mark in re.findall(r'__\\w+_passed__', open(p, errors='replace').read()):\n"
+        "        print(mark, mark, sep='\\n', flush=True)\nimport os\nos._exit(0)"),
+    "write a pass verdict to every descriptor": WRONG + (
+        f"import os\nfor fd in range(0, 256):\n    try: os.write(fd, b'{FAKE_VERDICT}')\n    except OSError: pass\n"),
+    "write the verdict through /proc/1/fd": WRONG + (
+        "import glob\nfor p in glob.glob('/proc/*/fd/*'):\n    try: open(p, 'w').write('pass 0\\npass 1\\ndone\\n')\n"
+        "    except OSError: pass"),
+    "excepthook prints a pass": WRONG + f"import sys\nsys.excepthook = lambda *a: print('{FAKE_VERDICT}')\nraise SystemExit",
+    "atexit prints a pass": WRONG + f"import atexit\natexit.register(lambda: print('{FAKE_VERDICT}'))",
+    "sys.exit(0) before the tests": WRONG + "import sys\nsys.exit(0)",
+    "__main__ block": WRONG + f"if __name__ == '__main__':\n    print('{FAKE_VERDICT}')",
+    "an __eq__ that is always True": "class Any:\n    def __eq__(self, other): return True\n    __hash__ = None\n"
+                                     "def add(a, b):\n    return Any()",
+    "an int subclass equal to everything": "class I(int):\n    def __eq__(self, other): return True\n"
+                                           "def add(a, b):\n    return I(7)",
+    "shadow exec, assert and the builtins": WRONG + "exec = lambda *a, **k: None\nimport builtins\n"
+                                                    "builtins.exec = exec\nbuiltins.AssertionError = type(None)",
+    "return the expected value read from the judge's memory": WRONG + (
+        "import os\nfor p in ('/proc/1/mem', '/proc/1/fd/3', '/proc/1/environ', '/proc/1/maps'):\n"
+        "    try: print('LEAK', open(p, 'rb').read(100))\n    except OSError: pass"),
+    "kill the judge": WRONG + "import os, signal\nfor pid in (1, -1):\n    try: os.kill(pid, signal.SIGKILL)\n"
+                              "    except OSError: pass",
+    "stop the judge and loop": WRONG + "import os, signal\ntry: os.kill(1, signal.SIGSTOP)\nexcept OSError: pass\n"
+                                       "while True: pass",
+    "ptrace the judge": WRONG + "import ctypes\nlibc = ctypes.CDLL(None)\nprint('attach', libc.ptrace(16, 1, 0, 0))",
+    "a generator instead of a value": "def add(a, b):\n    yield a + b",
+    "a huge nesting instead of a value": "def add(a, b):\n    x = []\n    for _ in range(100000): x = [x]\n    return x",
+    # escaping or harming the host
+    "read the trainer's environment": f"import os, glob\nfor p in glob.glob('/proc/*/environ'):\n"
+                                      f"    try: print(open(p).read())\n    except OSError: pass\n{WRONG}",
+    "write to /run/lock, /var/tmp, home and the project": WRONG + (
+        f"import os\nfor p in ('/run/lock/x', '/var/tmp/x', os.path.expanduser('~/../root/x'), {os.getcwd()!r} + '/x'):\n"
+        "    try: open(p, 'w').write('x'); print('WROTE', p)\n    except OSError: pass"),
+    "fill the disk": WRONG + "i = 0\ntry:\n    while True:\n        open(f'f{i}', 'wb').write(b'x' * 900_000); i += 1\n"
+                             "except OSError: pass",
+    "SysV shared memory": WRONG + "import ctypes\nlibc = ctypes.CDLL(None)\nprint(libc.shmget(4711, 4096, 0o1666))",
+    "a setsid daemon": WRONG + "import os\nif os.fork() == 0:\n    os.setsid()\n"
+                               "    os.execv('/usr/bin/sleep', ['sleep', '47114711'])",
+    "a fork bomb": WRONG + "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
+    "a memory hog": WRONG + "x = bytearray(8 * 1024 ** 3)",
+    "an infinite loop": WRONG + "while True: pass",
+    "a stdout flood": WRONG + "while True: print('x' * 10000)",
+}
+
+
+def host_state():
+    """What a sandbox must not change: shared temp dirs, SysV IPC, processes, the project."""
+    listing = {d: sorted(os.listdir(d)) for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", os.getcwd())
+               if os.path.isdir(d)}
+    listing["ipc"] = [open(p).read() for p in sorted(glob.glob("/proc/sysvipc/*"))]
+    return listing
+
+
+def sleepers():
+    found = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            if b"47114711" in open(path, "rb").read():
+                found.append(path)
+        except OSError:
+            pass
+    return found
+
+
+def run_route(route, program):
+    if route == "code":
+        return float(code_score(program, HUMANEVAL, QUICK) == 1.0)
+    if route == "code_graded":
+        return code_score(program, GRADED, QUICK)
+    env = ToolEnv([{"question": "add", "answer": "3"}], lambda c, e: 0.0)
+    env.reset(seed=0)
+    messages, *_ = env.respond(f'<tool name="python">{program}\nprint(add(1, 2))</tool>')
+    return messages[-1]["content"]
+
+
+@pytest.mark.parametrize("route", ["code", "code_graded", "tool"])
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_attack_scores_nothing_and_changes_nothing(attack, route, monkeypatch):
+    monkeypatch.setenv("OMNIGYM_TEST_SECRET", SECRET)
+    before = host_state()
+    start = time.monotonic()
+    outcome = run_route(route, ATTACKS[attack])
+    took = time.monotonic() - start
+    if route == "tool":
+        assert SECRET not in outcome and "WROTE" not in outcome  # (its own /proc is not a leak)
+        assert "candidate(" not in outcome  # the tests never reach the program
+    else:
+        assert outcome == 0.0
+    limit = 5 if route == "tool" else QUICK.wall_seconds
+    assert took < limit + KILL_MARGIN_SECONDS + 1.0
+    deadline = time.monotonic() + 2
+    while sleepers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sleepers() == []
+    assert host_state() == before
+    assert run_route(route, CORRECT) in (1.0, "3")
+
+
+def test_correct_and_wrong_programs_are_told_apart_every_way():
+    assert [run_route(r, CORRECT) for r in ("code", "code_graded", "tool")] == [1.0, 1.0, "3"]
+    assert [run_route(r, WRONG) for r in ("code", "code_graded", "tool")] == [0.0, 0.0, "-1"]
+    half = "def add(a, b):\n    return 3"
+    assert code_score(half, GRADED, QUICK) == 0.5 and code_score(half, HUMANEVAL, QUICK) == 0.0
+
+
+def test_values_cross_as_plain_data_with_in_place_changes_kept():
+    example = {"tests": ["xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",
+                         "assert stats([1.5, 2.5]) == {'mean': 2.0, 'range': (1.5, 2.5), 'tags': {b'x'}}",
+                         "assert isinstance(stats([1.0]), dict) and LIMIT == 10",
+                         "try:\n    stats([])\n    assert False\nexcept ZeroDivisionError:\n    pass"]}
+    program = ("LIMIT = 10\ndef sort_in_place(xs):\n    xs.sort()\n"
+               "def stats(xs):\n    return {'mean': sum(xs) / len(xs), 'range': (min(xs), max(xs)), 'tags': {b'x'}}")
+    assert code_score(program, example, QUICK) == 1.0
+
+
+def test_the_candidate_cannot_redefine_the_tasks_helpers():
+    """HumanEval/32-style: the test calls a helper from the prompt; the program's own
+    version of it is not the one the judge uses."""
+    example = {"prompt": "def helper(x):\n    return x * 2\n\ndef solve(x):\n    \"\"\"helper(x) + 1\"\"\"\n",
+               "entry_point": "solve", "test": "def check(candidate):\n    assert helper(candidate(1)) == 6\n"}
+    assert code_score("def helper(x):\n    return 6\ndef solve(x):\n    return 0", example, QUICK) == 0.0
+    assert code_score("    return helper(x) + 1\n", example, QUICK) == 1.0
+
+
+@bubblewrap
+def test_tests_and_verdict_are_out_of_the_programs_reach():
+    program = WRONG + ("import os, glob\nseen = []\nfor p in glob.glob('/proc/*/fd/*') + glob.glob('/proc/*/cmdline'):\n"
+                       "    if p.split('/')[2] not in ('self', 'thread-self', str(os.getpid())):\n"
+                       "        try: seen.append(open(p, 'rb').read())\n        except OSError: pass\n"
+                       "print(b'candidate(-4, 4)' in b''.join(seen))")
+    from omnigym.rewards.sandbox import run_sandboxed, sandbox_interpreter
+    from omnigym.rewards.code import HARNESS
+
+    result = run_sandboxed([sandbox_interpreter(), "-I", "-S", "-c", HARNESS], QUICK, "",
+                           (repr({"check": HUMANEVAL["test"], "entry_point": "add"}).encode(), program.encode()), 1)
+    assert result.stdout == "False\n"
+    assert result.channels[0].decode().splitlines() == ["fail 0 AssertionError", "done"]
+
+
+@bubblewrap
+def test_one_sandboxs_files_and_ipc_are_not_anothers():
+    from omnigym.rewards.sandbox import run_python
+
+    first = run_python("import ctypes\nopen('/dev/shm/x', 'w').write('1')\nopen('x', 'w').write('1')\n"
+                       "print(ctypes.CDLL(None).shmget(4711, 4096, 0o1666) >= 0)", QUICK)
+    second = run_python("import os, ctypes\nprint(os.listdir('.'), os.listdir('/dev/shm'), "
+                        "ctypes.CDLL(None).shmget(4711, 0, 0))", QUICK)
+    assert first.stdout == "True\n" and second.stdout == "[] [] -1\n"
+
+
+@bubblewrap
+@as_root
+def test_memory_is_capped_for_the_whole_sandbox():
+    """Eight processes of 200 MB each, under a 512 MB cap: the cgroup stops them together."""
+    from omnigym.rewards.sandbox import run_python
+
+    program = ("import os\nfor _ in range(8):\n    if os.fork() == 0:\n        x = bytearray(200 * 1024 * 1024)\n"
+               "        print('held', flush=True)\n        import time; time.sleep(2); os._exit(0)\n"
+               "for _ in range(8):\n    os.wait()")
+    result = run_python(program, SandboxLimits(cpu_seconds=5, wall_seconds=6, memory_mb=512, max_file_mb=1))
+    assert result.stdout.count("held") <= 2
