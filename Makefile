@@ -5,8 +5,16 @@ BIN := $(VENV)/bin
 # CPU wheel of torch; a GPU user installs their own torch into .venv first (see README).
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo demo-grpo test test-quick bench clean
-setup: $(VENV)/.installed
+.PHONY: setup sandbox demo demo-grpo test test-quick bench clean
+setup: $(VENV)/.installed sandbox
+
+# The code sandbox's isolation is bubblewrap's: installed when missing where we may (root
+# with apt); otherwise one line says what is lost, and set-up goes on.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
+	  echo "note: bubblewrap is not installed (sudo apt-get install bubblewrap): code rewards will run with resource limits only, without private filesystem, network and process namespaces"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +38,7 @@ test-quick: setup  # the inner loop: everything but the slow learning tests
 
 bench: setup
 	$(BIN)/python bench/cartpole_vs_anchors.py
+	$(BIN)/python bench/sandbox_overhead.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -69,11 +69,17 @@ def test_gsm8k_gold_answers_score_themselves():
         assert math([f"<answer>{gold}</answer>"], [{"answer": row["answer"]}]).item() == 1.0
 
 
-@pytest.mark.skipif(not (SHARED / "humaneval").exists(), reason="../shared/data not present")
-def test_humaneval_canonical_solutions_pass_and_empty_ones_fail():
-    with gzip.open(SHARED / "humaneval" / "HumanEval.jsonl.gz", "rt") as f:
-        rows = [json.loads(line) for line in f][:8]
+@pytest.mark.skipif(not (SHARED / "humaneval").exists(),
+                    reason="../shared/data/humaneval not present (the data lives beside the checkout, not in it)")
+def test_all_164_humaneval_canonical_solutions_pass_and_pass_bodies_fail():
+    """Through the loader and the verifier, whole functions and body-only completions alike."""
+    from omnigym.tasks.datasets import load_humaneval
+
+    rows = load_humaneval(SHARED / "humaneval" / "HumanEval.jsonl.gz")
     code = get_reward("code")
-    for row in rows:
-        scores = code([row["prompt"] + row["canonical_solution"], row["prompt"] + "    pass\n"], [row, row])
-        assert scores.tolist() == [1.0, 0.0], row["task_id"]
+    whole = code([row["prompt"] + row["canonical_solution"] for row in rows], rows)
+    body_only = code([row["canonical_solution"] for row in rows], rows)
+    fenced = code([f"Here:\n```python\n{row['prompt']}{row['canonical_solution']}```" for row in rows[:20]], rows[:20])
+    empty = code([row["prompt"] + "    pass\n" for row in rows], rows)
+    assert (len(rows), whole.sum().item(), body_only.sum().item(), fenced.sum().item()) == (164, 164, 164, 20)
+    assert empty.sum().item() == 0

@@ -193,3 +193,49 @@ def test_a_directory_tree_too_deep_for_rmtree_is_still_removed():
     assert result.stdout == "deep\n"
     assert leftover_workdirs() == before
     assert run_python("print(1 + 1)", QUICK).stdout == "2\n"  # the next program runs as before
+
+
+@pytest.fixture
+def without_bubblewrap(monkeypatch):
+    import omnigym.rewards.sandbox as sandbox
+
+    real_which = sandbox.shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
+    sandbox.isolation.cache_clear()
+    yield sandbox
+    monkeypatch.undo()
+    sandbox.isolation.cache_clear()
+
+
+def test_without_bubblewrap_one_line_says_what_is_lost_and_the_verdict_still_holds(without_bubblewrap, capsys):
+    from omnigym.rewards.code import code_score
+
+    line = without_bubblewrap.isolation().line()
+    assert "bubblewrap is not installed (apt-get install bubblewrap)" in line
+    assert ("shares /tmp" if os.geteuid() == 0 else "read and write what your user can") in line
+    example = {"tests": ["assert add(1, 2) == 3"]}
+    assert code_score("def add(a, b):\n    return a + b", example, QUICK) == 1.0
+    forged = "class Any:\n    def __eq__(self, other): return True\ndef add(a, b):\n    return Any()\n" \
+             "print('pass 0\\ndone')\nimport os\nfor fd in range(3, 64):\n    try: os.write(fd, b'pass 0\\n')\n" \
+             "    except OSError: pass"
+    assert code_score(forged, example, QUICK) == 0.0
+    assert run_python("print(6 * 7)", QUICK).isolation == "limits only"
+    warned = capsys.readouterr().err.strip().splitlines()
+    assert warned == [f"omnigym: warning: {line}"]  # said once, not once per program
+
+
+def test_omnigym_list_reports_the_isolation_in_effect(capsys):
+    from omnigym.cli import main
+
+    assert main(["list"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == isolation().line()
+
+
+def test_a_code_example_without_tests_is_one_clear_error():
+    from omnigym.errors import OmnigymError
+    from omnigym.rewards.code import code_score
+
+    with pytest.raises(OmnigymError, match="needs 'tests' .* or HumanEval's 'test' and 'entry_point'; this one has question"):
+        code_score("x = 1", {"question": "?"})
+    with pytest.raises(OmnigymError, match="must be a list of Python statements"):
+        code_score("x = 1", {"tests": "assert x == 1"})

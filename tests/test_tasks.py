@@ -98,3 +98,23 @@ def test_reasoning_gym_reward_refuses_examples_it_cannot_score():
 
     with pytest.raises(OmnigymError, match="needs examples from a reasoning_gym task"):
         get_reward("reasoning_gym")(["<answer>1</answer>"], [{"question": "q", "answer": "1"}])
+
+
+def test_humaneval_rows_work_in_a_text_env(tmp_path):
+    """``humaneval:FILE`` gives questions a model can answer and an env scored by the tests."""
+    from omnigym.tasks import load_task
+
+    rows = [{"task_id": f"t/{i}", "prompt": f"def times{i}(x):\n    \"\"\"x times {i}\"\"\"\n", "entry_point": f"times{i}",
+             "canonical_solution": f"    return x * {i}\n",
+             "test": f"def check(candidate):\n    assert candidate(3) == {3 * i}\n"} for i in range(2, 8)]
+    path = tmp_path / "he.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = load_task(f"humaneval:{path}", seed=0, eval_size=2)
+    assert len(task.train) == 4 and len(task.heldout) == 2
+    messages, info = task.env.reset(seed=0)
+    example = info["example"]
+    assert example["prompt"] in messages[-1]["content"] and "```python" in messages[-1]["content"]
+    body = example["canonical_solution"]
+    assert task.env.step(f"```python\n{body}```")[1] == 1.0      # the body only, fenced
+    task.env.reset(options={"example": example})
+    assert task.env.step(example["prompt"] + "    return 0\n")[1] == 0.0

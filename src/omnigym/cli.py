@@ -126,9 +126,11 @@ def plot(argv: list[str]) -> None:
 def list_available() -> None:
     from omnigym.algos import ALGORITHMS
     from omnigym.envs.vector import available_backends
+    from omnigym.rewards.sandbox import isolation
 
     print("algorithms:   " + ", ".join(ALGORITHMS))
     print("env backends: " + ", ".join(available_backends()))
+    print(isolation().line())
 
 
 def set_up_process() -> None:

@@ -17,6 +17,7 @@ import ast
 import re
 from pathlib import Path
 
+from omnigym.errors import OmnigymError
 from omnigym.rewards import per_sample, register_reward
 from omnigym.rewards.sandbox import SandboxLimits, run_sandboxed, sandbox_interpreter
 
@@ -52,10 +53,16 @@ def _defines(code: str, name: str) -> bool:
 def judge(completion: str, example: dict, limits: SandboxLimits | None = None) -> tuple[int, int]:
     """(tests passed, tests) for one completion."""
     if "tests" in example:
-        tests = [str(t) for t in example["tests"]]
+        tests = example["tests"]
+        if not isinstance(tests, (list, tuple)) or not all(isinstance(t, str) for t in tests):
+            raise OmnigymError(f"a code example's 'tests' must be a list of Python statements (strings), "
+                               f"got {type(tests).__name__}")
         if not tests:
             return 0, 0
-        job = {"tests": tests}
+        job = {"tests": list(tests)}
+    elif not isinstance(example.get("test"), str) or not isinstance(example.get("entry_point"), str):
+        raise OmnigymError("a code example needs 'tests' (a list of statements) or HumanEval's 'test' and "
+                           f"'entry_point'; this one has {', '.join(example) or 'no fields'}")
     else:
         tests = ["check"]
         job = {"check": example["test"], "entry_point": example["entry_point"], "prelude": example.get("prompt", "")}

@@ -205,15 +205,33 @@ def _launcher(uid: int | None, limits: SandboxLimits, cgroup: _Cgroup) -> list[s
     return ["sh", "-c", join + 'exec "$@"', "sh"] + drop + limit
 
 
+def _check_platform() -> None:
+    from omnigym.errors import OmnigymError
+
+    if sys.platform != "linux":
+        raise OmnigymError(f"the code sandbox runs on Linux only (namespaces, rlimits, pidfds); this is {sys.platform}")
+    missing = [tool for tool in ("sh", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ()) if not shutil.which(tool)]
+    if missing:
+        raise OmnigymError(f"the code sandbox needs {' and '.join(missing)} (Debian/Ubuntu: apt-get install util-linux)")
+
+
 @functools.cache
 def isolation() -> Isolation:
     """Which isolation a sandboxed program gets here, tried once with a real program."""
-    lost = ("the program can read and write what the trainer's user can, reach the network, "
-            "see the trainer's processes and leave daemons behind")
-    if sys.platform != "linux":
-        return Isolation("limits only", f"sandbox: resource limits only ({sys.platform} has no bubblewrap)", lost)
+    from omnigym.errors import OmnigymError
+
+    try:
+        _check_platform()
+    except OmnigymError as exc:
+        return Isolation("unavailable", f"sandbox: unavailable: {exc}")
+    if _as_root():
+        lost = ("it runs as a fresh uid but shares /tmp, /dev/shm, the network, SysV IPC and the process "
+                "table with the host, and memory is capped per process only")
+    else:
+        lost = ("it can read and write what your user can, reach the network, see your processes "
+                "(and /proc/PID/environ) and leave daemons behind")
     if not shutil.which("bwrap"):
-        return Isolation("limits only", "sandbox: resource limits only: bubblewrap is not installed "
+        return Isolation("limits only", "sandbox: resource limits only, bubblewrap is not installed "
                          "(apt-get install bubblewrap)", lost)
     probe = _run([sandbox_interpreter(), "-I", "-S", "-c", "print('ok')"], SandboxLimits(), "", (), True)
     if probe.stdout.strip() != "ok":
@@ -233,8 +251,16 @@ def run_sandboxed(argv: list[str], limits: SandboxLimits | None = None, stdin: s
     ``writable`` descriptors on empty unnamed files; their numbers are appended to ``argv``
     in that order, and what it wrote to the writable ones comes back in ``channels``."""
     limits = limits or SandboxLimits()
+    _check_platform()
     use_bwrap = isolation().kind == "bubblewrap"
+    if not use_bwrap:
+        _say_once(isolation().line())
     return _run(argv, limits, stdin, readable, use_bwrap, writable)
+
+
+@functools.cache
+def _say_once(line: str) -> None:
+    print(f"omnigym: warning: {line}", file=sys.stderr)
 
 
 def run_python(code: str, limits: SandboxLimits | None = None, stdin: str = "") -> SandboxResult:

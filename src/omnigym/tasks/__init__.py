@@ -3,7 +3,8 @@
 ``load_task`` turns ``--task`` into training and held-out examples (each a dict with at
 least ``question`` and ``answer``), trying in this order:
 
-1. ``arithmetic`` (built in, procedural), ``reasoning_gym:<task>``, ``gsm8k:<file.jsonl>``;
+1. ``arithmetic`` (built in, procedural), ``reasoning_gym:<task>``, ``gsm8k:<file.jsonl>``,
+   ``humaneval:<file.jsonl[.gz]>`` (scored by the ``code`` reward: its tests, in the sandbox);
 2. a registered text env id (``arithmetic-tools-v0``): its examples, and the env itself
    (its class and reward) to train in;
 3. a ``.jsonl`` file with ``question`` and ``answer`` fields;
@@ -50,6 +51,12 @@ def load_task(spec: str, seed: int, eval_size: int, digits: int = 2, terms: int 
         from omnigym.tasks.datasets import load_gsm8k
 
         rows = load_gsm8k(spec.split(":", 1)[1])
+    elif spec.startswith("humaneval:"):
+        from omnigym.rewards import WeightedSum
+        from omnigym.tasks.datasets import load_humaneval
+
+        rows = load_humaneval(spec.split(":", 1)[1])
+        env = TextEnv(rows, WeightedSum({"code": 1.0}))
     elif spec in TEXT_ENVS:
         env = make_text_env(spec)
         rows = env.examples

@@ -52,9 +52,17 @@ def load_gsm8k(path: str | Path) -> list[dict]:
     return examples
 
 
+HUMANEVAL_INSTRUCTION = ("Complete this Python function. Reply with the whole function, or its body only, "
+                         "in a ```python block.\n\n```python\n{prompt}```")
+
+
 def load_humaneval(path: str | Path) -> list[dict]:
-    """HumanEval rows, ready for the ``code`` reward (``prompt``, ``test``, ``entry_point``)."""
-    return read_jsonl(path, ("task_id", "prompt", "test", "entry_point"))
+    """HumanEval rows, ready for the ``code`` reward (``prompt``, ``test``, ``entry_point``)
+    and for a ``TextEnv`` (``question``: the prompt with an instruction; ``answer``: the
+    canonical body, for reference only: the reward runs the tests)."""
+    rows = read_jsonl(path, ("task_id", "prompt", "test", "entry_point"))
+    return [{**row, "question": HUMANEVAL_INSTRUCTION.format(prompt=row["prompt"]),
+             "answer": row.get("canonical_solution", "")} for row in rows]
 
 
 def load_prompt_answer(source: str, prompt_field: str = "prompt", answer_field: str = "answer",
