@@ -122,7 +122,7 @@ def _bwrap_args(limits: SandboxLimits) -> list[str]:
     size = str(limits.disk_mb * 1024 * 1024)
     args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev",
              "--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp",
-             "--chdir", "/tmp"]
+             "--remount-ro", "/", "--chdir", "/tmp"]  # the root bwrap builds is a tmpfs too: read-only
     return args
 
 
@@ -286,16 +286,19 @@ def _run(argv, limits, stdin, readable, use_bwrap, writable=0) -> SandboxResult:
         channels = [tempfile.TemporaryFile() for _ in range(writable)]
         files += channels
         fds = tuple(f.fileno() for f in files)
+        info = tempfile.TemporaryFile()  # bwrap writes the sandbox's first process's pid here
+        files.append(info)
         home = "/tmp" if use_bwrap else workdir
         env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
-        command = _launcher(uid, limits, cgroup) + (_bwrap_args(limits) if use_bwrap else []) + list(argv) \
+        bwrap = _bwrap_args(limits) + ["--info-fd", str(info.fileno())] if use_bwrap else []
+        command = _launcher(uid, limits, cgroup) + bwrap + list(argv) \
             + [str(fd) for fd in fds]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(command, cwd=workdir or "/", env=env, stdin=subprocess.PIPE if stdin else
-                                    subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True, pass_fds=fds,
+                                    subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True, pass_fds=fds + (info.fileno(),),
                                     start_new_session=True)
             timed_out = not _wait(proc, stdin.encode(), limits.wall_seconds)
-            _kill_all(proc, None if use_bwrap else uid)
+            _kill_all(proc, None if use_bwrap else uid, _sandbox_init(info) if use_bwrap else None)
             return SandboxResult(None if timed_out else proc.returncode, _read_capped(out, limits),
                                  _read_capped(err, limits), timed_out, "bubblewrap" if use_bwrap else "limits only",
                                  [_read_bytes(c, limits) for c in channels])
@@ -330,9 +333,28 @@ def _feed(pipe, data: bytes) -> None:
         pass
 
 
-def _kill_all(proc: subprocess.Popen, uid: int | None) -> None:
-    """bwrap's PID namespace dies with it (``--die-with-parent``); without bwrap the process
-    group goes, and as root every process of the sandbox's uid, wherever it forked to (``uid``)."""
+def _sandbox_init(info) -> int | None:
+    import json
+
+    info.seek(0)
+    try:
+        return int(json.loads(info.read(4096) or b"{}").get("child-pid", 0)) or None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _kill_all(proc: subprocess.Popen, uid: int | None, sandbox_init: int | None) -> None:
+    """With bwrap, kill the first process of its PID namespace: the kernel then kills every
+    other one and reaps them all before bwrap sees it exit, so when ``proc`` is reaped
+    nothing of the sandbox is left (nor counts against the next one's process limit).
+    Without bwrap the process group goes, and as root every process of the sandbox's
+    ``uid``, wherever it forked to."""
+    if sandbox_init is not None and proc.poll() is None:
+        try:
+            os.kill(sandbox_init, signal.SIGKILL)
+            proc.wait(timeout=KILL_MARGIN_SECONDS)
+        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
