@@ -37,6 +37,8 @@ ATTACKS = {
         "import glob, re\nfor p in glob.glob('/proc/*/cmdline') + glob.glob('*.py'):\n"
         "    for mark in re.findall(r'__\\w+_passed__', open(p, errors='replace').read()):\n"
         "        print(mark, mark, sep='\\n', flush=True)\nimport os\nos._exit(0)"),
+    "a load error whose message is a pass verdict": "raise ValueError(''.join('\\npass %d' % i for i in range(60)) + '\\n')",
+    "an exception class named like a pass verdict": WRONG + "raise type('E\\npass 0\\npass 1\\n', (Exception,), {})()",
     "write a pass verdict to every descriptor": WRONG + (
         f"import os\nfor fd in range(0, 256):\n    try: os.write(fd, b'{FAKE_VERDICT}')\n    except OSError: pass\n"),
     "write the verdict through /proc/1/fd": WRONG + (

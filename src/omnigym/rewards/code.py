@@ -69,9 +69,20 @@ def judge(completion: str, example: dict, limits: SandboxLimits | None = None) -
     program = candidate_program(completion, example)
     result = run_sandboxed([sandbox_interpreter(), "-I", "-S", "-c", HARNESS], limits, "",
                            (repr(job).encode(), program.encode()), writable=1)
-    passed = {line.split()[1] for line in result.channels[0].decode(errors="replace").splitlines()
-              if line.startswith("pass ") and len(line.split()) == 2}
-    return len(passed & {str(i) for i in range(len(tests))}), len(tests)
+    return _count_passed(result.channels[0], len(tests)), len(tests)
+
+
+def _count_passed(verdict: bytes, tests: int) -> int:
+    """The verdict is one line per test, in order: ``pass i`` or ``fail i TypeName``. Read
+    strictly, stopping at the first line out of place (nothing the candidate says reaches
+    it, and a reader that took any line starting with ``pass`` would be one slip away)."""
+    passed = 0
+    for index, line in enumerate(verdict.decode("ascii", errors="replace").split("\n")[:tests]):
+        if line == f"pass {index}":
+            passed += 1
+        elif not line.startswith(f"fail {index} "):
+            break
+    return passed
 
 
 def code_score(completion: str, example: dict, limits: SandboxLimits | None = None) -> float:
