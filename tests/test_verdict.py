@@ -70,6 +70,13 @@ ATTACKS = {
     "write to /run/lock, /var/tmp, home and the project": WRONG + (
         f"import os\nfor p in ('/run/lock/x', '/var/tmp/x', os.path.expanduser('~/../root/x'), {os.getcwd()!r} + '/x'):\n"
         "    try: open(p, 'w').write('x'); print('WROTE', p)\n    except OSError: pass"),
+    "read the trainer's files and package": WRONG + (
+        f"for p in ({os.path.abspath('pyproject.toml')!r}, '/root/.bashrc', '/etc/shadow', '/etc/passwd'):\n"
+        "    try: print('FILE-LEAK', open(p).read()[:50])\n    except OSError: pass\n"
+        "try:\n    import omnigym, torch\n    print('FILE-LEAK imported')\nexcept ImportError: pass"),
+    "links to secrets, FIFOs and a 1,200-deep tree in its directory": WRONG + (
+        "import os\nfor n in ('.stdout', '.stderr', 'main.py'):\n    try: os.symlink('/proc/1/environ', n)\n"
+        "    except OSError: pass\nos.mkfifo('fifo')\nfor _ in range(1200):\n    os.mkdir('d'); os.chdir('d')"),
     "fill the disk": WRONG + "i = 0\ntry:\n    while True:\n        open(f'f{i}', 'wb').write(b'x' * 900_000); i += 1\n"
                              "except OSError: pass",
     "SysV shared memory": WRONG + "import ctypes\nlibc = ctypes.CDLL(None)\nprint(libc.shmget(4711, 4096, 0o1666))",
@@ -121,7 +128,7 @@ def test_attack_scores_nothing_and_changes_nothing(attack, route, monkeypatch):
     outcome = run_route(route, ATTACKS[attack])
     took = time.monotonic() - start
     if route == "tool":
-        assert SECRET not in outcome and "WROTE" not in outcome  # (its own /proc is not a leak)
+        assert SECRET not in outcome and "WROTE" not in outcome and "FILE-LEAK" not in outcome
         assert "candidate(" not in outcome  # the tests never reach the program
     else:
         assert outcome == 0.0
