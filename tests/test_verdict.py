@@ -77,6 +77,10 @@ ATTACKS = {
     "links to secrets, FIFOs and a 1,200-deep tree in its directory": WRONG + (
         "import os\nfor n in ('.stdout', '.stderr', 'main.py'):\n    try: os.symlink('/proc/1/environ', n)\n"
         "    except OSError: pass\nos.mkfifo('fifo')\nfor _ in range(1200):\n    os.mkdir('d'); os.chdir('d')"),
+    "kill the trainer": WRONG + f"import os\nfor sig in (9, 15):\n    try: os.kill({os.getpid()}, sig)\n    except OSError: pass",
+    "connect to the trainer over loopback": WRONG + (
+        "import socket\ns = socket.socket()\ns.settimeout(1)\n"
+        "try:\n    s.connect(('127.0.0.1', LISTENING_PORT)); print('WROTE connected')\nexcept OSError: pass"),
     "fill the disk": WRONG + "i = 0\ntry:\n    while True:\n        open(f'f{i}', 'wb').write(b'x' * 900_000); i += 1\n"
                              "except OSError: pass",
     "SysV shared memory": WRONG + "import ctypes\nlibc = ctypes.CDLL(None)\nprint(libc.shmget(4711, 4096, 0o1666))",
@@ -119,13 +123,34 @@ def run_route(route, program):
     return messages[-1]["content"]
 
 
+@pytest.fixture(scope="module")
+def listening_port():
+    """A server on the host's loopback that no sandbox may reach."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    yield server
+    server.close()
+
+
+def accepted(server):
+    try:
+        server.accept()[0].close()
+        return True
+    except BlockingIOError:
+        return False
+
+
 @pytest.mark.parametrize("route", ["code", "code_graded", "tool"])
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_attack_scores_nothing_and_changes_nothing(attack, route, monkeypatch):
+def test_attack_scores_nothing_and_changes_nothing(attack, route, monkeypatch, listening_port):
     monkeypatch.setenv("OMNIGYM_TEST_SECRET", SECRET)
     before = host_state()
     start = time.monotonic()
-    outcome = run_route(route, ATTACKS[attack])
+    outcome = run_route(route, ATTACKS[attack].replace("LISTENING_PORT", str(listening_port.getsockname()[1])))
     took = time.monotonic() - start
     if route == "tool":
         assert SECRET not in outcome and "WROTE" not in outcome and "FILE-LEAK" not in outcome
@@ -139,6 +164,7 @@ def test_attack_scores_nothing_and_changes_nothing(attack, route, monkeypatch):
         time.sleep(0.05)
     assert sleepers() == []
     assert host_state() == before
+    assert not accepted(listening_port)
     assert run_route(route, CORRECT) in (1.0, "3")
 
 
