@@ -4,8 +4,8 @@ The isolation is bubblewrap's (``bwrap``, Debian package ``bubblewrap``, the san
 Flatpak uses); this file only chooses its flags and the limits around it. With it, each
 program gets:
 
-- its own user, PID, IPC, UTS, network and cgroup namespaces: no network (not even
-  loopback), no view of the trainer's processes or ``/proc``, no SysV IPC shared with
+- its own user, PID, IPC, UTS, network and cgroup namespaces: no network (only a
+  loopback of its own), no view of the trainer's processes or ``/proc``, no SysV IPC shared with
   anyone; ``--die-with-parent`` and a PID namespace, so nothing it starts outlives the call;
 - a filesystem made of ``/usr`` (and the interpreter's prefix) read-only, a fresh ``/proc``
   and ``/dev``, and two private tmpfs, ``/tmp`` (the working directory, ``HOME``,
