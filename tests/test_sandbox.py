@@ -239,3 +239,54 @@ def test_a_code_example_without_tests_is_one_clear_error():
         code_score("x = 1", {"question": "?"})
     with pytest.raises(OmnigymError, match="must be a list of Python statements"):
         code_score("x = 1", {"tests": "assert x == 1"})
+
+
+WITHOUT_ROOT = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
+print(sandbox.isolation().kind)
+program = ("import os, glob\\nif os.fork() == 0:\\n    os.setsid()\\n    os.execv('/usr/bin/sleep', ['sleep', '47114712'])\\n"
+           "print('forked')\\nfor p in glob.glob('/proc/*/environ'):\\n    print(open(p).read())")
+print(sandbox.run_python(program, sandbox.SandboxLimits(wall_seconds=5)).stdout)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root, to run a user of its own with many processes, and /usr/bin/python3")
+def test_without_root_a_user_with_many_processes_gets_the_same_sandbox():
+    """As an ordinary user (uid 65534 here) who already runs 40 processes: the sandbox can
+    still fork, hides the user's processes and their environment, and leaves no daemon."""
+    import subprocess
+    from pathlib import Path
+
+    import omnigym.rewards.sandbox as sandbox
+
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if subprocess.run(as_nobody + ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True).returncode:
+        pytest.skip("bubblewrap cannot make namespaces for an ordinary user on this machine")
+    sleepers = [subprocess.Popen(as_nobody + ["sleep", "60"]) for _ in range(40)]
+    try:
+        src = Path(sandbox.__file__).resolve().parents[2]
+        result = subprocess.run(as_nobody + ["env", f"PYTHONPATH={src}", f"OMNIGYM_TEST_SECRET={SECRET_WORD}",
+                                             "/usr/bin/python3", "-c", WITHOUT_ROOT, sandbox.__file__],
+                                capture_output=True, text=True, timeout=60, cwd="/")
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+    assert result.stdout.startswith("bubblewrap\nforked\n"), result.stdout + result.stderr
+    assert SECRET_WORD not in result.stdout
+    import glob
+
+    assert not [p for p in glob.glob("/proc/[0-9]*/cmdline") if b"47114712" in _read(p)]
+
+
+SECRET_WORD = "nobody-secret-9931"
+
+
+def _read(path):
+    try:
+        return open(path, "rb").read()
+    except OSError:
+        return b""

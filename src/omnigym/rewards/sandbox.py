@@ -95,10 +95,10 @@ def _world_runnable(path: str) -> bool:
 def sandbox_interpreter() -> str:
     """The trainer's Python if an unprivileged uid may run it, else a system Python (the
     programs need only the standard library)."""
-    candidates = [sys.executable] + [shutil.which(n) or "" for n in ("python3", "python")]
-    candidates += ["/usr/bin/python3", "/usr/local/bin/python3"]
     if os.geteuid() != 0:  # the base interpreter: a venv's is a link bwrap would not find
         return os.path.realpath(sys.executable)
+    candidates = [sys.executable] + [shutil.which(n) or "" for n in ("python3", "python")]
+    candidates += ["/usr/bin/python3", "/usr/local/bin/python3"]
     runnable = [c for c in candidates if c and _world_runnable(c)]
     return os.path.realpath(runnable[0] if runnable else sys.executable)
 
@@ -200,8 +200,11 @@ def _launcher(uid: int | None, limits: SandboxLimits, cgroup: _Cgroup) -> list[s
     join = "".join(f'echo $$ > "{os.path.join(d, "cgroup.procs")}" && ' for d in cgroup.dirs)
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
     mb = 1024 * 1024
+    # RLIMIT_NPROC counts every task of the real uid: a fresh uid's are the sandbox's alone,
+    # but without root they include the user's own (a desktop has hundreds), so allow those.
+    processes = limits.max_processes + (0 if uid is not None else _tasks_of_my_uid())
     limit = ["prlimit", f"--cpu={limits.cpu_seconds}", f"--as={limits.memory_mb * mb}",
-             f"--nproc={limits.max_processes}", f"--fsize={limits.max_file_mb * mb}", "--nofile=64", "--core=0", "--"]
+             f"--nproc={processes}", f"--fsize={limits.max_file_mb * mb}", "--nofile=64", "--core=0", "--"]
     return ["sh", "-c", join + 'exec "$@"', "sh"] + drop + limit
 
 
@@ -213,6 +216,29 @@ def _check_platform() -> None:
     missing = [tool for tool in ("sh", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ()) if not shutil.which(tool)]
     if missing:
         raise OmnigymError(f"the code sandbox needs {' and '.join(missing)} (Debian/Ubuntu: apt-get install util-linux)")
+
+
+_task_count = (0.0, 0)
+
+
+def _tasks_of_my_uid() -> int:
+    """Threads of all processes of this uid (what RLIMIT_NPROC counts), re-counted at most
+    every 5 s (a scan of /proc costs a few ms)."""
+    import time
+
+    global _task_count
+    if time.monotonic() - _task_count[0] > 5:
+        uid, tasks = str(os.getuid()), 0
+        for status in os.listdir("/proc"):
+            if status.isdigit():
+                try:
+                    fields = dict(line.split(":", 1) for line in open(f"/proc/{status}/status") if ":" in line)
+                except OSError:
+                    continue
+                if fields.get("Uid", "").split()[:1] == [uid]:
+                    tasks += int(fields.get("Threads", "1"))
+        _task_count = (time.monotonic(), tasks)
+    return _task_count[1]
 
 
 @functools.cache
