@@ -231,3 +231,10 @@ def test_memory_is_capped_for_the_whole_sandbox():
                "for _ in range(8):\n    os.wait()")
     result = run_python(program, SandboxLimits(cpu_seconds=5, wall_seconds=6, memory_mb=512, max_file_mb=1))
     assert 1 <= result.stdout.count("held") <= 2
+
+
+def test_an_entry_point_named_like_a_builtin_is_the_programs():
+    example = {"prompt": 'def max(xs):\n    """The smallest, despite the name."""\n', "entry_point": "max",
+               "test": "def check(candidate):\n    assert candidate([3, 1]) == 1\n"}
+    assert code_score("    return min(xs)\n", example, QUICK) == 1.0
+    assert code_score("    return sorted(xs)[-1]\n", example, QUICK) == 0.0
