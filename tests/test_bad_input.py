@@ -50,7 +50,7 @@ CASES = [
     (["train", "grpo", "--rewards", "maths:1.0"], "unknown reward 'maths'"),
     (["train", "grpo", "--accuracy-reward", "nope"], "unknown reward 'nope'"),
     (["train", "grpo", "--eval-size", "0"], "--eval-size must be positive, got 0"),
-    (["train"], "name an algorithm: omnigym train {reinforce,ppo,dqn,grpo,text_reinforce}"),
+    (["train"], "name an algorithm: omnigym train {reinforce,ppo,dqn,grpo,text_reinforce,sft}"),
     (["train", "a3c"], "unknown algorithm 'a3c'; choose one of"),
     (["eval", "NOT_A_RUN"], "is not a run directory (no config.json)"),
     (["eval", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),

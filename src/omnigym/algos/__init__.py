@@ -17,6 +17,7 @@ ALGORITHMS = {
     "dqn": "omnigym.algos.control.dqn",
     "grpo": "omnigym.algos.lm.grpo",
     "text_reinforce": "omnigym.algos.lm.text_reinforce",
+    "sft": "omnigym.algos.lm.sft",
 }
 
 

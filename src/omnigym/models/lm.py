@@ -50,10 +50,11 @@ def read_chat_template(given: str) -> str:
     return given
 
 
-def load_tokenizer(name_or_path: str, chat_template: str | None = None):
+def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_chat_template: bool = True):
     """Tokenizer with left padding (for batched generation) and a chat template.
 
-    A model without a chat template needs one given (a Jinja string or a file with one).
+    A model without a chat template needs one given (a Jinja string or a file with one),
+    unless ``need_chat_template`` is False (plain-text fine-tuning).
     """
     transformers = _transformers()
     try:
@@ -62,7 +63,7 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None):
         raise OmnigymError(f"cannot load a tokenizer from {name_or_path!r}: {str(exc).splitlines()[0]}") from None
     if chat_template:
         tokenizer.chat_template = read_chat_template(chat_template)
-    if not getattr(tokenizer, "chat_template", None):
+    if need_chat_template and not getattr(tokenizer, "chat_template", None):
         raise OmnigymError(f"{name_or_path} has no chat template; give one with --chat-template "
                            "(a Jinja string or a file that holds one)")
     if tokenizer.pad_token is None:
@@ -91,13 +92,13 @@ def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str =
 
 
 def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: str | None = None,
-                              lora: LoraSettings | None = None, device: str = "cpu"):
+                              lora: LoraSettings | None = None, device: str = "cpu", need_chat_template: bool = True):
     """The model and tokenizer of ``--model``: "tiny" is built offline (in a temporary folder,
     the same weights for the same seed), anything else is a local folder or a hub id."""
     if name_or_path == "tiny":
         with tempfile.TemporaryDirectory() as folder:
             build_tiny_model(folder, seed=seed)
-            tokenizer = load_tokenizer(folder, chat_template)
+            tokenizer = load_tokenizer(folder, chat_template, need_chat_template)
             return load_model(folder, lora, device=device), tokenizer
     path = Path(name_or_path).expanduser()
     looks_like_path = name_or_path.startswith(("/", ".", "~")) or path.exists()
@@ -107,7 +108,7 @@ def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: s
     if looks_like_path and not (path / "config.json").exists():
         raise OmnigymError(f"--model {name_or_path} has no config.json; give a folder saved with save_pretrained")
     source = str(path) if looks_like_path else name_or_path
-    tokenizer = load_tokenizer(source, chat_template)  # first: a missing chat template is the cheaper failure
+    tokenizer = load_tokenizer(source, chat_template, need_chat_template)  # first: a missing chat template is the cheaper failure
     return load_model(source, lora, device=device), tokenizer
 
 

@@ -39,17 +39,24 @@ class TokenBatch:
 
 
 def make_batch(pairs: list[tuple[list[int], list[int]]], pad_id: int, device="cpu") -> TokenBatch:
-    """Right padding keeps every sequence's positions starting at 0, as in generation
-    (where left padding is undone by position ids from the attention mask)."""
-    width = max(len(p) + len(c) for p, c in pairs)
-    input_ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(pairs), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(pairs), width - 1))
-    for i, (prompt, completion) in enumerate(pairs):
-        n = len(prompt) + len(completion)
-        input_ids[i, :n] = torch.tensor(prompt + completion)
+    """(prompt, completion) pairs, the loss on the completion."""
+    return make_sequence_batch([(p + c, [0] * len(p) + [1] * len(c)) for p, c in pairs], pad_id, device)
+
+
+def make_sequence_batch(sequences: list[tuple[list[int], list[int]]], pad_id: int, device="cpu") -> TokenBatch:
+    """(token ids, trained) sequences: ``trained[t]`` is 1 where token t is predicted by the
+    loss (an assistant turn, a completion; the first token never is). Right padding keeps
+    every sequence's positions starting at 0, as in generation (where left padding is undone
+    by position ids from the attention mask)."""
+    width = max(len(ids) for ids, _ in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(sequences), width - 1))
+    for i, (ids, trained) in enumerate(sequences):
+        n = len(ids)
+        input_ids[i, :n] = torch.tensor(ids)
         attention[i, :n] = 1
-        loss_mask[i, len(prompt) - 1:n - 1] = 1
+        loss_mask[i, :n - 1] = torch.tensor(trained[1:n], dtype=torch.float32)
     return TokenBatch(input_ids.to(device), attention.to(device), loss_mask.to(device))
 
 

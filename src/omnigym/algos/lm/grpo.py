@@ -28,16 +28,17 @@ from omnigym.config import RunConfig, require_non_negative, require_positive
 from omnigym.envs.text import TextEnv, ToolEnv
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy
-from omnigym.generators.text_env import TextEnvGenerator, render
+from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.tokens import completion_logprobs, make_batch, make_completion_batch, token_logprobs
+from omnigym.models.tokens import completion_logprobs, make_completion_batch, make_sequence_batch, token_logprobs
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import WeightedSum, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
 from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, nll_loss, ppo_clip
 from omnigym.tasks import Task, load_task
+from omnigym.tasks.sft_data import to_sequence
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import Run, start_run
 
@@ -219,8 +220,8 @@ def train(cfg: GRPOConfig) -> dict:
     while not sft_done and sft_step < cfg.sft_steps:
         rng = random.Random(cfg.seed * 1_000_003 + sft_step)
         examples = rng.sample(train_set, cfg.sft_batch_size)
-        pairs = [pair for e in examples for pair in demonstration(env, tokenizer, e)]
-        loss = sft.forward_backward(make_batch(pairs, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
+        sequences = [demonstration(env, tokenizer, e) for e in examples]
+        loss = sft.forward_backward(make_sequence_batch(sequences, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
         sft.optim_step()
         sft_step += 1
         metrics = {"sft/loss": loss.item()}
@@ -301,20 +302,17 @@ def train(cfg: GRPOConfig) -> dict:
     return finish_lm(run, cfg)
 
 
-def demonstration(env, tokenizer, example: dict) -> list[tuple[list[int], list[int]]]:
-    """The warm-up's (prompt, target) token pairs for one example: the answer in <answer>
-    tags; in the tools env, when the example has an expression, first the calculator call
-    and then, after the env's real reply to it, the answer (one pair per model turn)."""
-    def ids(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-
+def demonstration(env, tokenizer, example: dict) -> tuple[list[int], list[int]]:
+    """The warm-up's demonstration for one example, as an SFT sequence (``omnigym train
+    sft``'s data code): the answer in <answer> tags after the env's prompt; in the tools env,
+    when the example has an expression, first the calculator call, the env's real reply to
+    it, then the answer (a conversation, trained on the model's two turns)."""
     messages, _ = env.reset(options={"example": example})
-    pairs, answer = [], f"<answer>{example['answer']}</answer>"
+    answer = {"role": "assistant", "content": f"<answer>{example['answer']}</answer>"}
     if isinstance(env, ToolEnv) and "expression" in example:
-        call = f'<tool name="calculator">{example["expression"]}</tool>'
-        pairs.append((render(tokenizer, messages), ids(call)))
-        messages, *_ = env.respond(call)
-    return pairs + [(render(tokenizer, messages), ids(answer))]
+        messages, *_ = env.respond(f'<tool name="calculator">{example["expression"]}</tool>')
+        return to_sequence("warm-up", {"messages": messages + [answer]}, tokenizer, completion_only=True)
+    return to_sequence("warm-up", {"prompt": messages, "completion": [answer]}, tokenizer, completion_only=True)
 
 
 @dataclass

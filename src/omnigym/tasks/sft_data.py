@@ -1,0 +1,142 @@
+"""Supervised fine-tuning data in the formats TRL users already have, as token sequences.
+
+A row is one of:
+
+- ``{"prompt", "completion"}``: two strings, or two lists of chat messages (conversational
+  prompt/completion); the loss is on the completion only unless ``completion_only=False``;
+- ``{"messages": [{"role", "content"}, ...]}``: a conversation rendered with the chat
+  template; the loss is on the assistant turns only;
+- ``{"text"}``: plain text, the loss on every token.
+
+Sources: a ``.jsonl`` / ``.jsonl.gz`` file, a folder or hub id that ``datasets.load_dataset``
+loads (offline: a local path, or a cached dataset), or ``arithmetic`` (built in: the GRPO
+demo's addition problems with ``<answer>`` completions). A row that fits no format, or has an
+empty completion, is one error naming the file and line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omnigym.errors import OmnigymError, missing_extra
+
+
+@dataclass
+class SFTData:
+    sequences: list[tuple[list[int], list[int]]]
+    """(token ids, trained) per example: trained[t] = 1 where the loss predicts token t"""
+    truncated: int
+    """examples cut at max_length"""
+    dropped: int
+    """examples with no trained token left after the cut (a prompt as long as max_length)"""
+
+
+def read_sft_rows(source: str, split: str = "train", seed: int = 0) -> list[tuple[str, dict]]:
+    """(where, row) pairs: ``where`` names the file and line (or dataset and index) for errors."""
+    if source == "arithmetic":
+        from omnigym.tasks.arithmetic import ArithmeticTask
+
+        return [(f"arithmetic #{i}", {"prompt": [{"role": "user", "content": e["question"]}],
+                                       "completion": [{"role": "assistant", "content": f"<answer>{e['answer']}</answer>"}]})
+                for i, e in enumerate(ArithmeticTask().sample(5000, seed))]
+    if source.endswith((".jsonl", ".jsonl.gz")):
+        from omnigym.tasks.datasets import read_jsonl
+
+        return [(f"{source}:{i}", row) for i, row in enumerate(read_jsonl(source), 1)]
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise missing_extra("datasets", "llm") from None
+    try:
+        data = load_dataset(source, split=split)
+    except Exception as exc:  # offline hub misses and unreadable folders raise many types
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise OmnigymError(f"--data {source}: not a .jsonl file, 'arithmetic', or a dataset that loads offline "
+                           f"({detail[:200]})") from None
+    return [(f"{source}[{split}][{i}]", dict(row)) for i, row in enumerate(data)]
+
+
+def tokenize_rows(rows: list[tuple[str, dict]], tokenizer, max_length: int, completion_only: bool = True) -> SFTData:
+    sequences, truncated, dropped = [], 0, 0
+    for where, row in rows:
+        ids, trained = to_sequence(where, row, tokenizer, completion_only)
+        if len(ids) > max_length:
+            ids, trained, truncated = ids[:max_length], trained[:max_length], truncated + 1
+        if not any(trained[1:]):
+            dropped += 1
+            continue
+        sequences.append((ids, trained))
+    if not sequences:
+        raise OmnigymError(f"no example has a token left to learn from within --max-length {max_length} "
+                           f"({dropped} of {len(rows)} have prompts that long or longer); raise --max-length")
+    return SFTData(sequences, truncated, dropped)
+
+
+def pack(sequences: list[tuple[list[int], list[int]]], max_length: int) -> list[tuple[list[int], list[int]]]:
+    """Concatenate the examples and cut the stream into blocks of ``max_length`` tokens (no
+    padding; attention crosses example boundaries, as TRL's "wrapped" packing does)."""
+    ids = [t for seq, _ in sequences for t in seq]
+    trained = [m for _, mask in sequences for m in mask]
+    return [(ids[i:i + max_length], trained[i:i + max_length]) for i in range(0, len(ids) - 1, max_length)
+            if any(trained[i + 1:i + max_length])]
+
+
+def to_sequence(where: str, row: dict, tokenizer, completion_only: bool) -> tuple[list[int], list[int]]:
+    eos = [tokenizer.eos_token_id]
+    if "prompt" in row and "completion" in row:
+        prompt, completion = row["prompt"], row["completion"]
+        if isinstance(prompt, list) and isinstance(completion, list):  # conversational prompt/completion
+            prompt_ids = _encode(tokenizer, _render(where, tokenizer, prompt, True))
+            completion = "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+        elif isinstance(prompt, str) and isinstance(completion, str):
+            prompt_ids = _encode(tokenizer, prompt)
+        else:
+            raise OmnigymError(f"{where}: prompt and completion must both be strings or both lists of messages")
+        if not completion.strip():
+            raise OmnigymError(f"{where}: the completion is empty")
+        completion_ids = _encode(tokenizer, completion) + eos
+        return prompt_ids + completion_ids, [0 if completion_only else 1] * len(prompt_ids) + [1] * len(completion_ids)
+    if "messages" in row:
+        return _conversation(where, row["messages"], tokenizer, completion_only)
+    if "text" in row:
+        if not isinstance(row["text"], str) or not row["text"].strip():
+            raise OmnigymError(f"{where}: 'text' is empty or not a string")
+        ids = _encode(tokenizer, row["text"]) + eos
+        return ids, [1] * len(ids)
+    raise OmnigymError(f"{where}: an SFT row needs prompt and completion, messages, or text; it has "
+                       f"{', '.join(row) or 'no fields'}")
+
+
+def _conversation(where, messages, tokenizer, completion_only):
+    """Render the conversation once per assistant turn: the text before each turn (with the
+    template's generation prompt) and the text through it. The turn's tokens are trained,
+    the rest (system, user, tool turns and the template's markup) are not."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise OmnigymError(f"{where}: 'messages' must be a list of {{'role', 'content'}} dicts")
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        raise OmnigymError(f"{where}: the conversation has no assistant turn to learn from")
+    ids, trained, rendered = [], [], ""
+    for turn in turns:
+        before = _render(where, tokenizer, messages[:turn], True)
+        through = _render(where, tokenizer, messages[:turn + 1], False)
+        if not (before.startswith(rendered) and through.startswith(before)):
+            raise OmnigymError(f"{where}: the chat template does not render this conversation turn by turn; "
+                               "give the data as prompt/completion")
+        context, reply = _encode(tokenizer, before[len(rendered):]), _encode(tokenizer, through[len(before):])
+        ids += context + reply
+        trained += [0 if completion_only else 1] * len(context) + [1] * len(reply)
+        rendered = through
+    rest = _encode(tokenizer, _render(where, tokenizer, messages, False)[len(rendered):])
+    return ids + rest, trained + [0 if completion_only else 1] * len(rest)
+
+
+def _render(where, tokenizer, messages, add_generation_prompt: bool) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise OmnigymError(f"{where}: conversational data needs a chat template; the model has none "
+                           "(give one with --chat-template)")
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
