@@ -220,7 +220,7 @@ def train(cfg: GRPOConfig) -> dict:
     while not sft_done and sft_step < cfg.sft_steps:
         rng = random.Random(cfg.seed * 1_000_003 + sft_step)
         examples = rng.sample(train_set, cfg.sft_batch_size)
-        sequences = [demonstration(env, tokenizer, e) for e in examples]
+        sequences = [sequence for e in examples for sequence in demonstration(env, tokenizer, e)]
         loss = sft.forward_backward(make_sequence_batch(sequences, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
         sft.optim_step()
         sft_step += 1
@@ -302,17 +302,20 @@ def train(cfg: GRPOConfig) -> dict:
     return finish_lm(run, cfg)
 
 
-def demonstration(env, tokenizer, example: dict) -> tuple[list[int], list[int]]:
-    """The warm-up's demonstration for one example, as an SFT sequence (``omnigym train
-    sft``'s data code): the answer in <answer> tags after the env's prompt; in the tools env,
-    when the example has an expression, first the calculator call, the env's real reply to
-    it, then the answer (a conversation, trained on the model's two turns)."""
+def demonstration(env, tokenizer, example: dict) -> list[tuple[list[int], list[int]]]:
+    """The warm-up's demonstrations for one example, as SFT sequences (``omnigym train sft``'s
+    data code, conversational prompt/completion): the answer in <answer> tags after the env's
+    prompt; in the tools env, when the example has an expression, first the calculator call,
+    then, after the env's real reply to it, the answer (one sequence per model turn)."""
     messages, _ = env.reset(options={"example": example})
-    answer = {"role": "assistant", "content": f"<answer>{example['answer']}</answer>"}
+    turns = []
     if isinstance(env, ToolEnv) and "expression" in example:
-        messages, *_ = env.respond(f'<tool name="calculator">{example["expression"]}</tool>')
-        return to_sequence("warm-up", {"messages": messages + [answer]}, tokenizer, completion_only=True)
-    return to_sequence("warm-up", {"prompt": messages, "completion": [answer]}, tokenizer, completion_only=True)
+        call = f'<tool name="calculator">{example["expression"]}</tool>'
+        turns.append((messages, call))
+        messages, *_ = env.respond(call)
+    turns.append((messages, f"<answer>{example['answer']}</answer>"))
+    return [to_sequence("warm-up", {"prompt": prompt, "completion": [{"role": "assistant", "content": reply}]},
+                        tokenizer, completion_only=True) for prompt, reply in turns]
 
 
 @dataclass
