@@ -136,6 +136,24 @@ class ControlConfig(RunConfig):
         require_non_negative(self, "checkpoint_every")
 
 
+@dataclass
+class LanguageModelConfig(RunConfig):
+    """Flags every language-model trainer shares: the model, its chat template, LoRA."""
+
+    model: str = "tiny"
+    """hub id or local path of a causal LM; "tiny" builds a ~1M-parameter model offline"""
+    chat_template: str | None = None
+    """Jinja chat template (string or file) for models that have none"""
+    lora_r: int = 0
+    """LoRA rank (0 trains all weights)"""
+
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("model", "lora_r")
+
+    def check(self) -> None:
+        super().check()
+        require_non_negative(self, "lora_r")
+
+
 def config_from_dict(cls, values: dict):
     """A config of class ``cls`` from a saved ``config.json`` (unknown keys are ignored)."""
     names = {f.name for f in dataclasses.fields(cls)}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.backends.local import LocalBackend
-from omnigym.config import RunConfig, require_non_negative, require_positive
+from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.envs.text import TextEnv, ToolEnv
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy
@@ -44,13 +44,7 @@ from omnigym.track.run import Run, start_run
 
 
 @dataclass
-class GRPOConfig(RunConfig):
-    model: str = "tiny"
-    """hub id or local path of a causal LM; "tiny" builds a ~1M-parameter model offline"""
-    chat_template: str | None = None
-    """Jinja chat template (string or file) for models that have none"""
-    lora_r: int = 0
-    """LoRA rank (0 trains all weights)"""
+class GRPOConfig(LanguageModelConfig):
     engine: str = "auto"
     """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv or hf"""
     task: str = "arithmetic"
@@ -109,7 +103,7 @@ class GRPOConfig(RunConfig):
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
 
-    RESUME_FIXED = RunConfig.RESUME_FIXED + ("model", "lora_r", "task", "env", "eval_size", "digits", "terms",
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "eval_size", "digits", "terms",
                                              "operations")
     BUDGET = ("steps", "step")
 
@@ -118,7 +112,7 @@ class GRPOConfig(RunConfig):
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
-        require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every", "lora_r")
+        require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
         require(self.env in ("single-turn", "tools"), f"--env must be single-turn or tools, got {self.env!r}")
         require(self.loss_aggregation in AGGREGATIONS, f"unknown --loss-aggregation {self.loss_aggregation!r}; "

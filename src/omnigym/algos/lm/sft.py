@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.backends.local import LocalBackend
-from omnigym.config import RunConfig, require_non_negative, require_positive
+from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.errors import OmnigymError
 from omnigym.models.tokens import make_sequence_batch, token_logprobs
 from omnigym.optim import adamw
@@ -28,13 +28,7 @@ from omnigym.track.run import start_run
 
 
 @dataclass
-class SFTConfig(RunConfig):
-    model: str = "tiny"
-    """hub id or local path of a causal LM; "tiny" builds a ~1M-parameter model offline"""
-    chat_template: str | None = None
-    """Jinja chat template (string or file) for models that have none (conversational data needs one)"""
-    lora_r: int = 0
-    """LoRA rank (0 trains all weights)"""
+class SFTConfig(LanguageModelConfig):
     data: str = "arithmetic"
     """a .jsonl file, a dataset folder or hub id that loads offline, or "arithmetic" (built in)"""
     split: str = "train"
@@ -54,7 +48,7 @@ class SFTConfig(RunConfig):
     eval_every: int = 50
     checkpoint_every: int = 100
 
-    RESUME_FIXED = RunConfig.RESUME_FIXED + ("model", "lora_r", "data", "split", "eval_size", "max_length",
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("data", "split", "eval_size", "max_length",
                                              "completion_only", "packing")
     BUDGET = ("steps", "step")
 
@@ -62,7 +56,7 @@ class SFTConfig(RunConfig):
         super().check()
         require_positive(self, "steps", "batch_size", "learning_rate", "max_grad_norm", "eval_size", "max_length",
                          "eval_every")
-        require_non_negative(self, "lora_r", "checkpoint_every")
+        require_non_negative(self, "checkpoint_every")
         if self.max_length < 2:
             raise OmnigymError(f"--max-length must be at least 2 tokens, got {self.max_length}")
 
