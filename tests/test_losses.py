@@ -82,3 +82,51 @@ def test_policy_losses_share_one_signature_and_weigh_stale_samples():
 def test_nll_loss_counts_masked_tokens_only():
     logprobs = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
     assert nll_loss(logprobs, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(-(math.log(0.5) + math.log(0.25)) / 2)
+
+
+def test_bradley_terry_matches_its_formula_and_centres_scores():
+    from omnigym.rl.losses import bradley_terry
+
+    chosen, rejected = torch.tensor([2.0, -1.0]), torch.tensor([0.5, 1.0])
+    loss, stats = bradley_terry(chosen, rejected)
+    expected = (math.log1p(math.exp(-1.5)) + math.log1p(math.exp(2.0))) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert stats["accuracy"].item() == 0.5 and stats["margin"].item() == pytest.approx(-0.25)
+    with_margin, _ = bradley_terry(chosen, rejected, margin=torch.tensor([1.0, 0.0]))
+    assert with_margin.item() == pytest.approx((math.log1p(math.exp(-0.5)) + math.log1p(math.exp(2.0))) / 2, rel=1e-6)
+    centred, _ = bradley_terry(chosen, rejected, center_coef=0.01)
+    assert centred.item() == pytest.approx(expected + 0.01 * (2.5 ** 2 + 0.0 ** 2) / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "hinge", "simpo"])
+def test_preference_losses_match_their_formulas(kind):
+    from omnigym.rl.losses import preference_loss
+
+    pol_c, pol_r = torch.tensor([-3.0, -5.0]), torch.tensor([-4.0, -4.0])
+    ref_c, ref_r = torch.tensor([-3.5, -5.0]), torch.tensor([-3.5, -4.5])
+    beta = 0.5
+    loss, stats = preference_loss(pol_c, pol_r, None if kind == "simpo" else ref_c, None if kind == "simpo" else ref_r,
+                                  kind, beta, simpo_gamma=0.25)
+    if kind == "simpo":
+        h = [(c - r) for c, r in zip(pol_c.tolist(), pol_r.tolist())]
+        logits = [beta * x - 0.25 for x in h]
+    else:
+        h = [(c - rc) - (r - rr) for c, rc, r, rr in zip(pol_c.tolist(), ref_c.tolist(), pol_r.tolist(), ref_r.tolist())]
+        logits = [beta * x for x in h]
+    per_pair = {"sigmoid": [math.log1p(math.exp(-z)) for z in logits], "simpo": [math.log1p(math.exp(-z)) for z in logits],
+                "ipo": [(x - 1 / (2 * beta)) ** 2 for x in h], "hinge": [max(0.0, 1 - z) for z in logits]}[kind]
+    assert loss.item() == pytest.approx(sum(per_pair) / 2, rel=1e-6)
+    assert stats["rewards/margin"].item() == pytest.approx(beta * sum(h) / 2, rel=1e-6)
+    assert stats["rewards/accuracy"].item() == sum(x > 0 for x in h) / 2
+
+
+def test_conservative_dpo_and_the_reference_requirement():
+    from omnigym.rl.losses import preference_loss
+
+    c, r, zero = torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([0.0])
+    smoothed, _ = preference_loss(c, r, zero, zero, "sigmoid", beta=1.0, label_smoothing=0.1)
+    assert smoothed.item() == pytest.approx(0.9 * math.log1p(math.exp(-2.0)) + 0.1 * math.log1p(math.exp(2.0)), rel=1e-6)
+    with pytest.raises(OmnigymError, match="needs the reference model's log-probs"):
+        preference_loss(c, r, None, None, "sigmoid")
+    with pytest.raises(OmnigymError, match="unknown preference loss 'kto'"):
+        preference_loss(c, r, zero, zero, "kto")

@@ -162,3 +162,56 @@ def check_finite(loss: torch.Tensor, step: int) -> None:
 def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood of the tokens under ``mask`` (supervised fine-tuning)."""
     return -(logprobs * mask).sum() / mask.sum().clamp(min=1)
+
+
+# Preference losses: the reward model's Bradley-Terry loss and the DPO family. Each takes
+# one value per pair and returns (loss, stats) with the metrics TRL users read.
+
+PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "simpo")
+
+
+def bradley_terry(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None,
+                  center_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """``-log sigmoid(r_chosen - r_rejected - margin)``, plus ``center_coef`` times the mean of
+    ``(r_chosen + r_rejected)^2``, which keeps the scores centred on 0 (Eisenstein et al.)."""
+    difference = chosen - rejected - (margin if margin is not None else 0.0)
+    loss = -torch.nn.functional.logsigmoid(difference).mean()
+    if center_coef:
+        loss = loss + center_coef * ((chosen + rejected) ** 2).mean()
+    return loss, {"accuracy": (chosen > rejected).float().mean().detach(),
+                  "margin": (chosen - rejected).mean().detach()}
+
+
+def preference_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, ref_chosen_logps: torch.Tensor | None,
+                    ref_rejected_logps: torch.Tensor | None, kind: str = "sigmoid", beta: float = 0.1,
+                    label_smoothing: float = 0.0, simpo_gamma: float = 0.5) -> tuple[torch.Tensor, dict]:
+    """The DPO family on sequence log-probabilities (one per pair).
+
+    With ``h = (log pi(y_c) - log ref(y_c)) - (log pi(y_r) - log ref(y_r))``:
+    ``sigmoid`` (DPO, Rafailov et al.) ``-log sigmoid(beta h)``, with ``label_smoothing`` e the
+    conservative cDPO ``-(1-e) log sigmoid(beta h) - e log sigmoid(-beta h)``; ``ipo`` (Azar et
+    al.) ``(h - 1/(2 beta))^2`` (give it length-averaged log-probs, as IPO does); ``hinge``
+    (SLiC) ``max(0, 1 - beta h)``; ``simpo`` (Meng et al., reference-free: no ref log-probs)
+    ``-log sigmoid(beta (log pi(y_c) - log pi(y_r)) - gamma)`` on length-averaged log-probs.
+    The implicit rewards are ``beta (log pi - log ref)`` (``beta log pi`` for SimPO)."""
+    if kind not in PREFERENCE_LOSSES:
+        raise OmnigymError(f"unknown preference loss {kind!r}; choose one of {', '.join(PREFERENCE_LOSSES)}")
+    if kind == "simpo":
+        chosen, rejected = chosen_logps, rejected_logps
+        logits = beta * (chosen - rejected) - simpo_gamma
+    else:
+        if ref_chosen_logps is None or ref_rejected_logps is None:
+            raise OmnigymError(f"the {kind} loss needs the reference model's log-probs (only simpo is reference-free)")
+        chosen, rejected = chosen_logps - ref_chosen_logps, rejected_logps - ref_rejected_logps
+        logits = beta * (chosen - rejected)
+    logsigmoid = torch.nn.functional.logsigmoid
+    if kind in ("sigmoid", "simpo"):
+        losses = -(1 - label_smoothing) * logsigmoid(logits) - label_smoothing * logsigmoid(-logits)
+    elif kind == "ipo":
+        losses = (chosen - rejected - 1 / (2 * beta)) ** 2
+    else:
+        losses = torch.relu(1 - logits)
+    chosen_rewards, rejected_rewards = (beta * chosen).detach(), (beta * rejected).detach()
+    return losses.mean(), {"rewards/chosen": chosen_rewards.mean(), "rewards/rejected": rejected_rewards.mean(),
+                           "rewards/accuracy": (chosen_rewards > rejected_rewards).float().mean(),
+                           "rewards/margin": (chosen_rewards - rejected_rewards).mean()}
