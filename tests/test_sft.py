@@ -119,3 +119,27 @@ def test_sft_from_a_jsonl_file_with_packing_on_the_command_line(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"omnigym: error: no such file: {tmp_path / 'missing.jsonl'}"]
     assert not (tmp_path / "never").exists()
+
+
+def test_sources_that_are_not_there_fail_at_once_and_json_arrays_load(tmp_path, tokenizer):
+    import time
+
+    start = time.monotonic()
+    for missing in ("dsfoldr", "./nope", str(tmp_path / "nope.json")):
+        with pytest.raises(OmnigymError, match=f"--data {missing}: no such file or folder"):
+            read_sft_rows(missing)
+    assert time.monotonic() - start < 5  # no trip to a hub
+    pytest.importorskip("datasets")
+    array = tmp_path / "pairs.json"
+    array.write_text(json.dumps([{"prompt": "1+1=", "completion": "2"}, {"prompt": "2+2=", "completion": "4"}]))
+    assert [row["completion"] for _, row in read_sft_rows(str(array))] == ["2", "4"]
+
+
+def test_packing_keeps_whole_examples_and_held_out_trouble_says_so(tokenizer):
+    rows = [(f"r{i}", {"text": "word " * 40}) for i in range(3)]
+    whole = tokenize_rows(rows, tokenizer, None)
+    assert whole.truncated == 0 and len(whole.sequences[0][0]) == 201
+    blocks = pack(whole.sequences, 64)
+    assert sum(len(ids) for ids, _ in blocks) == 3 * 201  # every token of every example, in blocks of 64
+    with pytest.raises(OmnigymError, match="no held-out example has a token left"):
+        tokenize_rows([("p", {"prompt": "x" * 30, "completion": "y"})], tokenizer, 10, which="held-out ")

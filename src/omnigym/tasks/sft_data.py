@@ -17,6 +17,7 @@ empty completion, is one error naming the file and line.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from omnigym.errors import OmnigymError, missing_extra
 
@@ -43,12 +44,19 @@ def read_sft_rows(source: str, split: str = "train", seed: int = 0) -> list[tupl
         from omnigym.tasks.datasets import read_jsonl
 
         return [(f"{source}:{i}", row) for i, row in enumerate(read_jsonl(source), 1)]
+    path = Path(source).expanduser()
+    if not path.exists() and (source.startswith((".", "/", "~")) or source.count("/") != 1):
+        raise OmnigymError(f"--data {source}: no such file or folder (a hub dataset id looks like org/name)")
     try:
-        from datasets import load_dataset
+        import datasets
     except ImportError:
         raise missing_extra("datasets", "llm") from None
+    datasets.disable_progress_bars()  # one line per error, none per split it generates
     try:
-        data = load_dataset(source, split=split)
+        if path.is_file():  # a .json file: JSON lines or one array, as datasets' json builder reads it
+            data = datasets.load_dataset("json", data_files=str(path), split="train")
+        else:
+            data = datasets.load_dataset(source, split=split)
     except Exception as exc:  # offline hub misses and unreadable folders raise many types
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise OmnigymError(f"--data {source}: not a .jsonl file, 'arithmetic', or a dataset that loads offline "
@@ -56,18 +64,22 @@ def read_sft_rows(source: str, split: str = "train", seed: int = 0) -> list[tupl
     return [(f"{source}[{split}][{i}]", dict(row)) for i, row in enumerate(data)]
 
 
-def tokenize_rows(rows: list[tuple[str, dict]], tokenizer, max_length: int, completion_only: bool = True) -> SFTData:
+
+def tokenize_rows(rows: list[tuple[str, dict]], tokenizer, max_length: int | None, completion_only: bool = True,
+                  which: str = "") -> SFTData:
+    """Token sequences of ``rows``, each cut at ``max_length`` (None: uncut, for packing).
+    ``which`` ("held-out ", "training ") names the set in the error when nothing is left."""
     sequences, truncated, dropped = [], 0, 0
     for where, row in rows:
         ids, trained = to_sequence(where, row, tokenizer, completion_only)
-        if len(ids) > max_length:
+        if max_length is not None and len(ids) > max_length:
             ids, trained, truncated = ids[:max_length], trained[:max_length], truncated + 1
         if not any(trained[1:]):
             dropped += 1
             continue
         sequences.append((ids, trained))
     if not sequences:
-        raise OmnigymError(f"no example has a token left to learn from within --max-length {max_length} "
+        raise OmnigymError(f"no {which}example has a token left to learn from within --max-length {max_length} "
                            f"({dropped} of {len(rows)} have prompts that long or longer); raise --max-length")
     return SFTData(sequences, truncated, dropped)
 

@@ -76,8 +76,10 @@ def train(cfg: SFTConfig) -> dict:
     run = start_run(cfg, "sft", cfg.model)
     model, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                  cfg.device, need_chat_template=False)
-    heldout = tokenize_rows(rows[:cfg.eval_size], tokenizer, cfg.max_length, cfg.completion_only)
-    training = tokenize_rows(rows[cfg.eval_size:], tokenizer, cfg.max_length, cfg.completion_only)
+    heldout = tokenize_rows(rows[:cfg.eval_size], tokenizer, cfg.max_length, cfg.completion_only, "held-out ")
+    # Packing cuts the stream of whole examples into blocks; cutting each example first would lose its tail.
+    training = tokenize_rows(rows[cfg.eval_size:], tokenizer, None if cfg.packing else cfg.max_length,
+                             cfg.completion_only, "training ")
     examples = pack(training.sequences, cfg.max_length) if cfg.packing else training.sequences
     trainer = LocalBackend(model, adamw(model, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
