@@ -290,3 +290,19 @@ def _read(path):
         return open(path, "rb").read()
     except OSError:
         return b""
+
+
+def test_without_util_linux_the_sandbox_refuses_in_one_line(monkeypatch):
+    import omnigym.rewards.sandbox as sandbox
+    from omnigym.errors import OmnigymError
+
+    real_which = sandbox.shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "prlimit" else real_which(name))
+    sandbox.isolation.cache_clear()
+    try:
+        with pytest.raises(OmnigymError, match=r"the code sandbox needs prlimit .*apt-get install util-linux"):
+            run_python("print(1)", QUICK)
+        assert sandbox.isolation().line().startswith("sandbox: unavailable: the code sandbox needs prlimit")
+    finally:
+        monkeypatch.undo()
+        sandbox.isolation.cache_clear()
