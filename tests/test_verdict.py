@@ -200,10 +200,10 @@ def test_tests_and_verdict_are_out_of_the_programs_reach():
                        "    if p.split('/')[2] not in ('self', 'thread-self', str(os.getpid())):\n"
                        "        try: seen.append(open(p, 'rb').read())\n        except OSError: pass\n"
                        "print(b'candidate(-4, 4)' in b''.join(seen))")
-    from omnigym.rewards.sandbox import run_sandboxed, sandbox_interpreter
     from omnigym.rewards.code import HARNESS
+    from omnigym.rewards.sandbox import python_argv, run_sandboxed
 
-    result = run_sandboxed([sandbox_interpreter(), "-I", "-S", "-c", HARNESS], QUICK, "",
+    result = run_sandboxed(python_argv(HARNESS), QUICK, "",
                            (repr({"check": HUMANEVAL["test"], "entry_point": "add"}).encode(), program.encode()), 1)
     assert result.stdout == "False\n"
     assert result.channels[0].decode().splitlines() == ["fail 0 AssertionError", "done"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omnigym.errors import OmnigymError
 from omnigym.rewards import per_sample, register_reward
-from omnigym.rewards.sandbox import SandboxLimits, run_sandboxed, sandbox_interpreter
+from omnigym.rewards.sandbox import SandboxLimits, python_argv, run_sandboxed
 
 FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 HARNESS = (Path(__file__).with_name("judge_harness.py")).read_text()
@@ -67,7 +67,7 @@ def judge(completion: str, example: dict, limits: SandboxLimits | None = None) -
         tests = ["check"]
         job = {"check": example["test"], "entry_point": example["entry_point"], "prelude": example.get("prompt", "")}
     program = candidate_program(completion, example)
-    result = run_sandboxed([sandbox_interpreter(), "-I", "-S", "-c", HARNESS], limits, "",
+    result = run_sandboxed(python_argv(HARNESS), limits, "",
                            (repr(job).encode(), program.encode()), writable=1)
     return _count_passed(result.channels[0], len(tests)), len(tests)
 

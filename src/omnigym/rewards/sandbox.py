@@ -103,12 +103,18 @@ def sandbox_interpreter() -> str:
     return os.path.realpath(runnable[0] if runnable else sys.executable)
 
 
+def python_argv(source: str) -> list[str]:
+    """The sandbox's interpreter running ``source``: isolated mode, no site (stdlib only)."""
+    return [sandbox_interpreter(), "-I", "-S", "-c", source]
+
+
+@functools.cache
 def _as_root() -> bool:
     return os.geteuid() == 0 and _world_runnable(sandbox_interpreter())
 
 
 def _bwrap_args(limits: SandboxLimits) -> list[str]:
-    python = os.path.realpath(sandbox_interpreter())
+    python = sandbox_interpreter()
     prefix = os.path.dirname(os.path.dirname(python))
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
@@ -259,7 +265,7 @@ def isolation() -> Isolation:
     if not shutil.which("bwrap"):
         return Isolation("limits only", "sandbox: resource limits only, bubblewrap is not installed "
                          "(apt-get install bubblewrap)", lost)
-    probe = _run([sandbox_interpreter(), "-I", "-S", "-c", "print('ok')"], SandboxLimits(), "", (), True)
+    probe = _run(python_argv("print('ok')"), SandboxLimits(), "", (), True)
     if probe.stdout.strip() != "ok":
         why = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         return Isolation("limits only", f"sandbox: resource limits only: bubblewrap failed here ({why})", lost)
@@ -293,7 +299,7 @@ def run_python(code: str, limits: SandboxLimits | None = None, stdin: str = "") 
     """Run ``code`` as a script (``__main__``) and return its output."""
     runner = ("import os, sys\nfd = int(sys.argv[1])\nsource = os.read(fd, 1 << 26).decode()\nos.close(fd)\n"
               "del fd, os, sys\nexec(compile(source, 'main.py', 'exec'), {'__name__': '__main__'})")
-    return run_sandboxed([sandbox_interpreter(), "-I", "-S", "-c", runner], limits, stdin, (code.encode(),))
+    return run_sandboxed(python_argv(runner), limits, stdin, (code.encode(),))
 
 
 def _run(argv, limits, stdin, readable, use_bwrap, writable=0) -> SandboxResult:
