@@ -18,6 +18,9 @@ ALGORITHMS = {
     "grpo": "omnigym.algos.lm.grpo",
     "text_reinforce": "omnigym.algos.lm.text_reinforce",
     "sft": "omnigym.algos.lm.sft",
+    "rm": "omnigym.algos.lm.rm",
+    "dpo": "omnigym.algos.lm.dpo",
+    "rlhf": "omnigym.algos.lm.rlhf",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import string
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +68,10 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_cha
         raise OmnigymError(f"{name_or_path} has no chat template; give one with --chat-template "
                            "(a Jinja string or a file that holds one)")
     if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        if tokenizer.eos_token is None:
+            raise OmnigymError(f"the tokenizer of {name_or_path} has neither a pad token nor an end-of-sequence "
+                               "token; set one (tokenizer.pad_token = ...) and save it again")
+        tokenizer.pad_token = tokenizer.eos_token  # safe: every batch carries an attention mask
     tokenizer.padding_side = "left"
     return tokenizer
 
@@ -91,25 +95,39 @@ def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str =
     return model
 
 
-def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: str | None = None,
-                              lora: LoraSettings | None = None, device: str = "cpu", need_chat_template: bool = True):
-    """The model and tokenizer of ``--model``: "tiny" is built offline (in a temporary folder,
-    the same weights for the same seed), anything else is a local folder or a hub id."""
+@contextmanager
+def model_folder(name_or_path: str, seed: int = 0):
+    """The folder (or hub id) ``--model`` names, for as long as the ``with`` block loads from it:
+    "tiny" is built offline into a temporary folder (the same weights for the same seed), the
+    run directory of an earlier omnigym run is its ``model/`` folder; a path that is not a
+    model is refused in one line."""
     if name_or_path == "tiny":
         with tempfile.TemporaryDirectory() as folder:
-            build_tiny_model(folder, seed=seed)
-            tokenizer = load_tokenizer(folder, chat_template, need_chat_template)
-            return load_model(folder, lora, device=device), tokenizer
+            yield str(build_tiny_model(folder, seed=seed))
+        return
+    yield resolve_model(name_or_path)
+
+
+def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
+    if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
+        path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
     looks_like_path = name_or_path.startswith(("/", ".", "~")) or path.exists()
     if looks_like_path and not path.is_dir():
         raise OmnigymError(f"--model {name_or_path}: no such folder; give a folder saved with save_pretrained, "
                            "or a hub id")
     if looks_like_path and not (path / "config.json").exists():
-        raise OmnigymError(f"--model {name_or_path} has no config.json; give a folder saved with save_pretrained")
-    source = str(path) if looks_like_path else name_or_path
-    tokenizer = load_tokenizer(source, chat_template, need_chat_template)  # first: a missing chat template is the cheaper failure
-    return load_model(source, lora, device=device), tokenizer
+        raise OmnigymError(f"--model {name_or_path} has no config.json; give a folder saved with save_pretrained, "
+                           "or the directory of a finished omnigym run")
+    return str(path) if looks_like_path else name_or_path
+
+
+def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: str | None = None,
+                              lora: LoraSettings | None = None, device: str = "cpu", need_chat_template: bool = True):
+    """The model and tokenizer of ``--model`` (``model_folder`` says what it may name)."""
+    with model_folder(name_or_path, seed) as source:
+        tokenizer = load_tokenizer(source, chat_template, need_chat_template)  # first: the cheaper failure
+        return load_model(source, lora, device=device), tokenizer
 
 
 def check_context(model, max_new_tokens: int) -> None:

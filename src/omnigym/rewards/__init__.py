@@ -48,10 +48,15 @@ class per_sample:
 
 def get_reward(name: str) -> Reward:
     """A registered reward, or ``module:name`` from your own code: a reward the module
-    registers under ``name`` on import, or the module's batched reward object ``name``."""
+    registers under ``name`` on import, or the module's batched reward object ``name``;
+    ``rm:RUN_DIR`` is a reward model trained by ``omnigym train rm``."""
     _load_builtins()
     if name in REWARDS:
         return REWARDS[name]
+    if name.startswith("rm:"):  # a trained reward model: rm:RUN_DIR
+        from omnigym.rewards.reward_model import RewardModelScorer
+
+        return RewardModelScorer(name[3:])
     if is_reference(name):
         _, attr = import_reference(name, "reward")
         reward = REWARDS.get(attr) or import_object(name, "reward")
@@ -71,6 +76,13 @@ class WeightedSum:
     def components(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, torch.Tensor]:
         return {name: checked(name, call_user_code(f"reward {name}", reward, completions, examples), len(completions))
                 for name, reward in self.parts.items()}
+
+    def to(self, device: str) -> "WeightedSum":
+        """Run the parts that hold a model (``rm:``) on ``device``."""
+        for part in self.parts.values():
+            if hasattr(part, "device"):
+                part.device = device
+        return self
 
     def total(self, components: dict[str, torch.Tensor]) -> torch.Tensor:
         values = list(components.items())
@@ -118,4 +130,4 @@ def parse_weights(spec: str) -> WeightedSum:
 
 
 def _load_builtins() -> None:
-    from omnigym.rewards import code, reasoning_gym, text  # noqa: F401  (registration happens on import)
+    from omnigym.rewards import code, gold, reasoning_gym, text  # noqa: F401  (registration happens on import)

@@ -82,3 +82,29 @@ def load_prompt_answer(source: str, prompt_field: str = "prompt", answer_field: 
                                f"{', '.join(data.column_names)} (choose them with prompt_field/answer_field)")
         rows = list(data)
     return [{**row, "question": row[prompt_field], "answer": str(row[answer_field])} for row in rows]
+
+
+def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
+    """The rows of a ``.jsonl``/``.jsonl.gz`` file, a ``.json`` file, a dataset folder or an
+    offline hub id, as (where, row) pairs: ``where`` names the file and line (or dataset and
+    index) for errors. A path that is not there fails at once (no hub retries)."""
+    if source.endswith((".jsonl", ".jsonl.gz")):
+        return [(f"{source}:{i}", row) for i, row in enumerate(read_jsonl(source), 1)]
+    path = Path(source).expanduser()
+    if not path.exists() and (source.startswith((".", "/", "~")) or source.count("/") != 1):
+        raise OmnigymError(f"--data {source}: no such file or folder (a hub dataset id looks like org/name)")
+    try:
+        import datasets
+    except ImportError:
+        raise missing_extra("datasets", "llm") from None
+    datasets.disable_progress_bars()  # one line per error, none per split it generates
+    try:
+        if path.is_file():  # a .json file: JSON lines or one array, as datasets' json builder reads it
+            data = datasets.load_dataset("json", data_files=str(path), split="train")
+        else:
+            data = datasets.load_dataset(source, split=split)
+    except Exception as exc:  # offline hub misses and unreadable folders raise many types
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise OmnigymError(f"--data {source}: not a .jsonl file, a built-in set, or a dataset that loads offline "
+                           f"({detail[:200]})") from None
+    return [(f"{source}[{split}][{i}]", dict(row)) for i, row in enumerate(data)]

@@ -10,16 +10,17 @@ A row is one of:
 
 Sources: a ``.jsonl`` / ``.jsonl.gz`` file, a folder or hub id that ``datasets.load_dataset``
 loads (offline: a local path, or a cached dataset), or ``arithmetic`` (built in: the GRPO
-demo's addition problems with ``<answer>`` completions). A row that fits no format, or has an
+demo's addition problems with ``<answer>`` completions) or ``words`` (built in: the RLHF demo's
+random-word replies, ``omnigym.tasks.gold_world``). A row that fits no format, or has an
 empty completion, is one error naming the file and line.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from omnigym.errors import OmnigymError, missing_extra
+from omnigym.errors import OmnigymError
+from omnigym.tasks.datasets import read_rows
 
 
 @dataclass
@@ -40,28 +41,11 @@ def read_sft_rows(source: str, split: str = "train", seed: int = 0) -> list[tupl
         return [(f"arithmetic #{i}", {"prompt": [{"role": "user", "content": e["question"]}],
                                        "completion": [{"role": "assistant", "content": f"<answer>{e['answer']}</answer>"}]})
                 for i, e in enumerate(ArithmeticTask().sample(5000, seed))]
-    if source.endswith((".jsonl", ".jsonl.gz")):
-        from omnigym.tasks.datasets import read_jsonl
+    if source == "words":
+        from omnigym.tasks.gold_world import demonstrations
 
-        return [(f"{source}:{i}", row) for i, row in enumerate(read_jsonl(source), 1)]
-    path = Path(source).expanduser()
-    if not path.exists() and (source.startswith((".", "/", "~")) or source.count("/") != 1):
-        raise OmnigymError(f"--data {source}: no such file or folder (a hub dataset id looks like org/name)")
-    try:
-        import datasets
-    except ImportError:
-        raise missing_extra("datasets", "llm") from None
-    datasets.disable_progress_bars()  # one line per error, none per split it generates
-    try:
-        if path.is_file():  # a .json file: JSON lines or one array, as datasets' json builder reads it
-            data = datasets.load_dataset("json", data_files=str(path), split="train")
-        else:
-            data = datasets.load_dataset(source, split=split)
-    except Exception as exc:  # offline hub misses and unreadable folders raise many types
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise OmnigymError(f"--data {source}: not a .jsonl file, 'arithmetic', or a dataset that loads offline "
-                           f"({detail[:200]})") from None
-    return [(f"{source}[{split}][{i}]", dict(row)) for i, row in enumerate(data)]
+        return [(f"words #{i}", row) for i, row in enumerate(demonstrations(5000, seed))]
+    return read_rows(source, split)
 
 
 

@@ -38,6 +38,8 @@ class MetricsLog:
     def __init__(self, run_dir: Path, config_dict: dict, append: bool, tensorboard: bool = True, wandb: bool = False):
         self.dir = run_dir
         self._file = open(run_dir / METRICS_NAME, "ab" if append else "wb")
+        self._samples = None  # samples.jsonl, opened by the first log_samples
+        self._samples_mode = "ab" if append else "wb"
         self._use_tensorboard, self._tb, self._purge_step = tensorboard, None, None
         self._last_step = 0
         self._wandb = None
@@ -67,25 +69,59 @@ class MetricsLog:
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """A few prompts with their completions and rewards: a line each in samples.jsonl, and
+        one table per step in TensorBoard's text tab."""
+        if self._samples is None:
+            self._samples = open(self.dir / SAMPLES_NAME, self._samples_mode)
+        for row in rows:
+            self._samples.write((json.dumps({"global_step": step, **row}) + "\n").encode())
+        self._samples.flush()
+        if self._use_tensorboard and rows:
+            if self._tb is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.dir), purge_step=self._purge_step)
+            columns = list(rows[0])
+            cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+            table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            table += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+            self._tb.add_text("samples", "\n".join(table), step)
+
     def state_dict(self) -> dict:
         self._file.flush()
-        return {"offset": self._file.tell(), "step": self._last_step}
+        samples = self.dir / SAMPLES_NAME
+        return {"offset": self._file.tell(), "step": self._last_step,
+                "samples_offset": samples.stat().st_size if samples.exists() else 0}
 
     def load_state_dict(self, state: dict) -> None:
         self._file.truncate(state["offset"])
+        samples = self.dir / SAMPLES_NAME
+        if samples.exists():
+            with open(samples, "r+b") as f:
+                f.truncate(state.get("samples_offset", 0))
         self._last_step = state["step"]
         self._purge_step = state["step"] + 1  # TensorBoard drops the events after the checkpoint
 
     def close(self) -> None:
         self._file.close()
+        if self._samples is not None:
+            self._samples.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
 
 
-RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", "curve.png")
-"""What a run writes (besides TensorBoard's events files); ``--overwrite`` removes exactly these."""
+SAMPLES_NAME = "samples.jsonl"
+MODEL_FOLDER = "model"
+STAGES_FOLDER = "stages"
+RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", "curve.png", SAMPLES_NAME,
+             MODEL_FOLDER)
+"""What a run writes (besides TensorBoard's events files); ``--overwrite`` removes exactly these.
+``model/`` is the trained model as a Hugging Face folder (language runs). ``stages/`` holds the
+finished runs a demo pipeline made on the way (``omnigym train rlhf`` with no flags); they are
+reused by ``--overwrite`` and removed by ``abandon`` only when this process made them."""
 
 _active: "Run | None" = None
 
@@ -111,6 +147,8 @@ class Run:
         self._set_aside: Path | None = None
         self._config_before: bytes | None = None
         self._events_before: set[Path] = set()
+        self.made_stages = False
+        """set by a demo pipeline that created ``stages/`` for this run (``abandon`` removes it)"""
 
     def begin(self, components: dict) -> dict:
         """Restore the checkpoint into ``components`` when resuming, then write the run's
@@ -149,6 +187,20 @@ class Run:
 
     def log(self, step: int, metrics: dict) -> None:
         self.metrics.log(step, metrics)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        self.metrics.log_samples(step, rows)
+
+    def export_model(self, model, tokenizer) -> Path:
+        """The trained model as a Hugging Face folder, ``model/`` in the run (LoRA merged into a
+        copy), so that ``--model RUN_DIR`` starts the next stage from it."""
+        import copy
+
+        folder = self.dir / MODEL_FOLDER
+        plain = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+        plain.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return folder
 
     def save(self, components: dict, **counters) -> None:
         self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
@@ -190,6 +242,8 @@ class Run:
                 log.truncate(self.saved["components"]["metrics"]["offset"])
             return
         remove_run_files(self.dir)
+        if self.made_stages:
+            shutil.rmtree(self.dir / STAGES_FOLDER, ignore_errors=True)
         if self._set_aside is not None:
             for kept in self._set_aside.iterdir():
                 kept.rename(self.dir / kept.name)
@@ -245,7 +299,10 @@ def forget_active_run() -> None:
 
 def remove_run_files(path: Path) -> None:
     for name in RUN_FILES:
-        (path / name).unlink(missing_ok=True)
+        if (path / name).is_dir():
+            shutil.rmtree(path / name)
+        else:
+            (path / name).unlink(missing_ok=True)
     for events in path.glob("events.out.tfevents.*"):
         events.unlink()
     shutil.rmtree(path / "wandb", ignore_errors=True)

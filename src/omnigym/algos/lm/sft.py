@@ -124,9 +124,10 @@ def train(cfg: SFTConfig) -> dict:
             run.save(components, step=step)
     progress.close()
     final = heldout_loss()
+    run.export_model(model, tokenizer)
     plot_path = run.close(plot=cfg.plot, metric="eval/loss")
     cut = training.truncated + heldout.truncated
-    run.say(f"run: {run.dir}",
+    run.say(f"run: {run.dir}  (the model: {run.dir / 'model'}; start the next stage with --model {run.dir})",
             f"held-out loss: {first_loss:.3f} -> {final:.3f}" if first_loss is not None else f"held-out loss: {final:.3f}",
             f"examples cut at --max-length {cfg.max_length}: {cut} of {len(rows)}"
             + (f"; {training.dropped + heldout.dropped} dropped (nothing left to learn)" if training.dropped + heldout.dropped else ""))

@@ -1,0 +1,150 @@
+"""A Bradley-Terry reward model: a scalar head on a causal LM, trained on preference pairs.
+
+Each step draws ``batch_size`` pairs, scores prompt + chosen and prompt + rejected (the head
+read at the last real token) and takes an AdamW step on ``-log sigmoid(r_chosen - r_rejected
+- margin)`` (``--use-margin`` reads a ``margin`` field of each row, as in Llama 2), plus
+``--center-coef`` times the mean squared sum of the two scores, which keeps them near 0.
+Every ``eval_every`` steps the held-out pairwise accuracy and mean margin are logged. The
+finished model is ``RUN_DIR/model``: ``--rewards rm:RUN_DIR`` scores completions with it in
+GRPO and text REINFORCE, and ``omnigym train rlhf --reward-model RUN_DIR`` trains against it.
+
+``omnigym train rm`` with no flags runs the offline demo's first stages (an SFT model on
+random-word replies, pairs of its replies labelled by a hidden gold rule; see
+``omnigym.tasks.gold_world``) and learns the gold preferences from the pairs alone.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from omnigym.backends.local import LocalBackend
+from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
+from omnigym.errors import require
+from omnigym.models.tokens import make_sequence_batch
+from omnigym.optim import adamw
+from omnigym.process import scoped_run
+from omnigym.rl.losses import bradley_terry, check_finite
+from omnigym.tasks.preference_data import pair_sequences, read_pairs
+from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.run import start_run
+
+
+@dataclass
+class RMConfig(LanguageModelConfig):
+    data: str = "gold"
+    """preference pairs: a .jsonl/.json file, a dataset folder or offline hub id, or "gold" (the
+    offline demo: pairs of SFT replies labelled by a hidden rule)"""
+    split: str = "train"
+    eval_size: int = 200
+    """pairs held out for eval/accuracy (never trained on)"""
+    max_length: int = 256
+    """tokens of prompt + reply (a longer reply is cut, and counted)"""
+    use_margin: bool = False
+    """subtract each row's ``margin`` field inside the sigmoid"""
+    center_coef: float = 0.0
+    """weight of the reward-centering loss (e.g. 0.01)"""
+    steps: int = 300
+    batch_size: int = 32
+    """pairs per step"""
+    learning_rate: float = 5e-4
+    max_grad_norm: float = 1.0
+    eval_every: int = 50
+    checkpoint_every: int = 100
+
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("data", "split", "eval_size", "max_length", "use_margin")
+    BUDGET = ("steps", "step")
+
+    def check(self) -> None:
+        super().check()
+        require_positive(self, "steps", "batch_size", "learning_rate", "max_grad_norm", "eval_size", "max_length",
+                         "eval_every")
+        require_non_negative(self, "center_coef", "checkpoint_every")
+        require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
+
+
+CONFIG = RMConfig
+
+
+@scoped_run
+def train(cfg: RMConfig) -> dict:
+    from omnigym.models.lm import load_tokenizer, model_folder
+    from omnigym.models.scalar_head import load_scalar_model, save_reward_model, sequence_scores
+
+    run = start_run(cfg, "rm", cfg.model)
+    if cfg.data == "gold" and not cfg.resume:
+        from omnigym.pipelines.rlhf_demo import prepare
+
+        stages = prepare(cfg, run, reward_model=False)
+        cfg.data = str(stages.pairs)
+        if cfg.model == "tiny":
+            cfg.model = str(stages.sft)
+    with model_folder(cfg.model, cfg.seed) as folder:
+        tokenizer = load_tokenizer(folder, cfg.chat_template, need_chat_template=False)
+        rows, heldout, training, conversational = read_pairs(cfg.data, cfg.split, cfg.seed, cfg.eval_size, tokenizer,
+                                                             cfg.max_length)
+        model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
+    trainer = LocalBackend(model, adamw(model, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
+    components = {"trainer": trainer}
+    step = run.begin(components).get("step", 0)
+
+    def scores(pairs) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = make_sequence_batch(pair_sequences(pairs), tokenizer.pad_token_id, cfg.device)
+        both = sequence_scores(model, batch.input_ids, batch.attention_mask)
+        return both[:len(pairs)], both[len(pairs):]
+
+    def loss_fn(model, pairs):
+        chosen, rejected = scores(pairs)
+        margin = torch.tensor([p.margin for p in pairs], device=chosen.device) if cfg.use_margin else None
+        loss, stats = bradley_terry(chosen, rejected, margin, cfg.center_coef)
+        check_finite(loss, step)
+        return loss, stats
+
+    @torch.no_grad()
+    def evaluate() -> dict:
+        model.eval()
+        margins = []
+        for start in range(0, len(heldout.pairs), cfg.batch_size):
+            chosen, rejected = scores(heldout.pairs[start:start + cfg.batch_size])
+            margins.append(chosen - rejected)
+        model.train()
+        margin = torch.cat(margins)
+        return {"eval/accuracy": (margin > 0).float().mean().item(), "eval/margin": margin.mean().item(),
+                "eval/loss": -torch.nn.functional.logsigmoid(margin).mean().item()}
+
+    first = evaluate() if step == 0 else None
+    if step == 0:
+        run.log(0, {**first, "data/truncated": training.truncated + heldout.truncated,
+                    "data/dropped": training.dropped + heldout.dropped, "data/train_pairs": len(training.pairs)})
+    progress = ProgressBar(cfg.steps, "rm", start=step, enabled=cfg.progress)
+    clock = Clock(step)
+    while step < cfg.steps:
+        pairs = random.Random(cfg.seed * 1_000_003 + step).sample(training.pairs, min(cfg.batch_size, len(training.pairs)))
+        stats = trainer.forward_backward(pairs, loss_fn)
+        trainer.optim_step()
+        step += 1
+        metrics = {"train/loss": stats["loss"].item(), "train/accuracy": stats["accuracy"].item(),
+                   "train/margin": stats["margin"].item(), "perf/steps_per_second": clock.sps(step)}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            metrics.update(evaluate())
+        run.log(step, metrics)
+        progress.update(step, loss=metrics["train/loss"], acc=metrics.get("eval/accuracy", float("nan")))
+        if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+            run.save(components, step=step)
+    progress.close()
+    final = evaluate()
+    save_reward_model(run.dir / "model", model, tokenizer,
+                      {"base_model": cfg.model, "conversational": conversational, "max_length": cfg.max_length,
+                       "heldout_accuracy": final["eval/accuracy"]})
+    plot_path = run.close(plot=cfg.plot, metric="eval/accuracy")
+    before = f"{first['eval/accuracy']:.3f} -> " if first else ""
+    run.say(f"run: {run.dir}",
+            f"held-out pairwise accuracy: {before}{final['eval/accuracy']:.3f}  (mean margin {final['eval/margin']:.3f}, "
+            f"{len(heldout.pairs)} pairs)",
+            f"pairs cut at --max-length {cfg.max_length}: {training.truncated + heldout.truncated} of {len(rows)}"
+            + (f"; {training.dropped + heldout.dropped} dropped" if training.dropped + heldout.dropped else ""),
+            f"use it: --rewards rm:{run.dir}:1.0  or  omnigym train rlhf --reward-model {run.dir}")
+    return {"run_dir": str(run.dir), "accuracy": final["eval/accuracy"], "margin": final["eval/margin"],
+            "initial_accuracy": first["eval/accuracy"] if first else None, "plot": str(plot_path) if plot_path else None}

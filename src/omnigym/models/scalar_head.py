@@ -1,0 +1,109 @@
+"""A causal LM backbone with a scalar head: the reward model and the value model of RLHF.
+
+Both are ``AutoModelForSequenceClassification`` with one label (``score``, a linear layer
+on the last hidden state), as in TRL and OpenRLHF, so they save and load like any Hugging
+Face model. omnigym reads the head itself rather than through the class's own pooling:
+
+- ``token_values``: the head at every position, ``[B, L]`` (the value model's V(s_t));
+- ``sequence_scores``: the head at each row's last real token, found from the attention
+  mask (the reward model's r(x, y)). The class's pooling looks for the last token that is
+  not the pad id, which is wrong when the pad token is the end-of-sequence token, as it is
+  for most chat models.
+
+A trained reward model is a folder (``save_reward_model``): the model, its tokenizer and
+``omnigym_reward.json`` (how its inputs are rendered). ``rewards/reward_model.py`` scores
+completions with it (``--rewards rm:RUN_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from omnigym.errors import OmnigymError, missing_extra
+
+MARKER = "omnigym_reward.json"
+
+
+def load_scalar_model(name_or_path: str, pad_token_id: int, lora_r: int = 0, device: str = "cpu"):
+    """A one-label sequence-classification model on the backbone in ``name_or_path``; a folder
+    saved from a causal LM gets a new head (initialised from the seeded torch RNG)."""
+    import transformers
+
+    try:
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1,
+                                                                                dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise OmnigymError(f"cannot load {name_or_path!r} with a scalar head: {str(exc).splitlines()[0]}") from None
+    model.config.pad_token_id = pad_token_id
+    head(model)  # refuses a model class without a ``score`` layer now, not at the first batch
+    model.to(device)
+    if lora_r > 0:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise missing_extra("peft", "llm") from None
+        # SEQ_CLS keeps the new head fully trainable (peft's modules_to_save) beside the adapters.
+        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=32, target_modules="all-linear",
+                                                 task_type="SEQ_CLS"))
+    return model
+
+
+def _unwrapped(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def head(model):
+    inner = _unwrapped(model)
+    if not hasattr(inner, "score"):
+        raise OmnigymError(f"{type(inner).__name__} has no 'score' head; reward and value models need a "
+                           "decoder-only backbone (Llama, Qwen2, Mistral, GPT-2, ...)")
+    return inner.score
+
+
+def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids=None) -> torch.Tensor:
+    """The scalar head at every position, ``[B, L]`` (float32)."""
+    backbone = _unwrapped(model).base_model
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    return head(model)(hidden).squeeze(-1).float()
+
+
+def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The scalar head at the last real token of each right-padded row, ``[B]``."""
+    values = token_values(model, input_ids, attention_mask)
+    last = attention_mask.sum(1) - 1
+    return values[torch.arange(len(values), device=values.device), last]
+
+
+def save_reward_model(folder: Path, model, tokenizer, info: dict) -> None:
+    """The reward model as a plain Hugging Face folder (LoRA merged in) with its marker file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plain = _unwrapped(model.merge_and_unload()) if hasattr(model, "merge_and_unload") else model
+    plain.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / MARKER).write_text(json.dumps(info, indent=2))
+
+
+def reward_model_folder(given: str) -> Path:
+    """The folder of a trained reward model: a ``train rm`` run directory or its ``model/``
+    folder. Anything else is refused in one line, before any weights are read."""
+    path = Path(given).expanduser()
+    for candidate in (path / "model", path):
+        if (candidate / MARKER).is_file() and (candidate / "config.json").is_file():
+            return candidate
+    if not path.exists():
+        raise OmnigymError(f"rm:{given}: no such folder; give the run directory of `omnigym train rm`")
+    raise OmnigymError(f"rm:{given} is not a reward model (no model/{MARKER}); give the run directory of a finished "
+                       "`omnigym train rm`")
+
+
+def read_reward_info(folder: Path) -> dict:
+    try:
+        info = json.loads((folder / MARKER).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise OmnigymError(f"{folder / MARKER} cannot be read ({type(exc).__name__}); train the reward model again") from None
+    if not isinstance(info, dict):
+        raise OmnigymError(f"{folder / MARKER} is not a JSON object; train the reward model again")
+    return info

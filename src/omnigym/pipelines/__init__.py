@@ -1,0 +1,1 @@
+"""Pipelines that chain whole runs (the offline RLHF demo)."""

@@ -1,0 +1,104 @@
+"""The offline RLHF demo's first stages, in ``RUN_DIR/stages/``: what ``omnigym train rlhf``,
+``train rm`` and ``train dpo`` run first when they are given no model and no data.
+
+1. ``stages/sft``: ``omnigym train sft --data words`` on the built-in tiny model (a run of its
+   own: its ``model/`` is the SFT policy and the frozen reference).
+2. ``stages/pairs.jsonl``: two replies per prompt sampled from the SFT model, labelled by the
+   hidden gold rule (``omnigym.tasks.gold_world``): the only thing the next stages learn from.
+3. ``stages/rm`` (PPO-RLHF only): ``omnigym train rm`` on those pairs.
+
+Each stage is a finished run or file that a later start with the same seed reuses (so
+``--overwrite`` retrains only the last stage). A failure before the caller's run has a
+checkpoint removes the stages this process made. The stages are run through the algorithm
+registry, like the CLI does: this module is a pipeline, not an algorithm.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from omnigym.track.files import load_config_dict
+from omnigym.track.run import MODEL_FOLDER, STAGES_FOLDER, Run
+
+SFT_STEPS = 120
+PAIR_PROMPTS = 3000
+REPLY_TOKENS = 40
+GOLD_REWARD = "gold_vowels"
+
+
+@dataclass
+class Stages:
+    sft: Path
+    pairs: Path
+    reward_model: Path | None
+
+
+def finished(run_dir: Path, seed: int) -> bool:
+    """A finished run of this seed: its model folder is written last."""
+    if not (run_dir / MODEL_FOLDER / "config.json").is_file():
+        return False
+    try:
+        return load_config_dict(run_dir).get("seed") == seed
+    except Exception:  # an unreadable config: the stage runs again
+        return False
+
+
+def prepare(cfg, run: Run, reward_model: bool) -> Stages:
+    """Run (or reuse) the stages for ``run``; ``cfg`` gives the seed, threads, device and output."""
+    from omnigym.algos import get_algorithm
+
+    root = run.dir / STAGES_FOLDER
+    made = not root.exists()
+    common = dict(seed=cfg.seed, torch_threads=cfg.torch_threads, device=cfg.device, progress=cfg.progress,
+                  tensorboard=cfg.tensorboard, plot=False)
+    stages = Stages(root / "sft", root / "pairs.jsonl", root / "rm" if reward_model else None)
+    try:
+        if not finished(stages.sft, cfg.seed):
+            run.say(f"demo stage 1: supervised fine-tuning on random-word replies -> {stages.sft}")
+            sft = get_algorithm("sft")
+            sft.train(sft.CONFIG(data="words", steps=SFT_STEPS, run_dir=str(stages.sft),
+                                 overwrite=stages.sft.exists(), **common))
+        if not stages.pairs.is_file():
+            run.say(f"demo stage 2: {PAIR_PROMPTS} pairs of SFT replies, labelled by the hidden gold rule -> "
+                    f"{stages.pairs}")
+            write_gold_pairs(stages.sft, stages.pairs, cfg.seed, cfg.device)
+        if reward_model and not finished(stages.reward_model, cfg.seed):
+            run.say(f"demo stage 3: a reward model on those pairs -> {stages.reward_model}")
+            rm = get_algorithm("rm")
+            rm.train(rm.CONFIG(data=str(stages.pairs), model=str(stages.sft), run_dir=str(stages.reward_model),
+                               overwrite=stages.reward_model.exists(), **common))
+    except BaseException:
+        if made:
+            shutil.rmtree(root, ignore_errors=True)
+            if run.dir.is_dir() and not any(run.dir.iterdir()):
+                run.dir.rmdir()
+        raise
+    run.made_stages = made
+    return stages
+
+
+def write_gold_pairs(sft_dir: Path, out: Path, seed: int, device: str) -> None:
+    """Sample two replies per prompt from the SFT model and keep the gold-labelled pairs."""
+    import torch
+
+    from omnigym.generators.text_env import render
+    from omnigym.inference import make_engine
+    from omnigym.inference.engine import SamplingParams
+    from omnigym.models.lm import load_policy_and_tokenizer
+    from omnigym.tasks.gold_world import label_pairs, prompts
+
+    model, tokenizer = load_policy_and_tokenizer(str(sft_dir), seed, device=device)
+    engine = make_engine(model, tokenizer)
+    rows = prompts(PAIR_PROMPTS, seed)
+    torch.manual_seed(seed)
+    samples = engine.generate([render(tokenizer, row["prompt"]) for row in rows], 2,
+                              SamplingParams(max_new_tokens=REPLY_TOKENS, temperature=1.0))
+    replies = [tuple(tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in group) for group in samples]
+    pairs = label_pairs(rows, replies)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temporary = out.with_suffix(".tmp")
+    temporary.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    temporary.rename(out)  # whole or absent: a reused pairs file is never half-written

@@ -1,0 +1,83 @@
+"""A trained reward model as a reward like any other: ``--rewards rm:RUN_DIR:1.0``.
+
+``RewardModelScorer`` renders each (prompt, completion) the way the reward model was trained
+(a conversation through its own chat template, or prompt + completion as plain text), with
+its own tokenizer, so a policy with another tokenizer can be scored. A batch is scored in
+forward passes of ``batch_size`` rows. The folder is checked when the reward is named (a
+folder that is not a reward model is one line before anything starts); the weights load on
+the first call. Pickling sends the folder, not the weights.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from omnigym.errors import OmnigymError
+from omnigym.models.scalar_head import read_reward_info, reward_model_folder, sequence_scores
+from omnigym.models.tokens import make_sequence_batch
+
+PREFIX = "rm:"
+
+
+def prompt_of(example: dict):
+    """The prompt of an example: its ``prompt`` (text or messages) or its ``question``."""
+    prompt = example.get("prompt", example.get("question"))
+    if prompt is None:
+        raise OmnigymError("a reward model scores a prompt and its completion; the example has neither 'prompt' "
+                           "nor 'question'")
+    return prompt
+
+
+class RewardModelScorer:
+    def __init__(self, given: str, device: str = "cpu", batch_size: int = 32):
+        self.folder = reward_model_folder(given)
+        self.info = read_reward_info(self.folder)
+        self.device, self.batch_size = device, batch_size
+        self._model = self._tokenizer = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_model": None, "_tokenizer": None}
+
+    def _load(self):
+        if self._model is None:
+            from omnigym.models.lm import load_tokenizer
+            from omnigym.models.scalar_head import load_scalar_model
+
+            self._tokenizer = load_tokenizer(str(self.folder), need_chat_template=False)
+            self._model = load_scalar_model(str(self.folder), self._tokenizer.pad_token_id, device=self.device).eval()
+            self._model.requires_grad_(False)
+        return self._model, self._tokenizer
+
+    def sequences(self, completions: Sequence[str], examples: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
+        from omnigym.tasks.sft_data import to_sequence
+
+        _, tokenizer = self._load()
+        out = []
+        for i, (completion, example) in enumerate(zip(completions, examples)):
+            prompt = prompt_of(example)
+            if isinstance(prompt, list):  # a conversation: the reply is the assistant's turn
+                reply = [{"role": "assistant", "content": completion}]
+            elif self.info.get("conversational"):
+                prompt, reply = [{"role": "user", "content": prompt}], [{"role": "assistant", "content": completion}]
+            else:
+                reply = completion
+            # An empty reply still gets a score (that of its end-of-sequence token alone).
+            ids, trained = to_sequence(f"completion {i}", {"prompt": prompt, "completion": reply or " "}, tokenizer,
+                                       completion_only=True)
+            limit = self.info.get("max_length") or len(ids)
+            out.append((ids[-limit:], trained[-limit:]))
+        return out
+
+    @torch.no_grad()
+    def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:
+        if len(completions) != len(examples):
+            raise OmnigymError(f"{len(completions)} completions but {len(examples)} examples")
+        model, tokenizer = self._load()
+        sequences = self.sequences(completions, examples)
+        scores = []
+        for start in range(0, len(sequences), self.batch_size):
+            batch = make_sequence_batch(sequences[start:start + self.batch_size], tokenizer.pad_token_id, self.device)
+            scores.append(sequence_scores(model, batch.input_ids, batch.attention_mask))
+        return torch.cat(scores).double().cpu() if scores else torch.zeros(0, dtype=torch.float64)

@@ -1,0 +1,162 @@
+"""Preference pairs in the formats TRL users already have, as token ids.
+
+A row is one of:
+
+- explicit prompt: ``{"prompt", "chosen", "rejected"}``: three strings, or a list of chat
+  messages for the prompt and lists of (assistant) messages for the two replies;
+- implicit prompt: ``{"chosen", "rejected"}``: two whole conversations (message lists) or
+  two whole texts; the shared beginning is the prompt. Anthropic HH-RLHF transcripts
+  (``"\\n\\nHuman: ... \\n\\nAssistant: ..."``) are read as they come: they become
+  conversations, rendered with the model's chat template.
+
+Sources are those of ``omnigym.tasks.datasets.read_rows`` (.jsonl, .json, a dataset folder,
+an offline hub id). A row with a missing field, an empty reply, or a chosen reply identical
+to the rejected one is refused in one line naming the file and line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from omnigym.errors import OmnigymError
+from omnigym.tasks.sft_data import to_sequence
+
+HH_TURN = re.compile(r"\n\n(Human|Assistant): ?")
+
+
+@dataclass
+class Pair:
+    prompt: list[int]
+    chosen: list[int]
+    """the chosen reply's tokens (end-of-sequence token included)"""
+    rejected: list[int]
+    margin: float = 0.0
+    """the row's ``margin`` field (how much better chosen is), 0 when it has none"""
+
+
+@dataclass
+class PreferenceData:
+    pairs: list[Pair]
+    truncated: int
+    """pairs whose replies were cut to fit max_length"""
+    dropped: int
+    """pairs left with no reply tokens, or the same tokens twice, after the cut"""
+
+
+def split_row(where: str, row: dict) -> tuple[str | list, str | list, str | list]:
+    """``(prompt, chosen, rejected)`` of one row, in any of the formats above."""
+    missing = [k for k in ("chosen", "rejected") if k not in row]
+    if missing:
+        raise OmnigymError(f"{where}: a preference row needs chosen and rejected (and optionally prompt); "
+                           f"it has {', '.join(row) or 'no fields'}")
+    chosen, rejected = row["chosen"], row["rejected"]
+    if "prompt" in row:
+        prompt = row["prompt"]
+    else:
+        if isinstance(chosen, str) and isinstance(rejected, str) and HH_TURN.search(chosen):
+            chosen, rejected = hh_messages(where, chosen), hh_messages(where, rejected)
+        prompt, chosen, rejected = shared_prefix(where, chosen, rejected)
+    if type(prompt) is not type(chosen) or type(chosen) is not type(rejected) or not isinstance(chosen, (str, list)):
+        raise OmnigymError(f"{where}: prompt, chosen and rejected must all be strings or all lists of messages")
+    if chosen == rejected:
+        raise OmnigymError(f"{where}: chosen and rejected are the same reply; a pair must differ")
+    for name, reply in (("chosen", chosen), ("rejected", rejected)):
+        if not _text(reply).strip():
+            raise OmnigymError(f"{where}: the {name} reply is empty")
+    return prompt, chosen, rejected
+
+
+def hh_messages(where: str, transcript: str) -> list[dict]:
+    """An HH-RLHF transcript as chat messages (Human -> user, Assistant -> assistant)."""
+    parts = HH_TURN.split(transcript)
+    if parts[0].strip():
+        raise OmnigymError(f"{where}: text before the first 'Human:' turn of an HH-RLHF transcript")
+    roles = {"Human": "user", "Assistant": "assistant"}
+    return [{"role": roles[who], "content": text.strip()} for who, text in zip(parts[1::2], parts[2::2])]
+
+
+def shared_prefix(where: str, chosen, rejected):
+    """Split an implicit-prompt pair into (prompt, chosen reply, rejected reply). Conversations
+    split at the first message that differs (the replies start at the last assistant turn of
+    the shared part); texts split at the last whitespace before the first differing character."""
+    if isinstance(chosen, list) and isinstance(rejected, list):
+        n = 0
+        while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+            n += 1
+        if n == len(chosen) or n == len(rejected) or chosen[n].get("role") != "assistant" \
+                or rejected[n].get("role") != "assistant":
+            raise OmnigymError(f"{where}: chosen and rejected do not end in different assistant replies "
+                               "after a shared conversation")
+        return chosen[:n], chosen[n:], rejected[n:]
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        n = 0
+        while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+            n += 1
+        while n > 0 and not chosen[n - 1].isspace():
+            n -= 1
+        return chosen[:n], chosen[n:], rejected[n:]
+    raise OmnigymError(f"{where}: chosen and rejected must both be strings or both lists of messages")
+
+
+def _text(reply) -> str:
+    return reply if isinstance(reply, str) else "".join(str(m.get("content", "")) for m in reply if isinstance(m, dict))
+
+
+def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, which: str = "") -> PreferenceData:
+    """Token pairs of ``rows``: prompt + reply is cut to ``max_length`` tokens (the reply's
+    tail goes; the cut is counted). A pair is dropped when its prompt leaves no room for a
+    reply, or when the cut makes both replies the same."""
+    pairs, truncated, dropped = [], 0, 0
+    for where, row in rows:
+        prompt, chosen, rejected = split_row(where, row)
+        tokens = []
+        for reply in (chosen, rejected):
+            ids, trained = to_sequence(where, {"prompt": prompt, "completion": reply}, tokenizer, completion_only=True)
+            start = trained.index(1)
+            tokens.append((ids[:start], ids[start:]))
+        (prompt_ids, chosen_ids), (_, rejected_ids) = tokens
+        room = max_length - len(prompt_ids)
+        if room < 1:
+            dropped += 1
+            continue
+        if len(chosen_ids) > room or len(rejected_ids) > room:
+            truncated += 1
+            chosen_ids, rejected_ids = chosen_ids[:room], rejected_ids[:room]
+        if chosen_ids == rejected_ids:
+            dropped += 1
+            continue
+        margin = row.get("margin", 0.0)
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin != margin:
+            raise OmnigymError(f"{where}: margin must be a number, got {margin!r}")
+        pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, float(margin)))
+    if not pairs:
+        raise OmnigymError(f"no {which}pair is left within --max-length {max_length} ({dropped} of {len(rows)} have "
+                           "prompts that long, or replies that only differ after the cut); raise --max-length")
+    return PreferenceData(pairs, truncated, dropped)
+
+
+def read_pairs(source: str, split: str, seed: int, eval_size: int, tokenizer, max_length: int):
+    """``(rows, held-out, training, conversational)``: the rows shuffled by ``seed``, the first
+    ``eval_size`` held out. ``conversational`` says the pairs were rendered as chat."""
+    import random
+
+    from omnigym.tasks.datasets import read_rows
+
+    rows = read_rows(source, split)
+    if len(rows) <= eval_size:
+        raise OmnigymError(f"--data {source} has {len(rows)} pairs and --eval-size {eval_size} holds out that many "
+                           f"or more; use --eval-size below {len(rows)}")
+    random.Random(seed).shuffle(rows)
+    heldout = tokenize_pairs(rows[:eval_size], tokenizer, max_length, "held-out ")
+    training = tokenize_pairs(rows[eval_size:], tokenizer, max_length, "training ")
+    conversational = isinstance(split_row(*rows[0])[0], list)
+    return rows, heldout, training, conversational
+
+
+def pair_sequences(pairs: list[Pair]) -> list[tuple[list[int], list[int]]]:
+    """Every pair's prompt + chosen, then every pair's prompt + rejected, as SFT-style
+    (ids, trained) sequences: the trained tokens are the reply's."""
+    return [(p.prompt + reply, [0] * len(p.prompt) + [1] * len(reply))
+            for replies in ([p.chosen for p in pairs], [p.rejected for p in pairs])
+            for p, reply in zip(pairs, replies)]
