@@ -1,4 +1,5 @@
-"""Held-out accuracy of a language policy: greedy episodes of its env, scored by a verifier."""
+"""Evaluating a language policy: held-out accuracy (greedy episodes of its env, scored by a
+verifier), and sampled replies scored by rewards with their KL to a reference."""
 
 from __future__ import annotations
 
@@ -12,11 +13,55 @@ from omnigym.inference.engine import SamplingParams
 
 @torch.no_grad()
 def accuracy(env, engine, tokenizer, examples: list[dict], reward, max_new_tokens: int = 32,
-             max_turns: int = 8) -> float:
-    """Fraction of ``examples`` whose greedy episode of ``env`` gets ``reward`` 1 (e.g. a correct answer)."""
+             max_turns: int = 8, samples: list | None = None) -> float:
+    """Fraction of ``examples`` whose greedy episode of ``env`` gets ``reward`` 1 (e.g. a correct
+    answer). A list given as ``samples`` gets the first few episodes, to read (samples.jsonl)."""
     judged = copy.copy(env)
     judged.reward = reward
     generator = TextEnvGenerator(judged, engine, tokenizer, SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
                                  max_turns)
     trajectories = generator.generate(examples, 1)
+    if samples is not None:
+        samples += [sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward)
+                    for t in trajectories.items[:SAMPLES_SHOWN]]
     return sum(t.reward >= 1.0 for t in trajectories.items) / max(len(examples), 1)
+
+
+SAMPLES_SHOWN = 4
+"""replies written to samples.jsonl (and TensorBoard's text tab) at each evaluation"""
+
+
+def sample_row(example: dict, completion: str, **scores) -> dict:
+    prompt = example.get("prompt", example.get("question", ""))
+    if isinstance(prompt, list):
+        prompt = next((m.get("content", "") for m in reversed(prompt) if m.get("role") == "user"), "")
+    return {"prompt": str(prompt), "completion": completion, **{k: round(float(v), 4) for k, v in scores.items()}}
+
+
+@torch.no_grad()
+def sampled_rewards(policy, reference, engine, tokenizer, examples: list[dict], prompt_ids: list[list[int]],
+                    rewards: dict, params: SamplingParams, samples: list | None = None) -> dict[str, float]:
+    """One sampled reply per prompt, scored by each reward (``eval/<name>``), with the mean
+    sequence KL(policy || reference) of the replies (``eval/kl``: the sum over reply tokens of
+    log pi - log ref, Monte-Carlo over the samples) and the mean reply length."""
+    from omnigym.models.tokens import completion_logprobs, make_completion_batch
+
+    replies = [group[0] for group in engine.generate(prompt_ids, 1, params)]
+    texts = [tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in replies]
+    scores = {name: torch.as_tensor(reward(texts, examples), dtype=torch.float64) for name, reward in rewards.items()}
+    kept = [i for i, s in enumerate(replies) if s.completion_ids]
+    kl = torch.zeros(len(replies), dtype=torch.float64)
+    if kept:
+        device = next(policy.parameters()).device
+        batch = make_completion_batch([prompt_ids[i] for i in kept], [replies[i].completion_ids for i in kept],
+                                      tokenizer.pad_token_id, device=device)
+        was_training = policy.training
+        policy.eval()
+        log_ratio = completion_logprobs(policy, batch) - reference.run(completion_logprobs, batch)
+        policy.train(was_training)
+        kl[kept] = (log_ratio * batch.loss_mask).sum(1).double().cpu()
+    if samples is not None:
+        samples += [sample_row(examples[i], texts[i], **{name: v[i] for name, v in scores.items()})
+                    for i in range(min(SAMPLES_SHOWN, len(texts)))]
+    return {**{f"eval/{name}": v.mean().item() for name, v in scores.items()}, "eval/kl": kl.mean().item(),
+            "eval/reply_length": sum(len(s.completion_ids) for s in replies) / max(len(replies), 1)}

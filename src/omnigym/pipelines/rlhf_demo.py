@@ -24,7 +24,8 @@ from omnigym.track.files import load_config_dict
 from omnigym.track.run import MODEL_FOLDER, STAGES_FOLDER, Run
 
 SFT_STEPS = 120
-PAIR_PROMPTS = 3000
+RM_STEPS = 100
+PAIR_PROMPTS = 2000
 REPLY_TOKENS = 40
 GOLD_REWARD = "gold_vowels"
 
@@ -68,7 +69,7 @@ def prepare(cfg, run: Run, reward_model: bool) -> Stages:
         if reward_model and not finished(stages.reward_model, cfg.seed):
             run.say(f"demo stage 3: a reward model on those pairs -> {stages.reward_model}")
             rm = get_algorithm("rm")
-            rm.train(rm.CONFIG(data=str(stages.pairs), model=str(stages.sft), run_dir=str(stages.reward_model),
+            rm.train(rm.CONFIG(data=str(stages.pairs), model=str(stages.sft), run_dir=str(stages.reward_model), steps=RM_STEPS,
                                overwrite=stages.reward_model.exists(), **common))
     except BaseException:
         if made:

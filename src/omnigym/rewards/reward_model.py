@@ -51,23 +51,20 @@ class RewardModelScorer:
         return self._model, self._tokenizer
 
     def sequences(self, completions: Sequence[str], examples: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
-        from omnigym.tasks.sft_data import to_sequence
+        """prompt + reply + end-of-sequence as the reward model was trained on them; an empty reply
+        is scored too (its end token alone)."""
+        from omnigym.tasks.sft_data import prompt_tokens
 
         _, tokenizer = self._load()
         out = []
         for i, (completion, example) in enumerate(zip(completions, examples)):
             prompt = prompt_of(example)
-            if isinstance(prompt, list):  # a conversation: the reply is the assistant's turn
-                reply = [{"role": "assistant", "content": completion}]
-            elif self.info.get("conversational"):
-                prompt, reply = [{"role": "user", "content": prompt}], [{"role": "assistant", "content": completion}]
-            else:
-                reply = completion
-            # An empty reply still gets a score (that of its end-of-sequence token alone).
-            ids, trained = to_sequence(f"completion {i}", {"prompt": prompt, "completion": reply or " "}, tokenizer,
-                                       completion_only=True)
-            limit = self.info.get("max_length") or len(ids)
-            out.append((ids[-limit:], trained[-limit:]))
+            if isinstance(prompt, str) and self.info.get("conversational"):
+                prompt = [{"role": "user", "content": prompt}]
+            ids = prompt_tokens(f"completion {i}", prompt, tokenizer)
+            reply = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            limit = self.info.get("max_length") or len(ids) + len(reply)
+            out.append(((ids + reply)[-limit:], ([0] * len(ids) + [1] * len(reply))[-limit:]))
         return out
 
     @torch.no_grad()

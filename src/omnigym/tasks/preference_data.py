@@ -33,6 +33,8 @@ class Pair:
     rejected: list[int]
     margin: float = 0.0
     """the row's ``margin`` field (how much better chosen is), 0 when it has none"""
+    source_prompt: str | list = ""
+    """the prompt as the row gave it (text or messages), for rewards that read it"""
 
 
 @dataclass
@@ -129,7 +131,7 @@ def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, whi
         margin = row.get("margin", 0.0)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin != margin:
             raise OmnigymError(f"{where}: margin must be a number, got {margin!r}")
-        pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, float(margin)))
+        pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, float(margin), prompt))
     if not pairs:
         raise OmnigymError(f"no {which}pair is left within --max-length {max_length} ({dropped} of {len(rows)} have "
                            "prompts that long, or replies that only differ after the cut); raise --max-length")
@@ -160,3 +162,33 @@ def pair_sequences(pairs: list[Pair]) -> list[tuple[list[int], list[int]]]:
     return [(p.prompt + reply, [0] * len(p.prompt) + [1] * len(reply))
             for replies in ([p.chosen for p in pairs], [p.rejected for p in pairs])
             for p, reply in zip(pairs, replies)]
+
+
+def read_prompts(source: str, split: str, seed: int) -> list[tuple[str, str | list]]:
+    """(where, prompt) for RL on prompts alone: a row's ``prompt``, the shared prompt of a
+    preference pair, a conversation up to its last assistant turn, or a ``question``;
+    ``words`` is the offline demo's built-in prompts."""
+    from omnigym.tasks.datasets import read_rows
+
+    if source == "words":
+        from omnigym.tasks.gold_world import prompts
+
+        return [(f"words #{i}", row["prompt"]) for i, row in enumerate(prompts(5000, seed))]
+    out = []
+    for where, row in read_rows(source, split):
+        if "prompt" in row:
+            prompt = row["prompt"]
+        elif "chosen" in row and "rejected" in row:
+            prompt = split_row(where, row)[0]
+        elif isinstance(row.get("messages"), list):
+            turns = [i for i, m in enumerate(row["messages"]) if isinstance(m, dict) and m.get("role") == "assistant"]
+            prompt = row["messages"][:turns[-1]] if turns else row["messages"]
+        elif "question" in row:
+            prompt = row["question"]
+        else:
+            raise OmnigymError(f"{where}: a prompt row needs prompt, question, messages, or chosen and rejected; "
+                               f"it has {', '.join(row) or 'no fields'}")
+        if not isinstance(prompt, (str, list)) or not _text(prompt).strip():
+            raise OmnigymError(f"{where}: the prompt is empty or neither text nor a list of messages")
+        out.append((where, prompt))
+    return out

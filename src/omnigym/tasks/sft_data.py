@@ -136,3 +136,11 @@ def _render(where, tokenizer, messages, add_generation_prompt: bool) -> str:
 
 def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+def prompt_tokens(where: str, prompt, tokenizer) -> list[int]:
+    """A prompt as the model sees it before replying: messages through the chat template with
+    its generation prompt, text as it is."""
+    if isinstance(prompt, list):
+        return _encode(tokenizer, _render(where, tokenizer, prompt, True))
+    return _encode(tokenizer, prompt)

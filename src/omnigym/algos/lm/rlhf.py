@@ -1,0 +1,314 @@
+"""PPO-RLHF (Ziegler et al., 2019; Ouyang et al., 2022): a policy trained with PPO against a
+learned reward model, with a per-token KL penalty to a frozen reference.
+
+Four roles: the policy (trained), the reference (the policy as it started, frozen: with
+LoRA the base with adapters off), the reward model (``omnigym train rm``, frozen) and the
+value model (its own network with a scalar head, trained; initialised from the reward model
+or from the policy, ``--value-init``). Each step:
+
+1. sample one reply per prompt for ``prompts_per_step`` prompts;
+2. score them: the policy's and the reference's log-probs of every reply token, the value
+   model's V at every token, the reward model's score of the whole reply;
+3. per-token reward ``-beta * (log pi - log ref)`` at every token, plus the score (less
+   ``--missing-eos-penalty`` when the reply never ended) at the last;
+4. GAE over the tokens (the shared ``gae``), advantages whitened;
+5. ``ppo_epochs`` passes over ``minibatches`` shuffled minibatches: the PPO-clip loss for the
+   policy, the clipped value loss for the value model, each with its own optimizer;
+6. with ``--target-kl``, beta adapts toward it (Ziegler et al.'s proportional controller).
+
+``docs/rlhf.md`` goes through "The N Implementation Details of RLHF with PPO" one by one.
+``omnigym train rlhf`` with no flags is the offline demo: SFT -> reward model -> PPO in the
+synthetic preference world (``omnigym.tasks.gold_world``), with the gold reward of the
+policy's samples reported before and after beside their KL to the reference.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from omnigym.backends.local import LocalBackend
+from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
+from omnigym.errors import OmnigymError, require
+from omnigym.evaluation.text import sampled_rewards
+from omnigym.inference import make_engine
+from omnigym.inference.engine import SamplingParams
+from omnigym.models.reference import FrozenReference
+from omnigym.models.tokens import completion_logprobs, make_completion_batch, make_sequence_batch
+from omnigym.optim import adamw
+from omnigym.process import scoped_run
+from omnigym.rewards import parse_weights
+from omnigym.rl.advantages import AdvantageConfig, gae, normalize
+from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_clip, value_loss
+from omnigym.tasks.preference_data import read_prompts
+from omnigym.tasks.sft_data import prompt_tokens
+from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.run import start_run
+
+
+@dataclass
+class RLHFConfig(LanguageModelConfig):
+    reward_model: str | None = None
+    """the run directory of `omnigym train rm`; none (with --model tiny): the offline demo trains one first"""
+    value_init: str = "reward"
+    """initialise the value model from the reward model or from the policy"""
+    data: str = "words"
+    """prompts: a .jsonl/.json file or dataset (rows with prompt, question, messages, or
+    chosen/rejected pairs), or "words" (the demo's built-in prompts)"""
+    split: str = "train"
+    max_prompt_length: int = 256
+    """longer prompts are left out (and counted)"""
+    steps: int = 20
+    prompts_per_step: int = 64
+    """replies sampled per step (one per prompt): the rollout batch"""
+    minibatches: int = 4
+    ppo_epochs: int = 4
+    learning_rate: float = 1e-4
+    value_learning_rate: float = 1e-4
+    beta: float = 0.05
+    """KL penalty coefficient (the starting value with --target-kl)"""
+    target_kl: float | None = None
+    """adapt beta so that the per-reply KL approaches this (nats); off: beta stays fixed"""
+    kl_horizon: int = 10_000
+    """the adaptive controller's horizon, in replies"""
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip: float = 0.2
+    value_clip: float = 0.2
+    whiten_rewards: bool = False
+    """standardise the per-token rewards of each batch (scale only) before GAE"""
+    missing_eos_penalty: float = 1.0
+    """subtracted from the score of a reply that never emitted the end-of-sequence token"""
+    max_new_tokens: int = 40
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    gold_reward: str | None = None
+    """rewards (name:weight,...) scored on held-out samples at each evaluation, never trained on;
+    the demo uses its hidden rule, gold_vowels:1.0"""
+    eval_prompts: int = 128
+    eval_every: int = 5
+    checkpoint_every: int = 10
+
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("reward_model", "value_init", "data", "split",
+                                                       "max_prompt_length", "eval_prompts")
+    BUDGET = ("steps", "step")
+
+    def check(self) -> None:
+        super().check()
+        require_positive(self, "steps", "prompts_per_step", "minibatches", "ppo_epochs", "learning_rate",
+                         "value_learning_rate", "kl_horizon", "clip", "value_clip", "max_new_tokens", "temperature",
+                         "max_grad_norm", "eval_prompts", "eval_every", "max_prompt_length")
+        require_non_negative(self, "beta", "missing_eos_penalty", "checkpoint_every")
+        require_fraction(self, "gamma", "lam")
+        require(self.value_init in ("reward", "policy"), f"--value-init must be reward or policy, got {self.value_init!r}")
+        require(self.target_kl is None or self.target_kl > 0, f"--target-kl must be positive, got {self.target_kl}")
+        require(self.minibatches <= self.prompts_per_step,
+                f"--minibatches {self.minibatches} is more than the {self.prompts_per_step} replies of a step")
+        require(self.reward_model is not None or self.model == "tiny",
+                "give --reward-model RUN_DIR (a finished `omnigym train rm`); only the built-in demo (--model tiny) "
+                "trains its own")
+
+
+CONFIG = RLHFConfig
+
+
+def completion_token_values(value_model, prompts, completions, pad_id, width, device) -> torch.Tensor:
+    """V(s_t) before each reply token, ``[B, width]``: the value head at the token before it,
+    on prompt + reply sequences."""
+    from omnigym.models.scalar_head import token_values
+
+    batch = make_sequence_batch([(p + c, [0] * len(p) + [1] * len(c)) for p, c in zip(prompts, completions)],
+                                pad_id, device)
+    values = token_values(value_model, batch.input_ids, batch.attention_mask)[:, :-1]
+    out = torch.zeros((len(prompts), width), device=values.device)
+    for i, completion in enumerate(completions):
+        out[i, :len(completion)] = values[i][batch.loss_mask[i] > 0]
+    return out
+
+
+@scoped_run
+def train(cfg: RLHFConfig) -> dict:
+    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, load_tokenizer, model_folder
+    from omnigym.models.scalar_head import load_scalar_model, reward_model_folder
+    from omnigym.rewards.reward_model import RewardModelScorer
+
+    if cfg.reward_model is not None:
+        reward_model_folder(cfg.reward_model)  # not a reward model: one line before anything is written
+    run = start_run(cfg, "rlhf", cfg.model)
+    if cfg.reward_model is None:
+        from omnigym.pipelines.rlhf_demo import GOLD_REWARD, prepare
+
+        stages = prepare(cfg, run, reward_model=True)
+        cfg.model, cfg.reward_model = str(stages.sft), str(stages.reward_model)
+        cfg.gold_reward = cfg.gold_reward or f"{GOLD_REWARD}:1.0"
+    scorer = RewardModelScorer(cfg.reward_model, cfg.device)
+    gold = parse_weights(cfg.gold_reward).to(cfg.device) if cfg.gold_reward else None
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+                                                  cfg.device, need_chat_template=False)
+    check_context(policy, cfg.max_new_tokens)
+    value_source = str(scorer.folder) if cfg.value_init == "reward" else cfg.model
+    with model_folder(value_source, cfg.seed) as folder:
+        if cfg.value_init == "reward" and load_tokenizer(folder, need_chat_template=False).get_vocab() != tokenizer.get_vocab():
+            raise OmnigymError("the reward model's tokenizer is not the policy's, so the value model cannot start from "
+                               "it; use --value-init policy")
+        value_model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
+
+    prompts = []
+    rows = read_prompts(cfg.data, cfg.split, cfg.seed)
+    for where, prompt in rows:
+        ids = prompt_tokens(where, prompt, tokenizer)
+        if 2 <= len(ids) <= cfg.max_prompt_length:
+            prompts.append(({"prompt": prompt}, ids))
+    left_out = len(rows) - len(prompts)
+    if len(prompts) <= cfg.eval_prompts:
+        raise OmnigymError(f"--data {cfg.data} has {len(prompts)} prompts within --max-prompt-length "
+                           f"{cfg.max_prompt_length} ({left_out} longer or empty) and --eval-prompts {cfg.eval_prompts} "
+                           "holds out that many or more")
+    random.Random(cfg.seed).shuffle(prompts)
+    heldout, training = prompts[:cfg.eval_prompts], prompts[cfg.eval_prompts:]
+
+    reference = FrozenReference(policy)
+    engine = make_engine(policy, tokenizer)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate), cfg.max_grad_norm)
+    value_trainer = LocalBackend(value_model, adamw(value_model, cfg.value_learning_rate), cfg.max_grad_norm)
+    components = {"trainer": trainer, "value_trainer": value_trainer}
+    counters = run.begin(components)
+    step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
+    loss_cfg = PolicyLossConfig(cfg.clip, cfg.clip, "token-mean")
+    advantage_cfg = AdvantageConfig(gamma=cfg.gamma, lam=cfg.lam)
+    evaluated = {"rm_score": scorer, **({"gold_reward": gold} if gold is not None else {})}
+
+    def evaluate(at: int) -> dict:
+        samples: list = []
+        with torch.random.fork_rng():  # evaluation leaves training's random stream alone
+            torch.manual_seed(cfg.seed + at)
+            metrics = sampled_rewards(policy, reference, engine, tokenizer, [e for e, _ in heldout],
+                                      [ids for _, ids in heldout], evaluated, params, samples)
+        run.log_samples(at, samples)
+        return metrics
+
+    def policy_loss(model, mb):
+        new = completion_logprobs(model, mb["tokens"])
+        loss, stats = ppo_clip(new, mb["old_logprobs"], mb["advantages"], mb["tokens"].loss_mask, loss_cfg)
+        check_finite(loss, step)
+        return loss, stats
+
+    def critic_loss(model, mb):
+        new = completion_token_values(model, mb["prompts"], mb["completions"], tokenizer.pad_token_id,
+                                      mb["old_values"].shape[1], cfg.device)
+        loss = value_loss(new, mb["old_values"], mb["returns"], mb["tokens"].loss_mask, cfg.value_clip)
+        check_finite(loss, step)
+        return loss, {"value_clip_fraction": masked_mean(((new - mb["old_values"]).abs() > cfg.value_clip).float(),
+                                                         mb["tokens"].loss_mask)}
+
+    if step == 0:
+        first = evaluate(0)
+        run.log(0, {**first, "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
+    progress = ProgressBar(cfg.steps, "rlhf", start=step, enabled=cfg.progress)
+    clock = Clock(step)
+    while step < cfg.steps:
+        timings, started = {}, time.perf_counter()
+
+        def lap(name):
+            nonlocal started
+            now = time.perf_counter()
+            timings[f"time/{name}"] = now - started
+            started = now
+
+        batch = random.Random(cfg.seed * 7_919 + step).sample(training, min(cfg.prompts_per_step, len(training)))
+        examples, prompt_ids = [e for e, _ in batch], [ids for _, ids in batch]
+        replies = [group[0] for group in engine.generate(prompt_ids, 1, params)]
+        # An empty reply (end-of-sequence at once) still has its end token; a reply is never empty here.
+        completions = [s.completion_ids or [tokenizer.eos_token_id] for s in replies]
+        finished = torch.tensor([s.finished for s in replies], dtype=torch.bool)
+        lap("generate")
+        tokens = make_completion_batch(prompt_ids, completions, tokenizer.pad_token_id, device=cfg.device)
+        mask = tokens.loss_mask
+        with torch.no_grad():
+            policy.eval()
+            old_logprobs = completion_logprobs(policy, tokens)
+            policy.train()
+            lap("policy_logprobs")
+            ref_logprobs = reference.run(completion_logprobs, tokens)
+            lap("reference")
+            texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+            scores = scorer(texts, examples).float().to(cfg.device)
+            lap("reward")
+            old_values = completion_token_values(value_model, prompt_ids, completions, tokenizer.pad_token_id,
+                                                 mask.shape[1], cfg.device) * mask
+            lap("value")
+            penalised = scores - cfg.missing_eos_penalty * (~finished).float().to(cfg.device)
+            kl = (old_logprobs - ref_logprobs) * mask
+            rewards = -beta * kl
+            last = mask.sum(1).long() - 1
+            rewards[torch.arange(len(completions)), last] += penalised
+            if cfg.whiten_rewards:
+                rewards = rewards / (masked_mean(rewards ** 2, mask) - masked_mean(rewards, mask) ** 2).clamp(min=1e-8).sqrt() * mask
+            advantages, returns = gae(rewards, mask, values=old_values, cfg=advantage_cfg)
+            advantages = normalize(advantages, mask) * mask
+
+        order = list(range(len(completions)))
+        shuffle = random.Random(cfg.seed * 31 + step)
+        size = -(-len(order) // cfg.minibatches)
+        for _ in range(cfg.ppo_epochs):
+            shuffle.shuffle(order)
+            for begin in range(0, len(order), size):
+                chosen = order[begin:begin + size]
+                mb_tokens = make_completion_batch([prompt_ids[i] for i in chosen], [completions[i] for i in chosen],
+                                                  tokenizer.pad_token_id, device=cfg.device)
+                width = mb_tokens.loss_mask.shape[1]
+                mb = {"tokens": mb_tokens, "prompts": [prompt_ids[i] for i in chosen],
+                      "completions": [completions[i] for i in chosen],
+                      "old_logprobs": old_logprobs[chosen, :width], "advantages": advantages[chosen, :width],
+                      "old_values": old_values[chosen, :width], "returns": returns[chosen, :width]}
+                policy_stats = trainer.forward_backward(mb, policy_loss)
+                trainer.optim_step()
+                value_stats = value_trainer.forward_backward(mb, critic_loss)
+                value_trainer.optim_step()
+        engine.update_weights(policy.named_parameters(), version=step + 1)
+        lap("update")
+        kl_per_reply = kl.sum(1)
+        if cfg.target_kl is not None:  # Ziegler et al.: a proportional controller on log(KL / target)
+            error = max(-0.2, min(0.2, kl_per_reply.mean().item() / cfg.target_kl - 1))
+            beta *= 1 + error * len(completions) / cfg.kl_horizon
+        step += 1
+        metrics = {"reward/score": scores.mean().item(), "reward/penalised_score": penalised.mean().item(),
+                   "reward/kl_penalty": (-beta * kl_per_reply).mean().item(),
+                   "reward/total": (penalised - beta * kl_per_reply).mean().item(), "kl/mean": kl_per_reply.mean().item(),
+                   "kl/beta": beta, "completion/length": mask.sum(1).mean().item(),
+                   "completion/eos_fraction": finished.float().mean().item(),
+                   "losses/policy_loss": policy_stats["loss"].item(), "losses/value_loss": value_stats["loss"].item(),
+                   "losses/clip_fraction": policy_stats["clip_fraction"].item(),
+                   "losses/approx_kl": policy_stats["approx_kl"].item(),
+                   "losses/value_clip_fraction": value_stats["value_clip_fraction"].item(),
+                   **timings, "perf/steps_per_second": clock.sps(step)}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            metrics.update(evaluate(step))
+        run.log(step, metrics)
+        progress.update(step, score=metrics["reward/score"], kl=metrics["kl/mean"])
+        if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
+            run.save(components, step=step, beta=beta)
+    progress.close()
+    return finish(run, cfg, policy, tokenizer, gold is not None)
+
+
+def finish(run, cfg: RLHFConfig, policy, tokenizer, has_gold: bool) -> dict:
+    from omnigym.track.files import read_metrics
+
+    evaluated = [r for r in read_metrics(run.dir) if "eval/rm_score" in r]
+    run.export_model(policy, tokenizer)
+    plot_path = run.close(plot=cfg.plot, metric="eval/gold_reward" if has_gold else "eval/rm_score")
+    start, end = evaluated[0], evaluated[-1]
+    lines = [f"run: {run.dir}  (the policy: {run.dir / 'model'})",
+             f"reward-model score of sampled replies: {start['eval/rm_score']:.3f} -> {end['eval/rm_score']:.3f}  "
+             f"at KL {end['eval/kl']:.2f} nats to the reference"]
+    if has_gold:
+        lines.append(f"gold reward (never trained on): {start['eval/gold_reward']:.3f} -> {end['eval/gold_reward']:.3f}")
+    run.say(*lines)
+    return {"run_dir": str(run.dir), "score_before": start["eval/rm_score"], "score_after": end["eval/rm_score"],
+            "gold_before": start.get("eval/gold_reward"), "gold_after": end.get("eval/gold_reward"),
+            "kl": end["eval/kl"], "plot": str(plot_path) if plot_path else None}
