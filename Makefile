@@ -30,11 +30,15 @@ demo: setup
 demo-grpo: setup
 	$(BIN)/omnigym train grpo
 
+# One torch thread per test process and one process per core (pytest-xdist): on 2 cores this
+# halves the suite's time, where more threads per test made tiny models slower.
+PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist worksteal
+
 test: setup
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 test-quick: setup  # the inner loop: everything but the slow learning tests
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 bench: setup
 	$(BIN)/python bench/cartpole_vs_anchors.py

@@ -27,9 +27,11 @@ from omnigym.errors import OmnigymError, missing_extra
 MARKER = "omnigym_reward.json"
 
 
-def load_scalar_model(name_or_path: str, pad_token_id: int, lora_r: int = 0, device: str = "cpu"):
+def load_scalar_model(name_or_path: str, pad_token_id: int, lora_r: int = 0, device: str = "cpu",
+                      zero_head: bool = False):
     """A one-label sequence-classification model on the backbone in ``name_or_path``; a folder
-    saved from a causal LM gets a new head (initialised from the seeded torch RNG)."""
+    saved from a causal LM gets a new head (initialised from the seeded torch RNG, or to zero
+    with ``zero_head``)."""
     import transformers
 
     try:
@@ -38,7 +40,9 @@ def load_scalar_model(name_or_path: str, pad_token_id: int, lora_r: int = 0, dev
     except (OSError, ValueError) as exc:
         raise OmnigymError(f"cannot load {name_or_path!r} with a scalar head: {str(exc).splitlines()[0]}") from None
     model.config.pad_token_id = pad_token_id
-    head(model)  # refuses a model class without a ``score`` layer now, not at the first batch
+    score = head(model)  # refuses a model class without a ``score`` layer now, not at the first batch
+    if zero_head:
+        torch.nn.init.zeros_(score.weight)
     model.to(device)
     if lora_r > 0:
         try:

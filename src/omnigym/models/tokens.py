@@ -108,8 +108,9 @@ def make_completion_batch(prompts: list[list[int]], completions: list[list[int]]
                                                      targets, loss_mask, attention)))
 
 
-def completion_logprobs(model, batch: CompletionBatch) -> torch.Tensor:
-    """log p(completion token t | prompt, completion tokens < t), ``[B, C]``."""
+def completion_logprobs(model, batch: CompletionBatch, temperature: float = 1.0) -> torch.Tensor:
+    """log p(completion token t | prompt, completion tokens < t), ``[B, C]``, under the
+    distribution the tokens were sampled from (logits divided by ``temperature``)."""
     positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
     cache = model(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask, position_ids=positions,
                   use_cache=True).past_key_values
@@ -117,4 +118,6 @@ def completion_logprobs(model, batch: CompletionBatch) -> torch.Tensor:
     attention = torch.cat([batch.prefix_mask[batch.rows], batch.attention], 1)
     logits = model(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
                    past_key_values=cache, use_cache=True).logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     return logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)

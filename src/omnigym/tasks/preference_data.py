@@ -10,13 +10,15 @@ A row is one of:
   conversations, rendered with the model's chat template.
 
 Sources are those of ``omnigym.tasks.datasets.read_rows`` (.jsonl, .json, a dataset folder,
-an offline hub id). A row with a missing field, an empty reply, or a chosen reply identical
-to the rejected one is refused in one line naming the file and line.
+an offline hub id). A row with a missing field or mixed formats is refused in one line naming
+the file and line. A row with an empty reply, or a chosen reply identical to the rejected one,
+is left out and counted, with one line naming the first; a set of nothing else is refused.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 from omnigym.errors import OmnigymError
@@ -62,11 +64,17 @@ def split_row(where: str, row: dict) -> tuple[str | list, str | list, str | list
     if type(prompt) is not type(chosen) or type(chosen) is not type(rejected) or not isinstance(chosen, (str, list)):
         raise OmnigymError(f"{where}: prompt, chosen and rejected must all be strings or all lists of messages")
     if chosen == rejected:
-        raise OmnigymError(f"{where}: chosen and rejected are the same reply; a pair must differ")
+        raise UnusablePair(f"{where}: chosen and rejected are the same reply; a pair must differ")
     for name, reply in (("chosen", chosen), ("rejected", rejected)):
         if not _text(reply).strip():
-            raise OmnigymError(f"{where}: the {name} reply is empty")
+            raise UnusablePair(f"{where}: the {name} reply is empty")
     return prompt, chosen, rejected
+
+
+class UnusablePair(OmnigymError):
+    """A well-formed row that cannot teach a preference (an empty reply, the same reply twice).
+    A data set with a few of them is read without them, and says so in one line (HH-RLHF has
+    4 empty replies in 2,312 rows); a set with only such rows is this error."""
 
 
 def hh_messages(where: str, transcript: str) -> list[dict]:
@@ -109,9 +117,13 @@ def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, whi
     """Token pairs of ``rows``: prompt + reply is cut to ``max_length`` tokens (the reply's
     tail goes; the cut is counted). A pair is dropped when its prompt leaves no room for a
     reply, or when the cut makes both replies the same."""
-    pairs, truncated, dropped = [], 0, 0
+    pairs, truncated, dropped, unusable = [], 0, 0, []
     for where, row in rows:
-        prompt, chosen, rejected = split_row(where, row)
+        try:
+            prompt, chosen, rejected = split_row(where, row)
+        except UnusablePair as exc:
+            unusable.append(exc)
+            continue
         tokens = []
         for reply in (chosen, rejected):
             ids, trained = to_sequence(where, {"prompt": prompt, "completion": reply}, tokenizer, completion_only=True)
@@ -132,6 +144,12 @@ def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, whi
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin != margin:
             raise OmnigymError(f"{where}: margin must be a number, got {margin!r}")
         pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, float(margin), prompt))
+    if unusable and not pairs:
+        raise unusable[0]
+    if unusable:
+        more = f" (and {len(unusable) - 1} more such rows)" if len(unusable) > 1 else ""
+        print(f"omnigym: note: left out {unusable[0]}{more}", file=sys.stderr)
+        dropped += len(unusable)
     if not pairs:
         raise OmnigymError(f"no {which}pair is left within --max-length {max_length} ({dropped} of {len(rows)} have "
                            "prompts that long, or replies that only differ after the cut); raise --max-length")

@@ -196,8 +196,13 @@ def train(cfg: GRPOConfig) -> dict:
     def save(next_step: int):
         run.save(components, sft_step=sft_step, step=next_step, sft_done=sft_done, has_reference=reference is not None)
 
-    def evaluate(examples) -> float:
-        return accuracy(env, engine, tokenizer, examples, correct, cfg.max_new_tokens, cfg.max_turns)
+    def evaluate(examples, at: int | None = None) -> float:
+        """Greedy accuracy; on the held-out set (``at``: the log step) a few episodes go to samples.jsonl."""
+        samples = [] if at is not None else None
+        value = accuracy(env, engine, tokenizer, examples, correct, cfg.max_new_tokens, cfg.max_turns, samples)
+        if samples:
+            run.log_samples(at, samples)
+        return value
 
     progress = ProgressBar(cfg.sft_steps + cfg.steps, "grpo", start=sft_step + step, enabled=cfg.progress)
 
@@ -253,7 +258,7 @@ def train(cfg: GRPOConfig) -> dict:
     for step in range(step, cfg.steps):
         metrics = {}
         if step == 0 or step % cfg.eval_every == 0:
-            metrics["eval/accuracy"] = evaluate(heldout)
+            metrics["eval/accuracy"] = evaluate(heldout, warmup_steps + step + 1)
         rng = random.Random(cfg.seed * 7_919 + step)
         examples = rng.sample(train_set, cfg.prompts_per_step)
         trajectories = generator.generate(examples, cfg.group_size)
@@ -287,7 +292,7 @@ def train(cfg: GRPOConfig) -> dict:
         if cfg.env == "tools":
             metrics["episode/turns"] = sum(t.info["turns"] for t in trajectories.items) / len(trajectories)
         if step == cfg.steps - 1:
-            metrics["eval/accuracy"] = evaluate(heldout)
+            metrics["eval/accuracy"] = evaluate(heldout, warmup_steps + step + 1)
         run.log(warmup_steps + step + 1, metrics)
         progress.update(warmup_steps + step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
         if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):

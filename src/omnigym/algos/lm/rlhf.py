@@ -154,7 +154,9 @@ def train(cfg: RLHFConfig) -> dict:
         if cfg.value_init == "reward" and load_tokenizer(folder, need_chat_template=False).get_vocab() != tokenizer.get_vocab():
             raise OmnigymError("the reward model's tokenizer is not the policy's, so the value model cannot start from "
                                "it; use --value-init policy")
-        value_model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
+        # A new head on the policy starts at V = 0 (zero weights, as lm-human-preferences does).
+        value_model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device,
+                                        zero_head=cfg.value_init == "policy")
 
     prompts = []
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)
@@ -192,7 +194,7 @@ def train(cfg: RLHFConfig) -> dict:
         return metrics
 
     def policy_loss(model, mb):
-        new = completion_logprobs(model, mb["tokens"])
+        new = completion_logprobs(model, mb["tokens"], cfg.temperature)
         loss, stats = ppo_clip(new, mb["old_logprobs"], mb["advantages"], mb["tokens"].loss_mask, loss_cfg)
         check_finite(loss, step)
         return loss, stats
@@ -230,10 +232,10 @@ def train(cfg: RLHFConfig) -> dict:
         mask = tokens.loss_mask
         with torch.no_grad():
             policy.eval()
-            old_logprobs = completion_logprobs(policy, tokens)
+            old_logprobs = completion_logprobs(policy, tokens, cfg.temperature)
             policy.train()
             lap("policy_logprobs")
-            ref_logprobs = reference.run(completion_logprobs, tokens)
+            ref_logprobs = reference.run(lambda model, batch: completion_logprobs(model, batch, cfg.temperature), tokens)
             lap("reference")
             texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
             scores = scorer(texts, examples).float().to(cfg.device)

@@ -18,6 +18,9 @@ import torch
 from omnigym.backends.local import LocalBackend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.errors import OmnigymError
+from omnigym.evaluation.text import SAMPLES_SHOWN
+from omnigym.inference import make_engine
+from omnigym.inference.engine import SamplingParams
 from omnigym.models.tokens import make_sequence_batch, token_logprobs
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
@@ -102,8 +105,24 @@ def train(cfg: SFTConfig) -> dict:
         model.train()
         return total / max(tokens, 1.0)
 
+    shown = [(ids[:trained.index(1)], ids[trained.index(1):]) for ids, trained in heldout.sequences[:SAMPLES_SHOWN]
+             if 0 < trained.index(1)]  # prompts with their reference replies (plain text has no prompt)
+    engine = make_engine(model, tokenizer) if shown else None
+
+    def log_samples(at: int) -> None:
+        """The model's greedy replies to a few held-out prompts, beside the data's, in samples.jsonl."""
+        if not shown:
+            return
+        params = SamplingParams(max_new_tokens=max(len(reply) for _, reply in shown) + 8, greedy=True)
+        replies = engine.generate([prompt for prompt, _ in shown], 1, params)
+        run.log_samples(at, [{"prompt": tokenizer.decode(prompt, skip_special_tokens=True),
+                              "completion": tokenizer.decode(group[0].completion_ids, skip_special_tokens=True),
+                              "reference": tokenizer.decode(reply, skip_special_tokens=True)}
+                             for (prompt, reply), group in zip(shown, replies)])
+
     first_loss = heldout_loss() if step == 0 else None
     if step == 0:
+        log_samples(0)
         run.log(0, {"eval/loss": first_loss, "data/truncated": training.truncated + heldout.truncated,
                     "data/dropped": training.dropped + heldout.dropped, "data/train_examples": len(examples)})
     progress = ProgressBar(cfg.steps, "sft", start=step, enabled=cfg.progress)
@@ -118,6 +137,7 @@ def train(cfg: SFTConfig) -> dict:
         metrics = {"train/loss": loss.item(), "perf/steps_per_second": clock.sps(step)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             metrics["eval/loss"] = heldout_loss()
+            log_samples(step)
         run.log(step, metrics)
         progress.update(step, loss=loss.item())
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):

@@ -1,0 +1,206 @@
+"""train rm, train dpo, train rlhf: they train, same seed gives the same metrics, an interrupted
+run resumes to the same metrics, bad input is one line with no run left behind; and the
+offline demo (slow): the whole pipeline raises the hidden gold reward."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from omnigym.algos import dpo, rlhf, rm
+from omnigym.cli import main
+from omnigym.tasks.gold_world import label_pairs, prompts, reply
+
+
+def quiet(run_dir, **kw):
+    return {"run_dir": str(run_dir) if run_dir else None, "progress": False, "plot": False, "tensorboard": False, **kw}
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory):
+    """400 gold-labelled pairs of random-word replies (no SFT model needed)."""
+    rng = random.Random(0)
+    rows = prompts(400, 0)
+    path = tmp_path_factory.mktemp("data") / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in label_pairs(rows, [(reply(rng), reply(rng)) for _ in rows])))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reward_model(tmp_path_factory, pairs_file):
+    run_dir = tmp_path_factory.mktemp("rm") / "run"
+    summary = rm.train(rm.RMConfig(**quiet(run_dir), data=str(pairs_file), eval_size=50, steps=40, batch_size=16,
+                                   eval_every=20, learning_rate=1e-3))
+    return run_dir, summary
+
+
+def test_reward_model_learns_and_is_saved_as_a_reward(reward_model):
+    run_dir, summary = reward_model
+    rows = metrics(run_dir)
+    assert rows[-1]["train/loss"] < rows[1]["train/loss"] or summary["accuracy"] > summary["initial_accuracy"]
+    assert summary["accuracy"] > 0.6  # random guessing is 0.5
+    info = json.loads((run_dir / "model" / "omnigym_reward.json").read_text())
+    assert info["conversational"] is True and info["max_length"] == 256
+
+    from omnigym.rewards import parse_weights
+
+    reward = parse_weights(f"rm:{run_dir}:1.0")
+    example = {"prompt": [{"role": "user", "content": "Say a few words about rain 1."}]}
+    scores = reward(["aeiou oa ei", "xkcd trm pl", ""], [example] * 3)  # an empty reply is scored too
+    assert scores.shape == (3,) and torch.isfinite(scores).all() and scores[0] > scores[1]
+
+
+def test_reward_model_same_seed_and_resume(tmp_path, pairs_file, monkeypatch):
+    cfg = dict(data=str(pairs_file), eval_size=50, steps=6, batch_size=8, eval_every=3, checkpoint_every=3)
+    rm.train(rm.RMConfig(**quiet(tmp_path / "a"), **cfg))
+    rm.train(rm.RMConfig(**quiet(tmp_path / "b"), **cfg))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf")} for r in rows]  # noqa: E731
+    assert strip(metrics(tmp_path / "a")) == strip(metrics(tmp_path / "b"))
+    interrupt_at(monkeypatch, rm, 5)
+    with pytest.raises(KeyboardInterrupt):
+        rm.train(rm.RMConfig(**quiet(tmp_path / "c"), **cfg))
+    monkeypatch.undo()
+    rm.train(rm.RMConfig(**quiet(None, resume=str(tmp_path / "c")), **cfg))
+    assert strip(metrics(tmp_path / "c")) == strip(metrics(tmp_path / "a"))
+
+
+def interrupt_at(monkeypatch, module, calls: int):
+    """Ctrl-C inside the ``calls``-th optimizer step of the module's trainer."""
+    from omnigym.backends.local import LocalBackend
+
+    original, count = LocalBackend.optim_step, {"n": 0}
+
+    def step(self):
+        count["n"] += 1
+        if count["n"] == calls:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(LocalBackend, "optim_step", step)
+
+
+@pytest.mark.parametrize("flags", [dict(loss="sigmoid"), dict(loss="sigmoid", label_smoothing=0.1, precompute_ref=True),
+                                   dict(loss="ipo"), dict(loss="hinge"), dict(loss="simpo", beta=2.0),
+                                   dict(loss="sigmoid", lora_r=4)])
+def test_dpo_variants_train(tmp_path, pairs_file, flags):
+    summary = dpo.train(dpo.DPOConfig(**quiet(tmp_path / "run"), data=str(pairs_file), eval_size=40, steps=4,
+                                      batch_size=8, eval_every=4, **flags))
+    rows = metrics(tmp_path / "run")
+    assert rows[0]["eval/margin"] == pytest.approx(0.0, abs=1e-6) or flags["loss"] == "simpo"
+    assert rows[-1]["eval/margin"] != rows[0]["eval/margin"]  # the policy moved against the reference
+    assert {"rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin"} <= set(rows[-1])
+    assert (tmp_path / "run" / "model" / "config.json").exists() and summary["gold_after"] is None
+
+
+def test_dpo_with_lora_uses_the_base_as_reference():
+    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+    from omnigym.models.reference import FrozenReference
+
+    policy, _ = load_policy_and_tokenizer("tiny", lora=LoraSettings(r=4))
+    reference = FrozenReference(policy)
+    assert reference.model is policy and reference.state_dict() == {}  # no second copy
+
+
+def test_dpo_same_seed_and_resume_with_gold_samples(tmp_path, pairs_file, monkeypatch):
+    cfg = dict(data=str(pairs_file), eval_size=40, steps=4, batch_size=8, eval_every=2, checkpoint_every=2,
+               gold_reward="gold_vowels:1.0", eval_prompts=8, max_new_tokens=8)
+    dpo.train(dpo.DPOConfig(**quiet(tmp_path / "a"), **cfg))
+    dpo.train(dpo.DPOConfig(**quiet(tmp_path / "b"), **cfg))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf")} for r in rows]  # noqa: E731
+    assert strip(metrics(tmp_path / "a")) == strip(metrics(tmp_path / "b"))
+    assert "eval/gold_reward" in metrics(tmp_path / "a")[-1]
+    samples = [json.loads(line) for line in open(tmp_path / "a" / "samples.jsonl")]
+    assert {"global_step", "prompt", "completion", "gold_reward"} <= set(samples[0])
+    interrupt_at(monkeypatch, dpo, 3)
+    with pytest.raises(KeyboardInterrupt):
+        dpo.train(dpo.DPOConfig(**quiet(tmp_path / "c"), **cfg))
+    monkeypatch.undo()
+    dpo.train(dpo.DPOConfig(**quiet(None, resume=str(tmp_path / "c")), **cfg))
+    assert strip(metrics(tmp_path / "c")) == strip(metrics(tmp_path / "a"))
+    assert open(tmp_path / "c" / "samples.jsonl").read() == open(tmp_path / "a" / "samples.jsonl").read()
+
+
+def rlhf_cfg(reward_dir, pairs_file, **kw):
+    return {**dict(reward_model=str(reward_dir), data=str(pairs_file), steps=3, prompts_per_step=8, minibatches=2,
+                   ppo_epochs=2, eval_prompts=8, eval_every=2, checkpoint_every=2, max_new_tokens=12), **kw}
+
+
+def test_rlhf_trains_policy_and_value_and_logs_the_phases(tmp_path, reward_model, pairs_file):
+    reward_dir, _ = reward_model
+    summary = rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "run"), **rlhf_cfg(reward_dir, pairs_file,
+                                                                             target_kl=0.5)))
+    rows = metrics(tmp_path / "run")
+    last = rows[-1]
+    for phase in ("generate", "reference", "reward", "value", "update"):
+        assert last[f"time/{phase}"] > 0
+    assert last["kl/beta"] != 0.05  # the adaptive controller moved beta
+    assert last["losses/value_loss"] > 0 and "eval/rm_score" in rows[0] and "eval/kl" in last
+    assert rows[0]["eval/kl"] == 0.0 and summary["kl"] >= 0
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert {"prompt", "completion", "rm_score"} <= set(samples[0])
+
+
+def test_rlhf_same_seed_and_resume(tmp_path, reward_model, pairs_file, monkeypatch):
+    reward_dir, _ = reward_model
+    cfg = rlhf_cfg(reward_dir, pairs_file, value_init="policy", steps=4)
+    rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "a"), **cfg))
+    rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "b"), **cfg))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("perf", "time"))} for r in rows]  # noqa: E731
+    assert strip(metrics(tmp_path / "a")) == strip(metrics(tmp_path / "b"))
+    interrupt_at(monkeypatch, rlhf, 2 * 2 * 2 * 3 + 1)  # inside step 4 (policy + value steps, 2 epochs x 2 minibatches)
+    with pytest.raises(KeyboardInterrupt):
+        rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "c"), **cfg))
+    monkeypatch.undo()
+    rlhf.train(rlhf.RLHFConfig(**quiet(None, resume=str(tmp_path / "c")), **cfg))
+    assert strip(metrics(tmp_path / "c")) == strip(metrics(tmp_path / "a"))
+
+
+def test_grpo_scores_with_a_reward_model(tmp_path, reward_model):
+    from omnigym.algos import grpo
+
+    reward_dir, _ = reward_model
+    grpo.train(grpo.GRPOConfig(**quiet(tmp_path / "run"), rewards=f"rm:{reward_dir}:1.0", sft_steps=0, steps=2,
+                               prompts_per_step=4, group_size=4, eval_size=8, eval_every=100, max_new_tokens=8,
+                               skip_equal_groups=False))
+    rows = [r for r in metrics(tmp_path / "run") if "reward/mean" in r]
+    assert len(rows) == 2 and all(r["reward/std"] > 0 for r in rows)  # real, varying scores
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "rlhf", "--reward-model", "{tmp}"], "is not a reward model"),
+    (["train", "rlhf", "--model", "{tmp}"], "give --reward-model RUN_DIR"),
+    (["train", "grpo", "--rewards", "rm:{tmp}:1.0"], "is not a reward model"),
+    (["train", "rm", "--data", "{tmp}/none.jsonl"], "no such file"),
+    (["train", "dpo", "--loss", "kto"], "unknown --loss 'kto'"),
+    (["train", "dpo", "--data", "{pairs}", "--eval-size", "5000"], "holds out that many or more"),
+    (["train", "rlhf", "--value-init", "random"], "--value-init must be reward or policy"),
+    (["train", "rlhf", "--minibatches", "100"], "is more than the 64 replies"),
+])
+def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, pairs_file, argv, message):
+    run_dir = tmp_path / "run"
+    argv = [a.format(tmp=tmp_path, pairs=pairs_file) for a in argv] + ["--run-dir", str(run_dir)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not run_dir.exists()
+
+
+@pytest.mark.slow
+def test_offline_demo_pipeline_raises_the_gold_reward(tmp_path):
+    """Seed 1, the defaults of `omnigym train rlhf` (SFT -> RM -> 20 PPO steps), then DPO on the
+    same pairs from the same SFT model. Measured: RM held-out accuracy 0.885; PPO gold 0.197 ->
+    ~0.59 at KL ~7 nats; thresholds in docs/rlhf.md."""
+    summary = rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "ppo")))
+    stages = tmp_path / "ppo" / "stages"
+    rm_summary = json.loads((stages / "rm" / "model" / "omnigym_reward.json").read_text())
+    assert rm_summary["heldout_accuracy"] >= 0.8
+    assert summary["gold_before"] < 0.25 and summary["gold_after"] >= summary["gold_before"] + 0.2
+    assert 0 < summary["kl"] < 30
+    result = dpo.train(dpo.DPOConfig(**quiet(tmp_path / "dpo"), data=str(stages / "pairs.jsonl"),
+                                     model=str(stages / "sft"), gold_reward="gold_vowels:1.0"))
+    assert result["gold_after"] >= result["gold_before"] + 0.15 and result["accuracy_after"] >= 0.7
