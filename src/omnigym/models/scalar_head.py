@@ -74,6 +74,39 @@ def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, p
     return head(model)(hidden).squeeze(-1).float()
 
 
+def completion_values(model, batch) -> torch.Tensor:
+    """The scalar head at every position of a ``CompletionBatch``'s reply part, ``[B, C]``:
+    column t reads the prompt and the reply's first t tokens (V(s_t) before reply token t).
+    Each distinct prompt runs once, its KV cache shared by its replies, as in
+    ``models.tokens.completion_logprobs``."""
+    backbone = _unwrapped(model).base_model
+    positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = backbone(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask, position_ids=positions,
+                     use_cache=True).past_key_values
+    cache.batch_select_indices(batch.rows)
+    attention = torch.cat([batch.prefix_mask[batch.rows], batch.attention], 1)
+    hidden = backbone(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
+                      past_key_values=cache, use_cache=True).last_hidden_state
+    return head(model)(hidden).squeeze(-1).float()
+
+
+def pair_scores(model, prompts: list[list[int]], replies: list[list[int]], pad_id: int, device) -> torch.Tensor:
+    """The score of each prompt + reply at the reply's last token, ``[B]``, with each distinct
+    prompt run once (the chosen and rejected replies of a pair share it). Prompts of fewer
+    than 2 tokens take the plain right-padded path."""
+    from omnigym.models.tokens import make_completion_batch, make_sequence_batch
+
+    if min(map(len, prompts)) < 2:
+        batch = make_sequence_batch([(p + r, [0] * len(p) + [1] * len(r)) for p, r in zip(prompts, replies)],
+                                    pad_id, device)
+        return sequence_scores(model, batch.input_ids, batch.attention_mask)
+    # One placeholder token after each reply makes the reply's last token an input of the reply part.
+    batch = make_completion_batch(prompts, [r + [pad_id] for r in replies], pad_id, device=device)
+    values = completion_values(model, batch)
+    return values[torch.arange(len(replies), device=values.device), torch.tensor([len(r) for r in replies],
+                                                                                  device=values.device)]
+
+
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The scalar head at the last real token of each right-padded row, ``[B]``."""
     values = token_values(model, input_ids, attention_mask)

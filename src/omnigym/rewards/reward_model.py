@@ -15,8 +15,7 @@ from typing import Sequence
 import torch
 
 from omnigym.errors import OmnigymError
-from omnigym.models.scalar_head import read_reward_info, reward_model_folder, sequence_scores
-from omnigym.models.tokens import make_sequence_batch
+from omnigym.models.scalar_head import pair_scores, read_reward_info, reward_model_folder
 
 PREFIX = "rm:"
 
@@ -50,31 +49,34 @@ class RewardModelScorer:
             self._model.requires_grad_(False)
         return self._model, self._tokenizer
 
-    def sequences(self, completions: Sequence[str], examples: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
-        """prompt + reply + end-of-sequence as the reward model was trained on them; an empty reply
+    def rendered(self, completions: Sequence[str], examples: Sequence[dict]) -> tuple[list, list]:
+        """(prompt tokens, reply tokens + EOS) as the reward model was trained on them, cut to its
+        max length (the prompt's beginning goes first, then the reply's end). An empty reply
         is scored too (its end token alone)."""
         from omnigym.tasks.sft_data import prompt_tokens
 
         _, tokenizer = self._load()
-        out = []
+        limit = self.info.get("max_length")
+        prompts, replies = [], []
         for i, (completion, example) in enumerate(zip(completions, examples)):
             prompt = prompt_of(example)
             if isinstance(prompt, str) and self.info.get("conversational"):
                 prompt = [{"role": "user", "content": prompt}]
             ids = prompt_tokens(f"completion {i}", prompt, tokenizer)
             reply = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            limit = self.info.get("max_length") or len(ids) + len(reply)
-            out.append(((ids + reply)[-limit:], ([0] * len(ids) + [1] * len(reply))[-limit:]))
-        return out
+            if limit and len(ids) + len(reply) > limit:
+                ids = ids[-max(2, limit - len(reply)):]
+                reply = reply[:max(1, limit - len(ids))]
+            prompts.append(ids)
+            replies.append(reply)
+        return prompts, replies
 
     @torch.no_grad()
     def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:
         if len(completions) != len(examples):
             raise OmnigymError(f"{len(completions)} completions but {len(examples)} examples")
         model, tokenizer = self._load()
-        sequences = self.sequences(completions, examples)
-        scores = []
-        for start in range(0, len(sequences), self.batch_size):
-            batch = make_sequence_batch(sequences[start:start + self.batch_size], tokenizer.pad_token_id, self.device)
-            scores.append(sequence_scores(model, batch.input_ids, batch.attention_mask))
+        prompts, replies = self.rendered(completions, examples)
+        scores = [pair_scores(model, prompts[i:i + self.batch_size], replies[i:i + self.batch_size],
+                              tokenizer.pad_token_id, self.device) for i in range(0, len(replies), self.batch_size)]
         return torch.cat(scores).double().cpu() if scores else torch.zeros(0, dtype=torch.float64)

@@ -55,6 +55,8 @@ class GRPOConfig(LanguageModelConfig):
     terms: int = 2
     operations: str = "+"
     system_prompt: str | None = None
+    """the system message of every episode; default: none for the built-in tiny model, and for any
+    other model one that states the answer format the math and format rewards read (give "" for none)"""
     env: str = "single-turn"
     """single-turn (one reply, scored) or tools (the reply may call <tool name="python"> or
     <tool name="calculator"> and read the answer, up to --max-turns replies)"""
@@ -125,6 +127,10 @@ class GRPOConfig(LanguageModelConfig):
 
 CONFIG = GRPOConfig
 DEFAULT_REWARDS = "math:1.0,format:0.1"
+ANSWER_FORMAT = ("Solve the problem. Think briefly if you need to, then give only the final number inside answer "
+                 "tags, like this: <answer>42</answer>")
+"""A pretrained model is not told the answer format by anything else: without it an instruct
+model answers in prose, every reward is 0 and every group is skipped."""
 
 
 def task_env(cfg: GRPOConfig, task: Task):
@@ -136,8 +142,9 @@ def task_env(cfg: GRPOConfig, task: Task):
             env.reward = parse_weights(cfg.rewards)
     else:
         reward = parse_weights(cfg.rewards or DEFAULT_REWARDS)
-        env = ToolEnv(task.train, reward, cfg.system_prompt, cfg.max_turns) if cfg.env == "tools" else \
-            TextEnv(task.train, reward, cfg.system_prompt)
+        system = cfg.system_prompt if cfg.system_prompt is not None else None if cfg.model == "tiny" else ANSWER_FORMAT
+        env = ToolEnv(task.train, reward, system or None, cfg.max_turns) if cfg.env == "tools" else \
+            TextEnv(task.train, reward, system or None)
     if cfg.accuracy_reward:
         correct = WeightedSum({cfg.accuracy_reward: 1.0})
     elif isinstance(env.reward, WeightedSum):  # its first part: math in math:1.0,format:0.1

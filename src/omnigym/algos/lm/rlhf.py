@@ -37,7 +37,7 @@ from omnigym.evaluation.text import sampled_rewards
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
 from omnigym.models.reference import FrozenReference
-from omnigym.models.tokens import completion_logprobs, make_completion_batch, make_sequence_batch
+from omnigym.models.tokens import completion_logprobs, make_completion_batch
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
@@ -115,24 +115,10 @@ class RLHFConfig(LanguageModelConfig):
 CONFIG = RLHFConfig
 
 
-def completion_token_values(value_model, prompts, completions, pad_id, width, device) -> torch.Tensor:
-    """V(s_t) before each reply token, ``[B, width]``: the value head at the token before it,
-    on prompt + reply sequences."""
-    from omnigym.models.scalar_head import token_values
-
-    batch = make_sequence_batch([(p + c, [0] * len(p) + [1] * len(c)) for p, c in zip(prompts, completions)],
-                                pad_id, device)
-    values = token_values(value_model, batch.input_ids, batch.attention_mask)[:, :-1]
-    out = torch.zeros((len(prompts), width), device=values.device)
-    for i, completion in enumerate(completions):
-        out[i, :len(completion)] = values[i][batch.loss_mask[i] > 0]
-    return out
-
-
 @scoped_run
 def train(cfg: RLHFConfig) -> dict:
     from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, load_tokenizer, model_folder
-    from omnigym.models.scalar_head import load_scalar_model, reward_model_folder
+    from omnigym.models.scalar_head import completion_values, load_scalar_model, reward_model_folder
     from omnigym.rewards.reward_model import RewardModelScorer
 
     if cfg.reward_model is not None:
@@ -200,8 +186,7 @@ def train(cfg: RLHFConfig) -> dict:
         return loss, stats
 
     def critic_loss(model, mb):
-        new = completion_token_values(model, mb["prompts"], mb["completions"], tokenizer.pad_token_id,
-                                      mb["old_values"].shape[1], cfg.device)
+        new = completion_values(model, mb["tokens"])
         loss = value_loss(new, mb["old_values"], mb["returns"], mb["tokens"].loss_mask, cfg.value_clip)
         check_finite(loss, step)
         return loss, {"value_clip_fraction": masked_mean(((new - mb["old_values"]).abs() > cfg.value_clip).float(),
@@ -240,8 +225,7 @@ def train(cfg: RLHFConfig) -> dict:
             texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
             scores = scorer(texts, examples).float().to(cfg.device)
             lap("reward")
-            old_values = completion_token_values(value_model, prompt_ids, completions, tokenizer.pad_token_id,
-                                                 mask.shape[1], cfg.device) * mask
+            old_values = completion_values(value_model, tokens) * mask
             lap("value")
             penalised = scores - cfg.missing_eos_penalty * (~finished).float().to(cfg.device)
             kl = (old_logprobs - ref_logprobs) * mask
@@ -263,9 +247,7 @@ def train(cfg: RLHFConfig) -> dict:
                 mb_tokens = make_completion_batch([prompt_ids[i] for i in chosen], [completions[i] for i in chosen],
                                                   tokenizer.pad_token_id, device=cfg.device)
                 width = mb_tokens.loss_mask.shape[1]
-                mb = {"tokens": mb_tokens, "prompts": [prompt_ids[i] for i in chosen],
-                      "completions": [completions[i] for i in chosen],
-                      "old_logprobs": old_logprobs[chosen, :width], "advantages": advantages[chosen, :width],
+                mb = {"tokens": mb_tokens, "old_logprobs": old_logprobs[chosen, :width], "advantages": advantages[chosen, :width],
                       "old_values": old_values[chosen, :width], "returns": returns[chosen, :width]}
                 policy_stats = trainer.forward_backward(mb, policy_loss)
                 trainer.optim_step()

@@ -23,11 +23,10 @@ import torch
 from omnigym.backends.local import LocalBackend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.errors import require
-from omnigym.models.tokens import make_sequence_batch
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rl.losses import bradley_terry, check_finite
-from omnigym.tasks.preference_data import pair_sequences, read_pairs
+from omnigym.tasks.preference_data import read_pairs
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.run import start_run
 
@@ -71,7 +70,7 @@ CONFIG = RMConfig
 @scoped_run
 def train(cfg: RMConfig) -> dict:
     from omnigym.models.lm import load_tokenizer, model_folder
-    from omnigym.models.scalar_head import load_scalar_model, save_reward_model, sequence_scores
+    from omnigym.models.scalar_head import load_scalar_model, pair_scores, save_reward_model
 
     run = start_run(cfg, "rm", cfg.model)
     if cfg.data == "gold" and not cfg.resume:
@@ -91,8 +90,9 @@ def train(cfg: RMConfig) -> dict:
     step = run.begin(components).get("step", 0)
 
     def scores(pairs) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = make_sequence_batch(pair_sequences(pairs), tokenizer.pad_token_id, cfg.device)
-        both = sequence_scores(model, batch.input_ids, batch.attention_mask)
+        """(chosen, rejected) scores; a pair's prompt runs once for both replies."""
+        both = pair_scores(model, [p.prompt for p in pairs] * 2, [p.chosen for p in pairs] +
+                           [p.rejected for p in pairs], tokenizer.pad_token_id, cfg.device)
         return both[:len(pairs)], both[len(pairs):]
 
     def loss_fn(model, pairs):
