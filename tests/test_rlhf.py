@@ -204,3 +204,32 @@ def test_offline_demo_pipeline_raises_the_gold_reward(tmp_path):
     result = dpo.train(dpo.DPOConfig(**quiet(tmp_path / "dpo"), data=str(stages / "pairs.jsonl"),
                                      model=str(stages / "sft"), gold_reward="gold_vowels:1.0"))
     assert result["gold_after"] >= result["gold_before"] + 0.15 and result["accuracy_after"] >= 0.7
+
+
+def test_scores_are_read_at_the_last_real_token_when_pad_is_eos(tmp_path):
+    """A tokenizer without a pad token pads with EOS; a reply ending in EOS is still scored at
+    its own last token: the same score alone as in a padded batch."""
+    from omnigym.models.lm import build_tiny_model, load_tokenizer
+    from omnigym.models.scalar_head import load_scalar_model, pair_scores
+
+    folder = build_tiny_model(tmp_path / "m")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = load_tokenizer(str(folder))
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    model = load_scalar_model(str(folder), tokenizer.pad_token_id)
+    eos = tokenizer.eos_token_id
+    prompts, replies = [[10, 11, 12], [10, 11, 12], [13, 14]], [[20, eos], [21, 22, 23, 24, eos], [25, eos]]
+    together = pair_scores(model, prompts, replies, tokenizer.pad_token_id, "cpu")
+    alone = torch.cat([pair_scores(model, [p], [r], tokenizer.pad_token_id, "cpu") for p, r in zip(prompts, replies)])
+    assert torch.allclose(together, alone, atol=1e-5)
+
+
+def test_a_set_of_only_unusable_pairs_is_one_line(tmp_path, capsys):
+    path = tmp_path / "same.jsonl"
+    path.write_text("".join(json.dumps({"prompt": "q", "chosen": f"a{i}", "rejected": f"a{i}"}) + "\n" for i in range(30)))
+    assert main(["train", "dpo", "--data", str(path), "--eval-size", "5", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "chosen and rejected are the same reply" in err[0], err
+    assert not (tmp_path / "run").exists()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 
 from omnigym.errors import OmnigymError, missing_extra
@@ -92,7 +92,8 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         loaded = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                                    dtype=torch.float32)
     except (ValueError, KeyError, OSError, RuntimeError) as exc:  # e.g. an architecture transformers can't read
-        raise OmnigymError(f"transformers cannot read {path}: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise OmnigymError(f"transformers cannot read {path}: {reason}") from None
     # The config remembers the GGUF source; a saved folder that kept it would be read as GGUF again.
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
@@ -100,10 +101,14 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = copy.deepcopy(loaded.generation_config)
+    # GGUF carries no tokenizer length limit; without one, truncation=True would never truncate.
+    tokenizer.model_max_length = config.max_position_embeddings
     del loaded
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        # Not mkdtemp: its 0700 folder would become the model's, unreadable to other users.
+        staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
     except OSError as exc:
         raise OmnigymError(f"cannot write --out {out}: {exc.strerror or exc}") from None
     try:
@@ -113,8 +118,10 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         if out.exists():
             out.rmdir()  # an empty folder: rename() can't replace one everywhere
         staging.rename(out)
-    except BaseException:
+    except BaseException as exc:  # an error or Ctrl-C: take the partial folder away
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):  # a full disk, a permission: the user's to fix
+            raise OmnigymError(f"cannot write --out {out}: {exc.strerror or exc}; nothing was kept") from None
         raise
     return out
 
