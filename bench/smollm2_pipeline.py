@@ -47,7 +47,7 @@ def main() -> None:
                                             "harmless-base-test.jsonl.gz"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--grpo-steps", type=int, default=30)
+    parser.add_argument("--grpo-steps", type=int, default=20)
     args = parser.parse_args()
     if not (Path(args.model) / "config.json").is_file():
         sys.exit(f"{args.model} is not there; make it with: make smollm2")
@@ -62,8 +62,8 @@ def main() -> None:
         "sft": stage("SFT (HH-RLHF chosen conversations)", ["sft", *model, "--data", write_sft_rows(args.hh, root),
                      "--steps", "10", "--batch-size", "4", "--max-length", "384", "--eval-size", "32",
                      "--eval-every", "10", "--learning-rate", "2e-4", "--run-dir", str(root / "sft"), *common], env),
-        "rm": stage("RM (HH-RLHF harmless-base)", ["rm", *model, "--data", args.hh, "--steps", "60", "--batch-size",
-                    "8", "--max-length", "384", "--eval-size", "200", "--eval-every", "60", "--learning-rate", "2e-4",
+        "rm": stage("RM (HH-RLHF harmless-base)", ["rm", *model, "--data", args.hh, "--steps", "40", "--batch-size",
+                    "8", "--max-length", "384", "--eval-size", "200", "--eval-every", "40", "--learning-rate", "2e-4",
                     "--run-dir", str(root / "rm"), *common], env),
     }
     results["rlhf"] = stage("PPO-RLHF (HH prompts, the RM above)", [
@@ -79,7 +79,7 @@ def main() -> None:
         "--group-size", "8", "--max-new-tokens", "48", "--eval-size", "50", "--eval-every", str(args.grpo_steps),
         "--learning-rate", "2e-5", "--run-dir", str(root / "grpo"), *common], env)
     accuracy = [r["eval/accuracy"] for r in results["rm"]["rows"] if "eval/accuracy" in r]
-    print(f"\nRM held-out accuracy on 200 HH pairs: {accuracy[0]:.3f} -> {accuracy[-1]:.3f} after 60 steps of 8 pairs")
+    print(f"\nRM held-out accuracy on 200 HH pairs: {accuracy[0]:.3f} -> {accuracy[-1]:.3f} after 40 steps of 8 pairs")
     rewards = [r["reward/mean"] for r in results["grpo"]["rows"] if "reward/mean" in r]
     tenth = max(1, len(rewards) // 3)
     print(f"GRPO mean reward, first third {sum(rewards[:tenth]) / tenth:.3f}, last third "

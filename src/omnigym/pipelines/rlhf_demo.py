@@ -81,6 +81,17 @@ def prepare(cfg, run: Run, reward_model: bool) -> Stages:
     return stages
 
 
+def use_demo_pairs(cfg, run: Run) -> None:
+    """``--data gold`` of ``train rm`` and ``train dpo``: make (or reuse) the demo's SFT model and
+    pairs, and point ``cfg`` at them (and, for DPO, judge samples by the hidden rule)."""
+    stages = prepare(cfg, run, reward_model=False)
+    cfg.data = str(stages.pairs)
+    if cfg.model == "tiny":
+        cfg.model = str(stages.sft)
+    if hasattr(cfg, "gold_reward"):
+        cfg.gold_reward = cfg.gold_reward or f"{GOLD_REWARD}:1.0"
+
+
 def write_gold_pairs(sft_dir: Path, out: Path, seed: int, device: str) -> None:
     """Sample two replies per prompt from the SFT model and keep the gold-labelled pairs."""
     import torch

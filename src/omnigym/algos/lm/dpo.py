@@ -95,14 +95,10 @@ def train(cfg: DPOConfig) -> dict:
     from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
 
     run = start_run(cfg, "dpo", cfg.model)
-    if cfg.data == "gold" and not cfg.resume:
-        from omnigym.pipelines.rlhf_demo import GOLD_REWARD, prepare
+    if cfg.data == "gold" and not cfg.resume:  # the offline demo: its SFT model and gold-labelled pairs
+        from omnigym.pipelines.rlhf_demo import use_demo_pairs
 
-        stages = prepare(cfg, run, reward_model=False)
-        cfg.data = str(stages.pairs)
-        if cfg.model == "tiny":
-            cfg.model = str(stages.sft)
-        cfg.gold_reward = cfg.gold_reward or f"{GOLD_REWARD}:1.0"
+        use_demo_pairs(cfg, run)
     gold = parse_weights(cfg.gold_reward).to(cfg.device) if cfg.gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)

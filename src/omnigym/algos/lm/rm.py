@@ -73,13 +73,10 @@ def train(cfg: RMConfig) -> dict:
     from omnigym.models.scalar_head import load_scalar_model, pair_scores, save_reward_model
 
     run = start_run(cfg, "rm", cfg.model)
-    if cfg.data == "gold" and not cfg.resume:
-        from omnigym.pipelines.rlhf_demo import prepare
+    if cfg.data == "gold" and not cfg.resume:  # the offline demo: its SFT model and gold-labelled pairs
+        from omnigym.pipelines.rlhf_demo import use_demo_pairs
 
-        stages = prepare(cfg, run, reward_model=False)
-        cfg.data = str(stages.pairs)
-        if cfg.model == "tiny":
-            cfg.model = str(stages.sft)
+        use_demo_pairs(cfg, run)
     with model_folder(cfg.model, cfg.seed) as folder:
         tokenizer = load_tokenizer(folder, cfg.chat_template, need_chat_template=False)
         rows, heldout, training, conversational = read_pairs(cfg.data, cfg.split, cfg.seed, cfg.eval_size, tokenizer,
