@@ -233,3 +233,15 @@ def test_a_set_of_only_unusable_pairs_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "chosen and rejected are the same reply" in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_text_reinforce_scores_with_a_reward_model_and_writes_samples(tmp_path, reward_model):
+    from omnigym.algos import text_reinforce
+
+    reward_dir, _ = reward_model
+    text_reinforce.train(text_reinforce.TextReinforceConfig(**quiet(tmp_path / "run"), rewards=f"rm:{reward_dir}:1.0",
+                                                            steps=2, batch_size=4))
+    rows = metrics(tmp_path / "run")
+    assert len(rows) == 2 and all(r["reward/mean"] != 0 for r in rows)
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert {"prompt", "completion", "reward"} <= set(samples[0]) and samples[0]["prompt"] == "Say something."

@@ -23,6 +23,7 @@ import torch
 from omnigym.backends.local import LocalBackend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.errors import require
+from omnigym.evaluation.text import SAMPLES_SHOWN
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rl.losses import bradley_terry, check_finite
@@ -100,18 +101,25 @@ def train(cfg: RMConfig) -> dict:
         return loss, stats
 
     @torch.no_grad()
-    def evaluate() -> dict:
+    def evaluate(at: int | None) -> dict:
+        """Held-out accuracy, margin and loss; with ``at`` (the log step), a few pairs go to samples.jsonl."""
         model.eval()
         margins = []
         for start in range(0, len(heldout.pairs), cfg.batch_size):
             chosen, rejected = scores(heldout.pairs[start:start + cfg.batch_size])
             margins.append(chosen - rejected)
+            if start == 0 and at is not None:  # a few held-out pairs with their scores, to read (samples.jsonl)
+                run.log_samples(at, [{"prompt": tokenizer.decode(p.prompt, skip_special_tokens=True),
+                                      "chosen": tokenizer.decode(p.chosen, skip_special_tokens=True),
+                                      "rejected": tokenizer.decode(p.rejected, skip_special_tokens=True),
+                                      "score_chosen": round(c.item(), 4), "score_rejected": round(r.item(), 4)}
+                                     for p, c, r in zip(heldout.pairs[:SAMPLES_SHOWN], chosen, rejected)])
         model.train()
         margin = torch.cat(margins)
         return {"eval/accuracy": (margin > 0).float().mean().item(), "eval/margin": margin.mean().item(),
                 "eval/loss": -torch.nn.functional.logsigmoid(margin).mean().item()}
 
-    first = evaluate() if step == 0 else None
+    first = evaluate(0) if step == 0 else None
     if step == 0:
         run.log(0, {**first, "data/truncated": training.truncated + heldout.truncated,
                     "data/dropped": training.dropped + heldout.dropped, "data/train_pairs": len(training.pairs)})
@@ -125,13 +133,13 @@ def train(cfg: RMConfig) -> dict:
         metrics = {"train/loss": stats["loss"].item(), "train/accuracy": stats["accuracy"].item(),
                    "train/margin": stats["margin"].item(), "perf/steps_per_second": clock.sps(step)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            metrics.update(evaluate())
+            metrics.update(evaluate(step))
         run.log(step, metrics)
         progress.update(step, loss=metrics["train/loss"], acc=metrics.get("eval/accuracy", float("nan")))
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             run.save(components, step=step)
     progress.close()
-    final = evaluate()
+    final = evaluate(None)
     save_reward_model(run.dir / "model", model, tokenizer,
                       {"base_model": cfg.model, "conversational": conversational, "max_length": cfg.max_length,
                        "heldout_accuracy": final["eval/accuracy"]})

@@ -22,7 +22,8 @@ from omnigym.inference.engine import SamplingParams
 from omnigym.models.tokens import completion_logprobs, make_completion_batch
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
-from omnigym.rewards import get_reward
+from omnigym.evaluation.text import SAMPLES_SHOWN, sample_row
+from omnigym.rewards import get_reward, parse_weights
 from omnigym.rl.losses import PolicyLossConfig, check_finite, reinforce
 from omnigym.track.progress import Clock
 from omnigym.track.run import start_run
@@ -35,6 +36,9 @@ class TextReinforceConfig(RunConfig):
     prompt: str = "Say something."
     keywords: str = "a"
     """comma-separated keywords the completion should contain"""
+    rewards: str | None = None
+    """weighted rewards (name:weight,...) instead of the keyword reward, e.g. rm:RUN_DIR:1.0 for a
+    reward model trained by omnigym train rm"""
     steps: int = 40
     batch_size: int = 32
     learning_rate: float = 1e-3
@@ -65,7 +69,8 @@ def train(cfg: TextReinforceConfig) -> dict:
     engine = make_engine(policy, tokenizer)
     trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate))
     example = {"question": cfg.prompt, "keywords": keywords}
-    env = TextEnv([example], get_reward("keyword"))
+    reward = parse_weights(cfg.rewards).to(cfg.device) if cfg.rewards else get_reward("keyword")
+    env = TextEnv([example], reward)
     generator = TextEnvGenerator(env, engine, tokenizer,
                                  SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature))
     loss_cfg = PolicyLossConfig(aggregation="seq-mean-token-sum-norm", normalizer=cfg.max_new_tokens)
@@ -91,6 +96,9 @@ def train(cfg: TextReinforceConfig) -> dict:
         engine.update_weights(policy.named_parameters(), version=step + 1)
         run.log(step + 1, {"reward/mean": rewards.mean().item(), "losses/policy_loss": loss.item(),
                            "perf/steps_per_second": clock.sps(step + 1)})
+        if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.steps:  # a few of the batch's episodes, to read
+            run.log_samples(step + 1, [sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True),
+                                                  reward=t.reward) for t in items[:SAMPLES_SHOWN]])
     plot_path = run.close(plot=cfg.plot, metric="reward/mean")
     run.say(f"run: {run.dir}", f"final mean reward: {rewards.mean().item():.3f}")
     return {"run_dir": str(run.dir), "final_reward": rewards.mean().item(), "plot": str(plot_path) if plot_path else None}
