@@ -77,7 +77,7 @@ def main() -> None:
     results["grpo"] = stage("GRPO (2-digit addition, default system prompt)", [
         "grpo", *model, "--sft-steps", "0", "--steps", str(args.grpo_steps), "--prompts-per-step", "4",
         "--group-size", "8", "--max-new-tokens", "48", "--eval-size", "50", "--eval-every", str(args.grpo_steps),
-        "--learning-rate", "2e-5", "--run-dir", str(root / "grpo"), *common], env)
+        "--learning-rate", "1e-4", "--run-dir", str(root / "grpo"), *common], env)
     accuracy = [r["eval/accuracy"] for r in results["rm"]["rows"] if "eval/accuracy" in r]
     print(f"\nRM held-out accuracy on 200 HH pairs: {accuracy[0]:.3f} -> {accuracy[-1]:.3f} after 40 steps of 8 pairs")
     rewards = [r["reward/mean"] for r in results["grpo"]["rows"] if "reward/mean" in r]
