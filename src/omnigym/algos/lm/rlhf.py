@@ -123,6 +123,7 @@ def train(cfg: RLHFConfig) -> dict:
 
     if cfg.reward_model is not None:
         reward_model_folder(cfg.reward_model)  # not a reward model: one line before anything is written
+    rows = read_prompts(cfg.data, cfg.split, cfg.seed)  # bad data: one line before the demo's stages run
     run = start_run(cfg, "rlhf", cfg.model)
     if cfg.reward_model is None:
         from omnigym.pipelines.rlhf_demo import GOLD_REWARD, prepare
@@ -145,7 +146,6 @@ def train(cfg: RLHFConfig) -> dict:
                                         zero_head=cfg.value_init == "policy")
 
     prompts = []
-    rows = read_prompts(cfg.data, cfg.split, cfg.seed)
     for where, prompt in rows:
         ids = prompt_tokens(where, prompt, tokenizer)
         if 2 <= len(ids) <= cfg.max_prompt_length:
