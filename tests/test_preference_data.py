@@ -124,3 +124,9 @@ def test_hh_rlhf_harmless_base_reads_as_it_comes(tokenizer):
     assert len(data.pairs) + data.dropped == 300 and len(data.pairs) > 250 and data.dropped >= 1
     pair = data.pairs[0]
     assert tokenizer.decode(pair.prompt).startswith("<|user|>") and pair.chosen != pair.rejected
+
+
+def test_a_pair_with_an_empty_reply_still_gives_its_prompt(tmp_path):
+    path = tmp_path / "hh.jsonl"
+    path.write_text(json.dumps({"chosen": "\n\nHuman: hi\n\nAssistant: ", "rejected": "\n\nHuman: hi\n\nAssistant: go"}) + "\n")
+    assert [p for _, p in read_prompts(str(path), "train", 1)] == [[{"role": "user", "content": "hi"}]]

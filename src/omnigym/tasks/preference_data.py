@@ -49,7 +49,20 @@ class PreferenceData:
 
 
 def split_row(where: str, row: dict) -> tuple[str | list, str | list, str | list]:
-    """``(prompt, chosen, rejected)`` of one row, in any of the formats above."""
+    """``(prompt, chosen, rejected)`` of one row, in any of the formats above; ``UnusablePair``
+    when the two replies cannot teach a preference."""
+    prompt, chosen, rejected = row_parts(where, row)
+    if chosen == rejected:
+        raise UnusablePair(f"{where}: chosen and rejected are the same reply; a pair must differ")
+    for name, reply in (("chosen", chosen), ("rejected", rejected)):
+        if not _text(reply).strip():
+            raise UnusablePair(f"{where}: the {name} reply is empty")
+    return prompt, chosen, rejected
+
+
+def row_parts(where: str, row: dict) -> tuple[str | list, str | list, str | list]:
+    """The prompt and the two replies of a row, without judging the replies (the prompt of a
+    pair with an empty reply is still a prompt)."""
     missing = [k for k in ("chosen", "rejected") if k not in row]
     if missing:
         raise OmnigymError(f"{where}: a preference row needs chosen and rejected (and optionally prompt); "
@@ -63,11 +76,6 @@ def split_row(where: str, row: dict) -> tuple[str | list, str | list, str | list
         prompt, chosen, rejected = shared_prefix(where, chosen, rejected)
     if type(prompt) is not type(chosen) or type(chosen) is not type(rejected) or not isinstance(chosen, (str, list)):
         raise OmnigymError(f"{where}: prompt, chosen and rejected must all be strings or all lists of messages")
-    if chosen == rejected:
-        raise UnusablePair(f"{where}: chosen and rejected are the same reply; a pair must differ")
-    for name, reply in (("chosen", chosen), ("rejected", rejected)):
-        if not _text(reply).strip():
-            raise UnusablePair(f"{where}: the {name} reply is empty")
     return prompt, chosen, rejected
 
 
@@ -197,7 +205,7 @@ def read_prompts(source: str, split: str, seed: int) -> list[tuple[str, str | li
         if "prompt" in row:
             prompt = row["prompt"]
         elif "chosen" in row and "rejected" in row:
-            prompt = split_row(where, row)[0]
+            prompt = row_parts(where, row)[0]
         elif isinstance(row.get("messages"), list):
             turns = [i for i, m in enumerate(row["messages"]) if isinstance(m, dict) and m.get("role") == "assistant"]
             prompt = row["messages"][:turns[-1]] if turns else row["messages"]

@@ -101,14 +101,14 @@ def train(cfg: RMConfig) -> dict:
         return loss, stats
 
     @torch.no_grad()
-    def evaluate(at: int | None) -> dict:
-        """Held-out accuracy, margin and loss; with ``at`` (the log step), a few pairs go to samples.jsonl."""
+    def evaluate(at: int) -> dict:
+        """Held-out accuracy, margin and loss; a few pairs with their scores go to samples.jsonl."""
         model.eval()
         margins = []
         for start in range(0, len(heldout.pairs), cfg.batch_size):
             chosen, rejected = scores(heldout.pairs[start:start + cfg.batch_size])
             margins.append(chosen - rejected)
-            if start == 0 and at is not None:  # a few held-out pairs with their scores, to read (samples.jsonl)
+            if start == 0:  # a few held-out pairs with their scores, to read (samples.jsonl)
                 run.log_samples(at, [{"prompt": tokenizer.decode(p.prompt, skip_special_tokens=True),
                                       "chosen": tokenizer.decode(p.chosen, skip_special_tokens=True),
                                       "rejected": tokenizer.decode(p.rejected, skip_special_tokens=True),
@@ -133,13 +133,13 @@ def train(cfg: RMConfig) -> dict:
         metrics = {"train/loss": stats["loss"].item(), "train/accuracy": stats["accuracy"].item(),
                    "train/margin": stats["margin"].item(), "perf/steps_per_second": clock.sps(step)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            metrics.update(evaluate(step))
+            final = evaluate(step)  # the last step always evaluates: its figures are the run's
+            metrics.update(final)
         run.log(step, metrics)
         progress.update(step, loss=metrics["train/loss"], acc=metrics.get("eval/accuracy", float("nan")))
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             run.save(components, step=step)
     progress.close()
-    final = evaluate(None)
     save_reward_model(run.dir / "model", model, tokenizer,
                       {"base_model": cfg.model, "conversational": conversational, "max_length": cfg.max_length,
                        "heldout_accuracy": final["eval/accuracy"]})
