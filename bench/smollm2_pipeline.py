@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -24,19 +23,30 @@ from pathlib import Path
 
 
 def stage(name: str, argv: list[str], env: dict) -> dict:
-    """Run one ``omnigym train`` in a fresh process; its wall time, peak memory and metrics."""
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "omnigym.cli", "train", *argv], env=env, capture_output=True,
-                          text=True)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.exit(f"{name} failed:\n{done.stderr[-3000:]}")
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child so far
+    """Run one ``omnigym train`` in a fresh process; its wall time, peak memory and metrics. A
+    finished run in ``--root`` (its ``model/`` is there) is read instead (peak memory unknown)."""
     run_dir = Path(argv[argv.index("--run-dir") + 1])
+    if (run_dir / "model").is_dir():
+        rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+        rate = [r["perf/steps_per_second"] for r in rows if "perf/steps_per_second" in r][-1]
+        print(f"{name}: read from {run_dir}, {1 / rate:.2f} s/step", flush=True)
+        return {"rows": rows, "s_per_step": 1 / rate, "peak_mb": float("nan"), "seconds": float("nan")}
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-m", "omnigym.cli", "train", *argv], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak memory, not the largest so far
+        child.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read()
+    seconds = time.perf_counter() - started
+    if child.returncode != 0:
+        sys.exit(f"{name} failed:\n{stderr[-3000:]}")
+    peak_mb = usage.ru_maxrss / 1024
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     rates = [r["perf/steps_per_second"] for r in rows if "perf/steps_per_second" in r]
-    print(f"{name}: {seconds:.0f} s in all, {1 / rates[-1]:.2f} s/step, peak RSS so far {peak_mb:.0f} MB", flush=True)
-    print("  " + done.stderr.strip().splitlines()[-1], flush=True)
+    print(f"{name}: {seconds:.0f} s in all, {1 / rates[-1]:.2f} s/step, peak RSS {peak_mb:.0f} MB", flush=True)
+    print("  " + stderr.strip().splitlines()[-1], flush=True)
     return {"rows": rows, "s_per_step": 1 / rates[-1], "peak_mb": peak_mb, "seconds": seconds}
 
 
@@ -48,12 +58,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--grpo-steps", type=int, default=20)
+    parser.add_argument("--root", default=None, help="where the runs go; finished runs there are read, not redone")
     args = parser.parse_args()
     if not (Path(args.model) / "config.json").is_file():
         sys.exit(f"{args.model} is not there; make it with: make smollm2")
     if not Path(args.hh).is_file():
         sys.exit(f"{args.hh} is not there (HH-RLHF harmless-base, jsonl.gz)")
-    root = Path(tempfile.mkdtemp(prefix="omnigym-smollm2-"))
+    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="omnigym-smollm2-"))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     common = ["--lora-r", "16", "--torch-threads", str(args.threads), "--device", args.device, "--no-progress",
               "--no-tensorboard", "--no-plot"]
