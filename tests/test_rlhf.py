@@ -21,6 +21,11 @@ def metrics(run_dir):
     return [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
 
 
+def strip(rows):
+    """The metrics without wall-clock timings (the only values two identical runs may differ in)."""
+    return [{k: v for k, v in r.items() if not k.startswith(("perf", "time"))} for r in rows]
+
+
 @pytest.fixture(scope="module")
 def pairs_file(tmp_path_factory):
     """400 gold-labelled pairs of random-word replies (no SFT model needed)."""
@@ -59,7 +64,6 @@ def test_reward_model_same_seed_and_resume(tmp_path, pairs_file, monkeypatch):
     cfg = dict(data=str(pairs_file), eval_size=50, steps=6, batch_size=8, eval_every=3, checkpoint_every=3)
     rm.train(rm.RMConfig(**quiet(tmp_path / "a"), **cfg))
     rm.train(rm.RMConfig(**quiet(tmp_path / "b"), **cfg))
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf")} for r in rows]  # noqa: E731
     assert strip(metrics(tmp_path / "a")) == strip(metrics(tmp_path / "b"))
     interrupt_at(monkeypatch, rm, 5)
     with pytest.raises(KeyboardInterrupt):
@@ -111,7 +115,6 @@ def test_dpo_same_seed_and_resume_with_gold_samples(tmp_path, pairs_file, monkey
                gold_reward="gold_vowels:1.0", eval_prompts=8, max_new_tokens=8)
     dpo.train(dpo.DPOConfig(**quiet(tmp_path / "a"), **cfg))
     dpo.train(dpo.DPOConfig(**quiet(tmp_path / "b"), **cfg))
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf")} for r in rows]  # noqa: E731
     assert strip(metrics(tmp_path / "a")) == strip(metrics(tmp_path / "b"))
     assert "eval/gold_reward" in metrics(tmp_path / "a")[-1]
     samples = [json.loads(line) for line in open(tmp_path / "a" / "samples.jsonl")]
@@ -150,7 +153,6 @@ def test_rlhf_same_seed_and_resume(tmp_path, reward_model, pairs_file, monkeypat
     cfg = rlhf_cfg(reward_dir, pairs_file, value_init="policy", steps=4)
     rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "a"), **cfg))
     rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "b"), **cfg))
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("perf", "time"))} for r in rows]  # noqa: E731
     assert strip(metrics(tmp_path / "a")) == strip(metrics(tmp_path / "b"))
     interrupt_at(monkeypatch, rlhf, 2 * 2 * 2 * 3 + 1)  # inside step 4 (policy + value steps, 2 epochs x 2 minibatches)
     with pytest.raises(KeyboardInterrupt):
