@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from omnigym.errors import OmnigymError, missing_extra
+from omnigym.models.tokens import make_completion_batch, make_sequence_batch, shared_prefix_forward
 
 MARKER = "omnigym_reward.json"
 
@@ -79,14 +80,7 @@ def completion_values(model, batch) -> torch.Tensor:
     column t reads the prompt and the reply's first t tokens (V(s_t) before reply token t).
     Each distinct prompt runs once, its KV cache shared by its replies, as in
     ``models.tokens.completion_logprobs``."""
-    backbone = _unwrapped(model).base_model
-    positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = backbone(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask, position_ids=positions,
-                     use_cache=True).past_key_values
-    cache.batch_select_indices(batch.rows)
-    attention = torch.cat([batch.prefix_mask[batch.rows], batch.attention], 1)
-    hidden = backbone(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
-                      past_key_values=cache, use_cache=True).last_hidden_state
+    hidden = shared_prefix_forward(_unwrapped(model).base_model, batch).last_hidden_state
     return head(model)(hidden).squeeze(-1).float()
 
 
@@ -94,8 +88,6 @@ def pair_scores(model, prompts: list[list[int]], replies: list[list[int]], pad_i
     """The score of each prompt + reply at the reply's last token, ``[B]``, with each distinct
     prompt run once (the chosen and rejected replies of a pair share it). Prompts of fewer
     than 2 tokens take the plain right-padded path."""
-    from omnigym.models.tokens import make_completion_batch, make_sequence_batch
-
     if min(map(len, prompts)) < 2:
         batch = make_sequence_batch([(p + r, [0] * len(p) + [1] * len(r)) for p, r in zip(prompts, replies)],
                                     pad_id, device)

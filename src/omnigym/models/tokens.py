@@ -108,16 +108,23 @@ def make_completion_batch(prompts: list[list[int]], completions: list[list[int]]
                                                      targets, loss_mask, attention)))
 
 
+def shared_prefix_forward(module, batch: CompletionBatch):
+    """``module``'s output on the reply part of ``batch``: each distinct prompt (less its last
+    token) is run once and its KV cache copied to the replies that share it. ``module`` is a
+    causal LM (its output has ``.logits``) or a backbone (``.last_hidden_state``)."""
+    positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = module(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask, position_ids=positions,
+                   use_cache=True).past_key_values
+    cache.batch_select_indices(batch.rows)
+    attention = torch.cat([batch.prefix_mask[batch.rows], batch.attention], 1)
+    return module(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
+                  past_key_values=cache, use_cache=True)
+
+
 def completion_logprobs(model, batch: CompletionBatch, temperature: float = 1.0) -> torch.Tensor:
     """log p(completion token t | prompt, completion tokens < t), ``[B, C]``, under the
     distribution the tokens were sampled from (logits divided by ``temperature``)."""
-    positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = model(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask, position_ids=positions,
-                  use_cache=True).past_key_values
-    cache.batch_select_indices(batch.rows)
-    attention = torch.cat([batch.prefix_mask[batch.rows], batch.attention], 1)
-    logits = model(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
-                   past_key_values=cache, use_cache=True).logits.float()
+    logits = shared_prefix_forward(model, batch).logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     return logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
