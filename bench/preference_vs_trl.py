@@ -11,7 +11,7 @@ warm-up, the median of the rest is reported per repetition, and the median over 
 is compared.
 
     python bench/preference_vs_trl.py [--reps 3] [--steps 30] [--threads 1] [--device cpu]
-                                      [--trainers sft,rm,dpo]
+                                      [--trainers sft,rm,dpo] [--unshared]
 """
 
 from __future__ import annotations
@@ -30,23 +30,32 @@ STEP_TIMES = "STEP_TIMES "
 BATCH, MAX_LENGTH, LR = 16, 256, 1e-4
 
 
-def data(kind: str) -> list[dict]:
+def data(kind: str, unshared: bool) -> list[dict]:
+    """The demo's rows. Their prompts all start "Say a few words about"; ``unshared`` reverses
+    each prompt's words (same length), so that rows share nothing but the chat template's
+    first token and omnigym's batch-wide shared prefix has nothing to save."""
     from omnigym.tasks.gold_world import demonstrations, label_pairs, prompts, reply
 
     if kind == "sft":
-        return demonstrations(2000, 1)
-    rng, rows = random.Random(1), prompts(2400, 1)
-    return label_pairs(rows, [(reply(rng), reply(rng)) for _ in rows])
+        rows = demonstrations(2000, 1)
+    else:
+        rng, rows = random.Random(1), prompts(2400, 1)
+        rows = label_pairs(rows, [(reply(rng), reply(rng)) for _ in rows])
+    if unshared:
+        for row in rows:
+            turn = row["prompt"][-1]
+            turn["content"] = " ".join(reversed(turn["content"].split(" ")))
+    return rows
 
 
-def run_omnigym(kind: str, model_dir: str, steps: int, threads: int, device: str) -> list[float]:
+def run_omnigym(kind: str, model_dir: str, steps: int, threads: int, device: str, unshared: bool) -> list[float]:
     from omnigym.algos import get_algorithm
     from omnigym.track.run import Run
 
     folder = tempfile.mkdtemp()
     path = os.path.join(folder, "data.jsonl")
     with open(path, "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in data(kind))
+        f.writelines(json.dumps(row) + "\n" for row in data(kind, unshared))
     stamps, original = [], Run.log
 
     def timed_log(self, step, metrics):
@@ -65,7 +74,7 @@ def run_omnigym(kind: str, model_dir: str, steps: int, threads: int, device: str
     return [b - a for a, b in zip(stamps, stamps[1:])][1:-1]
 
 
-def run_trl(kind: str, model_dir: str, steps: int, threads: int, device: str) -> list[float]:
+def run_trl(kind: str, model_dir: str, steps: int, threads: int, device: str, unshared: bool) -> list[float]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
@@ -79,7 +88,7 @@ def run_trl(kind: str, model_dir: str, steps: int, threads: int, device: str) ->
                   max_steps=steps, use_cpu=device == "cpu", report_to="none", save_strategy="no",
                   logging_steps=10**6, seed=1, bf16=False, max_length=MAX_LENGTH, dataset_num_proc=None)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    dataset = Dataset.from_list(data(kind))
+    dataset = Dataset.from_list(data(kind, unshared))
     if kind == "sft":
         from trl import SFTConfig, SFTTrainer
 
@@ -103,11 +112,11 @@ def run_trl(kind: str, model_dir: str, steps: int, threads: int, device: str) ->
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def child(framework: str, kind: str, model_dir: str, steps: int, threads: int, device: str) -> None:
+def child(framework: str, kind: str, model_dir: str, steps: int, threads: int, device: str, unshared: bool) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    times = (run_omnigym if framework == "omnigym" else run_trl)(kind, model_dir, steps, threads, device)
+    times = (run_omnigym if framework == "omnigym" else run_trl)(kind, model_dir, steps, threads, device, unshared)
     print(STEP_TIMES + json.dumps(times), flush=True)
 
 
@@ -118,10 +127,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each framework's process")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--trainers", default="sft,rm,dpo")
+    parser.add_argument("--unshared", action="store_true",
+                        help="prompts that share no beginning (each prompt's words reversed)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(*args.child, args.steps, args.threads, args.device)
+        return child(*args.child, args.steps, args.threads, args.device, args.unshared)
 
     from omnigym.models.lm import build_tiny_model
 
@@ -133,7 +144,8 @@ def main() -> None:
         for rep in range(args.reps):
             for framework in ("omnigym", "trl"):
                 out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--threads",
-                                      str(args.threads), "--device", args.device, "--child", framework, kind, model_dir],
+                                      str(args.threads), "--device", args.device, "--child", framework, kind, model_dir]
+                                     + (["--unshared"] if args.unshared else []),
                                      capture_output=True, text=True, env=env)
                 line = next((l for l in out.stdout.splitlines() if l.startswith(STEP_TIMES)), None)
                 if line is None:

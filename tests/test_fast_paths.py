@@ -96,12 +96,26 @@ def test_engine_choice(tiny):
         make_engine(lora, tokenizer, "vllm2")
 
 
-@pytest.mark.parametrize("lora", [0, 4])
-def test_shared_prompt_logprobs_equal_full_forward(tiny, lora):
+HEADER = [4, 11, 12, 13, 14, 15, 16, 17, 18, 19]  # a system prompt every prompt of the batch starts with
+PROMPT_SETS = {
+    "distinct": PROMPTS,  # their common prefix is too short to run on its own
+    "shared header": [HEADER + [20, 21, 5], HEADER + [30, 31, 32, 33, 5], HEADER + [5]],  # one rest is empty
+    "header only": [HEADER + [5], HEADER + [6], HEADER + [7]],  # prompts differ in their last token only
+}
+
+# the shared context's levels: the distinct prompts less their last token, or the header once
+# and then each prompt's rest
+CONTEXT_SHAPES = {"distinct": [(3, 8)], "shared header": [(1, 10), (3, 4)], "header only": [(1, 10)]}
+
+
+@pytest.mark.parametrize("lora,prompts", [(0, "distinct"), (4, "distinct"), (0, "shared header"), (4, "shared header"),
+                                          (0, "header only")])
+def test_shared_prompt_logprobs_equal_full_forward(tiny, lora, prompts):
     tokenizer, model = load_tokenizer(tiny), load_model(tiny, LoraSettings(r=lora))
     torch.manual_seed(1)
     completions = [torch.randint(10, 60, (n,)).tolist() for n in (5, 1, 9, 3, 7, 2)]
-    samples = [Sample(PROMPTS[i % 3], c, [0.0] * len(c), True) for i, c in enumerate(completions)]
+    name, prompts = prompts, PROMPT_SETS[prompts]
+    samples = [Sample(prompts[i % 3], c, [0.0] * len(c), True) for i, c in enumerate(completions)]
 
     batch = make_completion_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
                                   tokenizer.pad_token_id)
@@ -120,3 +134,43 @@ def test_shared_prompt_logprobs_equal_full_forward(tiny, lora):
         assert torch.allclose(shared[i, :len(p)], p, atol=1e-5)
     for a, b in zip(shared_grads, (p.grad for p in model.parameters() if p.requires_grad)):
         assert torch.allclose(a, b, atol=1e-4)
+    # the shared context runs as a tree: the header once, then each prompt's rest
+    assert [tuple(level.ids.shape) for level in batch.context] == CONTEXT_SHAPES[name]
+
+
+@pytest.mark.parametrize("shape", ["sft", "pairs"])
+def test_trained_batch_loss_equals_plain_batch(tiny, shape):
+    """SFT's and DPO's batch gives the plain padded batch's loss and gradient. Distinct prompts
+    (SFT) are split where the sequences stop agreeing, so the header runs once; repeated
+    prompts (the two replies of a preference pair) are split at the first trained token, so
+    each prompt runs once too. With a trained token at position 1 nothing is shared."""
+    from omnigym.models.tokens import CompletionBatch, TokenBatch, batch_logprobs, make_sequence_batch, make_trained_batch
+    from omnigym.rl.losses import nll_loss
+
+    model = load_model(tiny)
+    torch.manual_seed(2)
+    sequences = []
+    for n_prompt, n_reply, n_turn in ((3, 6, 0), (7, 2, 4), (1, 9, 3), (5, 5, 0)):
+        prompt, reply, turn = (torch.randint(10, 60, (n,)).tolist() for n in (n_prompt, n_reply, n_turn))
+        # header + prompt untrained, a reply trained, then (multi-turn) a user turn untrained and a reply
+        ids = HEADER + prompt + reply + turn + reply
+        trained = [0] * (len(HEADER) + n_prompt) + [1] * n_reply + [0] * n_turn + [1] * n_reply
+        sequences += [(ids, trained)] if shape == "sft" else [(ids, trained), (ids[:-2], trained[:-2])]
+
+    def loss_and_grads(batch):
+        model.zero_grad()
+        loss = nll_loss(batch_logprobs(model, batch), batch.loss_mask)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    split = make_trained_batch(sequences, 0)
+    assert isinstance(split, CompletionBatch)
+    # SFT: the header once, then whole rows; pairs: the header once, each prompt's rest once, the replies
+    assert [level.ids.shape[0] for level in split.context] == ([1] if shape == "sft" else [1, 4])
+    # (SFT's one level is the header less its last token, which starts the rows)
+    assert split.context[0].ids.shape[1] == len(HEADER) - (shape == "sft")
+    (loss, grads), (want, want_grads) = loss_and_grads(split), loss_and_grads(make_sequence_batch(sequences, 0))
+    assert torch.allclose(loss, want, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, want_grads))
+    whole_text = [(ids, [0] + [1] * (len(ids) - 1)) for ids, _ in sequences]  # full loss: nothing to share
+    assert isinstance(make_trained_batch(whole_text, 0), TokenBatch)

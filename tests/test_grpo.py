@@ -154,8 +154,10 @@ def test_grpo_learns_in_the_tool_env(tmp_path):
 
 @pytest.mark.slow
 def test_demo_grpo_raises_heldout_accuracy(tmp_path):
-    """The offline demo, seed 1 (about 7 minutes): measured +29.6 points on this machine."""
-    summary = grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path), progress=False, plot=False, tensorboard=False))
+    """The offline demo's settings, seed 1, with 200 GRPO steps instead of 400 (about 6 minutes;
+    the whole demo is in docs/benchmarks.md): measured 0.240 -> 0.446 held-out accuracy."""
+    summary = grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path), steps=200, progress=False, plot=False,
+                                         tensorboard=False))
     assert 0.15 <= summary["accuracy_before"] <= 0.5
     assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.10
 

@@ -1,8 +1,9 @@
 """Token batches for a causal LM and the log-probabilities of their tokens.
 
-``TokenBatch`` (prompt + completion, right-padded) is what supervised losses read;
-``CompletionBatch`` runs each distinct prompt once and scores the completions that share
-it, which is what the policy and reference passes of RL read.
+``TokenBatch`` (prompt + completion, right-padded) is the plain batch;
+``CompletionBatch`` runs what prompts share once (each distinct prompt, and the prefix the
+whole batch shares) and scores the completions that read it: what SFT, the preference
+trainers and the policy and reference passes of RL read.
 """
 
 from __future__ import annotations
@@ -60,6 +61,36 @@ def make_sequence_batch(sequences: list[tuple[list[int], list[int]]], pad_id: in
     return TokenBatch(input_ids.to(device), attention.to(device), loss_mask.to(device))
 
 
+def make_trained_batch(sequences: list[tuple[list[int], list[int]]], pad_id: int,
+                       device="cpu") -> "TokenBatch | CompletionBatch":
+    """(token ids, trained) sequences as the cheapest batch that gives the same loss. Where
+    prompts (the tokens before each sequence's first trained one) repeat, as in preference
+    pairs, each sequence is split there and every distinct prompt runs once. Where they are
+    all distinct, as in SFT, the sequences are split where they stop agreeing, and what they
+    all start with (a chat template's header, a system prompt) runs once. With fewer than
+    ``MIN_TRUNK`` tokens to share, the plain padded batch. ``batch_logprobs`` and
+    ``loss_mask`` line up either way."""
+    firsts = [trained.index(1) if 1 in trained else len(ids) for ids, trained in sequences]
+    prompts = [tuple(ids[:first]) for first, (ids, _) in zip(firsts, sequences)]
+    if len(set(prompts)) < len(prompts) and min(firsts) >= 2:
+        splits = firsts
+    else:
+        shared = min(common_prefix_length([ids for ids, _ in sequences]), min(firsts))
+        if shared < MIN_TRUNK:
+            return make_sequence_batch(sequences, pad_id, device)
+        splits = [shared] * len(sequences)
+    if any(split == len(ids) for split, (ids, _) in zip(splits, sequences)):  # nothing after the split
+        return make_sequence_batch(sequences, pad_id, device)
+    return make_completion_batch([ids[:split] for split, (ids, _) in zip(splits, sequences)],
+                                 [ids[split:] for split, (ids, _) in zip(splits, sequences)], pad_id,
+                                 [trained[split:] for split, (_, trained) in zip(splits, sequences)], device)
+
+
+def batch_logprobs(model, batch: "TokenBatch | CompletionBatch") -> torch.Tensor:
+    """The log-probabilities ``batch.loss_mask`` weighs, from either kind of batch."""
+    return completion_logprobs(model, batch) if isinstance(batch, CompletionBatch) else token_logprobs(model, batch)
+
+
 def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
     """log p(token t+1 | tokens <= t) for every position, ``[B, L-1]``."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
@@ -67,19 +98,66 @@ def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
+# Below this many tokens a batch-wide common prefix is not run on its own: one more forward
+# call costs a small model more than the repeated tokens it saves.
+MIN_TRUNK = 8
+
+
+def common_prefix_length(sequences) -> int:
+    """The length of the longest prefix all ``sequences`` start with."""
+    first, n = sequences[0], min(map(len, sequences))
+    for other in sequences[1:]:
+        n = next((i for i in range(n) if other[i] != first[i]), n)
+    return n
+
+
+@dataclass
+class ContextLevel:
+    """One level of a batch's shared context. Its rows continue the rows of the level before
+    (``parents``; None on the first level) and are run once however many replies read them."""
+    ids: torch.Tensor             # [N, L], left-padded
+    mask: torch.Tensor            # [N, L]
+    position_ids: torch.Tensor    # [N, L]
+    parents: torch.Tensor | None  # [N]
+
+    def to(self, device) -> "ContextLevel":
+        return ContextLevel(self.ids.to(device), self.mask.to(device), self.position_ids.to(device),
+                            None if self.parents is None else self.parents.to(device))
+
+
+def context_levels(contexts: list[tuple[int, ...]], pad_id: int) -> tuple[list[ContextLevel], torch.Tensor]:
+    """Distinct contexts as a prefix tree: the tokens all of them start with (a chat template's
+    header, a system prompt), run once, then each context's own rest. Returns the levels and,
+    for each context, its row in the last level."""
+    trunk = common_prefix_length(contexts) if len(contexts) > 1 else 0
+    if trunk < MIN_TRUNK:
+        ids, mask = left_pad(contexts, max(map(len, contexts)), pad_id)
+        return [ContextLevel(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), None)], torch.arange(len(contexts))
+    ids = torch.tensor([contexts[0][:trunk]], dtype=torch.long)
+    levels = [ContextLevel(ids, torch.ones_like(ids), torch.arange(trunk)[None], None)]
+    rests = [c[trunk:] for c in contexts]
+    if not any(rests):  # the contexts differ only in their last prompt token
+        return levels, torch.zeros(len(contexts), dtype=torch.long)
+    ids, mask = left_pad(rests, max(map(len, rests)), pad_id)
+    levels.append(ContextLevel(ids, mask, trunk + (mask.cumsum(-1) - 1).clamp(min=0),
+                               torch.zeros(len(rests), dtype=torch.long)))
+    return levels, torch.arange(len(contexts))
+
+
 @dataclass
 class CompletionBatch:
-    """Completions scored against prompts they share. Every distinct prompt, less its last
-    token, is run once and its KV cache copied to each of its completions; the completion
-    pass then starts from that last token. A group of 8 samples of one prompt pays for the
-    prompt once instead of 8 times, forward and backward, and the numbers are the same."""
-    prefix_ids: torch.Tensor      # [G, P], left-padded distinct prompts without their last token
-    prefix_mask: torch.Tensor     # [G, P]
-    rows: torch.Tensor            # [B], the prefix row of each completion
+    """Completions scored against the prompts they share. A prompt less its last token is its
+    *context*; contexts run once as a prefix tree (``context_levels``: what every prompt of
+    the batch starts with, then each distinct prompt's rest), and their KV cache is copied to
+    the completions that read it. The completion pass starts from the prompt's last token. A
+    group of 8 samples of one prompt pays for the prompt once instead of 8 times, a system
+    prompt is paid for once per batch, forward and backward, and the numbers are the same."""
+    context: list[ContextLevel]   # outermost first
+    rows: torch.Tensor            # [B], each completion's row in the last context level
     input_ids: torch.Tensor       # [B, C], last prompt token + completion[:-1], right-padded
     position_ids: torch.Tensor    # [B, C]
     targets: torch.Tensor         # [B, C], the completion tokens
-    loss_mask: torch.Tensor       # [B, C], 1 on completion tokens the model generated
+    loss_mask: torch.Tensor       # [B, C], 1 on completion tokens the loss counts
     attention: torch.Tensor       # [B, C], 1 on every completion token (generated or inserted)
 
 
@@ -90,7 +168,7 @@ def make_completion_batch(prompts: list[list[int]], completions: list[list[int]]
     if min(len(p) for p in prompts) < 2:
         raise ValueError("every prompt needs at least 2 tokens")
     distinct, rows = distinct_rows(prompts)
-    prefix_ids, prefix_mask = left_pad([p[:-1] for p in distinct], max(map(len, distinct)) - 1, pad_id)
+    levels, last_row = context_levels([p[:-1] for p in distinct], pad_id)
     length = max(len(c) for c in completions)
     input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     targets = torch.full((len(prompts), length), pad_id, dtype=torch.long)
@@ -104,19 +182,25 @@ def make_completion_batch(prompts: list[list[int]], completions: list[list[int]]
         attention[i, :n] = 1
     starts = torch.tensor([len(p) - 1 for p in prompts])
     position_ids = starts[:, None] + torch.arange(length)[None]
-    return CompletionBatch(*(t.to(device) for t in (prefix_ids, prefix_mask, rows, input_ids, position_ids,
-                                                     targets, loss_mask, attention)))
+    return CompletionBatch([level.to(device) for level in levels],
+                           *(t.to(device) for t in (last_row[rows], input_ids, position_ids, targets, loss_mask,
+                                                     attention)))
 
 
 def shared_prefix_forward(module, batch: CompletionBatch):
-    """``module``'s output on the reply part of ``batch``: each distinct prompt (less its last
-    token) is run once and its KV cache copied to the replies that share it. ``module`` is a
-    causal LM (its output has ``.logits``) or a backbone (``.last_hidden_state``)."""
-    positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = module(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask, position_ids=positions,
-                   use_cache=True).past_key_values
+    """``module``'s output on the reply part of ``batch``: the context levels run once each,
+    their KV cache copied down the tree to the replies that read them. ``module`` is a causal
+    LM (its output has ``.logits``) or a backbone (``.last_hidden_state``)."""
+    cache, seen = None, None  # seen: which context tokens so far are real, per row
+    for level in batch.context:
+        if cache is not None:
+            cache.batch_select_indices(level.parents)
+            seen = seen[level.parents]
+        seen = level.mask if seen is None else torch.cat([seen, level.mask], 1)
+        cache = module(input_ids=level.ids, attention_mask=seen, position_ids=level.position_ids,
+                       past_key_values=cache, use_cache=True).past_key_values
     cache.batch_select_indices(batch.rows)
-    attention = torch.cat([batch.prefix_mask[batch.rows], batch.attention], 1)
+    attention = torch.cat([seen[batch.rows], batch.attention], 1)
     return module(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
                   past_key_values=cache, use_cache=True)
 

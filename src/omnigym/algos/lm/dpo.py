@@ -29,7 +29,7 @@ from omnigym.evaluation.text import sampled_rewards
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
 from omnigym.models.reference import FrozenReference
-from omnigym.models.tokens import completion_logprobs, make_completion_batch, make_sequence_batch, token_logprobs
+from omnigym.models.tokens import batch_logprobs, make_trained_batch
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
@@ -112,15 +112,9 @@ def train(cfg: DPOConfig) -> dict:
 
     def sequence_logps(model, pairs) -> torch.Tensor:
         """[2B]: every pair's chosen reply, then every pair's rejected reply. The two replies of
-        a pair share its prompt, which is run once for both (``CompletionBatch``); prompts of
-        fewer than 2 tokens (an implicit pair with no shared text) take the plain path."""
-        if min(len(p.prompt) for p in pairs) >= 2:
-            batch = make_completion_batch([p.prompt for p in pairs] * 2, [p.chosen for p in pairs] +
-                                          [p.rejected for p in pairs], tokenizer.pad_token_id, device=cfg.device)
-            logps, mask = completion_logprobs(model, batch), batch.loss_mask
-        else:
-            batch = make_sequence_batch(pair_sequences(pairs), tokenizer.pad_token_id, cfg.device)
-            logps, mask = token_logprobs(model, batch), batch.loss_mask
+        a pair share its prompt, which runs once for both (``make_trained_batch``)."""
+        batch = make_trained_batch(pair_sequences(pairs), tokenizer.pad_token_id, cfg.device)
+        logps, mask = batch_logprobs(model, batch), batch.loss_mask
         total = (logps * mask).sum(1)
         return total / mask.sum(1).clamp(min=1) if averaged else total
 

@@ -31,7 +31,7 @@ from omnigym.evaluation.text import accuracy
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.tokens import completion_logprobs, make_completion_batch, make_sequence_batch, token_logprobs
+from omnigym.models.tokens import batch_logprobs, completion_logprobs, make_completion_batch, make_trained_batch
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import WeightedSum, parse_weights
@@ -219,7 +219,7 @@ def train(cfg: GRPOConfig) -> dict:
     validation = random.Random(cfg.seed + 99).sample(train_set, min(100, len(train_set)))
 
     def sft_loss(model, batch):
-        loss = nll_loss(token_logprobs(model, batch), batch.loss_mask)
+        loss = nll_loss(batch_logprobs(model, batch), batch.loss_mask)
         check_finite(loss, sft_step)
         return loss, {}
 
@@ -227,7 +227,7 @@ def train(cfg: GRPOConfig) -> dict:
         rng = random.Random(cfg.seed * 1_000_003 + sft_step)
         examples = rng.sample(train_set, cfg.sft_batch_size)
         sequences = [sequence for e in examples for sequence in demonstration(env, tokenizer, e)]
-        loss = sft.forward_backward(make_sequence_batch(sequences, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
+        loss = sft.forward_backward(make_trained_batch(sequences, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
         sft.optim_step()
         sft_step += 1
         metrics = {"sft/loss": loss.item()}

@@ -21,7 +21,7 @@ from omnigym.errors import OmnigymError
 from omnigym.evaluation.text import SAMPLES_SHOWN
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.tokens import make_sequence_batch, token_logprobs
+from omnigym.models.tokens import batch_logprobs, make_trained_batch
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite, nll_loss
@@ -89,7 +89,7 @@ def train(cfg: SFTConfig) -> dict:
     step = run.begin(components).get("step", 0)
 
     def loss_fn(model, batch):
-        loss = nll_loss(token_logprobs(model, batch), batch.loss_mask)
+        loss = nll_loss(batch_logprobs(model, batch), batch.loss_mask)
         check_finite(loss, step)
         return loss, {}
 
@@ -98,9 +98,9 @@ def train(cfg: SFTConfig) -> dict:
         model.eval()
         total, tokens = 0.0, 0.0
         for start in range(0, len(heldout.sequences), cfg.batch_size):
-            batch = make_sequence_batch(heldout.sequences[start:start + cfg.batch_size], tokenizer.pad_token_id,
-                                        cfg.device)
-            total += -(token_logprobs(model, batch) * batch.loss_mask).sum().item()
+            batch = make_trained_batch(heldout.sequences[start:start + cfg.batch_size], tokenizer.pad_token_id,
+                                       cfg.device)
+            total += -(batch_logprobs(model, batch) * batch.loss_mask).sum().item()
             tokens += batch.loss_mask.sum().item()
         model.train()
         return total / max(tokens, 1.0)
@@ -130,7 +130,7 @@ def train(cfg: SFTConfig) -> dict:
     loss = torch.tensor(float("nan"))
     while step < cfg.steps:
         batch_examples = random.Random(cfg.seed * 1_000_003 + step).sample(examples, min(cfg.batch_size, len(examples)))
-        batch = make_sequence_batch(batch_examples, tokenizer.pad_token_id, cfg.device)
+        batch = make_trained_batch(batch_examples, tokenizer.pad_token_id, cfg.device)
         loss = trainer.forward_backward(batch, loss_fn)["loss"]
         trainer.optim_step()
         step += 1
