@@ -125,22 +125,24 @@ class ContextLevel:
                             None if self.parents is None else self.parents.to(device))
 
 
+def padded_level(rows, pad_id: int, start: int = 0, parents: torch.Tensor | None = None) -> ContextLevel:
+    """``rows`` left-padded, their positions counted from ``start`` over real tokens only."""
+    ids, mask = left_pad(rows, max(map(len, rows)), pad_id)
+    return ContextLevel(ids, mask, start + (mask.cumsum(-1) - 1).clamp(min=0), parents)
+
+
 def context_levels(contexts: list[tuple[int, ...]], pad_id: int) -> tuple[list[ContextLevel], torch.Tensor]:
     """Distinct contexts as a prefix tree: the tokens all of them start with (a chat template's
     header, a system prompt), run once, then each context's own rest. Returns the levels and,
     for each context, its row in the last level."""
     trunk = common_prefix_length(contexts) if len(contexts) > 1 else 0
     if trunk < MIN_TRUNK:
-        ids, mask = left_pad(contexts, max(map(len, contexts)), pad_id)
-        return [ContextLevel(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), None)], torch.arange(len(contexts))
-    ids = torch.tensor([contexts[0][:trunk]], dtype=torch.long)
-    levels = [ContextLevel(ids, torch.ones_like(ids), torch.arange(trunk)[None], None)]
+        return [padded_level(contexts, pad_id)], torch.arange(len(contexts))
+    levels = [padded_level([contexts[0][:trunk]], pad_id)]
     rests = [c[trunk:] for c in contexts]
     if not any(rests):  # the contexts differ only in their last prompt token
         return levels, torch.zeros(len(contexts), dtype=torch.long)
-    ids, mask = left_pad(rests, max(map(len, rests)), pad_id)
-    levels.append(ContextLevel(ids, mask, trunk + (mask.cumsum(-1) - 1).clamp(min=0),
-                               torch.zeros(len(rests), dtype=torch.long)))
+    levels.append(padded_level(rests, pad_id, trunk, torch.zeros(len(rests), dtype=torch.long)))
     return levels, torch.arange(len(contexts))
 
 
