@@ -182,6 +182,9 @@ def test_grpo_scores_with_a_reward_model(tmp_path, reward_model):
     (["train", "dpo", "--data", "{pairs}", "--eval-size", "5000"], "holds out that many or more"),
     (["train", "rlhf", "--value-init", "random"], "--value-init must be reward or policy"),
     (["train", "rlhf", "--minibatches", "100"], "is more than the 64 replies"),
+    # the demo's data with a model of one's own: a misspelt folder is refused before any demo stage
+    (["train", "dpo", "--model", "{tmp}/mdl_typo"], "no such folder"),
+    (["train", "rm", "--model", "{tmp}"], "has no config.json"),
 ])
 def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, pairs_file, argv, message):
     run_dir = tmp_path / "run"

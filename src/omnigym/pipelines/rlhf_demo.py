@@ -83,7 +83,13 @@ def prepare(cfg, run: Run, reward_model: bool) -> Stages:
 
 def use_demo_pairs(cfg, run: Run) -> None:
     """``--data gold`` of ``train rm`` and ``train dpo``: make (or reuse) the demo's SFT model and
-    pairs, and point ``cfg`` at them (and, for DPO, judge samples by the hidden rule)."""
+    pairs, and point ``cfg`` at them (and, for DPO, judge samples by the hidden rule). A
+    ``--model`` of the user's own is checked first: a misspelt folder is one line, not a
+    minute of demo stages and then the same line."""
+    if cfg.model != "tiny":
+        from omnigym.models.lm import resolve_model
+
+        resolve_model(cfg.model)
     stages = prepare(cfg, run, reward_model=False)
     cfg.data = str(stages.pairs)
     if cfg.model == "tiny":
