@@ -134,6 +134,8 @@ def test_shared_prompt_logprobs_equal_full_forward(tiny, lora, prompts):
         assert torch.allclose(shared[i, :len(p)], p, atol=1e-5)
     for a, b in zip(shared_grads, (p.grad for p in model.parameters() if p.requires_grad)):
         assert torch.allclose(a, b, atol=1e-4)
+    # the replies that read one prompt ran packed: 6 replies of 1 to 9 tokens in 3 rows, not 6 rows of 9
+    assert batch.packed.input_ids.shape[0] == 3 and batch.packed.input_ids.numel() < batch.input_ids.numel()
     # the shared context runs as a tree: the header once, then each prompt's rest
     assert [tuple(level.ids.shape) for level in batch.context] == CONTEXT_SHAPES[name]
 

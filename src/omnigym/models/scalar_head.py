@@ -80,8 +80,8 @@ def completion_values(model, batch) -> torch.Tensor:
     column t reads the prompt and the reply's first t tokens (V(s_t) before reply token t).
     Each distinct prompt runs once, its KV cache shared by its replies, as in
     ``models.tokens.completion_logprobs``."""
-    hidden = shared_prefix_forward(_unwrapped(model).base_model, batch).last_hidden_state
-    return head(model)(hidden).squeeze(-1).float()
+    return shared_prefix_forward(_unwrapped(model).base_model, batch,
+                                 lambda output, _: head(model)(output.last_hidden_state).squeeze(-1).float())
 
 
 def pair_scores(model, prompts: list[list[int]], replies: list[list[int]], pad_id: int, device) -> torch.Tensor:

@@ -98,6 +98,10 @@ def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
+# Replies of uneven length that read the same context are packed into fewer rows (off: the
+# plain padded rows, for comparison).
+PACK_REPLIES = True
+
 # Below this many tokens a batch-wide common prefix is not run on its own: one more forward
 # call costs a small model more than the repeated tokens it saves.
 MIN_TRUNK = 8
@@ -161,6 +165,72 @@ class CompletionBatch:
     targets: torch.Tensor         # [B, C], the completion tokens
     loss_mask: torch.Tensor       # [B, C], 1 on completion tokens the loss counts
     attention: torch.Tensor       # [B, C], 1 on every completion token (generated or inserted)
+    packed: "PackedReplies | None" = None  # the same replies in fewer rows, when they fit
+
+
+@dataclass
+class PackedReplies:
+    """Replies that read the same context row, laid end to end in fewer (up to twice as wide)
+    rows, each attending to the context and to its own earlier tokens only (a block-causal
+    mask): most of the padding a batch of uneven replies carries is not run. ``index``
+    reads the packed outputs back into the batch's ``[B, C]`` layout."""
+    rows: torch.Tensor          # [P], each packed row's row in the last context level
+    input_ids: torch.Tensor     # [P, W], W between C and 2C
+    position_ids: torch.Tensor  # [P, W]
+    targets: torch.Tensor       # [P, W]
+    block: torch.Tensor         # [P, 1, W, W] bool, which reply tokens each reply token sees
+    index: torch.Tensor         # [B, C], each batch position's place in the flattened [P * W] rows
+
+    def to(self, device) -> "PackedReplies":
+        return PackedReplies(*(t.to(device) for t in (self.rows, self.input_ids, self.position_ids, self.targets,
+                                                       self.block, self.index)))
+
+
+def pack_replies(rows: list[int], lengths: list[int]) -> tuple[list[list[int]], int] | None:
+    """Replies grouped into packed rows (first fit, longest first; only replies of the same
+    context row together), and the rows' width: the one of the longest reply up to twice it
+    that runs the fewest tokens. None when no width saves any."""
+    longest, order = max(lengths), sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    best, best_tokens = None, len(lengths) * longest
+    for width in sorted({longest * k // 4 for k in range(4, 9)}):
+        bins: dict[int, list[list]] = {}  # context row -> its packed rows, each [free tokens, replies]
+        for i in order:
+            own = bins.setdefault(rows[i], [])
+            fit = next((b for b in own if b[0] >= lengths[i]), None)
+            if fit is None:
+                own.append([width - lengths[i], [i]])
+            else:
+                fit[0] -= lengths[i]
+                fit[1].append(i)
+        groups = [members for own in bins.values() for _, members in own]
+        if len(groups) * width < best_tokens:
+            best, best_tokens = (groups, width), len(groups) * width
+    return best
+
+
+def packed_replies(groups: list[list[int]], width: int, lengths: list[int], batch: "CompletionBatch") -> PackedReplies:
+    """The packed layout of ``batch``'s replies (``groups``: the batch rows in each packed row)."""
+    columns = batch.input_ids.shape[1]
+    source = [-1] * (len(groups) * width)  # each packed position's place in the flattened [B * C] batch
+    segment = [-1] * (len(groups) * width)
+    index = [0] * (len(lengths) * columns)
+    for p, members in enumerate(groups):
+        start = p * width
+        for i in members:
+            n = lengths[i]
+            source[start:start + n] = range(i * columns, i * columns + n)
+            segment[start:start + n] = [i] * n
+            # the batch's padding reads the reply's last real token (the loss mask drops it)
+            index[i * columns:(i + 1) * columns] = [start + min(t, max(n - 1, 0)) for t in range(columns)]
+            start += n
+    source, segment = torch.tensor(source).view(-1, width), torch.tensor(segment).view(-1, width)
+    real, take = source >= 0, source.clamp(min=0)
+    input_ids, targets = (batch.input_ids.flatten()[take] * real, batch.targets.flatten()[take] * real)
+    position_ids = batch.position_ids.flatten()[take] * real
+    block = (segment[:, :, None] == segment[:, None, :]) & torch.ones(width, width, dtype=torch.bool).tril()
+    block |= torch.eye(width, dtype=torch.bool)  # a padding position sees itself: no row is all masked
+    return PackedReplies(batch.rows[[members[0] for members in groups]], input_ids, position_ids, targets,
+                         block[:, None], torch.tensor(index).view(-1, columns))
 
 
 def make_completion_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
@@ -172,27 +242,30 @@ def make_completion_batch(prompts: list[list[int]], completions: list[list[int]]
     distinct, rows = distinct_rows(prompts)
     levels, last_row = context_levels([p[:-1] for p in distinct], pad_id)
     length = max(len(c) for c in completions)
-    input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-    targets = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(prompts), length))
-    attention = torch.zeros((len(prompts), length), dtype=torch.long)
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        n = len(completion)
-        input_ids[i, :n] = torch.tensor(prompt[-1:] + completion[:-1])
-        targets[i, :n] = torch.tensor(completion)
-        loss_mask[i, :n] = 1 if masks is None else torch.tensor(masks[i], dtype=torch.float32)
-        attention[i, :n] = 1
+    padding = [[pad_id] * (length - len(c)) for c in completions]
+    input_ids = torch.tensor([p[-1:] + c[:-1] + pad for p, c, pad in zip(prompts, completions, padding)])
+    targets = torch.tensor([c + pad for c, pad in zip(completions, padding)])
+    attention = torch.tensor([[1] * len(c) + [0] * len(pad) for c, pad in zip(completions, padding)])
+    loss_mask = attention.float() if masks is None else \
+        torch.tensor([list(m) + [0] * len(pad) for m, pad in zip(masks, padding)], dtype=torch.float32)
     starts = torch.tensor([len(p) - 1 for p in prompts])
     position_ids = starts[:, None] + torch.arange(length)[None]
+    batch = CompletionBatch(levels, last_row[rows], input_ids, position_ids, targets, loss_mask, attention)
+    lengths = [len(c) for c in completions]
+    packing = pack_replies(batch.rows.tolist(), lengths) if PACK_REPLIES else None
+    if packing is not None:
+        batch.packed = packed_replies(*packing, lengths, batch)
     return CompletionBatch([level.to(device) for level in levels],
-                           *(t.to(device) for t in (last_row[rows], input_ids, position_ids, targets, loss_mask,
-                                                     attention)))
+                           *(t.to(device) for t in (batch.rows, input_ids, position_ids, targets, loss_mask, attention)),
+                           batch.packed.to(device) if batch.packed is not None else None)
 
 
-def shared_prefix_forward(module, batch: CompletionBatch):
-    """``module``'s output on the reply part of ``batch``: the context levels run once each,
-    their KV cache copied down the tree to the replies that read them. ``module`` is a causal
-    LM (its output has ``.logits``) or a backbone (``.last_hidden_state``)."""
+def shared_prefix_forward(module, batch: CompletionBatch, read):
+    """``read(output, targets)`` at every reply position of ``batch``, ``[B, C]``: ``module``'s
+    output (a causal LM's ``.logits``, a backbone's ``.last_hidden_state``) turned into one
+    value per position there. The context levels run once each, their KV cache copied down the
+    tree to the replies that read them; packed replies run in fewer rows and are read back
+    into the batch's layout (after ``read``, so a vocabulary-wide output is never copied)."""
     cache, seen = None, None  # seen: which context tokens so far are real, per row
     for level in batch.context:
         if cache is not None:
@@ -201,16 +274,28 @@ def shared_prefix_forward(module, batch: CompletionBatch):
         seen = level.mask if seen is None else torch.cat([seen, level.mask], 1)
         cache = module(input_ids=level.ids, attention_mask=seen, position_ids=level.position_ids,
                        past_key_values=cache, use_cache=True).past_key_values
-    cache.batch_select_indices(batch.rows)
-    attention = torch.cat([seen[batch.rows], batch.attention], 1)
-    return module(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
-                  past_key_values=cache, use_cache=True)
+    packed = batch.packed
+    if packed is None:
+        cache.batch_select_indices(batch.rows)
+        attention = torch.cat([seen[batch.rows], batch.attention], 1)
+        output = module(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
+                        past_key_values=cache, use_cache=True)
+        return read(output, batch.targets)
+    cache.batch_select_indices(packed.rows)
+    context = seen[packed.rows].bool()[:, None, None, :].expand(-1, 1, packed.block.shape[2], -1)
+    output = module(input_ids=packed.input_ids, attention_mask=torch.cat([context, packed.block], -1),
+                    position_ids=packed.position_ids, past_key_values=cache, use_cache=True)
+    return read(output, packed.targets).flatten(0, 1)[packed.index]
 
 
 def completion_logprobs(model, batch: CompletionBatch, temperature: float = 1.0) -> torch.Tensor:
     """log p(completion token t | prompt, completion tokens < t), ``[B, C]``, under the
     distribution the tokens were sampled from (logits divided by ``temperature``)."""
-    logits = shared_prefix_forward(model, batch).logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+    def token_logprob(output, targets):
+        logits = output.logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+    return shared_prefix_forward(model, batch, token_logprob)
