@@ -275,7 +275,8 @@ def shared_prefix_forward(module, batch: CompletionBatch, read):
         cache = module(input_ids=level.ids, attention_mask=seen, position_ids=level.position_ids,
                        past_key_values=cache, use_cache=True).past_key_values
     packed = batch.packed
-    if packed is None:
+    # flash-attention kernels take no 4-D mask: their models run the padded rows
+    if packed is None or (getattr(module.config, "_attn_implementation", None) or "sdpa") not in ("sdpa", "eager"):
         cache.batch_select_indices(batch.rows)
         attention = torch.cat([seen[batch.rows], batch.attention], 1)
         output = module(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
