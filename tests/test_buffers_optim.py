@@ -21,6 +21,15 @@ def test_replay_buffer_wraps_and_skips_masked_rows():
     assert batch["obs"].shape == (16, 2) and batch["terminated"].dtype == torch.float32
 
 
+def test_replay_buffer_batch_longer_than_the_buffer_keeps_its_last_rows():
+    buf = ReplayBuffer(3, (1,), ())
+    buf.add(np.zeros((1, 1)), np.array([0]), np.array([0.0]), np.zeros((1, 1)), np.array([False]))
+    obs = np.arange(5, dtype=np.float32)[:, None]
+    buf.add(obs, np.arange(5), np.arange(5.0), obs + 1, np.zeros(5, dtype=bool))
+    assert len(buf) == 3 and buf.position == 0  # 1 + 5 rows written into 3: the last write ends at row 2
+    assert buf.obs[:, 0].tolist() == [2.0, 3.0, 4.0] and buf.actions.tolist() == [2, 3, 4]
+
+
 def test_adam_matches_torch_optim_adam_and_resumes():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))

@@ -27,15 +27,20 @@ class ReplayBuffer:
         return self.size
 
     def add(self, obs, actions, rewards, next_obs, terminated, valid=None) -> None:
-        """Add a batch of transitions (one per env). ``valid`` masks out autoreset steps."""
+        """Add a batch of transitions (one per env) in one write per array. ``valid`` masks out
+        autoreset steps. A batch longer than the buffer keeps its last ``capacity`` rows."""
         if valid is not None:
             obs, actions, rewards, next_obs, terminated = (a[valid] for a in (obs, actions, rewards, next_obs, terminated))
-        for i in range(len(rewards)):
-            p = self.position
-            self.obs[p], self.actions[p], self.rewards[p] = obs[i], actions[i], rewards[i]
-            self.next_obs[p], self.terminated[p] = next_obs[i], terminated[i]
-            self.position = (p + 1) % self.capacity
-            self.size = min(self.size + 1, self.capacity)
+        n = len(rewards)
+        if n > self.capacity:
+            obs, actions, rewards, next_obs, terminated = (a[n - self.capacity:] for a in
+                                                           (obs, actions, rewards, next_obs, terminated))
+            self.position, n = (self.position + n - self.capacity) % self.capacity, self.capacity
+        rows = (self.position + np.arange(n)) % self.capacity
+        self.obs[rows], self.actions[rows], self.rewards[rows] = obs, actions, rewards
+        self.next_obs[rows], self.terminated[rows] = next_obs, terminated
+        self.position = (self.position + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         idx = rng.integers(0, self.size, size=batch_size)
