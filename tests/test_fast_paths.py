@@ -140,6 +140,21 @@ def test_shared_prompt_logprobs_equal_full_forward(tiny, lora, prompts):
     assert [tuple(level.ids.shape) for level in batch.context] == CONTEXT_SHAPES[name]
 
 
+def test_packed_replies_with_an_empty_reply(tiny):
+    """An empty reply packs beside a full one (into the last row, which that one fills exactly)
+    and is masked out; the other's log-probs equal the unpacked pass."""
+    from omnigym.models.tokens import CompletionBatch
+
+    model = load_model(tiny)
+    batch = make_completion_batch([[4, 5, 6]] * 2, [[10, 11, 12, 13], []], 0)
+    assert batch.packed is not None and batch.packed.input_ids.shape[0] == 1
+    plain = CompletionBatch(batch.context, batch.rows, batch.input_ids, batch.position_ids, batch.targets,
+                            batch.loss_mask, batch.attention)
+    packed, unpacked = completion_logprobs(model, batch), completion_logprobs(model, plain)
+    assert batch.loss_mask[1].sum() == 0
+    assert torch.allclose(packed[0], unpacked[0], atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", ["sft", "pairs"])
 def test_trained_batch_loss_equals_plain_batch(tiny, shape):
     """SFT's and DPO's batch gives the plain padded batch's loss and gradient. Distinct prompts

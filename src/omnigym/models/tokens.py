@@ -98,10 +98,6 @@ def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
-# Replies of uneven length that read the same context are packed into fewer rows (off: the
-# plain padded rows, for comparison).
-PACK_REPLIES = True
-
 # Below this many tokens a batch-wide common prefix is not run on its own: one more forward
 # call costs a small model more than the repeated tokens it saves.
 MIN_TRUNK = 8
@@ -167,6 +163,12 @@ class CompletionBatch:
     attention: torch.Tensor       # [B, C], 1 on every completion token (generated or inserted)
     packed: "PackedReplies | None" = None  # the same replies in fewer rows, when they fit
 
+    def to(self, device) -> "CompletionBatch":
+        return CompletionBatch([level.to(device) for level in self.context],
+                               *(t.to(device) for t in (self.rows, self.input_ids, self.position_ids, self.targets,
+                                                        self.loss_mask, self.attention)),
+                               None if self.packed is None else self.packed.to(device))
+
 
 @dataclass
 class PackedReplies:
@@ -220,8 +222,9 @@ def packed_replies(groups: list[list[int]], width: int, lengths: list[int], batc
             n = lengths[i]
             source[start:start + n] = range(i * columns, i * columns + n)
             segment[start:start + n] = [i] * n
-            # the batch's padding reads the reply's last real token (the loss mask drops it)
-            index[i * columns:(i + 1) * columns] = [start + min(t, max(n - 1, 0)) for t in range(columns)]
+            # the batch's padding reads the reply's last real token, an empty reply the row's
+            # first (the loss mask drops both)
+            index[i * columns:(i + 1) * columns] = [start + min(t, n - 1) if n else p * width for t in range(columns)]
             start += n
     source, segment = torch.tensor(source).view(-1, width), torch.tensor(segment).view(-1, width)
     real, take = source >= 0, source.clamp(min=0)
@@ -243,7 +246,7 @@ def make_completion_batch(prompts: list[list[int]], completions: list[list[int]]
     levels, last_row = context_levels([p[:-1] for p in distinct], pad_id)
     length = max(len(c) for c in completions)
     padding = [[pad_id] * (length - len(c)) for c in completions]
-    input_ids = torch.tensor([p[-1:] + c[:-1] + pad for p, c, pad in zip(prompts, completions, padding)])
+    input_ids = torch.tensor([(p[-1:] + c[:-1])[:len(c)] + pad for p, c, pad in zip(prompts, completions, padding)])
     targets = torch.tensor([c + pad for c, pad in zip(completions, padding)])
     attention = torch.tensor([[1] * len(c) + [0] * len(pad) for c, pad in zip(completions, padding)])
     loss_mask = attention.float() if masks is None else \
@@ -252,12 +255,10 @@ def make_completion_batch(prompts: list[list[int]], completions: list[list[int]]
     position_ids = starts[:, None] + torch.arange(length)[None]
     batch = CompletionBatch(levels, last_row[rows], input_ids, position_ids, targets, loss_mask, attention)
     lengths = [len(c) for c in completions]
-    packing = pack_replies(batch.rows.tolist(), lengths) if PACK_REPLIES else None
+    packing = pack_replies(batch.rows.tolist(), lengths)
     if packing is not None:
         batch.packed = packed_replies(*packing, lengths, batch)
-    return CompletionBatch([level.to(device) for level in levels],
-                           *(t.to(device) for t in (batch.rows, input_ids, position_ids, targets, loss_mask, attention)),
-                           batch.packed.to(device) if batch.packed is not None else None)
+    return batch.to(device)
 
 
 def shared_prefix_forward(module, batch: CompletionBatch, read):
