@@ -131,6 +131,9 @@ def main() -> None:
                         help="prompts that share no beginning (each prompt's words reversed)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.trainers.split(",")) - {"sft", "rm", "dpo"}
+    if unknown:
+        parser.error(f"--trainers takes sft, rm and dpo; got {', '.join(sorted(unknown))}")
     if args.child:
         return child(*args.child, args.steps, args.threads, args.device, args.unshared)
 
