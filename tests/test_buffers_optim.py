@@ -1,6 +1,7 @@
 import copy
 
 import numpy as np
+import pytest
 import torch
 
 from omnigym.optim import Adam
@@ -8,26 +9,93 @@ from omnigym.rl.replay import ReplayBuffer
 from omnigym.rl.running_stats import RunningMeanStd
 
 
-def test_replay_buffer_wraps_and_skips_masked_rows():
-    buf = ReplayBuffer(3, (2,), ())
-    for i in range(2):
-        obs = np.full((2, 2), i, dtype=np.float32)
-        buf.add(obs, np.array([i, i]), np.array([1.0, 2.0]), obs + 1, np.array([False, True]),
-                valid=np.array([True, i == 1]))
-    assert len(buf) == 3
-    assert buf.position == 0
-    assert sorted(buf.obs[:, 0].tolist()) == [0.0, 1.0, 1.0]
-    batch = buf.sample(16, np.random.default_rng(0))
-    assert batch["obs"].shape == (16, 2) and batch["terminated"].dtype == torch.float32
+class StackedEpisodes:
+    """``num_envs`` fake Atari envs: 4-frame stacks of 3x3 frames whose pixels number the
+    frame, episodes of random length, NEXT_STEP autoreset (the step after an episode's end
+    is not a transition). Every real transition is also kept whole, keyed by its action."""
+
+    def __init__(self, num_envs: int, stack: int = 4, seed: int = 0):
+        self.rng, self.stack, self.num_envs = np.random.default_rng(seed), stack, num_envs
+        self.frame_id = 0
+        self.obs = np.stack([self.new_episode() for _ in range(num_envs)])
+        self.autoreset = np.zeros(num_envs, dtype=bool)
+        self.transitions, self.next_action = {}, 0
+
+    def frame(self):
+        self.frame_id += 1
+        return np.full((3, 3), self.frame_id % 251, dtype=np.uint8)
+
+    def new_episode(self):
+        first = self.frame()  # gymnasium's FrameStackObservation pads the first stack with copies
+        return np.stack([first] * (self.stack - 1) + [self.frame()])
+
+    def step(self):
+        actions = self.next_action + np.arange(self.num_envs)
+        self.next_action += self.num_envs
+        next_obs = np.stack([np.concatenate([o[1:], self.frame()[None]]) for o in self.obs])
+        done = self.rng.random(self.num_envs) < 0.1
+        valid = ~self.autoreset
+        for i in np.flatnonzero(self.autoreset):
+            next_obs[i] = self.new_episode()
+        rewards = self.rng.normal(size=self.num_envs).astype(np.float32)
+        batch = (self.obs.copy(), actions, rewards, next_obs.copy(), done & valid, valid)
+        for i in np.flatnonzero(valid):
+            self.transitions[int(actions[i])] = (self.obs[i].copy(), rewards[i], next_obs[i].copy(), bool(done[i]))
+        self.obs, self.autoreset = next_obs, done & valid
+        return batch
 
 
-def test_replay_buffer_batch_longer_than_the_buffer_keeps_its_last_rows():
-    buf = ReplayBuffer(3, (1,), ())
-    buf.add(np.zeros((1, 1)), np.array([0]), np.array([0.0]), np.zeros((1, 1)), np.array([False]))
-    obs = np.arange(5, dtype=np.float32)[:, None]
-    buf.add(obs, np.arange(5), np.arange(5.0), obs + 1, np.zeros(5, dtype=bool))
-    assert len(buf) == 3 and buf.position == 0  # 1 + 5 rows written into 3: the last write ends at row 2
-    assert buf.obs[:, 0].tolist() == [2.0, 3.0, 4.0] and buf.actions.tolist() == [2, 3, 4]
+@pytest.mark.parametrize("num_envs,capacity", [(1, 50), (4, 64), (3, 1000)])
+def test_replay_buffer_rebuilds_every_stored_transition_bit_for_bit(num_envs, capacity):
+    envs = StackedEpisodes(num_envs)
+    buf = ReplayBuffer(capacity, (4, 3, 3), (), obs_dtype=np.uint8, num_envs=num_envs, frame_stack=4)
+    for _ in range(200):
+        obs, actions, rewards, next_obs, terminated, valid = envs.step()
+        buf.add(obs, actions, rewards, next_obs, terminated, valid=valid)
+    assert 0 < len(buf) <= capacity
+    batch = buf.sample(2000, np.random.default_rng(1))
+    seen = set()
+    for i, action in enumerate(batch["actions"].tolist()):
+        obs, reward, next_obs, terminated = envs.transitions[action]
+        assert np.array_equal(batch["obs"][i].numpy(), obs) and np.array_equal(batch["next_obs"][i].numpy(), next_obs)
+        assert batch["rewards"][i].item() == reward and batch["terminated"][i].item() == terminated
+        seen.add(action)
+    per_env = buf.env_capacity  # each env keeps its own newest transitions
+    newest = {a for e in range(num_envs) for a in sorted(a for a in envs.transitions if a % num_envs == e)[-per_env:]}
+    assert seen <= newest and len(seen) > 0.8 * len(buf)  # only live transitions, most of them drawn
+
+
+def test_replay_buffer_stores_each_frame_about_once():
+    capacity = 10_000
+    buf = ReplayBuffer(capacity, (4, 84, 84), (), obs_dtype=np.uint8, num_envs=8, frame_stack=4)
+    frames = buf.frames.nbytes / (84 * 84)
+    assert frames < 1.3 * capacity  # obs + next_obs whole would be 8 frames a transition
+    assert buf.nbytes < 1.4 * capacity * 84 * 84
+
+
+def test_replay_buffer_vector_observations_share_next_obs_and_wrap():
+    buf = ReplayBuffer(4, (2,), (), num_envs=1)
+    obs = np.zeros((1, 2), dtype=np.float32)
+    for i in range(10):  # one episode: each next_obs is the next obs
+        nxt = obs + 1
+        buf.add(obs, np.array([i]), np.array([float(i)]), nxt, np.array([False]))
+        obs = nxt
+    assert len(buf) == 4 and buf.frames_pushed[0] == 11  # 1 reset observation + 10 next observations
+    batch = buf.sample(64, np.random.default_rng(0))
+    assert set(batch["actions"].tolist()) == {6, 7, 8, 9}
+    assert torch.equal(batch["next_obs"], batch["obs"] + 1) and torch.equal(batch["obs"][:, 0], batch["rewards"])
+
+
+def test_replay_buffer_round_trips_through_its_state_dict():
+    envs = StackedEpisodes(2)
+    buf = ReplayBuffer(40, (4, 3, 3), (), obs_dtype=np.uint8, num_envs=2, frame_stack=4)
+    for _ in range(30):
+        obs, actions, rewards, next_obs, terminated, valid = envs.step()
+        buf.add(obs, actions, rewards, next_obs, terminated, valid=valid)
+    copy_ = ReplayBuffer(40, (4, 3, 3), (), obs_dtype=np.uint8, num_envs=2, frame_stack=4)
+    copy_.load_state_dict(copy.deepcopy(buf.state_dict()))
+    a, b = buf.sample(32, np.random.default_rng(3)), copy_.sample(32, np.random.default_rng(3))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_adam_matches_torch_optim_adam_and_resumes():

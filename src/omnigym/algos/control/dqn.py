@@ -102,7 +102,7 @@ def train(cfg: DQNConfig) -> dict:
     target_network = copy.deepcopy(q_network)
     optimizer = Adam(q_network.parameters(), lr=cfg.learning_rate)
     obs_space = envs.single_observation_space
-    buffer = ReplayBuffer(cfg.buffer_size, obs_space.shape, (), obs_dtype=obs_space.dtype)
+    buffer = ReplayBuffer(cfg.buffer_size, obs_space.shape, (), obs_dtype=obs_space.dtype, num_envs=cfg.num_envs)
     sampler = Sampler(cfg.seed)
     stats = EpisodeStats(cfg.print_episodes)
     cursor = EnvCursor(envs, cfg.seed)
