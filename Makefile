@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 # CPU wheel of torch; a GPU user installs their own torch into .venv first (see README).
 TORCH ?= torch==2.13.0
 
-.PHONY: setup sandbox demo demo-grpo test test-quick bench clean smollm2
-setup: $(VENV)/.installed sandbox
+.PHONY: setup sandbox render demo demo-grpo test test-quick bench clean smollm2
+setup: $(VENV)/.installed sandbox render
 
 # The code sandbox's isolation is bubblewrap's: installed when missing where we may (root
 # with apt); otherwise one line says what is lost, and set-up goes on.
@@ -15,6 +15,16 @@ sandbox:
 	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
 	  echo "note: bubblewrap is not installed (sudo apt-get install bubblewrap): code rewards will run with resource limits only, without private filesystem, network and process namespaces"
+
+# Headless rendering for videos (--capture-video, omnigym eval --video; docs/video.md): MuJoCo
+# draws through EGL, which needs libEGL and a driver (Mesa's, or NVIDIA's on a GPU machine).
+# Installed when missing where we may (root with apt); otherwise one line, and set-up goes on.
+render:
+	@{ ldconfig -p 2>/dev/null | grep -q 'libEGL.so.1 ' && ldconfig -p 2>/dev/null | grep -qE 'libEGL_(mesa|nvidia).so.0'; } || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libegl-mesa0 libgl1-mesa-dri >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libegl-mesa0 libgl1-mesa-dri >/dev/null 2>&1; }; }; } || \
+	  echo "note: EGL is not installed (sudo apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri): MuJoCo videos need it on a machine without a display (docs/video.md)"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

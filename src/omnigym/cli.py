@@ -14,7 +14,8 @@ from omnigym.errors import OmnigymError
 USAGE = """usage: omnigym {train,eval,plot,list,import-gguf} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
-  omnigym eval RUN_DIR [--episodes N] [--greedy]
+  omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]]
+                                 --video: the episodes as .mp4 in RUN_DIR/videos/eval (docs/video.md)
   omnigym plot RUN_DIR... [--out FILE] [--metric NAME]
   omnigym list                   algorithms and env backends available here
   omnigym import-gguf [GGUF_FILE] --out DIR
@@ -104,14 +105,25 @@ def evaluate(argv: list[str]) -> None:
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
     parser.add_argument("--seed", type=int, default=12345,
                         help="seeds the env and the sampled actions: same seed, same returns (default 12345)")
+    parser.add_argument("--video", action="store_true",
+                        help="record every episode as .mp4 into RUN_DIR/videos/eval (docs/video.md)")
+    parser.add_argument("--video-dir", help="where --video writes (default RUN_DIR/videos/eval); implies --video")
     args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from omnigym.envs.video import VIDEO_FOLDER
     from omnigym.evaluation.control import evaluate_run
 
-    returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed)
+    video_dir = args.video_dir or (str(Path(args.run_dir) / VIDEO_FOLDER / "eval") if args.video else None)
+    before = set(Path(video_dir).glob("*.mp4")) if video_dir else set()
+    returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed, video_dir=video_dir)
     import numpy as np
 
     print(f"{len(returns)} episodes: mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} "
           f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+    if video_dir:
+        written = sorted(set(Path(video_dir).glob("*.mp4")) - before)
+        print(f"videos: {len(written)} in {video_dir}" + (f" ({written[0].name} ...)" if written else ""))
 
 
 def plot(argv: list[str]) -> None:

@@ -126,6 +126,9 @@ class ControlConfig(RunConfig):
     """env steps between checkpoints (one is always written at the end); 0 writes only the last"""
     print_episodes: bool = False
     """print one line per finished episode (global_step=..., episodic_return=...)"""
+    capture_video: bool = False
+    """record episodes of env 0 as .mp4 into RUN_DIR/videos (episodes 0, 1, 8, 27, ..., 1000, then every
+    1000th; needs omnigym[video]; docs/video.md)"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden")
     BUDGET = ("total_timesteps", "global_step")

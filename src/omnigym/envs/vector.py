@@ -131,23 +131,33 @@ def make_vec(
     num_envs: int = 1,
     backend: str = "auto",
     seed: int | None = None,
+    video_dir: str | None = None,
+    video_episodes=None,
     **env_kwargs,
 ) -> gym.vector.VectorEnv:
     """Make ``num_envs`` copies of ``env`` as one vector env with episode statistics.
 
     ``seed`` seeds the action spaces' samplers (and EnvPool's pool); pass it to the first
     ``reset`` too, as the algorithms do, and two runs see the same trajectories.
+    ``video_dir`` records env 0's episodes there (envs/video.py; ``video_episodes(episode) ->
+    bool`` picks them, by default the capped cubic schedule); it needs a sync or async backend.
     """
     if not isinstance(num_envs, int) or num_envs <= 0:
         raise OmnigymError(f"--num-envs must be positive, got {num_envs!r}")
     if backend not in BACKENDS:
         raise OmnigymError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     env_id = resolve_env(env)
+    video = None
+    if video_dir is not None:
+        from omnigym.envs.video import recording
+
+        video, backend = recording(env_id, backend, video_dir, video_episodes, env_kwargs=env_kwargs,
+                                   auto="native" if isinstance(env_id, str) and has_native(env_id) else "sync")
     if not isinstance(env_id, str):
-        envs = _vectorize_factory(env_id, num_envs, backend, env_kwargs)
+        envs = _vectorize_factory(env_id, num_envs, backend, env_kwargs, video)
     else:
         try:
-            envs = _make_registered(env_id, num_envs, backend, seed, env_kwargs)
+            envs = _make_registered(env_id, num_envs, backend, seed, env_kwargs, video)
         except OmnigymError:
             raise
         except Exception as exc:  # a missing dependency (MuJoCo, ROMs) or an env that fails to build
@@ -160,7 +170,7 @@ def make_vec(
     return envs
 
 
-def _vectorize_factory(factory, num_envs: int, backend: str, env_kwargs: dict) -> gym.vector.VectorEnv:
+def _vectorize_factory(factory, num_envs: int, backend: str, env_kwargs: dict, video=None) -> gym.vector.VectorEnv:
     if backend not in ("auto", "sync", "async"):
         raise OmnigymError(f"--backend {backend} needs a registered env id; your own env runs with sync or async")
     if isinstance(factory, gym.Env):  # an env object: it is the first env, copies are the others
@@ -170,6 +180,9 @@ def _vectorize_factory(factory, num_envs: int, backend: str, env_kwargs: dict) -
         fns = [lambda e=e: e for e in made]
     else:
         fns = [lambda: factory(**env_kwargs)] * num_envs
+    if video is not None:  # env 0 renders and is recorded
+        fns = [lambda: video.wrap(made[0])] + fns[1:] if isinstance(factory, gym.Env) else \
+            video.env_fns(factory, num_envs, env_kwargs)
     vector_cls = gym.vector.AsyncVectorEnv if backend == "async" else gym.vector.SyncVectorEnv
     try:
         return vector_cls(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
@@ -177,11 +190,15 @@ def _vectorize_factory(factory, num_envs: int, backend: str, env_kwargs: dict) -
         raise OmnigymError(f"your env could not be made: {type(exc).__name__}: {exc}") from None
 
 
-def _make_registered(env_id: str, num_envs: int, backend: str, seed, env_kwargs: dict) -> gym.vector.VectorEnv:
+def _make_registered(env_id: str, num_envs: int, backend: str, seed, env_kwargs: dict, video=None) -> gym.vector.VectorEnv:
     if backend == "auto":
         backend = "native" if has_native(env_id) else "sync"
 
-    if backend in ("sync", "async"):
+    if backend in ("sync", "async") and video is not None:  # env 0 renders and is recorded
+        vector_cls = gym.vector.AsyncVectorEnv if backend == "async" else gym.vector.SyncVectorEnv
+        envs = vector_cls(video.env_fns(lambda **kw: gym.make(env_id, **kw), num_envs, env_kwargs),
+                          autoreset_mode=AutoresetMode.NEXT_STEP)
+    elif backend in ("sync", "async"):
         envs = gym.make_vec(env_id, num_envs, vectorization_mode=backend,
                             vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}, **env_kwargs)
     elif backend == "native":

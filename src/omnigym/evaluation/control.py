@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from omnigym.algos import config_class, get_algorithm
 from omnigym.config import config_from_dict
 from omnigym.envs.vector import make_vec
+from omnigym.envs.video import every_episode
 from omnigym.errors import OmnigymError
 from omnigym.process import run_scope
 from omnigym.track.checkpoint import Checkpointer
@@ -15,9 +18,11 @@ MAX_EPISODE_STEPS = 1_000_000
 """an episode this long means an env without a time limit: eval stops instead of hanging"""
 
 
-def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None) -> list[float]:
+def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None,
+                 video_dir: str | None = None) -> list[float]:
     """Returns of ``episodes`` episodes of the run's env (or ``env``: the id, class, factory or
-    env object to use instead, for a run trained on a Python object eval cannot rebuild)."""
+    env object to use instead, for a run trained on a Python object eval cannot rebuild).
+    ``video_dir`` records every episode there as .mp4 (the returns are the same without it)."""
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
     if not 0 <= seed < 2**32:
@@ -32,7 +37,9 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
     if isinstance(env, str) and env.startswith("<"):  # config.json holds a repr: a lambda or an env object
         raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that eval cannot find by name; "
                            "evaluate it from Python with evaluate_run(run_dir, env=...)")
-    envs = make_vec(env, 1, backend="sync", seed=seed)
+    envs = make_vec(env, 1, backend="sync", seed=seed, video_dir=video_dir, video_episodes=every_episode)
+    if video_dir is not None:
+        os.makedirs(video_dir, exist_ok=True)  # the env could render: its videos have a place to go
     with run_scope(seed):  # sampled actions come from torch's generator: same seed, same returns
         policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
         returns: list[float] = []

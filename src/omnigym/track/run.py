@@ -117,8 +117,9 @@ SAMPLES_NAME = "samples.jsonl"
 MODEL_FOLDER = "model"
 STAGES_FOLDER = "stages"
 RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", "curve.png", SAMPLES_NAME,
-             MODEL_FOLDER)
+             MODEL_FOLDER, "videos")
 """What a run writes (besides TensorBoard's events files); ``--overwrite`` removes exactly these.
+``videos/`` holds ``--capture-video``'s and ``omnigym eval --video``'s videos (envs/video.py).
 ``model/`` is the trained model as a Hugging Face folder (language runs). ``stages/`` holds the
 finished runs a demo pipeline made on the way (``omnigym train rlhf`` with no flags); they are
 reused by ``--overwrite`` and removed by ``abandon`` only when this process made them."""

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.cursor import EnvCursor
 from omnigym.envs.vector import make_vec
+from omnigym.envs.video import training_video_dir
 from omnigym.errors import OmnigymError, require
 from omnigym.models.control import QNetwork, q_network_policy
 from omnigym.optim import Adam
@@ -91,7 +92,8 @@ class Sampler:
 
 @scoped_run
 def train(cfg: DQNConfig) -> dict:
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)
+    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
+                    video_dir=training_video_dir(cfg, "dqn"))
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
         raise OmnigymError(f"DQN needs a discrete action space, but {cfg.env_id} has {envs.single_action_space}; "

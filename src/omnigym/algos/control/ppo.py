@@ -19,6 +19,7 @@ import torch
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.vector import make_vec
+from omnigym.envs.video import training_video_dir
 from omnigym.errors import require
 from omnigym.models.control import ActorCritic, actor_critic_policy
 from omnigym.optim import Adam
@@ -75,7 +76,8 @@ CONFIG = PPOConfig
 
 @scoped_run
 def train(cfg: PPOConfig) -> dict:
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
+    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
+                    video_dir=training_video_dir(cfg, "ppo"))  # bad ids fail before the run dir exists
     run = start_run(cfg, "ppo", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)

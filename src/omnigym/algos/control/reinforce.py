@@ -15,6 +15,7 @@ import torch
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.vector import make_vec
+from omnigym.envs.video import training_video_dir
 from omnigym.models.control import ActorCritic, actor_critic_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
@@ -54,7 +55,8 @@ CONFIG = ReinforceConfig
 
 @scoped_run
 def train(cfg: ReinforceConfig) -> dict:
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed)  # bad ids fail before the run dir exists
+    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
+                    video_dir=training_video_dir(cfg, "reinforce"))  # bad ids fail before the run dir exists
     run = start_run(cfg, "reinforce", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate)
