@@ -10,7 +10,7 @@ from omnigym.track.run import Run
 SMALL = {
     "ppo": (ppo, dict(total_timesteps=4096, num_envs=4, num_steps=64, checkpoint_every=512)),
     "dqn": (dqn, dict(total_timesteps=3000, learning_starts=500, train_frequency=64, gradient_steps=8,
-                      log_every=250, checkpoint_every=500, buffer_size=2000)),
+                      log_every=250, checkpoint_every=500, buffer_size=2000, save_buffer=True)),
     "reinforce": (reinforce, dict(total_timesteps=4096, num_envs=4, num_steps=128, checkpoint_every=1024)),
 }
 
@@ -60,3 +60,16 @@ def test_interrupted_run_resumes_to_the_same_metrics(name, tmp_path, monkeypatch
 
     train(name, tmp_path / "cut", resume=str(tmp_path / "cut"))
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
+
+
+def test_dqn_checkpoint_leaves_the_replay_memory_out_unless_asked(tmp_path):
+    import os
+
+    train("dqn", tmp_path / "with", buffer_size=200_000)
+    train("dqn", tmp_path / "without", buffer_size=200_000, save_buffer=False)
+    size = {name: os.path.getsize(tmp_path / name / "checkpoint.pt") for name in ("with", "without")}
+    assert size["without"] < size["with"] / 5
+    # Resumed without its memory, the run refills it and goes on to the end.
+    train("dqn", tmp_path / "without", total_timesteps=4000, buffer_size=200_000, save_buffer=False, resume=str(tmp_path / "without"))
+    steps = [row["global_step"] for row in metrics(tmp_path / "without") if "global_step" in row]
+    assert steps and max(steps) >= 4000

@@ -83,6 +83,65 @@ class SidePixelEnv(gym.Env):
         return self._obs(), reward, False, self.t >= EPISODE, {}
 
 
+class MaskedChoiceEnv(gym.Env):
+    """Invalid actions: each step 2 of 6 actions are valid (given in ``info["action_mask"]``),
+    one of them the target, which the observation names; reward 1 for the target, 0 for the
+    other valid action, and an invalid action ends the episode with -10. Best return 20; a
+    policy that takes valid actions at random gets 10."""
+
+    n = 6
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (2 * self.n,), np.float32)
+        self.action_space = gym.spaces.Discrete(self.n)
+        self.invalid_taken = 0
+
+    def _draw(self):
+        self.target, self.other = (int(a) for a in self.np_random.choice(self.n, 2, replace=False))
+        mask = np.zeros(self.n, dtype=bool)
+        mask[[self.target, self.other]] = True
+        obs = np.zeros(2 * self.n, dtype=np.float32)
+        obs[self.target], obs[self.n:] = 1.0, mask
+        return obs, {"action_mask": mask}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw()
+
+    def step(self, action):
+        action, self.t = int(action), self.t + 1
+        if action not in (self.target, self.other):
+            self.invalid_taken += 1
+            obs, info = self._draw()
+            return obs, -10.0, True, False, info
+        reward = float(action == self.target)
+        obs, info = self._draw()
+        return obs, reward, False, self.t >= EPISODE, info
+
+
+class MaskMethodEnv(MaskedChoiceEnv):
+    """The same task with the mask from an ``action_masks()`` method (sb3-contrib's name)."""
+
+    def _draw(self):
+        obs, info = super()._draw()
+        self._mask = info.pop("action_mask")
+        return obs, info
+
+    def action_masks(self):
+        return self._mask
+
+
+class AllInvalidMaskEnv(MaskedChoiceEnv):
+    """A broken mask: on the third step no action is valid."""
+
+    def _draw(self):
+        obs, info = super()._draw()
+        if getattr(self, "t", 0) >= 2:
+            info["action_mask"] = np.zeros(self.n, dtype=bool)
+        return obs, info
+
+
 class NaNEnv(gym.Env):
     """Returns a NaN observation on its third step (a broken env)."""
 

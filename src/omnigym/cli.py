@@ -41,7 +41,21 @@ def train(argv: list[str]) -> dict:
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
         default = resumed_defaults(argv, config_cls)
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
+    cfg.given_flags = given_flags(argv[1:], cfg)  # a preset (control runs) never overrides these
     return module.train(cfg)
+
+
+def given_flags(args: list[str], cfg) -> set[str]:
+    """The config fields named on the command line (``--num-envs 4``, ``--no-anneal-lr``)."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    names = set()
+    for arg in args:
+        if arg.startswith("--"):
+            name = arg[2:].split("=", 1)[0].replace("-", "_")
+            names.add(name if name in fields or not name.startswith("no_") else name[3:])
+    return names
 
 
 def parse_flags(config_cls, argv: list[str], default, description: str | None):

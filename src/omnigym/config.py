@@ -20,6 +20,13 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def show_flag(name: str, value) -> str:
+    """A flag as it is typed: ``--hidden 64 64``, ``--clip-vloss``, ``--no-anneal-lr``."""
+    if isinstance(value, bool):
+        return flag(name) if value else "--no-" + name.replace("_", "-")
+    return f"{flag(name)} {' '.join(map(str, value)) if isinstance(value, tuple) else value}"
+
+
 def require_positive(cfg, *names: str) -> None:
     """Each named flag above 0 (each element of a tuple flag such as --hidden)."""
     for name in names:
@@ -130,13 +137,62 @@ class ControlConfig(RunConfig):
     """record episodes of env 0 as .mp4 into RUN_DIR/videos (episodes 0, 1, 8, 27, ..., 1000, then every
     1000th; needs omnigym[video]; docs/video.md)"""
 
-    RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden")
+    preset: str = "auto"
+    """published hyperparameters for the env's family, for every flag you do not give: auto picks
+    by env id (atari, mujoco; none elsewhere), none keeps the defaults shown here; printed at start"""
+    noop_max: int = 30
+    """Atari: up to this many no-op actions after a reset"""
+    frame_skip: int = 4
+    """Atari: repeat each action this many frames (max of the last two is the observation)"""
+    episodic_life: bool = True
+    """Atari: a lost life ends the episode for learning (no bootstrap); returns stay whole games"""
+    fire_reset: bool = True
+    """Atari: press FIRE after a reset in games that need it"""
+    clip_rewards: bool = True
+    """Atari: learn from each reward's sign; returns report the game score"""
+    frame_stack: int = 4
+    """Atari: the observation is the last N 84x84 grayscale frames"""
+    sticky_actions: float | None = None
+    """Atari: repeat-previous-action probability (default: the id's own, 0.25 for ALE/*-v5, 0 for NoFrameskip-v4)"""
+
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden",
+                                                                       "frame_stack")
     BUDGET = ("total_timesteps", "global_step")
+    PRESETS: ClassVar[dict[str, tuple[str, dict]]] = {}
+    """family -> (where the figures come from, {field: value}); each algorithm has its own"""
 
     def check(self) -> None:
         super().check()
-        require_positive(self, "total_timesteps", "num_envs")
-        require_non_negative(self, "checkpoint_every")
+        require_positive(self, "total_timesteps", "num_envs", "frame_skip", "frame_stack")
+        require_non_negative(self, "checkpoint_every", "noop_max")
+        if self.sticky_actions is not None:
+            require_fraction(self, "sticky_actions")
+        require(self.preset in ("auto", "none", *self.PRESETS),
+                f"unknown --preset {self.preset!r}; choose auto, none" + "".join(f", {p}" for p in self.PRESETS))
+
+    def with_preset(self, given: set[str] | None = None) -> "ControlConfig":
+        """This config with its family's preset applied to the flags not in ``given`` (from Python:
+        the fields left at their defaults). A resumed run keeps its saved values."""
+        if self.resume or self.preset == "none":
+            return self
+        family = self.preset
+        if family == "auto":
+            from omnigym.envs.vector import env_family
+
+            family = env_family(self.env_id)
+            if family not in self.PRESETS:
+                return dataclasses.replace(self, preset="none")
+        require(family in self.PRESETS, f"unknown --preset {family!r}; choose auto, none"
+                + "".join(f", {p}" for p in self.PRESETS))
+        if given is None:
+            given = {f.name for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING
+                     and getattr(self, f.name) != f.default}
+        source, values = self.PRESETS[family]
+        applied = {k: v for k, v in values.items() if k not in given}
+        shown = " ".join(show_flag(k, v) for k, v in applied.items())
+        print(f"preset {family} ({source}): {shown}\n  (flags you give win; --preset none keeps the plain defaults)",
+              flush=True)
+        return dataclasses.replace(self, preset=family, **applied)
 
 
 @dataclass

@@ -39,7 +39,7 @@ def run_scope(seed: int, torch_threads: int = 0):
 
 
 def scoped_run(train):
-    """Decorator for an algorithm's ``train(cfg)``: checks the config (``cfg.check()``: every flag's
+    """Decorator for an algorithm's ``train(cfg)``: applies a control run's preset, checks the config (``cfg.check()``: every flag's
     range, before anything is built), runs it inside ``run_scope(cfg.seed, cfg.torch_threads)``,
     and undoes a run that fails or is interrupted before its first checkpoint (``Run.abandon``)."""
 
@@ -47,6 +47,8 @@ def scoped_run(train):
     def wrapper(cfg):
         from omnigym.track.run import active_run
 
+        if hasattr(cfg, "with_preset"):  # control runs: the env family's published hyperparameters
+            cfg = cfg.with_preset(getattr(cfg, "given_flags", None))
         cfg.check()
         with run_scope(cfg.seed, cfg.torch_threads):
             try:

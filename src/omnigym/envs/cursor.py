@@ -7,11 +7,17 @@ reports it as not ``valid`` and algorithms skip it. ``state_dict`` pickles the e
 when its backend allows (gymnasium's sync envs, native vector envs), so a resumed run
 continues mid-episode exactly; envs that cannot be pickled (subprocesses, emulators)
 restart fresh episodes seeded by the step count.
+
+A ``LearningSignal`` changes what the algorithm learns from, never the episode statistics
+(which the vector env records inside): Atari's reward clipping, and its episodic life,
+where a lost life is reported as ``terminated`` (no bootstrap past it) while the game goes
+on and is not reset.
 """
 
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -29,13 +35,30 @@ def check_finite_obs(obs, step: int):
     return obs
 
 
+@dataclass(frozen=True)
+class LearningSignal:
+    clip_rewards: bool = False
+    """learn from the sign of each reward"""
+    life_loss_ends: bool = False
+    """a lost life (``info["lives"]`` went down) is a termination for learning"""
+
+
 class EnvCursor:
-    def __init__(self, envs, seed: int, prepare: Callable = lambda obs: obs):
+    def __init__(self, envs, seed: int, prepare: Callable = lambda obs: obs, signal: LearningSignal = LearningSignal()):
         """``prepare`` turns a raw observation batch into what ``obs`` holds (e.g. normalized)."""
-        self.envs, self.seed, self.prepare = envs, seed, prepare
-        self.obs = prepare(check_finite_obs(envs.reset(seed=seed)[0], 0))
+        self.envs, self.seed, self.prepare, self.signal = envs, seed, prepare, signal
+        obs, info = envs.reset(seed=seed)
+        self.obs, self.info = prepare(check_finite_obs(obs, 0)), info
         self.autoreset = np.zeros(envs.num_envs, dtype=bool)
+        self.lives = self._lives(info)
         self.steps = 0
+
+    def _lives(self, info: dict):
+        if not self.signal.life_loss_ends:
+            return None
+        from omnigym.envs.atari import lives
+
+        return lives(info, self.envs.num_envs)
 
     def step(self, actions):
         """One vector step. Returns ``(next_obs, rewards, terminated, truncated, info, valid)``
@@ -48,7 +71,13 @@ class EnvCursor:
             raise OmnigymError(f"the env returned a non-finite reward ({rewards[~np.isfinite(rewards)][0]}) at env step "
                                f"{self.steps}; fix the env's reward, or clip it with a gymnasium wrapper")
         self.autoreset = terminated | truncated
-        self.obs = self.prepare(next_obs)
+        self.obs, self.info = self.prepare(next_obs), info
+        if self.signal.life_loss_ends:
+            lives = self._lives(info)
+            terminated = terminated | (valid & (lives < self.lives))
+            self.lives = lives
+        if self.signal.clip_rewards:
+            rewards = np.sign(rewards)
         return next_obs, rewards, terminated, truncated, info, valid
 
     def state_dict(self) -> dict:
@@ -56,17 +85,66 @@ class EnvCursor:
             snapshot = pickle.dumps(self.envs)
         except Exception:  # subprocess or emulator backends cannot be pickled
             snapshot = None
-        return {"envs": snapshot, "obs": self.obs, "autoreset": self.autoreset, "steps": self.steps}
+        return {"envs": snapshot, "obs": self.obs, "autoreset": self.autoreset, "steps": self.steps,
+                "lives": self.lives, "info": self.info}
 
     def load_state_dict(self, state: dict) -> None:
         self.steps = state["steps"]
         if state["envs"] is None:
-            self.obs = self.prepare(self.envs.reset(seed=self.seed + self.steps)[0])
+            obs, info = self.envs.reset(seed=self.seed + self.steps)
+            self.obs, self.info, self.lives = self.prepare(obs), info, self._lives(info)
             self.autoreset = np.zeros(self.envs.num_envs, dtype=bool)
             return
         self.envs.close()
         self.envs = pickle.loads(state["envs"])
-        self.obs, self.autoreset = state["obs"], state["autoreset"]
+        self.obs, self.autoreset, self.lives = state["obs"], state["autoreset"], state.get("lives")
+        self.info = state.get("info", {})
 
     def close(self) -> None:
         self.envs.close()
+
+
+class ActionMasks:
+    """Which actions are valid in each env's current observation, for masked PPO: from
+    ``info["action_mask"]`` (put it in ``reset``'s info too) or from the env's
+    ``action_masks()`` method (sb3-contrib's name). ``ActionMasks.find`` returns None for an
+    env that gives neither."""
+
+    def __init__(self, source: str, n_actions: int):
+        self.source, self.n_actions = source, n_actions
+
+    @classmethod
+    def find(cls, envs, info: dict) -> "ActionMasks | None":
+        import gymnasium as gym
+
+        if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+            if "action_mask" in info:
+                raise OmnigymError(f"the env gives an action_mask, but masks apply to Discrete actions, not "
+                                   f"{envs.single_action_space}")
+            return None
+        n = int(envs.single_action_space.n)
+        if "action_mask" in info:
+            return cls("info", n)
+        try:
+            envs.unwrapped.call("action_masks")
+        except Exception:  # no such method (or a vector env without call): no masks
+            return None
+        return cls("method", n)
+
+    def __call__(self, envs, info: dict, step: int) -> np.ndarray:
+        if self.source == "info":
+            if "action_mask" not in info:
+                raise OmnigymError(f"the env stopped giving info['action_mask'] at env step {step}; give it in the info "
+                                   "of reset() and of every step()")
+            raw = info["action_mask"]
+        else:
+            raw = np.stack(envs.unwrapped.call("action_masks"))
+        masks = np.asarray(raw).astype(bool)
+        if masks.shape != (envs.num_envs, self.n_actions):
+            raise OmnigymError(f"the env's action mask has shape {masks.shape[1:]}; it must have one entry per action "
+                               f"({self.n_actions})")
+        stuck = ~masks.any(-1)
+        if stuck.any():
+            raise OmnigymError(f"the env's action mask allows no action at env step {step} (env {int(stuck.argmax())}); "
+                               "every observation needs at least one valid action")
+        return masks

@@ -21,10 +21,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from omnigym.envs.atari import AtariOptions, is_atari, make_atari_vec
+from omnigym.envs.cursor import LearningSignal
 from omnigym.errors import OmnigymError, missing_extra, require
 from omnigym.user_code import import_object, import_reference, is_reference, where
 
-BACKENDS = ("auto", "sync", "async", "native", "envpool")
+BACKENDS = ("auto", "sync", "async", "native", "envpool", "ale")
 
 
 def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -39,13 +41,49 @@ def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 
 def _register_optional_envs(env_id: str) -> None:
-    # Atari ids live in ale-py's registry, which is only filled once ale_py is imported.
-    if env_id.startswith("ALE/") and importlib.util.find_spec("ale_py") is not None:
+    # Atari ids (ALE/Pong-v5, PongNoFrameskip-v4) live in ale-py's registry, which is only
+    # filled once ale_py is imported.
+    if env_id in gym.registry:
+        return
+    if importlib.util.find_spec("ale_py") is not None:
         import ale_py
 
         gym.register_envs(ale_py)
-    elif env_id.startswith("ALE/"):
+    elif env_id.startswith("ALE/") or "NoFrameskip" in env_id:
         raise missing_extra("ale-py", "atari")
+
+
+def make_run_envs(cfg, algo: str) -> tuple[gym.vector.VectorEnv, LearningSignal]:
+    """A control run's vector env, from its config (Atari preprocessing, ``--capture-video``),
+    and what its algorithm learns from (Atari's clipped rewards and episodic life)."""
+    from omnigym.envs.video import training_video_dir
+
+    options = AtariOptions.from_config(cfg)
+    atari = is_atari(cfg.env_id) or (isinstance(cfg.env_id, str) and cfg.env_id.startswith("ALE/"))
+    changed = [flag for flag in AtariOptions.FLAGS if getattr(options, flag) != getattr(AtariOptions(), flag)]
+    if changed and not atari:
+        raise OmnigymError(f"--{changed[0].replace('_', '-')} is Atari preprocessing; {cfg.env_id} is not an Atari game")
+    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
+                    video_dir=training_video_dir(cfg, algo), atari=options)
+    if cfg.backend == "auto" and atari and not cfg.capture_video:
+        print(f"env: {cfg.env_id} x {cfg.num_envs} on the ale backend (ale-py's C++ vector env, the fastest here)",
+              flush=True)
+    signal = LearningSignal(options.clip_rewards, options.episodic_life) if atari else LearningSignal()
+    return envs, signal
+
+
+def env_family(env) -> str | None:
+    """``atari`` (ale-py's games), ``mujoco`` (gymnasium's MuJoCo robots), or None: which
+    algorithm presets (``--preset auto``) fit the env."""
+    if not isinstance(env, str) or is_reference(env):
+        return None
+    if is_atari(env) or env.startswith("ALE/"):
+        return "atari"
+    try:
+        spec = _spec(env)
+    except OmnigymError:
+        return None  # an unknown id is refused, in one line, where the env is made
+    return "atari" if is_atari(env) else "mujoco" if ".mujoco" in str(spec.entry_point) else None
 
 
 def has_native(env_id: str) -> bool:
@@ -133,6 +171,7 @@ def make_vec(
     seed: int | None = None,
     video_dir: str | None = None,
     video_episodes=None,
+    atari: "AtariOptions | None" = None,
     **env_kwargs,
 ) -> gym.vector.VectorEnv:
     """Make ``num_envs`` copies of ``env`` as one vector env with episode statistics.
@@ -141,6 +180,7 @@ def make_vec(
     ``reset`` too, as the algorithms do, and two runs see the same trajectories.
     ``video_dir`` records env 0's episodes there (envs/video.py; ``video_episodes(episode) ->
     bool`` picks them, by default the capped cubic schedule); it needs a sync or async backend.
+    Atari ids get ``atari``'s preprocessing (envs/atari.py; its defaults when None).
     """
     if not isinstance(num_envs, int) or num_envs <= 0:
         raise OmnigymError(f"--num-envs must be positive, got {num_envs!r}")
@@ -152,12 +192,13 @@ def make_vec(
         from omnigym.envs.video import recording
 
         video, backend = recording(env_id, backend, video_dir, video_episodes, env_kwargs=env_kwargs,
-                                   auto="native" if isinstance(env_id, str) and has_native(env_id) else "sync")
+                                   auto=auto_backend(env_id))
     if not isinstance(env_id, str):
         envs = _vectorize_factory(env_id, num_envs, backend, env_kwargs, video)
     else:
         try:
-            envs = _make_registered(env_id, num_envs, backend, seed, env_kwargs, video)
+            envs = make_atari_vec(env_id, num_envs, backend, seed, atari or AtariOptions(), video) \
+                if is_atari(env_id) else _make_registered(env_id, num_envs, backend, seed, env_kwargs, video)
         except OmnigymError:
             raise
         except Exception as exc:  # a missing dependency (MuJoCo, ROMs) or an env that fails to build
@@ -190,9 +231,18 @@ def _vectorize_factory(factory, num_envs: int, backend: str, env_kwargs: dict, v
         raise OmnigymError(f"your env could not be made: {type(exc).__name__}: {exc}") from None
 
 
+def auto_backend(env_id) -> str:
+    """What ``--backend auto`` runs: ale-py's C++ vector env for Atari, gymnasium's native
+    vector env where the id has one (CartPole: numpy, all envs in one array), else sync
+    (bench/env_throughput.py measures them side by side)."""
+    if is_atari(env_id):
+        return "ale"
+    return "native" if isinstance(env_id, str) and has_native(env_id) else "sync"
+
+
 def _make_registered(env_id: str, num_envs: int, backend: str, seed, env_kwargs: dict, video=None) -> gym.vector.VectorEnv:
     if backend == "auto":
-        backend = "native" if has_native(env_id) else "sync"
+        backend = auto_backend(env_id)
 
     if backend in ("sync", "async") and video is not None:  # env 0 renders and is recorded
         vector_cls = gym.vector.AsyncVectorEnv if backend == "async" else gym.vector.SyncVectorEnv

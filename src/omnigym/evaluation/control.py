@@ -6,6 +6,8 @@ import os
 
 from omnigym.algos import config_class, get_algorithm
 from omnigym.config import config_from_dict
+from omnigym.envs.atari import AtariOptions, is_atari
+from omnigym.envs.cursor import ActionMasks
 from omnigym.envs.vector import make_vec
 from omnigym.envs.video import every_episode
 from omnigym.errors import OmnigymError
@@ -37,16 +39,21 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
     if isinstance(env, str) and env.startswith("<"):  # config.json holds a repr: a lambda or an env object
         raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that eval cannot find by name; "
                            "evaluate it from Python with evaluate_run(run_dir, env=...)")
-    envs = make_vec(env, 1, backend="sync", seed=seed, video_dir=video_dir, video_episodes=every_episode)
+    # Atari plays on the run's own backend and preprocessing (video needs gymnasium's sync env).
+    backend = cfg.backend if is_atari(env) and video_dir is None else "sync"
+    envs = make_vec(env, 1, backend=backend, seed=seed, video_dir=video_dir, video_episodes=every_episode,
+                    atari=AtariOptions.from_config(cfg))
     if video_dir is not None:
         os.makedirs(video_dir, exist_ok=True)  # the env could render: its videos have a place to go
     with run_scope(seed):  # sampled actions come from torch's generator: same seed, same returns
         policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
         returns: list[float] = []
-        obs, _ = envs.reset(seed=seed)
+        obs, info = envs.reset(seed=seed)
+        masks = ActionMasks.find(envs, info)  # the valid actions, where the env gives them
         steps_since_episode = 0
         while len(returns) < episodes:
-            obs, _, _, _, info = envs.step(policy(obs))
+            actions = policy(obs) if masks is None else policy(obs, masks(envs, info, steps_since_episode))
+            obs, _, _, _, info = envs.step(actions)
             steps_since_episode += 1
             if "episode" in info and info["_episode"][0]:
                 returns.append(float(info["episode"]["r"][0]))

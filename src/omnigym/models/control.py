@@ -59,17 +59,23 @@ class CategoricalHead(nn.Module):
         super().__init__()
         self.logits = layer(n_in, n_actions, 0.01)
 
-    def sample(self, features, action=None):
-        """Returns ``(action, log_prob, entropy)``; samples when ``action`` is None."""
-        log_probs = torch.log_softmax(self.logits(features), -1)
+    def sample(self, features, action=None, mask=None):
+        """Returns ``(action, log_prob, entropy)``; samples when ``action`` is None. ``mask``
+        (bool, True = valid) gives invalid actions probability 0 (Huang & Ontanon, 2020)."""
+        log_probs = torch.log_softmax(self.masked_logits(features, mask), -1)
         if action is None:
             action = torch.multinomial(log_probs.exp(), 1).squeeze(-1)
         log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         return action, log_prob, entropy
 
-    def mode(self, features):
-        return self.logits(features).argmax(-1)
+    def masked_logits(self, features, mask=None):
+        logits = self.logits(features)
+        # A large finite negative, not -inf: probabilities of exactly 0 without 0 * inf in the entropy.
+        return logits if mask is None else logits.masked_fill(~mask, -1e8)
+
+    def mode(self, features, mask=None):
+        return self.masked_logits(features, mask).argmax(-1)
 
 
 class GaussianHead(nn.Module):
@@ -80,7 +86,7 @@ class GaussianHead(nn.Module):
         self.mean = layer(n_in, action_dim, 0.01)
         self.log_std = nn.Parameter(torch.zeros(action_dim))
 
-    def sample(self, features, action=None):
+    def sample(self, features, action=None, mask=None):
         mean = self.mean(features)
         std = self.log_std.exp().expand_as(mean)
         if action is None:
@@ -89,7 +95,7 @@ class GaussianHead(nn.Module):
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[:-1])
         return action, log_prob, entropy
 
-    def mode(self, features):
+    def mode(self, features, mask=None):
         return self.mean(features)
 
 
@@ -128,14 +134,15 @@ class ActorCritic(nn.Module):
     def value(self, obs):
         return self.critic(self.encoder(obs)).squeeze(-1)
 
-    def act(self, obs, action=None):
-        """Returns ``(action, log_prob, entropy, value)``; samples when ``action`` is None."""
+    def act(self, obs, action=None, mask=None):
+        """Returns ``(action, log_prob, entropy, value)``; samples when ``action`` is None.
+        ``mask``: the valid actions (discrete only), where the env gives them."""
         features = self.encoder(obs)
-        action, log_prob, entropy = self.head.sample(self.actor_torso(features), action)
+        action, log_prob, entropy = self.head.sample(self.actor_torso(features), action, mask)
         return action, log_prob, entropy, self.critic(features).squeeze(-1)
 
-    def greedy(self, obs):
-        return self.head.mode(self.actor_torso(self.encoder(obs)))
+    def greedy(self, obs, mask=None):
+        return self.head.mode(self.actor_torso(self.encoder(obs)), mask)
 
 
 class QNetwork(nn.Module):
@@ -167,9 +174,10 @@ def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy:
     space = envs.single_action_space
 
     @torch.inference_mode()
-    def policy(obs):
+    def policy(obs, mask=None):
         x = obs_tensor(obs_rms.normalize(obs) if obs_rms else obs, "cpu")
-        actions = (agent.greedy(x) if greedy else agent.act(x)[0]).numpy()
+        mask = None if mask is None else torch.as_tensor(mask)
+        actions = (agent.greedy(x, mask) if greedy else agent.act(x, mask=mask)[0]).numpy()
         return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
 
     return policy

@@ -1,4 +1,5 @@
-"""Running mean and variance (Chan et al.'s parallel update), for observation normalization."""
+"""Running mean and variance (Chan et al.'s parallel update), for observation normalization and
+reward scaling."""
 
 from __future__ import annotations
 
@@ -28,3 +29,29 @@ class RunningMeanStd:
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+class RewardScaler:
+    """Rewards divided by the running standard deviation of the discounted return, then clipped:
+    what gymnasium's ``NormalizeReward`` and ``TransformReward(clip)`` do in CleanRL's continuous
+    PPO, here outside the env so the episode statistics keep the true rewards. Autoreset steps
+    (``valid`` False) neither count nor change the return."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0):
+        self.gamma, self.clip = gamma, clip
+        self.returns = np.zeros(num_envs)
+        self.rms = RunningMeanStd(())
+
+    def __call__(self, rewards: np.ndarray, terminated: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        # As gymnasium's wrapper: a terminating step's reward starts the return afresh.
+        self.returns = np.where(valid, self.returns * self.gamma * (1 - terminated) + rewards, self.returns)
+        if valid.any():
+            self.rms.update(self.returns[valid])
+        return np.clip(rewards / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
+
+    def state_dict(self) -> dict:
+        return {"returns": self.returns, "rms": self.rms.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns = state["returns"]
+        self.rms.load_state_dict(state["rms"])

@@ -4,7 +4,12 @@ Act epsilon-greedily, store transitions in a replay buffer, and every ``train_fr
 env steps take ``gradient_steps`` TD-regression steps toward
 ``r + gamma * max_a' Q_target(s', a')`` (double DQN: the online net picks ``a'``, the target
 net scores it). A truncated transition still bootstraps from its next observation; only
-termination stops the bootstrap. Defaults are RL-Zoo's tuned CartPole-v1 settings.
+termination stops the bootstrap. Defaults are RL-Zoo's tuned CartPole-v1 settings;
+Atari ids get the Nature paper's settings as CleanRL's ``dqn_atari`` runs them (``PRESETS``).
+
+The replay memory stores each frame once (rl/replay.py): a million Atari transitions take
+about 9 GB rather than 56. Checkpoints leave it out unless ``--save-buffer`` is given; a run
+resumed without it refills the memory for ``learning_starts`` steps before learning again.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import torch.nn.functional as F
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.cursor import EnvCursor
-from omnigym.envs.vector import make_vec
-from omnigym.envs.video import training_video_dir
+from omnigym.envs.atari import is_atari
+from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.control import QNetwork, q_network_policy
 from omnigym.optim import Adam
@@ -56,8 +61,16 @@ class DQNConfig(ControlConfig):
     hidden: tuple[int, ...] = (256, 256)
     log_every: int = 1000
     """env steps between metric lines"""
+    save_buffer: bool = False
+    """put the replay memory in checkpoints (exact resume; large on Atari)"""
 
     RESUME_FIXED = ControlConfig.RESUME_FIXED + ("buffer_size",)
+    PRESETS = {
+        "atari": ("CleanRL dqn_atari.py, the DQN Nature paper's settings", dict(
+            total_timesteps=10_000_000, num_envs=1, learning_rate=1e-4, buffer_size=1_000_000, gamma=0.99, tau=1.0,
+            target_network_frequency=1000, batch_size=32, start_e=1.0, end_e=0.01, exploration_fraction=0.10,
+            learning_starts=80_000, train_frequency=4, gradient_steps=1)),
+    }
 
     def check(self) -> None:
         super().check()
@@ -92,8 +105,7 @@ class Sampler:
 
 @scoped_run
 def train(cfg: DQNConfig) -> dict:
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
-                    video_dir=training_video_dir(cfg, "dqn"))
+    envs, signal = make_run_envs(cfg, "dqn")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
         raise OmnigymError(f"DQN needs a discrete action space, but {cfg.env_id} has {envs.single_action_space}; "
@@ -104,13 +116,18 @@ def train(cfg: DQNConfig) -> dict:
     target_network = copy.deepcopy(q_network)
     optimizer = Adam(q_network.parameters(), lr=cfg.learning_rate)
     obs_space = envs.single_observation_space
-    buffer = ReplayBuffer(cfg.buffer_size, obs_space.shape, (), obs_dtype=obs_space.dtype, num_envs=cfg.num_envs)
+    stacked = len(obs_space.shape) == 3 and is_atari(cfg.env_id)
+    buffer = ReplayBuffer(cfg.buffer_size, obs_space.shape, (), obs_dtype=obs_space.dtype, num_envs=cfg.num_envs,
+                          frame_stack=cfg.frame_stack if stacked else 1)
     sampler = Sampler(cfg.seed)
     stats = EpisodeStats(cfg.print_episodes)
-    cursor = EnvCursor(envs, cfg.seed)
-    components = {"model": q_network, "target": target_network, "optimizer": optimizer, "buffer": buffer,
-                  "sampler": sampler, "episodes": stats, "envs": cursor}
-    global_step = run.begin(components).get("global_step", 0)  # restores the checkpoint when resuming
+    cursor = EnvCursor(envs, cfg.seed, signal=signal)
+    components = {"model": q_network, "target": target_network, "optimizer": optimizer, "sampler": sampler,
+                  "episodes": stats, "envs": cursor, **({"buffer": buffer} if cfg.save_buffer else {})}
+    counters = run.begin(components)  # restores the checkpoint when resuming
+    global_step = counters.get("global_step", 0)
+    # Without a saved memory, a resumed run refills it before it learns again.
+    learning_starts = cfg.learning_starts if cfg.save_buffer or not global_step else global_step + cfg.learning_starts
     rng = sampler.rng
     td_loss = q_mean = torch.tensor(float("nan"))
 
@@ -131,7 +148,7 @@ def train(cfg: DQNConfig) -> dict:
         stats.add(info, global_step)
 
         # 2. TD steps toward the (double) DQN target.
-        if global_step > cfg.learning_starts and crossed_multiple(global_step, previous_step, cfg.train_frequency):
+        if global_step > learning_starts and crossed_multiple(global_step, previous_step, cfg.train_frequency):
             for _ in range(cfg.gradient_steps):
                 batch = {k: v.to(device) for k, v in buffer.sample(cfg.batch_size, rng).items()}
                 with torch.no_grad():

@@ -8,7 +8,14 @@ encoder (models/control.py); the loop below does not change with the action spac
 Defaults solve CartPole-v1 in 25-55k steps: RL-Zoo's tuned settings (8 envs x 32 steps,
 gamma 0.98, lambda 0.8, no entropy bonus, linear decay) with half the epochs at twice
 the learning rate, which halves the compute per step for about the same sample
-efficiency (docs/benchmarks.md has the search and the figures).
+efficiency (docs/benchmarks.md has the search and the figures). Atari and MuJoCo ids get
+the published settings instead (``PRESETS``, printed at start; any flag you give wins).
+
+Continuous actions follow CleanRL's ``ppo_continuous_action``: a state-independent
+log-std, separate actor and critic, observations normalized and rewards scaled by running
+statistics (both saved in checkpoints; ``omnigym eval`` normalizes with the saved ones),
+actions clipped into the env's box at the env boundary only. Discrete actions take the
+env's action mask where it gives one (invalid actions get probability 0).
 """
 
 from __future__ import annotations
@@ -18,8 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
-from omnigym.envs.vector import make_vec
-from omnigym.envs.video import training_video_dir
+from omnigym.envs.vector import make_run_envs
 from omnigym.errors import require
 from omnigym.models.control import ActorCritic, actor_critic_policy
 from omnigym.optim import Adam
@@ -27,6 +33,7 @@ from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, gae, normalize
 from omnigym.rl.losses import PolicyLossConfig, check_finite, ppo_clip, value_loss
 from omnigym.rl.rollout import RolloutCollector
+from omnigym.rl.running_stats import RewardScaler
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
@@ -55,9 +62,21 @@ class PPOConfig(ControlConfig):
     """stop the epochs of an update early once approx-KL exceeds this"""
     normalize_obs: bool = False
     """normalize observations with running statistics (MuJoCo)"""
+    normalize_reward: bool = False
+    """scale rewards by the running std of the discounted return, clipped to +-10 (MuJoCo)"""
     hidden: tuple[int, ...] = (64, 64)
 
-    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs",)
+    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs", "normalize_reward")
+    PRESETS = {
+        "atari": ("CleanRL ppo_atari.py, the PPO paper's Atari settings", dict(
+            total_timesteps=10_000_000, num_envs=8, num_steps=128, learning_rate=2.5e-4, gamma=0.99, gae_lambda=0.95,
+            num_minibatches=4, update_epochs=4, clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5,
+            max_grad_norm=0.5)),
+        "mujoco": ("CleanRL ppo_continuous_action.py, the PPO paper's MuJoCo settings", dict(
+            total_timesteps=1_000_000, num_envs=1, num_steps=2048, learning_rate=3e-4, gamma=0.99, gae_lambda=0.95,
+            num_minibatches=32, update_epochs=10, clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5,
+            max_grad_norm=0.5, normalize_obs=True, normalize_reward=True, hidden=(64, 64))),
+    }
 
     def check(self) -> None:
         super().check()
@@ -76,13 +95,13 @@ CONFIG = PPOConfig
 
 @scoped_run
 def train(cfg: PPOConfig) -> dict:
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
-                    video_dir=training_video_dir(cfg, "ppo"))  # bad ids fail before the run dir exists
+    envs, signal = make_run_envs(cfg, "ppo")  # bad ids fail before the run dir exists
     run = start_run(cfg, "ppo", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     stats = EpisodeStats(cfg.print_episodes)
-    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, cfg.normalize_obs)
+    scaler = RewardScaler(cfg.num_envs, cfg.gamma) if cfg.normalize_reward else None
+    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, cfg.normalize_obs, scaler, signal)
     components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": collector}
     counters = run.begin(components)  # restores the checkpoint when resuming
     global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
@@ -108,9 +127,9 @@ def train(cfg: PPOConfig) -> dict:
         advantages, returns = advantages.T, returns.T
 
         # 3. Clipped policy steps over the valid transitions.
-        b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns = (
-            x.to(cfg.device) for x in rollout.flat(rollout.obs, rollout.actions, rollout.logprobs, rollout.values,
-                                                   advantages, returns))
+        b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns, b_masks = (
+            None if x is None else x.to(cfg.device) for x in rollout.flat(
+                rollout.obs, rollout.actions, rollout.logprobs, rollout.values, advantages, returns, rollout.masks))
         n = len(b_obs)
         minibatch = max(n // cfg.num_minibatches, 1)
         clip_fractions, stop_early = [], False
@@ -118,7 +137,8 @@ def train(cfg: PPOConfig) -> dict:
             order = torch.randperm(n, device=cfg.device)
             for begin in range(0, n, minibatch):
                 idx = order[begin:begin + minibatch]
-                _, new_logprob, entropy, new_value = agent.act(b_obs[idx], b_actions[idx])
+                _, new_logprob, entropy, new_value = agent.act(b_obs[idx], b_actions[idx],
+                                                               None if b_masks is None else b_masks[idx])
                 adv = normalize(b_advantages[idx]) if cfg.norm_adv and len(idx) > 1 else b_advantages[idx]
                 pg_loss, pg_stats = ppo_clip(new_logprob, b_logprobs[idx], adv, cfg=loss_cfg)
                 v_loss = value_loss(new_value, b_values[idx], b_returns[idx],

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
-from omnigym.envs.vector import make_vec
-from omnigym.envs.video import training_video_dir
+from omnigym.envs.vector import make_run_envs
 from omnigym.models.control import ActorCritic, actor_critic_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
@@ -55,13 +54,12 @@ CONFIG = ReinforceConfig
 
 @scoped_run
 def train(cfg: ReinforceConfig) -> dict:
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
-                    video_dir=training_video_dir(cfg, "reinforce"))  # bad ids fail before the run dir exists
+    envs, signal = make_run_envs(cfg, "reinforce")  # bad ids fail before the run dir exists
     run = start_run(cfg, "reinforce", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate)
     stats = EpisodeStats(cfg.print_episodes)
-    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed)
+    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, signal=signal)
     components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": collector}
     counters = run.begin(components)  # restores the checkpoint when resuming
     global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
