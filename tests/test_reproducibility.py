@@ -12,6 +12,9 @@ SMALL = {
     "dqn": (dqn, dict(total_timesteps=3000, learning_starts=500, train_frequency=64, gradient_steps=8,
                       log_every=250, checkpoint_every=500, buffer_size=2000, save_buffer=True)),
     "reinforce": (reinforce, dict(total_timesteps=4096, num_envs=4, num_steps=128, checkpoint_every=1024)),
+    # MuJoCo's preset: observation and reward statistics, pickled MuJoCo envs
+    "ppo-mujoco": (ppo, dict(env_id="InvertedPendulum-v5", total_timesteps=4096, num_steps=256, num_minibatches=4,
+                             update_epochs=2, checkpoint_every=512)),
 }
 
 
@@ -22,7 +25,7 @@ def metrics(run_dir):
 
 def train(name, run_dir, **extra):
     module, kwargs = SMALL[name]
-    config_cls = {"ppo": ppo.PPOConfig, "dqn": dqn.DQNConfig, "reinforce": reinforce.ReinforceConfig}[name]
+    config_cls = {ppo: ppo.PPOConfig, dqn: dqn.DQNConfig, reinforce: reinforce.ReinforceConfig}[module]
     cfg = config_cls(seed=7, run_dir=str(run_dir), progress=False, plot=False, tensorboard=False, **kwargs)
     for key, value in extra.items():
         setattr(cfg, key, value)
@@ -38,7 +41,7 @@ def test_same_seed_gives_identical_metrics(name, tmp_path):
     assert a == b
 
 
-@pytest.mark.parametrize("name", ["ppo", "dqn", "reinforce"])
+@pytest.mark.parametrize("name", ["ppo", "dqn", "reinforce", "ppo-mujoco"])
 def test_interrupted_run_resumes_to_the_same_metrics(name, tmp_path, monkeypatch):
     train(name, tmp_path / "whole")
 

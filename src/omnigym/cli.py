@@ -24,6 +24,8 @@ USAGE = """usage: omnigym {train,eval,plot,list,import-gguf} ...
 
 
 def train(argv: list[str]) -> dict:
+    import dataclasses
+
     from omnigym.algos import ALGORITHMS, config_class, get_algorithm
 
     if not argv or argv[0] in ("-h", "--help"):
@@ -41,7 +43,8 @@ def train(argv: list[str]) -> dict:
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
         default = resumed_defaults(argv, config_cls)
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
-    cfg.given_flags = given_flags(argv[1:], cfg)  # a preset (control runs) never overrides these
+    # A preset (control runs) never overrides these; a resumed run's values are all its own.
+    cfg.given_flags = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
     return module.train(cfg)
 
 

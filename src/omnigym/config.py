@@ -172,8 +172,9 @@ class ControlConfig(RunConfig):
 
     def with_preset(self, given: set[str] | None = None) -> "ControlConfig":
         """This config with its family's preset applied to the flags not in ``given`` (from Python:
-        the fields left at their defaults). A resumed run keeps its saved values."""
-        if self.resume or self.preset == "none":
+        the fields left at their defaults). ``omnigym train --resume`` gives every field (the run's
+        saved values, and the flags given now), so a resumed run keeps its own."""
+        if self.preset == "none":
             return self
         family = self.preset
         if family == "auto":
@@ -189,6 +190,8 @@ class ControlConfig(RunConfig):
                      and getattr(self, f.name) != f.default}
         source, values = self.PRESETS[family]
         applied = {k: v for k, v in values.items() if k not in given}
+        if not applied:  # e.g. a resumed run from the command line: all its values are its own
+            return dataclasses.replace(self, preset=family)
         shown = " ".join(show_flag(k, v) for k, v in applied.items())
         print(f"preset {family} ({source}): {shown}\n  (flags you give win; --preset none keeps the plain defaults)",
               flush=True)

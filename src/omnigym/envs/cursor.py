@@ -86,7 +86,7 @@ class EnvCursor:
         except Exception:  # subprocess or emulator backends cannot be pickled
             snapshot = None
         return {"envs": snapshot, "obs": self.obs, "autoreset": self.autoreset, "steps": self.steps,
-                "lives": self.lives, "info": self.info}
+                "lives": self.lives, "info": self.info, "physics": _physics_state(self.envs)}
 
     def load_state_dict(self, state: dict) -> None:
         self.steps = state["steps"]
@@ -97,11 +97,39 @@ class EnvCursor:
             return
         self.envs.close()
         self.envs = pickle.loads(state["envs"])
+        _set_physics_state(self.envs, state.get("physics"))
         self.obs, self.autoreset, self.lives = state["obs"], state["autoreset"], state.get("lives")
         self.info = state.get("info", {})
 
     def close(self) -> None:
         self.envs.close()
+
+
+def _mujoco_envs(envs) -> list:
+    """The MuJoCo envs inside a sync vector env (gymnasium's MuJoCo envs pickle as their
+    constructor's arguments: a fresh simulation with a fresh random generator)."""
+    import gymnasium as gym
+
+    sync = envs.unwrapped
+    if not isinstance(sync, gym.vector.SyncVectorEnv):
+        return []
+    return [env.unwrapped for env in sync.envs if hasattr(env.unwrapped, "data") and hasattr(env.unwrapped, "model")]
+
+
+def _physics_state(envs) -> list | None:
+    """Each MuJoCo env's simulation (``MjData``, which pickles whole) and random generator."""
+    found = _mujoco_envs(envs)
+    return [(pickle.dumps(env.data), env.np_random.bit_generator.state) for env in found] or None
+
+
+def _set_physics_state(envs, saved: list | None) -> None:
+    if not saved:
+        return
+    import mujoco
+
+    for env, (data, generator) in zip(_mujoco_envs(envs), saved):
+        mujoco.mj_copyData(env.data, env.model, pickle.loads(data))
+        env.np_random.bit_generator.state = generator
 
 
 class ActionMasks:

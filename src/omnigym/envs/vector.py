@@ -15,6 +15,7 @@ Algorithms drop that reset transition. Episode statistics come from gymnasium's
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 
 import gymnasium as gym
@@ -248,7 +249,10 @@ def _make_registered(env_id: str, num_envs: int, backend: str, seed, env_kwargs:
         vector_cls = gym.vector.AsyncVectorEnv if backend == "async" else gym.vector.SyncVectorEnv
         envs = vector_cls(video.env_fns(lambda **kw: gym.make(env_id, **kw), num_envs, env_kwargs),
                           autoreset_mode=AutoresetMode.NEXT_STEP)
-    elif backend in ("sync", "async"):
+    elif backend == "sync":  # env fns that pickle (not gym.make_vec's closures): a checkpoint holds the envs
+        envs = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id, **env_kwargs)] * num_envs,
+                                        autoreset_mode=AutoresetMode.NEXT_STEP)
+    elif backend == "async":
         envs = gym.make_vec(env_id, num_envs, vectorization_mode=backend,
                             vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}, **env_kwargs)
     elif backend == "native":
