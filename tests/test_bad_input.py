@@ -91,6 +91,7 @@ CASES = [
     (["train", "dqn", "--sticky-actions", "1.5"], "--sticky-actions must be between 0 and 1, got 1.5"),
     (["train", "ppo", "--preset", "atarii"], "unknown --preset 'atarii'; choose auto, none, atari, mujoco"),
     (["train", "ppo", "--env-id", "toy_envs:AllInvalidMaskEnv"], "the env's action mask allows no action at env step"),
+    (["train", "ppo", "--backend", "ale"], "--backend ale runs Atari games (ale-py's vector env); CartPole-v1 is not one"),
     (["eval"], "the following arguments are required: run_dir; see omnigym eval --help"),
     (["eval", "NOT_A_RUN", "--episodes", "0"], "--episodes must be positive, got 0"),
     (["plot", "NOT_A_RUN"], "not-a-run has no metrics.jsonl"),

@@ -48,3 +48,24 @@ def test_mask_from_an_action_masks_method(tmp_path):
     got = returns(tmp_path / "r")
     assert len(got) > 5 and min(got) >= 0  # one row per update: each the mean of its episodes
     assert min(evaluate_run(str(tmp_path / "r"), episodes=5)) >= 0
+
+
+def test_reinforce_learns_with_the_mask_and_dqn_evaluates_with_it(tmp_path):
+    from omnigym.algos import dqn, reinforce
+
+    reinforce.train(reinforce.ReinforceConfig(env_id="toy_envs:MaskedChoiceEnv", total_timesteps=3000, seed=1,
+                                              run_dir=str(tmp_path / "re"), progress=False, plot=False,
+                                              tensorboard=False))
+    assert min(returns(tmp_path / "re")) >= 0
+    # DQN does not learn with masks, but its eval takes the best *valid* action.
+    dqn.train(dqn.DQNConfig(env_id="toy_envs:MaskedChoiceEnv", total_timesteps=600, learning_starts=300,
+                            run_dir=str(tmp_path / "dqn"), progress=False, plot=False, tensorboard=False))
+    assert min(evaluate_run(str(tmp_path / "dqn"), episodes=3, greedy=True)) >= 0
+
+
+def test_a_run_that_ends_no_episode_still_finishes_without_a_curve(tmp_path, capsys):
+    from omnigym.cli import main
+
+    assert main(["train", "ppo", "--env-id", "toy_envs:MaskedChoiceEnv", "--total-timesteps", "16", "--num-envs", "1",
+                 "--num-steps", "16", "--run-dir", str(tmp_path / "r"), "--no-progress"]) == 0
+    assert "no learning curve" in capsys.readouterr().err and (tmp_path / "r" / "checkpoint.pt").exists()

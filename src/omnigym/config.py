@@ -128,7 +128,8 @@ class ControlConfig(RunConfig):
     num_envs: int = 8
     """parallel envs in the vector env"""
     backend: str = "auto"
-    """vector env backend: auto, sync, async, native, envpool"""
+    """vector env backend: auto, sync, async, native, envpool, ale (Atari); auto picks ale for Atari, native where
+    the env has one, else sync"""
     checkpoint_every: int = 25_000
     """env steps between checkpoints (one is always written at the end); 0 writes only the last"""
     print_episodes: bool = False

@@ -94,6 +94,8 @@ def has_native(env_id: str) -> bool:
 
 def available_backends() -> list[str]:
     names = ["auto", "sync", "async", "native"]
+    if importlib.util.find_spec("ale_py") is not None:
+        names.append("ale")
     if importlib.util.find_spec("envpool") is not None:
         names.append("envpool")
     return names
@@ -255,6 +257,9 @@ def _make_registered(env_id: str, num_envs: int, backend: str, seed, env_kwargs:
     elif backend == "async":
         envs = gym.make_vec(env_id, num_envs, vectorization_mode=backend,
                             vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}, **env_kwargs)
+    elif backend == "ale":
+        raise OmnigymError(f"--backend ale runs Atari games (ale-py's vector env); {env_id} is not one: use "
+                           "auto, sync, async or native")
     elif backend == "native":
         if not has_native(env_id):
             raise OmnigymError(f"{env_id} has no native vectorized implementation; use --backend sync or async")

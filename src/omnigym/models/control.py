@@ -191,7 +191,8 @@ def q_network_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bo
     q_network.load_state_dict(components["model"])
 
     @torch.inference_mode()
-    def policy(obs):
-        return q_network(obs_tensor(obs, "cpu")).argmax(-1).numpy()
+    def policy(obs, mask=None):  # the best valid action, where the env gives a mask
+        q = q_network(obs_tensor(obs, "cpu"))
+        return (q if mask is None else q.masked_fill(~torch.as_tensor(mask), -torch.inf)).argmax(-1).numpy()
 
     return policy

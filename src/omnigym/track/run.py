@@ -216,8 +216,12 @@ class Run:
         _active = None
         if not plot:
             return None
+        from omnigym.track.files import read_metrics
         from omnigym.track.plot import plot_runs
 
+        if not any(metric in row for row in read_metrics(self.dir)):  # a short run that ended no episode
+            self.say(f"no learning curve: the run logged no {metric} (no episode ended)")
+            return None
         return plot_runs([self.dir], self.dir / "curve.png", metric=metric)
 
     def _drop_set_aside(self) -> None:

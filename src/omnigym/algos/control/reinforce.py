@@ -78,9 +78,10 @@ def train(cfg: ReinforceConfig) -> dict:
         advantages, returns = discounted_returns(
             rollout.rewards.T, rollout.valid.T, values=rollout.values.T if cfg.baseline else None,
             cfg=AdvantageConfig(gamma=cfg.gamma), ends=EpisodeEnds(rollout.terminated.T, rollout.truncated.T, bootstrap.T))
-        obs, actions, b_advantages, b_returns, b_values = rollout.flat(rollout.obs, rollout.actions, advantages.T,
-                                                                       returns.T, rollout.values)
-        _, logprob, entropy, value = agent.act(obs.to(cfg.device), actions.to(cfg.device))
+        obs, actions, b_advantages, b_returns, b_values, masks = rollout.flat(
+            rollout.obs, rollout.actions, advantages.T, returns.T, rollout.values, rollout.masks)
+        _, logprob, entropy, value = agent.act(obs.to(cfg.device), actions.to(cfg.device),
+                                               None if masks is None else masks.to(cfg.device))
         adv = normalize(b_advantages) if cfg.norm_adv else b_advantages
         pg_loss, _ = reinforce(logprob, logprob.detach(), adv.to(cfg.device))
         loss = pg_loss - cfg.ent_coef * entropy.mean()
