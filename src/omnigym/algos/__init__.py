@@ -15,6 +15,8 @@ ALGORITHMS = {
     "reinforce": "omnigym.algos.control.reinforce",
     "ppo": "omnigym.algos.control.ppo",
     "dqn": "omnigym.algos.control.dqn",
+    "sac": "omnigym.algos.control.sac",
+    "td3": "omnigym.algos.control.td3",
     "grpo": "omnigym.algos.lm.grpo",
     "text_reinforce": "omnigym.algos.lm.text_reinforce",
     "sft": "omnigym.algos.lm.sft",
