@@ -137,7 +137,7 @@ def _make_envpool(game: str, num_envs: int, seed: int | None, options: AtariOpti
         raise missing_extra("envpool", "envpool")
     import envpool
 
-    from omnigym.envs.vector import EnvPoolVectorEnv
+    from omnigym.envs.envpool import EnvPoolVectorEnv
 
     task = "".join(part.capitalize() for part in game.split("_")) + "-v5"
     pool = envpool.make_gymnasium(task, num_envs=num_envs, seed=seed or 0, episodic_life=False, reward_clip=False,

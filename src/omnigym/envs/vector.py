@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode
 
 from omnigym.envs.atari import AtariOptions, is_atari, make_atari_vec
 from omnigym.envs.cursor import LearningSignal
+from omnigym.envs.envpool import EnvPoolVectorEnv
 from omnigym.errors import OmnigymError, missing_extra, require
 from omnigym.user_code import import_object, import_reference, is_reference, where
 
@@ -277,27 +278,3 @@ def _make_envpool(env_id: str, num_envs: int, seed: int | None, **env_kwargs):
     if env_id not in envpool.list_all_envs():
         raise OmnigymError(f"envpool has no {env_id}; use --backend sync, async or native")
     return EnvPoolVectorEnv(envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed or 0, **env_kwargs))
-
-
-class EnvPoolVectorEnv(gym.vector.VectorEnv):
-    """EnvPool's C++ pool seen as a gymnasium VectorEnv (it autoresets on the next step too)."""
-
-    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
-
-    def __init__(self, pool):
-        self.pool = pool
-        self.num_envs = pool.config["num_envs"]
-        self.single_observation_space = pool.observation_space
-        self.single_action_space = pool.action_space
-        self.observation_space = gym.vector.utils.batch_space(pool.observation_space, self.num_envs)
-        self.action_space = gym.vector.utils.batch_space(pool.action_space, self.num_envs)
-
-    def reset(self, *, seed=None, options=None):
-        # EnvPool takes its seed at construction; a later seed cannot re-seed the pool.
-        return self.pool.reset()
-
-    def step(self, actions):
-        return self.pool.step(actions)
-
-    def close(self, **kwargs):
-        self.pool.close()
