@@ -69,3 +69,12 @@ def test_a_run_that_ends_no_episode_still_finishes_without_a_curve(tmp_path, cap
     assert main(["train", "ppo", "--env-id", "toy_envs:MaskedChoiceEnv", "--total-timesteps", "16", "--num-envs", "1",
                  "--num-steps", "16", "--run-dir", str(tmp_path / "r"), "--no-progress"]) == 0
     assert "no learning curve" in capsys.readouterr().err and (tmp_path / "r" / "checkpoint.pt").exists()
+
+
+def test_the_async_backend_runs_with_and_without_masks(tmp_path):
+    for env_id in ("CartPole-v1", "toy_envs:MaskedChoiceEnv"):  # the mask probe must not break async workers
+        run = tmp_path / env_id.replace(":", "_")
+        ppo.train(ppo.PPOConfig(env_id=env_id, backend="async", num_envs=2, total_timesteps=256, run_dir=str(run),
+                                progress=False, plot=False, tensorboard=False))
+        assert (run / "checkpoint.pt").exists()
+    assert min(returns(tmp_path / "toy_envs_MaskedChoiceEnv")) >= 0  # the mask came from info

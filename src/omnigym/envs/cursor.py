@@ -135,8 +135,8 @@ def _set_physics_state(envs, saved: list | None) -> None:
 class ActionMasks:
     """Which actions are valid in each env's current observation, for masked PPO: from
     ``info["action_mask"]`` (put it in ``reset``'s info too) or from the env's
-    ``action_masks()`` method (sb3-contrib's name). ``ActionMasks.find`` returns None for an
-    env that gives neither."""
+    ``action_masks()`` method (sb3-contrib's name; sync backend only). ``ActionMasks.find``
+    returns None for an env that gives neither."""
 
     def __init__(self, source: str, n_actions: int):
         self.source, self.n_actions = source, n_actions
@@ -153,11 +153,16 @@ class ActionMasks:
         n = int(envs.single_action_space.n)
         if "action_mask" in info:
             return cls("info", n)
-        try:
-            envs.unwrapped.call("action_masks")
-        except Exception:  # no such method (or a vector env without call): no masks
+        # The method is looked for, not called, and only in a sync vector env's own envs: a
+        # failing call in an async env's workers would shut them down.
+        sync = envs.unwrapped
+        if not isinstance(sync, gym.vector.SyncVectorEnv):
             return None
-        return cls("method", n)
+        try:
+            found = all(callable(env.get_wrapper_attr("action_masks")) for env in sync.envs)
+        except AttributeError:
+            return None
+        return cls("method", n) if found else None
 
     def __call__(self, envs, info: dict, step: int) -> np.ndarray:
         if self.source == "info":

@@ -25,8 +25,7 @@ import torch.nn.functional as F
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.cursor import EnvCursor
-from omnigym.envs.vector import make_vec
-from omnigym.envs.video import training_video_dir
+from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.continuous import QNetwork, SquashedGaussianActor, check_spaces, squashed_gaussian_policy
 from omnigym.optim import Adam
@@ -111,8 +110,7 @@ class Replay:
 
 @scoped_run
 def train(cfg: SACConfig) -> dict:
-    envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
-                    video_dir=training_video_dir(cfg, "sac"))
+    envs, _ = make_run_envs(cfg, "sac")  # continuous control: no Atari learning signal
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     try:
         check_spaces("sac", obs_space, action_space)  # before the run directory exists
