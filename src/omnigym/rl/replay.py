@@ -136,3 +136,27 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict) -> None:
         for k in self.STATE:
             setattr(self, k, state[k])
+
+
+class Replay:
+    """The replay buffer and the run's own random stream (exploration, replay indices), as a
+    checkpoint sees them: the buffer only with ``--save-buffer``. ``restored`` says whether a
+    resumed run got its buffer back; without it, the run refills it before learning again."""
+
+    def __init__(self, buffer: ReplayBuffer, seed: int, save_buffer: bool):
+        self.buffer, self.rng, self.save_buffer = buffer, np.random.default_rng(seed), save_buffer
+        self.restored = False
+
+    def learning_starts(self, learning_starts: int, global_step: int) -> int:
+        """The step after which updates (re)start: ``learning_starts`` more steps after a resume
+        that did not get its buffer back."""
+        return learning_starts if global_step == 0 or self.restored else global_step + learning_starts
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "buffer": self.buffer.state_dict() if self.save_buffer else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        if state["buffer"] is not None:
+            self.buffer.load_state_dict(state["buffer"])
+            self.restored = True

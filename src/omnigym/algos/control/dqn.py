@@ -31,7 +31,7 @@ from omnigym.models.control import QNetwork, q_network_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
-from omnigym.rl.replay import ReplayBuffer
+from omnigym.rl.replay import Replay, ReplayBuffer
 from omnigym.rl.rollout import obs_tensor
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
@@ -90,19 +90,6 @@ def epsilon(cfg: DQNConfig, step: int) -> float:
     return max(cfg.end_e, cfg.start_e + (cfg.end_e - cfg.start_e) * step / max(decay_steps, 1))
 
 
-class Sampler:
-    """The run's own random stream (exploration coin flips and replay indices), checkpointed."""
-
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
-
-    def state_dict(self) -> dict:
-        return self.rng.bit_generator.state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = state
-
-
 @scoped_run
 def train(cfg: DQNConfig) -> dict:
     envs, signal = make_run_envs(cfg, "dqn")
@@ -117,18 +104,17 @@ def train(cfg: DQNConfig) -> dict:
     optimizer = Adam(q_network.parameters(), lr=cfg.learning_rate)
     obs_space = envs.single_observation_space
     stacked = len(obs_space.shape) == 3 and is_atari(cfg.env_id)
-    buffer = ReplayBuffer(cfg.buffer_size, obs_space.shape, (), obs_dtype=obs_space.dtype, num_envs=cfg.num_envs,
-                          frame_stack=cfg.frame_stack if stacked else 1)
-    sampler = Sampler(cfg.seed)
+    replay = Replay(ReplayBuffer(cfg.buffer_size, obs_space.shape, (), obs_dtype=obs_space.dtype,
+                                 num_envs=cfg.num_envs, frame_stack=cfg.frame_stack if stacked else 1),
+                    cfg.seed, cfg.save_buffer)
     stats = EpisodeStats(cfg.print_episodes)
     cursor = EnvCursor(envs, cfg.seed, signal=signal)
-    components = {"model": q_network, "target": target_network, "optimizer": optimizer, "sampler": sampler,
-                  "episodes": stats, "envs": cursor, **({"buffer": buffer} if cfg.save_buffer else {})}
+    components = {"model": q_network, "target": target_network, "optimizer": optimizer, "replay": replay,
+                  "episodes": stats, "envs": cursor}
     counters = run.begin(components)  # restores the checkpoint when resuming
     global_step = counters.get("global_step", 0)
-    # Without a saved memory, a resumed run refills it before it learns again.
-    learning_starts = cfg.learning_starts if cfg.save_buffer or not global_step else global_step + cfg.learning_starts
-    rng = sampler.rng
+    learning_starts = replay.learning_starts(cfg.learning_starts, global_step)
+    buffer, rng = replay.buffer, replay.rng
     td_loss = q_mean = torch.tensor(float("nan"))
 
     progress = ProgressBar(cfg.total_timesteps, "dqn", start=global_step, enabled=cfg.progress)

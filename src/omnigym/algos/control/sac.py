@@ -31,7 +31,7 @@ from omnigym.models.continuous import QNetwork, SquashedGaussianActor, check_spa
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
-from omnigym.rl.replay import ReplayBuffer
+from omnigym.rl.replay import Replay, ReplayBuffer
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
@@ -90,24 +90,6 @@ class Temperature(torch.nn.Module):
                                             requires_grad=autotune)
 
 
-class Replay:
-    """The replay buffer and the run's own random stream (random actions, replay indices), as a
-    checkpoint sees them: the buffer only with ``--save-buffer``."""
-
-    def __init__(self, buffer: ReplayBuffer, seed: int, save_buffer: bool):
-        self.buffer, self.rng, self.save_buffer = buffer, np.random.default_rng(seed), save_buffer
-        self.restored = False
-
-    def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "buffer": self.buffer.state_dict() if self.save_buffer else None}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-        if state["buffer"] is not None:
-            self.buffer.load_state_dict(state["buffer"])
-            self.restored = True
-
-
 @scoped_run
 def train(cfg: SACConfig) -> dict:
     envs, _ = make_run_envs(cfg, "sac")  # continuous control: no Atari learning signal
@@ -138,7 +120,7 @@ def train(cfg: SACConfig) -> dict:
     counters = run.begin(components)  # restores the checkpoint when resuming
     global_step, q_updates = counters.get("global_step", 0), counters.get("q_updates", 0)
     # Without its buffer a resumed run refills it for learning_starts steps before updating again.
-    updates_start = cfg.learning_starts if (global_step == 0 or replay.restored) else global_step + cfg.learning_starts
+    updates_start = replay.learning_starts(cfg.learning_starts, global_step)
     buffer, rng = replay.buffer, replay.rng
     low, high = action_space.low, action_space.high
     alpha = temperature.log_alpha.exp().detach()
