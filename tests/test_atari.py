@@ -98,3 +98,11 @@ def test_an_atari_id_without_ale_py_is_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "omnigym[atari]" in err[0], err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_refused_run_says_one_line_and_no_preset(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo", "--env-id", "ALE/Pong-v5", "--frame-skip", "0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip() == "omnigym: error: --frame-skip must be positive, got 0"
+    assert list(tmp_path.iterdir()) == []

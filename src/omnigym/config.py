@@ -194,9 +194,11 @@ class ControlConfig(RunConfig):
         if not applied:  # e.g. a resumed run from the command line: all its values are its own
             return dataclasses.replace(self, preset=family)
         shown = " ".join(show_flag(k, v) for k, v in applied.items())
-        print(f"preset {family} ({source}): {shown}\n  (flags you give win; --preset none keeps the plain defaults)",
-              flush=True)
-        return dataclasses.replace(self, preset=family, **applied)
+        resolved = dataclasses.replace(self, preset=family, **applied)
+        # Said when the run starts (track/run.py), not here: a run refused before it starts says one line only.
+        resolved.preset_line = (f"preset {family} ({source}): {shown}\n"
+                                "  (flags you give win; --preset none keeps the plain defaults)")
+        return resolved
 
 
 @dataclass

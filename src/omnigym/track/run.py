@@ -354,6 +354,8 @@ def start_run(cfg, algo: str, label: str) -> Run:
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)
     cfg.run_dir = str(run_dir)
+    if getattr(cfg, "preset_line", None):  # the control preset applied (config.py's with_preset)
+        print(cfg.preset_line, flush=True)
     return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir))
 
 
