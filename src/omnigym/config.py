@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from omnigym.envs.atari import AtariOptions as ATARI  # the Atari flags' defaults live with the preprocessing
 from omnigym.errors import OmnigymError, require
 
 
@@ -141,19 +142,19 @@ class ControlConfig(RunConfig):
     preset: str = "auto"
     """published hyperparameters for the env's family, for every flag you do not give: auto picks
     by env id (atari, mujoco; none elsewhere), none keeps the defaults shown here; printed at start"""
-    noop_max: int = 30
+    noop_max: int = ATARI.noop_max
     """Atari: up to this many no-op actions after a reset"""
-    frame_skip: int = 4
+    frame_skip: int = ATARI.frame_skip
     """Atari: repeat each action this many frames (max of the last two is the observation)"""
-    episodic_life: bool = True
+    episodic_life: bool = ATARI.episodic_life
     """Atari: a lost life ends the episode for learning (no bootstrap); returns stay whole games"""
-    fire_reset: bool = True
+    fire_reset: bool = ATARI.fire_reset
     """Atari: press FIRE after a reset in games that need it"""
-    clip_rewards: bool = True
+    clip_rewards: bool = ATARI.clip_rewards
     """Atari: learn from each reward's sign; returns report the game score"""
-    frame_stack: int = 4
+    frame_stack: int = ATARI.frame_stack
     """Atari: the observation is the last N 84x84 grayscale frames"""
-    sticky_actions: float | None = None
+    sticky_actions: float | None = ATARI.sticky_actions
     """Atari: repeat-previous-action probability (default: the id's own, 0.25 for ALE/*-v5, 0 for NoFrameskip-v4)"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden",
