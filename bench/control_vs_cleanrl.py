@@ -31,7 +31,8 @@ both print) go into one PNG per pair in ``--out``.
 
 Threads: by default each library runs as it does out of the box (omnigym ``--torch-threads
 1``; CleanRL torch's default, all cores: OMP_NUM_THREADS is removed from its environment);
-``--threads N`` gives both N.
+``--threads N`` gives both N. ``--variant NAME=FLAGS`` adds a row of omnigym with extra flags
+(e.g. ``compiled=--compile``), alternated with the rest.
 """
 
 from __future__ import annotations
@@ -187,10 +188,11 @@ def episodes(text: str) -> list[tuple[int, float]]:
     return [(int(m.group(1)), float(m.group(2))) for m in EPISODE.finditer(text)]
 
 
-def run_omnigym(pair: Pair, hparams: dict, total: int, seed: int, threads: int, seconds, workdir: Path) -> Result:
+def run_omnigym(pair: Pair, hparams: dict, total: int, seed: int, threads: int, seconds, workdir: Path,
+                extra: tuple[str, ...] = ()) -> Result:
     run_dir = workdir / f"omnigym-{pair.algo}-{seed}-{time.time_ns()}"
     cmd = [sys.executable, "-m", "omnigym.cli", "train", pair.algo, "--env-id", pair.omnigym_env, "--seed", str(seed),
-           "--total-timesteps", str(total), *flags(hparams), *pair.omnigym_only, "--run-dir", str(run_dir),
+           "--total-timesteps", str(total), *flags(hparams), *pair.omnigym_only, *extra, "--run-dir", str(run_dir),
            "--print-episodes", "--no-progress", "--no-plot", "--checkpoint-every", "0",
            "--torch-threads", str(threads or 1)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -241,7 +243,8 @@ def plot(name: str, pair: Pair, results: dict[str, list[Result]], out: Path) -> 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for lib, color in (("omnigym", "tab:blue"), ("CleanRL", "tab:orange")):
+    colors = ["tab:blue", "tab:green", "tab:red", "tab:purple"]
+    for lib, color in zip(results, [*colors[:len(results) - 1], "tab:orange"]):
         for i, result in enumerate(results[lib]):
             if result.episodes:
                 steps, returns = (np.array(x) for x in zip(*result.episodes))
@@ -283,6 +286,8 @@ def main() -> None:
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="change a hyperparameter on both sides of every pair that has it, e.g. "
                              "learning_starts=1000 (printed with the rest)")
+    parser.add_argument("--variant", nargs="+", default=[], metavar="NAME=FLAGS",
+                        help="also run omnigym with these extra flags, one row each, e.g. 'compiled=--compile'")
     parser.add_argument("--out", type=Path, default=CACHE / "plots", help="folder for the PNGs")
     parser.add_argument("--show-venv", action="store_true", help="print CleanRL's venv pins and exit")
     parser.add_argument("--build-venv", action="store_true", help="build CleanRL's venv (if not built) and exit")
@@ -310,6 +315,10 @@ def main() -> None:
         key, _, value = item.partition("=")
         key = key.replace("-", "_")
         overrides[key] = value.lower() == "true" if value.lower() in ("true", "false") else value
+    variants = {"omnigym": ()}
+    for item in args.variant:
+        name, _, extra = item.partition("=")
+        variants[name] = tuple(extra.split())
     python = cleanrl_python(torch_version)
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="omnigym-vs-cleanrl-"))
@@ -330,13 +339,14 @@ def main() -> None:
               f"\n   omnigym also: {' '.join(pair.omnigym_only)}\n   ({pair.note})"
               + (f"\n   --set {', '.join(unknown)}: not a hyperparameter of this pair, ignored" if unknown else ""),
               flush=True)
-        results: dict[str, list[Result]] = {"omnigym": [], "CleanRL": []}
+        results: dict[str, list[Result]] = {name: [] for name in variants} | {"CleanRL": []}
         for rep in range(args.repeats):
             seed = args.seed + rep
-            r = run_omnigym(pair, hparams, total, seed, args.threads, args.seconds, workdir)
-            results["omnigym"].append(r)
-            print(f"   omnigym  seed {seed}: {r.sps:8.0f} SPS ({r.steps} steps, {r.seconds:.1f} s, "
-                  f"{len(r.episodes)} episodes)", flush=True)
+            for variant, extra in variants.items():
+                r = run_omnigym(pair, hparams, total, seed, args.threads, args.seconds, workdir, extra)
+                results[variant].append(r)
+                print(f"   {variant:8s} seed {seed}: {r.sps:8.0f} SPS ({r.steps} steps, {r.seconds:.1f} s, "
+                      f"{len(r.episodes)} episodes)", flush=True)
             r = run_cleanrl(pair, hparams, total, seed, args.threads, args.seconds, workdir, python, cleanrl_dir)
             results["CleanRL"].append(r)
             print(f"   CleanRL  seed {seed}: {r.sps:8.0f} SPS ({r.seconds:.1f} s, {len(r.episodes)} episodes)",
@@ -344,12 +354,12 @@ def main() -> None:
         medians = {lib: statistics.median(r.sps for r in rs) for lib, rs in results.items()}
         path = plot(name, pair, results, args.out)
         print(f"   returns plotted in {path}", flush=True)
-        summary.append((name, medians["omnigym"], medians["CleanRL"]))
+        summary += [(name, variant, medians[variant], medians["CleanRL"]) for variant in variants]
 
     print(f"\nmedian SPS over {args.repeats} repeats ({budget} each); target: omnigym >= 3x CleanRL")
-    print(f"{'pair':16s} {'omnigym SPS':>12s} {'CleanRL SPS':>12s} {'ratio':>7s}")
-    for name, ours, theirs in summary:
-        print(f"{name:16s} {ours:12.0f} {theirs:12.0f} {ours / theirs if theirs else float('nan'):6.2f}x")
+    print(f"{'pair':16s} {'omnigym':18s} {'omnigym SPS':>12s} {'CleanRL SPS':>12s} {'ratio':>7s}")
+    for name, variant, ours, theirs in summary:
+        print(f"{name:16s} {variant:18s} {ours:12.0f} {theirs:12.0f} {ours / theirs if theirs else float('nan'):6.2f}x")
 
 
 if __name__ == "__main__":

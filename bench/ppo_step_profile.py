@@ -4,8 +4,8 @@ scaled rewards, 64x64 tanh networks), one torch thread as omnigym runs by defaul
 
 Everything is built as ``ppo.train`` builds it (``make_run_envs``, ``ActorCritic``, omnigym's
 ``Adam``, ``RolloutCollector``); the rollout is the collector's own ``collect``, timed from
-outside by wrapping the objects it calls (the vector env's ``step``, the agent, the
-observation normalizer, the reward scaler, the episode statistics), and the update is a copy
+outside by wrapping the objects it calls (the vector env's ``step``, the numpy actor and
+the critic's batched values, the observation normalizer, the reward scaler, the episode statistics), and the update is a copy
 of ``ppo.train``'s loop with ``time.perf_counter`` around each part. Nothing in src/ is
 changed. Logging and checkpoints (``run.log``, ``run.save``) are left out.
 
@@ -29,9 +29,10 @@ import torch
 from omnigym.algos.control.ppo import PPOConfig
 from omnigym.envs.vector import make_run_envs
 from omnigym.models.control import ActorCritic
-from omnigym.optim import Adam
+from omnigym.optim import Adam, clip_grad_norm
 from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, gae, normalize
 from omnigym.rl.losses import PolicyLossConfig, check_finite, ppo_clip, value_loss
+import omnigym.rl.rollout as rollout_module
 from omnigym.rl.rollout import RolloutCollector
 from omnigym.rl.running_stats import RewardScaler
 from omnigym.track.episodes import EpisodeStats
@@ -51,11 +52,11 @@ def timed(name: str, fn):
     return wrapper
 
 
-class TimedAgent:
-    """The agent as the collector calls it, with its forward passes timed."""
-
-    def __init__(self, agent):
-        self.act, self.value = timed("policy forward", agent.act), timed("policy forward", agent.value)
+def time_policy() -> None:
+    """Time the policy as the collector calls it: the numpy actor each step, the critic's
+    batched values after the last one (``models/numpy_actor.py``)."""
+    rollout_module.NumpyActor.act = timed("policy forward", rollout_module.NumpyActor.act)
+    rollout_module.values_of = timed("policy forward", rollout_module.values_of)
 
 
 def build(seed: int, env_id: str):
@@ -120,7 +121,7 @@ def update(cfg: PPOConfig, agent, optimizer, rollout, loss_cfg: PolicyLossConfig
             optimizer.zero_grad()
             loss.backward()
             t3 = clock()
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            clip_grad_norm(agent.parameters(), cfg.max_grad_norm)
             t4 = clock()
             optimizer.step()
             t5 = clock()
@@ -144,7 +145,7 @@ def main() -> None:
 
     cfg, agent, optimizer, collector = build(args.seed, args.env_id)
     instrument(collector)
-    timed_agent = TimedAgent(agent)
+    time_policy()
     advantage_cfg, loss_cfg = AdvantageConfig(cfg.gamma, cfg.gae_lambda), PolicyLossConfig(clip_low=cfg.clip_coef)
     num_updates = args.warmup + args.rollouts
     global_step = 0
@@ -153,7 +154,7 @@ def main() -> None:
             spent.clear()
             wall = clock()
         optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - i / max(cfg.total_timesteps // cfg.num_steps, 1))
-        rollout, global_step = collector.collect(timed_agent, global_step)
+        rollout, global_step = collector.collect(agent, global_step)
         update(cfg, agent, optimizer, rollout, loss_cfg, advantage_cfg)
     wall = clock() - wall
     collector.envs.close()

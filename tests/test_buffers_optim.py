@@ -153,3 +153,19 @@ def test_adam_does_not_import_torch_dynamo():
              "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_running_mean_std_one_row_path_equals_the_batch_update():
+    rng = np.random.default_rng(1)
+    rows = rng.normal(3.0, 2.0, size=(50, 1, 4))
+    fast, general = RunningMeanStd((4,)), RunningMeanStd((4,))
+    for row in rows:
+        fast.update(row)
+        # the general formula on the same row, which update() no longer takes for one row
+        batch_mean, batch_var, total = row.mean(0), row.var(0), general.count + 1
+        delta = batch_mean - general.mean
+        general.mean = general.mean + delta * 1 / total
+        general.var = (general.var * general.count + batch_var * 1 + delta**2 * general.count * 1 / total) / total
+        general.count = total
+    np.testing.assert_array_equal(fast.mean, general.mean)
+    np.testing.assert_array_equal(fast.var, general.var)

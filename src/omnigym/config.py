@@ -68,6 +68,26 @@ def check_device(device: str) -> None:
         require(parsed.type == "cpu", f"--device {device} is not supported; use cpu, cuda, cuda:N or mps")
 
 
+def check_compiler(device: str) -> None:
+    """``--compile``: torch.compile's backend builds C++ kernels on CPU and Triton kernels on CUDA;
+    without the tool it fails at the first minibatch with a page of traceback, so say it here."""
+    import importlib.util
+    import os
+    import shutil
+
+    import torch
+
+    kind = torch.device(device).type
+    require(kind in ("cpu", "cuda"), f"--compile runs on cpu or cuda, not {device}; leave --compile off")
+    if kind == "cpu":
+        compiler = os.environ.get("CXX", "g++")
+        require(shutil.which(compiler) is not None, f"--compile needs a C++ compiler on CPU and {compiler} is not on "
+                                                    "PATH; install g++ (apt-get install g++) or leave --compile off")
+    else:
+        require(importlib.util.find_spec("triton") is not None,
+                "--compile on CUDA needs triton (CUDA builds of torch bring it); leave --compile off")
+
+
 @dataclass
 class RunConfig:
     """Flags every algorithm has: seed, run directory, resume, threads, device, tracking."""

@@ -3,7 +3,8 @@
 ``Adam`` (control networks) is a real ``torch.optim.Optimizer``: param groups, state,
 ``state_dict`` in torch.optim.Adam's layout, LR schedulers, DDP and ZeRO wrappers all see
 an ordinary optimizer. Its step calls ``torch.optim.adam.adam``, the functional kernel
-``torch.optim.Adam`` runs, so the numbers are identical (tests/test_buffers_optim.py).
+``torch.optim.Adam`` runs (its fused variant), so the numbers agree with
+``torch.optim.Adam``'s to float rounding (tests/test_buffers_optim.py).
 Why not torch.optim.Adam itself: its ``step`` and the base class's ``add_param_group``,
 ``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped to switch off
 torch.compile, and the first call of such a wrapper imports ``torch._dynamo``, one to three
@@ -45,16 +46,30 @@ class Adam(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
+            # torch's fused kernel (one call for all parameters) where it exists: on PPO's
+            # 64x64 MuJoCo networks it takes a step in 0.2 ms against foreach's 0.6.
+            fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
             for p in params:
-                if not self.state[p]:
-                    self.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                                     "exp_avg_sq": torch.zeros_like(p)}
+                if not self.state[p]:  # the fused kernel keeps its step count beside the parameter
+                    self.state[p] = {"step": torch.tensor(0.0, device=p.device if fused else "cpu"),
+                                     "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
             states = [self.state[p] for p in params]
             adam(params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                 [], [s["step"] for s in states], foreach=True, amsgrad=False, beta1=group["betas"][0],
+                 [], [s["step"] for s in states], foreach=not fused, fused=fused, amsgrad=False, beta1=group["betas"][0],
                  beta2=group["betas"][1], lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
                  maximize=False)
         return loss
+
+
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_``'s arithmetic (one norm over all gradients, scaled
+    down to ``max_norm``) in four calls: torch's version spends ~150 us grouping tensors by
+    device and dtype, as long as the rest of a minibatch step of PPO's 64x64 networks.
+    All gradients on one device. Returns the norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp_(max=1.0))
+    return total
 
 
 def trainable(params) -> list[torch.nn.Parameter]:

@@ -16,6 +16,12 @@ from torch import nn
 from omnigym.errors import OmnigymError
 
 
+def obs_tensor(obs, device="cpu") -> torch.Tensor:
+    """Observations as a tensor: images stay uint8 (the encoder scales them), the rest float32."""
+    tensor = torch.as_tensor(obs, device=device)
+    return tensor if tensor.dtype == torch.uint8 else tensor.float()
+
+
 def layer(n_in: int, n_out: int, gain: float = math.sqrt(2)) -> nn.Linear:
     """Linear layer with orthogonal init, the PPO implementation-details default."""
     linear = nn.Linear(n_in, n_out)
@@ -88,11 +94,14 @@ class GaussianHead(nn.Module):
 
     def sample(self, features, action=None, mask=None):
         mean = self.mean(features)
-        std = self.log_std.exp().expand_as(mean)
         if action is None:
-            action = mean + std * torch.randn_like(mean)
-        log_prob = (-0.5 * ((action - mean) / std) ** 2 - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[:-1])
+            action = mean + self.log_std.exp() * torch.randn_like(mean)
+        # Terms that do not depend on the sample summed once, not per row: a minibatch step
+        # on PPO's small networks is dispatch-bound, and each op saved shows.
+        dims, log_std_sum = mean.shape[-1], self.log_std.sum()
+        z = (action - mean) * (-self.log_std).exp()
+        log_prob = -0.5 * (z * z).sum(-1) - (log_std_sum + 0.5 * math.log(2 * math.pi) * dims)
+        entropy = (log_std_sum + (0.5 + 0.5 * math.log(2 * math.pi)) * dims).expand(mean.shape[:-1])
         return action, log_prob, entropy
 
     def mode(self, features, mask=None):
@@ -162,7 +171,6 @@ class QNetwork(nn.Module):
 def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = False):
     """A checkpointed ``ActorCritic`` (PPO, REINFORCE) as ``obs batch (numpy) -> actions``,
     with the run's observation normalization and actions clipped into a Box as in training."""
-    from omnigym.rl.rollout import obs_tensor
     from omnigym.rl.running_stats import RunningMeanStd
 
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, tuple(hidden))
@@ -185,8 +193,6 @@ def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy:
 
 def q_network_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = True):
     """A checkpointed ``QNetwork`` (DQN) as ``obs batch (numpy) -> greedy actions``."""
-    from omnigym.rl.rollout import obs_tensor
-
     q_network = QNetwork(envs.single_observation_space, int(envs.single_action_space.n), tuple(hidden))
     q_network.load_state_dict(components["model"])
 

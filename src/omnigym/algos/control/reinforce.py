@@ -16,7 +16,7 @@ import torch
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.vector import make_run_envs
 from omnigym.models.control import ActorCritic, actor_critic_policy
-from omnigym.optim import Adam
+from omnigym.optim import Adam, clip_grad_norm
 from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, discounted_returns, normalize
 from omnigym.rl.losses import check_finite, reinforce, value_loss
@@ -91,7 +91,7 @@ def train(cfg: ReinforceConfig) -> dict:
         check_finite(loss, global_step)
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+        clip_grad_norm(agent.parameters(), cfg.max_grad_norm)
         optimizer.step()
 
         metrics = {**stats.drain(), "losses/policy_loss": pg_loss.item(), "losses/entropy": entropy.mean().item(),
