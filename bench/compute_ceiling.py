@@ -1,10 +1,10 @@
 """How fast could any implementation train each pair here? The networks' own arithmetic per env
 step, timed alone, against 3x CleanRL's steps per second.
 
-For each pair of bench/control_vs_cleanrl.py, at its hyperparameters (the published ones,
-the same on both sides), this builds omnigym's networks of that pair (CleanRL's have the
-same layers: Nature CNN on 4x84x84 Pong frames, 64x64 tanh MLPs for PPO on HalfCheetah,
-256x256 ReLU MLPs for SAC) and times only the tensor work one env step costs on average:
+For the compute-bound pairs of bench/control_vs_cleanrl.py, at their hyperparameters (the
+published ones, the same on both sides), this builds omnigym's networks of that pair
+(CleanRL's have the same layers: the Nature CNN on 4x84x84 Pong frames, 256x256 ReLU MLPs
+for SAC) and times only the tensor work one env step costs on average:
 
   PPO  the policy forward at rollout (1/num_envs of a forward on num_envs observations),
        plus update_epochs x num_minibatches forward+backward passes of the loss on a
@@ -15,10 +15,12 @@ same layers: Nature CNN on 4x84x84 Pong frames, 64x64 tanh MLPs for PPO on HalfC
        forward on next observations, twin Q forward+backward) and an actor step (actor and
        Q forward, backward into the actor) and the temperature's actor forward.
 
-No env, no replay sampling, no optimizer step, no Python between the calls: the time is a
-lower bound of what training costs per env step, and ``1 / time`` an upper bound on the
-steps per second of any implementation on this machine, with 1 and with 2 torch threads.
-FLOPs per env step are counted with torch.utils.flop_counter on the same calls.
+No env, no replay sampling, no optimizer step, no Python between the calls: ``1 / time``
+is an upper bound on the steps per second of an eager-torch implementation with 1 and
+with 2 threads. FLOPs per env step are counted with torch.utils.flop_counter on the same
+calls; divided into the CPU's best matrix-product rate (measured here, 2 threads) they
+give the bound for any code at all, and 3x CleanRL's SPS times the FLOPs gives the
+arithmetic rate the target needs.
 
 With ``--cleanrl DIR`` it also runs each pair's CleanRL script (as bench/control_vs_cleanrl.py
 does, ``--seconds`` each, learning_starts 1024 for DQN and SAC so they train) and prints
@@ -130,15 +132,26 @@ def sac_work(h: dict, hidden) -> list[tuple[float, callable]]:
     return [(1.0, act), (1.0, q_step), (1.0, actor_step)]
 
 
-def work(name: str) -> list[tuple[float, callable]]:
-    h = PAIRS[name].shared
-    if name == "ppo-pong":
-        return ppo_work(h, PONG_OBS, PONG_ACTIONS, ())
-    if name == "ppo-halfcheetah":
-        return ppo_work(h, CHEETAH_OBS, CHEETAH_ACTIONS, (64, 64))
-    if name == "dqn-pong":
-        return dqn_work(h)
-    return sac_work(h, (256, 256))
+COMPUTE_BOUND = {
+    "ppo-pong": lambda h: ppo_work(h, PONG_OBS, PONG_ACTIONS, ()),
+    "dqn-pong": dqn_work,
+    "sac-halfcheetah": lambda h: sac_work(h, (256, 256)),
+}
+"""The pairs whose step is arithmetic. PPO on HalfCheetah is not among them: its 64x64
+networks cost ~0.6 MFLOP per env step, microseconds of arithmetic; its bound is torch's
+per-op dispatch, which bench/ppo_step_profile.py measures."""
+
+
+def peak_rate(threads: int, size: int = 1024, repeats: int = 20) -> float:
+    """FLOP/s of a square float32 matrix product, the best this CPU does with ``threads``."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
 def flops_per_step(calls) -> float:
@@ -178,7 +191,7 @@ def cleanrl_sps(name: str, seconds: float, cleanrl_dir: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    parser.add_argument("--pairs", nargs="+", default=list(COMPUTE_BOUND), choices=list(COMPUTE_BOUND))
     parser.add_argument("--repeats", type=int, default=20, help="timed calls of each kind (median)")
     parser.add_argument("--cleanrl", type=Path, help="CleanRL checkout: also run its scripts for their SPS")
     parser.add_argument("--seconds", type=float, default=90, help="wall time of each CleanRL run")
@@ -187,20 +200,23 @@ def main() -> None:
 
     rows = []
     for name in args.pairs:
-        calls = work(name)
+        calls = COMPUTE_BOUND[name](PAIRS[name].shared)
         flops = flops_per_step(calls)
         one, two = (seconds_per_step(calls, threads, args.repeats) for threads in (1, 2))
-        theirs = cleanrl_sps(name, args.seconds, args.cleanrl) if args.cleanrl else float("nan")
+        theirs = cleanrl_sps(name, args.seconds, args.cleanrl.resolve()) if args.cleanrl else float("nan")
         rows.append((name, flops, 1 / one, 1 / two, theirs))
         print(f"{name}: {flops / 1e6:.1f} MFLOP/step, networks alone {1 / one:.0f} steps/s (1 thread), "
               f"{1 / two:.0f} (2 threads); CleanRL {theirs:.0f} SPS", flush=True)
-
-    print(f"\n{'pair':17s} {'MFLOP/step':>10s} {'ceiling 1T':>10s} {'ceiling 2T':>10s} {'CleanRL':>8s} "
-          f"{'3x CleanRL':>10s} {'ceiling / CleanRL':>17s}")
+    peak = peak_rate(2)
+    print(f"\nthis CPU's best: {peak_rate(1) / 1e9:.0f} GFLOP/s (1 thread), {peak / 1e9:.0f} GFLOP/s (2 threads), "
+          "a 1024x1024 float32 matrix product")
+    print(f"{'pair':16s} {'MFLOP/step':>10s} {'torch 1T':>9s} {'torch 2T':>9s} {'at peak':>8s} {'CleanRL':>8s} "
+          f"{'3x CleanRL':>10s} {'needs GFLOP/s':>13s}")
     for name, flops, one, two, theirs in rows:
-        best = max(one, two)
-        print(f"{name:17s} {flops / 1e6:10.1f} {one:10.0f} {two:10.0f} {theirs:8.0f} {3 * theirs:10.0f} "
-              f"{best / theirs:16.2f}x")
+        print(f"{name:16s} {flops / 1e6:10.1f} {one:9.0f} {two:9.0f} {peak / flops:8.0f} {theirs:8.0f} "
+              f"{3 * theirs:10.0f} {3 * theirs * flops / 1e9:13.0f}")
+    print("torch 1T/2T: steps/s if the networks' passes were all a step cost (eager torch, these shapes); "
+          "at peak: if they ran at the matrix-product peak")
 
 
 if __name__ == "__main__":

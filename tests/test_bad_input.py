@@ -265,3 +265,13 @@ def interrupted_run(tmp_path, checkpoint_every, capsys):
                  "--checkpoint-every", str(checkpoint_every), "--run-dir", str(tmp_path / "run"), "--no-progress"])
     assert code == 130
     return capsys.readouterr().err.strip().splitlines()
+
+
+def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert main(["train", "ppo", "--compile", "--total-timesteps", "512"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["omnigym: error: --compile needs a C++ compiler on CPU and no-such-compiler-here is not on PATH; "
+                   "install g++ (apt-get install g++) or leave --compile off"]
+    assert list(tmp_path.iterdir()) == []
