@@ -8,8 +8,9 @@ raw, stub, omnigym, ...) ``--repeats`` times, median reported:
 raw      the backend itself (no episode statistics, no omnigym code) stepped with random
          actions drawn in advance: what the simulator and the vector env cost;
 stub     omnigym's ``RolloutCollector.collect`` with an agent that returns random actions
-         and zero log-probs and values: the collector's own per-step Python (the cursor,
-         the buffers, observation normalization and reward scaling, episode statistics);
+         and zero log-probs and values, through the collector's torch path (the one pixel
+         policies take; MLP policies act in numpy, models/numpy_actor.py): the cursor, the
+         buffers, observation normalization and reward scaling, episode statistics;
 omnigym  the same collector with an ``ActorCritic`` forward per step: what PPO's rollout
          costs.
 

@@ -61,14 +61,15 @@ def plot(name: str, curves: dict[int, list[tuple[int, float]]], out: Path) -> Pa
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for seed, points in curves.items():
+    colors = ["tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:pink"]  # orange is the bar's
+    for (seed, points), color in zip(curves.items(), colors * 4):
         if not points:
             continue
         steps, returns = (np.array(x) for x in zip(*points))
         window = max(min(len(returns) // 10, 20), 1)
         mean = np.convolve(returns, np.ones(window) / window, mode="valid")
-        ax.plot(steps, returns, alpha=0.15, linewidth=0.6)
-        ax.plot(steps[window - 1:], mean, linewidth=1.6, label=f"omnigym seed {seed}")
+        ax.plot(steps, returns, color=color, alpha=0.15, linewidth=0.6)
+        ax.plot(steps[window - 1:], mean, color=color, linewidth=1.6, label=f"omnigym seed {seed}")
     bar = RUNS[name][4]
     if bar:
         ax.axhspan(bar[0] - bar[1], bar[0] + bar[1], color="tab:orange", alpha=0.25, label=bar[2])
@@ -91,8 +92,14 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more omnigym flags, e.g. --compile")
     parser.add_argument("--out", type=Path, default=HERE / ".cache" / "long_runs")
+    parser.add_argument("--replot", action="store_true", help="redraw the PNG from the logs in --out, run nothing")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        logs = {seed: args.out / f"{args.run}-seed{seed}.log" for seed in args.seeds}
+        print(plot(args.run, {seed: [(int(s), float(r)) for s, r in EPISODE.findall(log.read_text())]
+                              for seed, log in logs.items() if log.exists()}, args.out))
+        return
     steps = args.steps or RUNS[args.run][2]
 
     pending, running, done = list(args.seeds), [], {}
