@@ -105,16 +105,16 @@ def update(cfg: PPOConfig, agent, optimizer, rollout, loss_cfg: PolicyLossConfig
     for _ in range(cfg.update_epochs):
         t0 = clock()
         order = torch.randperm(n)
+        shuffled = [x[order] for x in (b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns)]
         spent["update: indexing, advantage normalization, loop"] += clock() - t0
         for begin in range(0, n, minibatch):
             t0 = clock()
-            idx = order[begin:begin + minibatch]
-            obs, actions, old_logprobs = b_obs[idx], b_actions[idx], b_logprobs[idx]
-            adv = normalize(b_advantages[idx]) if cfg.norm_adv and len(idx) > 1 else b_advantages[idx]
+            obs, actions, old_logprobs, old_values, adv, mb_returns = (x[begin:begin + minibatch] for x in shuffled)
+            adv = normalize(adv) if cfg.norm_adv and len(adv) > 1 else adv
             t1 = clock()
             _, new_logprob, entropy, new_value = agent.act(obs, actions, None)
             pg_loss, _ = ppo_clip(new_logprob, old_logprobs, adv, cfg=loss_cfg)
-            v_loss = value_loss(new_value, b_values[idx], b_returns[idx], clip=cfg.clip_coef if cfg.clip_vloss else None)
+            v_loss = value_loss(new_value, old_values, mb_returns, clip=cfg.clip_coef if cfg.clip_vloss else None)
             loss = pg_loss - cfg.ent_coef * entropy.mean() + cfg.vf_coef * v_loss
             check_finite(loss, 0)
             t2 = clock()

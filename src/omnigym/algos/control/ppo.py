@@ -142,13 +142,14 @@ def train(cfg: PPOConfig) -> dict:
         n = len(b_obs)
         minibatch = max(n // cfg.num_minibatches, 1)
         clip_fractions, stop_early = [], False
+        batch = (b_obs, b_actions, b_masks, b_logprobs, b_values, b_advantages, b_returns)
         for _ in range(cfg.update_epochs):
+            # One gather per tensor and epoch; each minibatch is then a slice (a view, no copy).
             order = torch.randperm(n, device=cfg.device)
+            shuffled = [None if x is None else x[order] for x in batch]
             for begin in range(0, n, minibatch):
-                idx = order[begin:begin + minibatch]
                 loss, pg_loss, pg_stats, v_loss, entropy_loss = objective(
-                    agent, cfg, loss_cfg, b_obs[idx], b_actions[idx], None if b_masks is None else b_masks[idx],
-                    b_logprobs[idx], b_values[idx], b_advantages[idx], b_returns[idx])
+                    agent, cfg, loss_cfg, *(None if x is None else x[begin:begin + minibatch] for x in shuffled))
                 check_finite(loss, global_step)
                 optimizer.zero_grad()
                 loss.backward()
