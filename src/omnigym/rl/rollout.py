@@ -61,7 +61,8 @@ class RolloutCollector:
         self.obs_buf = np.zeros((T + 1, N, *obs_shape), dtype=np.uint8 if pixels else np.float32)
         self.actions_buf = np.zeros((T, N, *envs.single_action_space.shape),
                                     dtype=np.float32 if self.continuous else np.int64)
-        self.logprobs_buf, self.rewards_buf, self.values_buf = (np.zeros((T, N), dtype=np.float32) for _ in range(3))
+        self.logprobs_buf, self.rewards_buf = (np.zeros((T, N), dtype=np.float32) for _ in range(2))
+        self.values_buf = np.zeros((T + 1, N), dtype=np.float32)  # V(s_0) ... V(s_T): values and bootstraps
         self.terminated_buf, self.truncated_buf, self.valid_buf = (np.zeros((T, N), dtype=bool) for _ in range(3))
         self.cursor = EnvCursor(envs, seed, self.prepare, signal)
         self.action_masks = ActionMasks.find(envs, self.cursor.info)
@@ -115,16 +116,14 @@ class RolloutCollector:
             self.stats.add(info, global_step)
             self.masks = self._current_masks()
         self.obs_buf[-1] = self.cursor.obs
-        if actor is not None:  # every value at once: V(s_0) ... V(s_T)
-            values = values_of(agent, self.obs_buf.reshape(-1, *self.obs_buf.shape[2:]), self.device)
-            self.values_buf[:] = values.numpy().reshape(self.num_steps + 1, -1)[:-1]
-            last_value = values.reshape(self.num_steps + 1, -1)[-1]
-        else:
-            last_value = values_of(agent, self.obs_buf[-1], self.device)
+        if actor is not None:  # every value at once
+            flat_obs = self.obs_buf.reshape(-1, *self.obs_buf.shape[2:])
+            self.values_buf[:] = values_of(agent, flat_obs, self.device).numpy().reshape(self.values_buf.shape)
+        else:  # the torch path wrote V(s_0) ... V(s_T-1) as it went
+            self.values_buf[-1] = values_of(agent, self.obs_buf[-1], self.device).numpy()
         values = torch.from_numpy(self.values_buf)
-        bootstrap = torch.cat([values[1:], last_value.unsqueeze(0)])
         tensors = (torch.from_numpy(x) for x in (self.obs_buf[:-1], self.actions_buf, self.logprobs_buf))
-        rollout = Rollout(*tensors, values, bootstrap, torch.from_numpy(self.rewards_buf),
+        rollout = Rollout(*tensors, values[:-1], values[1:], torch.from_numpy(self.rewards_buf),
                           torch.from_numpy(self.terminated_buf), torch.from_numpy(self.truncated_buf),
                           torch.from_numpy(self.valid_buf),
                           None if self.masks_buf is None else torch.from_numpy(self.masks_buf))

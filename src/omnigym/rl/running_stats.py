@@ -59,9 +59,7 @@ class RewardScaler:
     def __call__(self, rewards: np.ndarray, terminated: np.ndarray, valid: np.ndarray) -> np.ndarray:
         # As gymnasium's wrapper: a terminating step's reward starts the return afresh.
         self.returns = np.where(valid, self.returns * self.gamma * (1 - terminated) + rewards, self.returns)
-        if valid.all():
-            self.rms.update(self.returns)
-        elif valid.any():
+        if valid.any():
             self.rms.update(self.returns[valid])
         scaled = rewards / math.sqrt(float(self.rms.var) + 1e-8)
         return np.clip(scaled, -self.clip, self.clip).astype(np.float32, copy=False)
