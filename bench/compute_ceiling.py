@@ -196,6 +196,14 @@ def main() -> None:
     parser.add_argument("--cleanrl", type=Path, help="CleanRL checkout: also run its scripts for their SPS")
     parser.add_argument("--seconds", type=float, default=90, help="wall time of each CleanRL run")
     args = parser.parse_args()
+    if args.repeats < 1 or args.seconds <= 0:
+        parser.error(f"--repeats must be 1 or more and --seconds positive, got {args.repeats} and {args.seconds:g}")
+    if args.cleanrl:
+        missing = [PAIRS[p].cleanrl_script for p in args.pairs
+                   if not (args.cleanrl / "cleanrl" / PAIRS[p].cleanrl_script).exists()]
+        if missing:
+            parser.error(f"{args.cleanrl}/cleanrl lacks {', '.join(missing)} (git clone "
+                         "https://github.com/vwxyzjn/cleanrl DIR)")
     torch.manual_seed(0)
 
     rows = []

@@ -317,7 +317,9 @@ def main() -> None:
         overrides[key] = value.lower() == "true" if value.lower() in ("true", "false") else value
     variants = {"omnigym": ()}
     for item in args.variant:
-        name, _, extra = item.partition("=")
+        name, sep, extra = item.partition("=")
+        if not sep or not name or name in ("omnigym", "CleanRL") or name in variants:
+            parser.error(f"--variant takes NAME=FLAGS with a new name (not omnigym or CleanRL), got {item!r}")
         variants[name] = tuple(extra.split())
     python = cleanrl_python(torch_version)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -94,13 +94,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / ".cache" / "long_runs")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG from the logs in --out, run nothing")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.steps is not None and args.steps < 1 or args.parallel < 1:
+        parser.error(f"--steps and --parallel must be 1 or more, got {args.steps} and {args.parallel}")
     if args.replot:
         logs = {seed: args.out / f"{args.run}-seed{seed}.log" for seed in args.seeds}
+        if not any(log.exists() for log in logs.values()):
+            parser.error(f"--replot: no {args.run}-seed*.log for seeds {args.seeds} in {args.out}")
         print(plot(args.run, {seed: [(int(s), float(r)) for s, r in EPISODE.findall(log.read_text())]
                               for seed, log in logs.items() if log.exists()}, args.out))
         return
-    steps = args.steps or RUNS[args.run][2]
+    args.out.mkdir(parents=True, exist_ok=True)
+    steps = args.steps if args.steps is not None else RUNS[args.run][2]
 
     pending, running, done = list(args.seeds), [], {}
     while pending or running:
