@@ -17,8 +17,11 @@ after. With ``--model`` a hub id or a local path, the same loop trains a real mo
 from __future__ import annotations
 
 import copy
+import functools
+import os
 import random
 import sys
+from contextlib import closing
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +40,7 @@ from omnigym.process import scoped_run
 from omnigym.rewards import WeightedSum, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
 from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, nll_loss, ppo_clip
+from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks import Task, load_task
 from omnigym.tasks.sft_data import to_sequence
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
@@ -44,7 +48,7 @@ from omnigym.track.run import Run, start_run
 
 
 @dataclass
-class GRPOConfig(LanguageModelConfig):
+class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     engine: str = "auto"
     """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv or hf"""
     task: str = "arithmetic"
@@ -86,8 +90,9 @@ class GRPOConfig(LanguageModelConfig):
     ppo_epochs: int = 1
     """policy steps per batch, against the stored old log-probs"""
     behaviour_cap: float | None = None
-    """truncated importance sampling against the engine's log-probs, capped here (off by default:
-    the engine samples the current policy)"""
+    """truncated importance sampling against the engine's log-probs, capped here (default: off with
+    --runtime sync, where the engine samples the current policy; 2.0 with --runtime ray, where a
+    sample may come from a policy up to --max-staleness versions old)"""
     skip_equal_groups: bool = True
     max_new_tokens: int = 24
     temperature: float = 1.0
@@ -106,11 +111,12 @@ class GRPOConfig(LanguageModelConfig):
     """GRPO steps between checkpoints (one is always written at the end)"""
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "eval_size", "digits", "terms",
-                                             "operations")
+                                                       "operations", "runtime", "max_staleness", "num_generators")
     BUDGET = ("steps", "step")
 
     def check(self) -> None:
         super().check()
+        self.check_runtime()
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
@@ -126,6 +132,9 @@ class GRPOConfig(LanguageModelConfig):
 
 
 CONFIG = GRPOConfig
+ASYNC_BEHAVIOUR_CAP = 2.0
+"""The cap on pi_old / pi_engine when rollouts may be stale (truncated importance sampling's
+C = 2, as in Yao et al., 2025)."""
 DEFAULT_REWARDS = "math:1.0,format:0.1"
 ANSWER_FORMAT = ("Solve the problem. Think briefly if you need to, then give only the final number inside answer "
                  "tags, like this: <answer>42</answer>")
@@ -177,9 +186,8 @@ def train(cfg: GRPOConfig) -> dict:
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
     check_context(policy, cfg.max_new_tokens)
-    engine = make_engine(policy, tokenizer, cfg.engine)
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    generator = TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns)
+    generator = make_generator(cfg, env, policy, tokenizer)
+    engine = generator.engine
     sft_optimizer = adamw(policy, cfg.sft_learning_rate, weight_decay=0.01)
     sft = LocalBackend(policy, sft_optimizer)
     trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate), cfg.max_grad_norm)
@@ -196,116 +204,147 @@ def train(cfg: GRPOConfig) -> dict:
 
     if run.saved and run.saved["counters"]["has_reference"]:
         reference = add_reference()
-    counters = run.begin(components)  # restores the checkpoint when resuming
-    sft_step, step = counters.get("sft_step", 0), counters.get("step", 0)
-    sft_done = counters.get("sft_done", cfg.sft_steps == 0)
 
-    def save(next_step: int):
-        run.save(components, sft_step=sft_step, step=next_step, sft_done=sft_done, has_reference=reference is not None)
+    def examples_for(step: int) -> list[dict]:
+        return random.Random(cfg.seed * 7_919 + step).sample(train_set, cfg.prompts_per_step)
 
-    def evaluate(examples, at: int | None = None) -> float:
-        """Greedy accuracy; on the held-out set (``at``: the log step) a few episodes go to samples.jsonl."""
-        samples = [] if at is not None else None
-        value = accuracy(env, engine, tokenizer, examples, correct, cfg.max_new_tokens, cfg.max_turns, samples)
-        if samples:
-            run.log_samples(at, samples)
-        return value
+    rollouts = make_rollouts(cfg, generator, functools.partial(remote_generator, cfg, os.getcwd()), examples_for,
+                             cfg.group_size, cfg.steps, cfg.seed)
+    if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
+        components["rollouts"] = rollouts
+    with closing(rollouts):  # Ray's actors end with the run, however it ends
+        counters = run.begin(components)  # restores the checkpoint when resuming
+        sft_step, step = counters.get("sft_step", 0), counters.get("step", 0)
+        sft_done = counters.get("sft_done", cfg.sft_steps == 0)
 
-    progress = ProgressBar(cfg.sft_steps + cfg.steps, "grpo", start=sft_step + step, enabled=cfg.progress)
+        def save(next_step: int):
+            run.save(components, sft_step=sft_step, step=next_step, sft_done=sft_done, has_reference=reference is not None)
 
-    # 1. Supervised warm-up (the demo's): answers in <answer> tags until accuracy on a
-    # validation set drawn from the training split reaches sft_target_accuracy, so that GRPO
-    # starts with some reward to learn from. The held-out set is never looked at here.
-    validation = random.Random(cfg.seed + 99).sample(train_set, min(100, len(train_set)))
+        def evaluate(examples, at: int | None = None) -> float:
+            """Greedy accuracy; on the held-out set (``at``: the log step) a few episodes go to samples.jsonl."""
+            samples = [] if at is not None else None
+            value = accuracy(env, engine, tokenizer, examples, correct, cfg.max_new_tokens, cfg.max_turns, samples)
+            if samples:
+                run.log_samples(at, samples)
+            return value
 
-    def sft_loss(model, batch):
-        loss = nll_loss(batch_logprobs(model, batch), batch.loss_mask)
-        check_finite(loss, sft_step)
-        return loss, {}
+        progress = ProgressBar(cfg.sft_steps + cfg.steps, "grpo", start=sft_step + step, enabled=cfg.progress)
 
-    while not sft_done and sft_step < cfg.sft_steps:
-        rng = random.Random(cfg.seed * 1_000_003 + sft_step)
-        examples = rng.sample(train_set, cfg.sft_batch_size)
-        sequences = [sequence for e in examples for sequence in demonstration(env, tokenizer, e)]
-        loss = sft.forward_backward(make_trained_batch(sequences, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
-        sft.optim_step()
-        sft_step += 1
-        metrics = {"sft/loss": loss.item()}
-        if sft_step % cfg.sft_eval_every == 0 or sft_step == cfg.sft_steps:
-            metrics["sft/val_accuracy"] = evaluate(validation)
-            sft_done = metrics["sft/val_accuracy"] >= cfg.sft_target_accuracy or sft_step == cfg.sft_steps
-        run.log(sft_step, metrics)
-        progress.update(sft_step, sft_loss=loss.item())
-        if sft_done:
+        # 1. Supervised warm-up (the demo's): answers in <answer> tags until accuracy on a
+        # validation set drawn from the training split reaches sft_target_accuracy, so that GRPO
+        # starts with some reward to learn from. The held-out set is never looked at here.
+        validation = random.Random(cfg.seed + 99).sample(train_set, min(100, len(train_set)))
+
+        def sft_loss(model, batch):
+            loss = nll_loss(batch_logprobs(model, batch), batch.loss_mask)
+            check_finite(loss, sft_step)
+            return loss, {}
+
+        while not sft_done and sft_step < cfg.sft_steps:
+            rng = random.Random(cfg.seed * 1_000_003 + sft_step)
+            examples = rng.sample(train_set, cfg.sft_batch_size)
+            sequences = [sequence for e in examples for sequence in demonstration(env, tokenizer, e)]
+            loss = sft.forward_backward(make_trained_batch(sequences, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
+            sft.optim_step()
+            sft_step += 1
+            metrics = {"sft/loss": loss.item()}
+            if sft_step % cfg.sft_eval_every == 0 or sft_step == cfg.sft_steps:
+                metrics["sft/val_accuracy"] = evaluate(validation)
+                sft_done = metrics["sft/val_accuracy"] >= cfg.sft_target_accuracy or sft_step == cfg.sft_steps
+            run.log(sft_step, metrics)
+            progress.update(sft_step, sft_loss=loss.item())
+            if sft_done:
+                reference = add_reference()
+            if sft_done or sft_step % cfg.checkpoint_every == 0:
+                save(0)
+        if reference is None:
             reference = add_reference()
-        if sft_done or sft_step % cfg.checkpoint_every == 0:
-            save(0)
-    if reference is None:
-        reference = add_reference()
 
-    # 2. GRPO.
-    warmup_steps = sft_step  # GRPO's log steps continue after the warm-up's
-    loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
-                                behaviour_cap=cfg.behaviour_cap)
+        # 2. GRPO.
+        warmup_steps = sft_step  # GRPO's log steps continue after the warm-up's
+        behaviour_cap = cfg.behaviour_cap
+        if behaviour_cap is None and cfg.runtime == "ray" and cfg.max_staleness > 0:
+            behaviour_cap = ASYNC_BEHAVIOUR_CAP
+        loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
+                                    behaviour_cap=behaviour_cap)
 
-    def grpo_loss(model, batch):
-        new_logprobs = completion_logprobs(model, batch.tokens)
-        old = batch.old_logprobs if batch.old_logprobs is not None else new_logprobs.detach()
-        loss, stats = ppo_clip(new_logprobs, old, batch.advantages, batch.tokens.loss_mask, loss_cfg,
-                               batch.behaviour_logprobs)
-        if batch.ref_logprobs is not None:
-            kl = kl_estimate(new_logprobs, batch.ref_logprobs, cfg.kl_estimator)
-            kl_term = aggregate(kl, batch.tokens.loss_mask, cfg.loss_aggregation, cfg.max_new_tokens)
-            loss = loss + cfg.beta * kl_term
-            stats["kl"] = kl_term.detach()
-        check_finite(loss, warmup_steps + step)
-        return loss, stats
+        def grpo_loss(model, batch):
+            new_logprobs = completion_logprobs(model, batch.tokens)
+            old = batch.old_logprobs if batch.old_logprobs is not None else new_logprobs.detach()
+            loss, stats = ppo_clip(new_logprobs, old, batch.advantages, batch.tokens.loss_mask, loss_cfg,
+                                   batch.behaviour_logprobs)
+            if batch.ref_logprobs is not None:
+                kl = kl_estimate(new_logprobs, batch.ref_logprobs, cfg.kl_estimator)
+                kl_term = aggregate(kl, batch.tokens.loss_mask, cfg.loss_aggregation, cfg.max_new_tokens)
+                loss = loss + cfg.beta * kl_term
+                stats["kl"] = kl_term.detach()
+            check_finite(loss, warmup_steps + step)
+            return loss, stats
 
-    clock = Clock(step)
-    for step in range(step, cfg.steps):
-        metrics = {}
-        if step == 0 or step % cfg.eval_every == 0:
-            metrics["eval/accuracy"] = evaluate(heldout, warmup_steps + step + 1)
-        rng = random.Random(cfg.seed * 7_919 + step)
-        examples = rng.sample(train_set, cfg.prompts_per_step)
-        trajectories = generator.generate(examples, cfg.group_size)
-        rewards, group_ids = trajectories.rewards(), trajectories.group_ids()
-        masks = padded([t.loss_mask for t in trajectories.items])
-        advantages, _ = estimator(outcome_rewards(rewards, masks), masks, group_ids)
-        informative = torch.ones(len(rewards), dtype=torch.bool)  # episodes whose group's rewards differ
-        if cfg.skip_equal_groups:
-            spread = rewards.reshape(-1, cfg.group_size).std(1) > 0  # groups are adjacent, group_size each
-            informative = spread.repeat_interleave(cfg.group_size)
-        trained = torch.nonzero(informative).squeeze(1).tolist()
+        clock = Clock(step)
+        rollouts.update_weights(policy, version=step)  # the generators start from the trainer's policy
+        for step in range(step, cfg.steps):
+            metrics = {}
+            if step == 0 or step % cfg.eval_every == 0:
+                metrics["eval/accuracy"] = evaluate(heldout, warmup_steps + step + 1)
+            trajectories = rollouts.trajectories(step)
+            rewards, group_ids = trajectories.rewards(), trajectories.group_ids()
+            masks = padded([t.loss_mask for t in trajectories.items])
+            advantages, _ = estimator(outcome_rewards(rewards, masks), masks, group_ids)
+            informative = torch.ones(len(rewards), dtype=torch.bool)  # episodes whose group's rewards differ
+            if cfg.skip_equal_groups:
+                spread = rewards.reshape(-1, cfg.group_size).std(1) > 0  # groups are adjacent, group_size each
+                informative = spread.repeat_interleave(cfg.group_size)
+            trained = torch.nonzero(informative).squeeze(1).tolist()
 
-        stats = {}
-        if trained:
-            stats = policy_steps(cfg, trainer, reference, trajectories.select(trained), advantages[trained],
-                                 tokenizer.pad_token_id, grpo_loss)
-            engine.update_weights(policy.named_parameters(), version=step + 1)
-        metrics.update({
-            "reward/mean": rewards.mean().item(),
-            **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
-            "reward/std": rewards.std().item(), "groups/kept_fraction": informative.float().mean().item(),
-            "completion/length": sum(len(t.response_ids) for t in trajectories.items) / len(trajectories),
-            "completion/cut_off_fraction": sum(t.info["cut_off"] for t in trajectories.items) / len(trajectories),
-            "perf/steps_per_second": clock.sps(step + 1),
-        })
-        if trained:
-            metrics.update({"losses/policy_loss": stats["loss"].item(), "losses/clip_fraction":
-                            stats["clip_fraction"].item(), "losses/approx_kl": stats["approx_kl"].item()})
-            if "kl" in stats:
-                metrics["kl/mean"] = stats["kl"].item()
-        if cfg.env == "tools":
-            metrics["episode/turns"] = sum(t.info["turns"] for t in trajectories.items) / len(trajectories)
-        if step == cfg.steps - 1:
-            metrics["eval/accuracy"] = evaluate(heldout, warmup_steps + step + 1)
-        run.log(warmup_steps + step + 1, metrics)
-        progress.update(warmup_steps + step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
-        if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):
-            save(step + 1)
-    progress.close()
-    return finish_lm(run, cfg)
+            stats = {}
+            if trained:
+                stats = policy_steps(cfg, trainer, reference, trajectories.select(trained), advantages[trained],
+                                     tokenizer.pad_token_id, grpo_loss, behaviour_cap is not None)
+            rollouts.update_weights(policy, version=step + 1, changed=bool(trained))
+            metrics.update({
+                "reward/mean": rewards.mean().item(),
+                **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
+                "reward/std": rewards.std().item(), "groups/kept_fraction": informative.float().mean().item(),
+                "completion/length": sum(len(t.response_ids) for t in trajectories.items) / len(trajectories),
+                "completion/cut_off_fraction": sum(t.info["cut_off"] for t in trajectories.items) / len(trajectories),
+                "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics(),
+            })
+            if trained:
+                metrics.update({"losses/policy_loss": stats["loss"].item(), "losses/clip_fraction":
+                                stats["clip_fraction"].item(), "losses/approx_kl": stats["approx_kl"].item()})
+                if "kl" in stats:
+                    metrics["kl/mean"] = stats["kl"].item()
+            if cfg.env == "tools":
+                metrics["episode/turns"] = sum(t.info["turns"] for t in trajectories.items) / len(trajectories)
+            if step == cfg.steps - 1:
+                metrics["eval/accuracy"] = evaluate(heldout, warmup_steps + step + 1)
+            run.log(warmup_steps + step + 1, metrics)
+            progress.update(warmup_steps + step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
+            if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):
+                save(step + 1)
+        progress.close()
+        return finish_lm(run, cfg)
+
+
+def make_generator(cfg: GRPOConfig, env, policy, tokenizer) -> TextEnvGenerator:
+    engine = make_engine(policy, tokenizer, cfg.engine)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns)
+
+
+def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
+    """What a Ray generator actor runs: the same env and a policy of the same shape, built in
+    the actor (its weights come from the trainer before it samples). Paths in the flags are
+    read from the trainer's working directory."""
+    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+
+    os.chdir(cwd)
+    task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    env, _ = task_env(cfg, task)
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+                                                  cfg.device)
+    return make_generator(cfg, env, policy, tokenizer)
 
 
 def demonstration(env, tokenizer, example: dict) -> list[tuple[list[int], list[int]]]:
@@ -334,13 +373,13 @@ class PolicyBatch:
 
 
 def policy_steps(cfg: GRPOConfig, trainer: LocalBackend, reference, trajectories, advantages: torch.Tensor,
-                 pad_id: int, loss_fn) -> dict:
+                 pad_id: int, loss_fn, correct_behaviour: bool) -> dict:
     """``ppo_epochs`` clipped steps on the trajectories of informative groups; returns the last step's stats."""
     items = trajectories.items
     tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items], pad_id,
                                    [t.loss_mask for t in items], cfg.device)
     width = tokens.loss_mask.shape[1]
-    behaviour = padded([t.logprobs for t in items], width).to(cfg.device) if cfg.behaviour_cap else None
+    behaviour = padded([t.logprobs for t in items], width).to(cfg.device) if correct_behaviour else None
     with torch.no_grad():
         ref_logprobs = completion_logprobs(reference, tokens) if reference is not None else None
         old_logprobs = completion_logprobs(trainer.model, tokens) if cfg.ppo_epochs > 1 else None

@@ -1,0 +1,66 @@
+"""Where rollouts are made: in the trainer's process (``sync``) or on Ray actors (``ray``).
+
+The contract a language algorithm is written against (``base.Rollouts``)::
+
+    rollouts.trajectories(step) -> Trajectories   # the rollouts step ``step`` trains on
+    rollouts.update_weights(model, version)       # the trainer's new policy, version ``version``
+    rollouts.metrics() -> dict                    # staleness, idle time, samples/s
+    rollouts.state_dict() / load_state_dict()     # what an exact resume needs
+    rollouts.close()
+
+``sync`` is the single-process loop every algorithm ran before the split, bit for bit.
+``ray`` puts ``--num-generators`` generator actors beside the trainer and lets them run up
+to ``--max-staleness`` steps ahead of it (``ray_actors.py``; docs/scale_out.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from omnigym.config import require_non_negative, require_positive
+from omnigym.errors import require
+
+RUNTIMES = ("sync", "ray")
+
+
+@dataclass
+class RolloutRuntimeConfig:
+    """The flags of the generator/trainer split, shared by the language algorithms that sample."""
+
+    runtime: str = "sync"
+    """sync (generate, then train, in this process) or ray (generator actors on Ray, asynchronous
+    up to --max-staleness steps ahead of the trainer; needs the [ray] extra)"""
+    max_staleness: int = 1
+    """with --runtime ray: rollouts of step k+1..k+K are generated while step k trains; a sample
+    older than K policy versions is never trained on (0: generate on Ray, but never ahead)"""
+    num_generators: int = 1
+    """generator actors with --runtime ray; each step's prompts are split between them"""
+    sync_timeout: float = 600.0
+    """seconds a generator may take to answer (rollouts or a weight update) before the run stops
+    with an error naming it"""
+
+    def check_runtime(self) -> None:
+        require(self.runtime in RUNTIMES, f"unknown --runtime {self.runtime!r}; choose sync or ray")
+        require_non_negative(self, "max_staleness")
+        require_positive(self, "num_generators", "sync_timeout")
+        if self.runtime == "ray":
+            import importlib.util
+
+            require(importlib.util.find_spec("ray") is not None,
+                    "--runtime ray needs Ray; install it with: pip install 'omnigym[ray]'")
+
+
+def make_rollouts(cfg: RolloutRuntimeConfig, local_generator, build_generator: Callable, examples_for: Callable,
+                  group_size: int, steps: int, seed: int = 0):
+    """``local_generator`` serves ``sync``; ``build_generator`` (picklable, no arguments) builds
+    one in each Ray actor. ``examples_for(step)`` gives the prompts of a step; ``steps`` is the
+    run's length (no rollouts are made past it); ``seed`` seeds each actor job's sampling."""
+    if cfg.runtime == "sync":
+        from omnigym.runtime.sync import SyncRollouts
+
+        return SyncRollouts(local_generator, examples_for, group_size)
+    from omnigym.runtime.ray_actors import RayRollouts
+
+    return RayRollouts(build_generator, examples_for, group_size, steps, cfg.num_generators, cfg.max_staleness,
+                       cfg.sync_timeout, seed)
