@@ -1,20 +1,26 @@
-"""Inference engines behind one contract (``engine.py``): ``hf`` and ``kv`` today."""
+"""Inference engines behind one contract (``engine.py``): ``hf`` and ``kv`` in the trainer's
+process on its model, ``vllm`` (the ``[vllm]`` extra, a CUDA GPU) on vLLM's own copy."""
 
 from __future__ import annotations
 
 from omnigym.errors import OmnigymError
 
-ENGINES = ("auto", "hf", "kv")
+ENGINES = ("auto", "hf", "kv", "vllm")
 
 
 def make_engine(model, tokenizer, kind: str = "auto", batch_size: int = 256):
     """``hf``: Hugging Face ``generate``; ``kv``: the lean Llama-family sampler (``kv.py``);
-    ``auto``: ``kv`` where the model allows it, else ``hf``."""
+    ``vllm``: vLLM loaded from the model's ``name_or_path``, fed the trainer's weights by
+    ``update_weights`` (``vllm.py``); ``auto``: ``kv`` where the model allows it, else ``hf``."""
     from omnigym.inference.hf import HFEngine
     from omnigym.inference.kv import LlamaFamilyEngine, unsupported_reason
 
     if kind not in ENGINES:
-        raise OmnigymError(f"unknown engine {kind!r}; choose auto, hf or kv")
+        raise OmnigymError(f"unknown engine {kind!r}; choose auto, hf, kv or vllm")
+    if kind == "vllm":
+        from omnigym.inference.vllm import VLLMEngine
+
+        return VLLMEngine.for_model(model, tokenizer)  # vLLM batches itself: no batch_size
     if kind == "hf" or (kind == "auto" and unsupported_reason(model)):
         return HFEngine(model, tokenizer, batch_size)
     return LlamaFamilyEngine(model, tokenizer, batch_size)  # says why if it cannot run the model

@@ -50,7 +50,8 @@ from omnigym.track.run import Run, start_run
 @dataclass
 class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     engine: str = "auto"
-    """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv or hf"""
+    """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv, hf,
+    or vllm (the [vllm] extra, a CUDA GPU; docs/vllm.md)"""
     task: str = "arithmetic"
     """"arithmetic", "reasoning_gym:<task>" (use --rewards reasoning_gym:1.0,...), "gsm8k:<file.jsonl>",
     a registered text env id, a jsonl file with question and answer fields, module:name of your
@@ -223,6 +224,7 @@ def train(cfg: GRPOConfig) -> dict:
         def evaluate(examples, at: int | None = None) -> float:
             """Greedy accuracy; on the held-out set (``at``: the log step) a few episodes go to samples.jsonl."""
             samples = [] if at is not None else None
+            engine.update_weights(policy.named_parameters(), engine.version)  # in-process engines share them
             value = accuracy(env, engine, tokenizer, examples, correct, cfg.max_new_tokens, cfg.max_turns, samples)
             if samples:
                 run.log_samples(at, samples)

@@ -1,0 +1,194 @@
+"""The asynchronous runtime on Ray (CPU): bounded staleness, repeatable and resumable runs,
+generators that die or hang, and bad flags."""
+
+import json
+import sys
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
+pytest.importorskip("transformers")
+
+from omnigym.errors import OmnigymError  # noqa: E402
+from omnigym.generators.base import Trajectories, Trajectory  # noqa: E402
+from omnigym.runtime.ray_actors import THREAD_ENV, RayRollouts  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One small local cluster for the module; RayRollouts joins it instead of starting its own."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the toy generators below
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": THREAD_ENV})
+    yield
+    ray.shutdown()
+
+
+class ToyEngine:
+    version = 0
+
+    def update_weights(self, named_tensors, version):
+        self.weights = dict(named_tensors)
+        self.version = version
+
+
+class ToyGenerator:
+    """One trajectory per prompt and sample; its reward is the weight it saw, so a test can
+    tell which policy made it. ``delay`` seconds per call stand in for sampling."""
+
+    def __init__(self, delay=0.0):
+        self.engine, self.delay = ToyEngine(), delay
+
+    def generate(self, examples, group_size):
+        time.sleep(self.delay)
+        w = float(self.engine.weights["w"])
+        return Trajectories([Trajectory([1], [2], [1], [0.0], w, g, self.engine.version, e)
+                             for g, e in enumerate(examples) for _ in range(group_size)])
+
+
+class ToyModel:
+    def __init__(self):
+        import torch
+
+        self.w = torch.nn.Parameter(torch.tensor(0.0))
+
+    def named_parameters(self):
+        return [("w", self.w)]
+
+
+def toy_rollouts(steps=6, delay=0.0, **options):
+    examples_for = lambda step: [{"step": step, "i": i} for i in range(4)]  # noqa: E731
+    return RayRollouts(lambda: ToyGenerator(delay), examples_for, 2, steps, **options)
+
+
+def train_toy(rollouts, model, steps, kill_at=None):
+    """A trainer that sets w to the step number after each step; returns each step's rollouts."""
+    seen = []
+    rollouts.update_weights(model, 0)
+    for step in range(steps):
+        if step == kill_at:
+            ray.kill(rollouts.workers[0], no_restart=False)  # Ray restarts it
+        out = rollouts.trajectories(step)
+        seen.append(out)
+        model.w.data.fill_(step + 1)
+        rollouts.update_weights(model, step + 1)
+    return seen
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+def test_staleness_is_bounded_and_every_step_gets_its_own_prompts(max_staleness):
+    rollouts = toy_rollouts(num_generators=2, max_staleness=max_staleness)
+    try:
+        seen = train_toy(rollouts, ToyModel(), 6)
+    finally:
+        rollouts.close()
+    for step, out in enumerate(seen):
+        assert [t.example for t in out.items] == [{"step": step, "i": i} for i in range(4) for _ in range(2)]
+        assert [t.group_id for t in out.items] == [i for i in range(4) for _ in range(2)]  # chunks joined in order
+        ages = {step - t.policy_version for t in out.items}
+        # the schedule makes every sample exactly min(step, K) versions old, and its reward shows
+        # it came from that version's weights
+        assert ages == {min(step, max_staleness)}
+        assert {t.reward for t in out.items} == {float(step - min(step, max_staleness))}
+
+
+def test_a_killed_generator_is_restarted_and_no_step_is_lost_or_repeated():
+    rollouts = toy_rollouts(steps=8, max_staleness=2)
+    try:
+        pid = ray.get(rollouts.workers[0].pid.remote())
+        seen = train_toy(rollouts, ToyModel(), 8, kill_at=4)
+        assert ray.get(rollouts.workers[0].pid.remote()) != pid  # a new process
+    finally:
+        rollouts.close()
+    assert [out.items[0].example["step"] for out in seen] == list(range(8))
+    assert all(len(out) == 8 for out in seen)
+    for step, out in enumerate(seen):
+        assert all(0 <= step - t.policy_version <= 2 for t in out.items)
+        # each sample's weights are those of the version it says it came from: the restarted
+        # actor got the current weights before its lost jobs were sent again
+        assert all(t.reward == float(t.policy_version) for t in out.items)
+
+
+def test_a_hung_generator_is_one_error_within_the_timeout():
+    rollouts = toy_rollouts(delay=120.0, timeout=5.0, max_staleness=0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(OmnigymError, match=r"generator 0 gave no rollouts for step 0 within --sync-timeout 5 s"):
+            train_toy(rollouts, ToyModel(), 1)
+    finally:
+        rollouts.close()
+    assert time.monotonic() - started < 60
+
+
+# -- GRPO on Ray, end to end ---------------------------------------------------------------
+
+from omnigym.algos import grpo  # noqa: E402
+
+
+def small(run_dir, **extra):
+    flags = dict(sft_steps=60, sft_target_accuracy=1.1, sft_eval_every=30, steps=5, prompts_per_step=2,
+                 group_size=4, eval_size=20, eval_every=3, checkpoint_every=2, progress=False, plot=False,
+                 tensorboard=False, runtime="ray", max_staleness=1, num_generators=2, rewards="format:1.0")
+    return grpo.GRPOConfig(run_dir=str(run_dir), **{**flags, **extra})
+
+
+def metrics(run_dir):
+    rows = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+    return [{k: v for k, v in row.items() if not k.startswith(("perf/", "async/generator_idle",
+                                                              "async/trainer_idle"))} for row in rows]
+
+
+def test_async_grpo_is_repeatable_bounded_and_resumes_exactly(tmp_path, monkeypatch):
+    """Same seed, same metrics; a run stopped after a checkpoint (its actors killed with it)
+    and resumed trains on the same rollouts and ends with the same metrics."""
+    from omnigym.track.run import Run
+
+    grpo.train(small(tmp_path / "a"))
+    grpo.train(small(tmp_path / "b"))
+    whole = metrics(tmp_path / "a")
+    assert whole == metrics(tmp_path / "b")
+    steps = [r for r in whole if "reward/mean" in r]
+    assert len(steps) == 5 and all(r["async/staleness_max"] <= 1 for r in steps)
+    assert steps[-1]["async/staleness_mean"] == 1.0 and "losses/policy_loss" in steps[-1]
+
+    original, calls = Run.log, {"n": 0}
+
+    def interrupting_log(self, step, values):
+        original(self, step, values)
+        calls["n"] += 1
+        if calls["n"] == 63:  # 60 warm-up rows, then GRPO's third step: after the checkpoint at 2 steps
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Run, "log", interrupting_log)
+    with pytest.raises(KeyboardInterrupt):
+        grpo.train(small(tmp_path / "cut"))
+    monkeypatch.setattr(Run, "log", original)
+    grpo.train(small(tmp_path / "cut", resume=str(tmp_path / "cut")))
+    assert metrics(tmp_path / "cut") == whole
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--runtime", "rey"], "unknown --runtime 'rey'; choose sync or ray"),
+    (["--runtime", "ray", "--max-staleness", "-1"], "--max-staleness must be 0 or more, got -1"),
+    (["--runtime", "ray", "--num-generators", "0"], "--num-generators must be positive, got 0"),
+    (["--runtime", "ray", "--sync-timeout", "0"], "--sync-timeout must be positive, got 0.0")])
+def test_bad_runtime_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
+    from omnigym.cli import main
+
+    assert main(["train", "grpo", "--run-dir", str(tmp_path / "run"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("omnigym: error:") and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_ray_runtime_without_ray_names_the_extra(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from omnigym.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main(["train", "grpo", "--run-dir", str(tmp_path / "run"), "--runtime", "ray"]) == 2
+    assert "pip install 'omnigym[ray]'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
