@@ -7,6 +7,7 @@ flag has a type, a default and a help line.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from omnigym.errors import OmnigymError
@@ -105,7 +106,10 @@ def resumed_defaults(argv: list[str], config_cls):
     if values.get("algo") != argv[0]:
         raise OmnigymError(f"{run_dir} is a {values.get('algo')} run; continue it with: "
                            f"omnigym train {values.get('algo')} --resume {run_dir}")
-    return dataclasses.replace(config_from_dict(config_cls, values), run_dir=None, resume=None, overwrite=False)
+    placement = {f.name: f.default for f in dataclasses.fields(config_cls) if f.name in ("backend", "deepspeed_config")}
+    # how many processes train it is this command's to say: a data-parallel run resumes in one
+    return dataclasses.replace(config_from_dict(config_cls, values), run_dir=None, resume=None, overwrite=False,
+                               **placement)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -225,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
 
         run = active_run()
         where = f" [{run.state_line()}]" if run and run.last_checkpoint else ""
-        print(f"omnigym: error: {exc}{where}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every process finds it; the first says it
+            print(f"omnigym: error: {exc}{where}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # stdout closed early (omnigym ... | head): nothing more to say
         sys.stderr.close()

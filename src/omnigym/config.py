@@ -232,12 +232,52 @@ class LanguageModelConfig(RunConfig):
     """Jinja chat template (string or file) for models that have none"""
     lora_r: int = 0
     """LoRA rank (0 trains all weights)"""
+    backend: str = "local"
+    """where training steps run: local (this process), ddp or fsdp2 (data-parallel over the processes
+    torchrun starts: gloo on CPU, NCCL on GPU), deepspeed (ZeRO through the deepspeed launcher and
+    --deepspeed-config; the [deepspeed] extra); docs/scale_out.md"""
+    deepspeed_config: str | None = None
+    """DeepSpeed JSON config for --backend deepspeed (ZeRO stage, precision); omnigym's optimizer and
+    batch sizes are used, so leave those out of it"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("model", "lora_r")
 
     def check(self) -> None:
         super().check()
         require_non_negative(self, "lora_r")
+        check_backend(self)
+
+
+def check_backend(cfg) -> None:
+    """A data-parallel backend needs the processes its launcher starts; DeepSpeed its extra and
+    a readable config."""
+    from omnigym.backends import BACKENDS
+    from omnigym.distributed import launched_by_torchrun
+
+    require(cfg.backend in BACKENDS, f"unknown --backend {cfg.backend!r}; choose {', '.join(BACKENDS)}")
+    if cfg.backend == "local":
+        require(cfg.deepspeed_config is None, "--deepspeed-config is read by --backend deepspeed only")
+        return
+    launcher = "deepspeed" if cfg.backend == "deepspeed" else "torchrun --nproc-per-node 2"
+    require(launched_by_torchrun(), f"--backend {cfg.backend} trains on the processes its launcher starts: "
+                                    f"{launcher} -m omnigym train ... --backend {cfg.backend} (docs/scale_out.md); "
+                                    "one process uses --backend local")
+    if cfg.backend == "deepspeed":
+        import importlib.util
+        import json
+
+        require(importlib.util.find_spec("deepspeed") is not None,
+                "--backend deepspeed needs DeepSpeed; install it with: pip install 'omnigym[deepspeed]'")
+        require(cfg.deepspeed_config is not None, "--backend deepspeed needs --deepspeed-config FILE.json "
+                                                  "(examples in configs/deepspeed/)")
+        try:
+            json.loads(open(cfg.deepspeed_config).read())
+        except OSError as exc:
+            raise OmnigymError(f"cannot read --deepspeed-config {cfg.deepspeed_config}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise OmnigymError(f"--deepspeed-config {cfg.deepspeed_config} is not JSON: {exc}") from None
+    elif cfg.deepspeed_config is not None:
+        raise OmnigymError("--deepspeed-config is read by --backend deepspeed only")
 
 
 def config_from_dict(cls, values: dict):

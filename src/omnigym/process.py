@@ -4,7 +4,8 @@
 (threads of a fresh process, transformers' progress bars). A ``train()`` called from
 Python instead gets ``run_scope``: it seeds python, numpy and torch and sets torch's
 thread count for the run, and puts all of them back when the run returns or fails, so
-the caller's process is left as it was found.
+the caller's process is left as it was found. A run with a data-parallel ``--backend``
+joins the processes ``torchrun`` started first (``distributed.py``); only the first of them writes.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def scoped_run(train):
         if hasattr(cfg, "with_preset"):  # control runs: the env family's published hyperparameters
             cfg = cfg.with_preset(getattr(cfg, "given_flags", None))
         cfg.check()
+        if getattr(cfg, "backend", "local") in ("ddp", "fsdp2", "deepspeed"):  # checked: torchrun started us
+            from omnigym.distributed import init_process_group
+
+            init_process_group(cfg.device)
         with run_scope(cfg.seed, cfg.torch_threads):
             try:
                 return train(cfg)

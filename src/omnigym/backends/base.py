@@ -2,15 +2,19 @@
 
 What crosses it::
 
-    backend.forward_backward(batch, loss_fn) -> stats   # loss_fn(model, batch) -> (loss, stats)
+    backend.local_slice(rows) -> slice                 # this process's rows of a global batch
+    backend.forward_backward(batch, loss_fn, share) -> stats   # loss_fn(model, batch) -> (loss, stats)
     backend.optim_step() -> {"grad_norm": float}
-    backend.state_dict() / backend.load_state_dict(state)
-    backend.model   # the trained module, for passes that take no gradient (log-probs of old samples)
+    backend.state_dict() / backend.load_state_dict(state)      # whole tensors, one layout for all
+    backend.model        # the trained module, for passes that take no gradient (log-probs of old samples)
+    backend.full_model() # the whole trained module in the first process (to export it)
 
 ``forward_backward`` may be called several times before one ``optim_step`` (gradient
-accumulation). ``LocalBackend`` (``local.py``) is the single-process implementation;
-data-parallel backends (DDP, FSDP2, DeepSpeed ZeRO) implement the same members, so an
-algorithm file does not change when it is scaled out.
+accumulation). ``share`` is the local batch's part of the global batch (its rows, or its
+loss tokens for a token-mean loss), so that the step equals one process's on the whole
+batch. ``LocalBackend`` (``local.py``) is the single-process implementation;
+``DataParallelBackend`` (DDP, FSDP2) and ``DeepSpeedBackend`` (ZeRO) implement the same
+members, so an algorithm file does not change when it is scaled out (``make_backend``).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ LossFn = Callable[[torch.nn.Module, Any], "tuple[torch.Tensor, dict]"]
 class TrainingBackend(Protocol):
     model: torch.nn.Module
 
-    def forward_backward(self, batch, loss_fn: LossFn) -> dict: ...
+    def local_slice(self, rows: int) -> slice: ...
+
+    def forward_backward(self, batch, loss_fn: LossFn, share: float | None = None) -> dict: ...
 
     def optim_step(self) -> dict: ...
 
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def full_model(self) -> torch.nn.Module | None: ...

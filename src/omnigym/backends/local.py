@@ -9,7 +9,12 @@ class LocalBackend:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None):
         self.model, self.optimizer, self.max_grad_norm = model, optimizer, max_grad_norm
 
-    def forward_backward(self, batch, loss_fn) -> dict:
+    def local_slice(self, rows: int) -> slice:
+        """One process trains every row of the batch."""
+        return slice(0, rows)
+
+    def forward_backward(self, batch, loss_fn, share: float | None = None) -> dict:
+        """``share`` (the batch's part of the global batch) is 1 in one process."""
         loss, stats = loss_fn(self.model, batch)
         loss.backward()
         return {"loss": loss.detach(), **stats}
@@ -28,3 +33,13 @@ class LocalBackend:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def full_model(self) -> torch.nn.Module:
+        return self.model
+
+    def sibling(self, make_optimizer, max_grad_norm: float | None = None) -> "LocalBackend":
+        """The same model with another optimizer (a warm-up phase before the main one)."""
+        return LocalBackend(self.model, make_optimizer(self.model), max_grad_norm)
+
+    def optimizer_component(self) -> torch.optim.Optimizer:
+        return self.optimizer

@@ -33,6 +33,8 @@ def unsupported_reason(model) -> str | None:
         return f"model type {kind!r} is not one of {sorted(FAMILY)}"
     if not hasattr(model, "model") or not hasattr(model.model, "rotary_emb"):
         return "not a plain causal LM (wrapped, e.g. by peft)"
+    if any(hasattr(p, "full_tensor") for p in model.parameters()):
+        return "its weights are sharded (FSDP2): only the model's own forward gathers them"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r}"
     if getattr(config, "sliding_window", None) and (kind == "mistral" or getattr(config, "use_sliding_window", False)):

@@ -93,6 +93,7 @@ class RayRollouts:
         actor = ray.remote(GeneratorWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
                                                     runtime_env={"env_vars": THREAD_ENV})
         self.workers = [actor.remote(build_generator, i) for i in range(num_generators)]
+        self._wait_started()
         self.model = None
         self.version: int | None = None
         self.weight_loads: list = []  # (worker, ref) of updates not yet confirmed
@@ -175,6 +176,20 @@ class RayRollouts:
             self.ray.shutdown()
 
     # -- jobs ----------------------------------------------------------------------------
+
+    def _wait_started(self) -> None:
+        """Each actor has built its policy (a generator that cannot is one error, not a hang)."""
+        for index, worker in enumerate(self.workers):
+            try:
+                self.ray.get(worker.pid.remote(), timeout=self.timeout)
+            except self.ray.exceptions.GetTimeoutError:
+                self.close()
+                raise OmnigymError(f"generator {index} did not start within --sync-timeout {self.timeout:g} s; "
+                                   "check `ray status` (free CPUs and memory) and its log "
+                                   "(/tmp/ray/session_latest/logs/worker-*.err)") from None
+            except self.ray.exceptions.RayActorError as e:
+                self.close()
+                raise OmnigymError(f"generator {index} failed to start: {str(e.__cause__ or e).strip().splitlines()[-1]}") from None
 
     def _submit(self, step: int) -> None:
         examples = self.examples_for(step)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from omnigym.errors import OmnigymError
+from omnigym.distributed import broadcast, is_main_process
 from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
 from omnigym.track.files import CONFIG_NAME, METRICS_NAME, load_config_dict
 
@@ -150,12 +151,17 @@ class Run:
         self._events_before: set[Path] = set()
         self.made_stages = False
         """set by a demo pipeline that created ``stages/`` for this run (``abandon`` removes it)"""
+        self.writer = is_main_process()
+        """False in the other processes of a data-parallel run: they read the checkpoint and
+        take part in gathering it, and write nothing"""
 
     def begin(self, components: dict) -> dict:
         """Restore the checkpoint into ``components`` when resuming, then write the run's
         config and open its log. Returns the saved counters ({} for a new run)."""
         global _active
         counters = self._restore(components) if self.saved else {}
+        if not self.writer:
+            return counters
         self._events_before = set(self.dir.glob("events.out.tfevents.*"))
         self._config_before = (self.dir / CONFIG_NAME).read_bytes() if self.saved else None
         _active = self
@@ -187,10 +193,12 @@ class Run:
                                "resume with the settings in its config.json, or start a new run") from None
 
     def log(self, step: int, metrics: dict) -> None:
-        self.metrics.log(step, metrics)
+        if self.writer:
+            self.metrics.log(step, metrics)
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
-        self.metrics.log_samples(step, rows)
+        if self.writer:
+            self.metrics.log_samples(step, rows)
 
     def export_model(self, model, tokenizer) -> Path:
         """The trained model as a Hugging Face folder, ``model/`` in the run (LoRA merged into a
@@ -198,12 +206,20 @@ class Run:
         import copy
 
         folder = self.dir / MODEL_FOLDER
+        if not self.writer:
+            return folder
         plain = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
         plain.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         return folder
 
     def save(self, components: dict, **counters) -> None:
+        if not self.writer:  # its part in gathering sharded state, nothing written
+            for component in components.values():
+                if hasattr(component, "state_dict"):
+                    component.state_dict()
+            self.last_checkpoint = counters
+            return
         self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
         self.last_checkpoint = counters
         self._saved_here = True
@@ -211,9 +227,11 @@ class Run:
 
     def close(self, plot: bool = True, metric: str = "charts/episodic_return") -> Path | None:
         global _active
+        _active = None
+        if not self.writer:
+            return None
         self.metrics.close()
         self._drop_set_aside()
-        _active = None
         if not plot:
             return None
         from omnigym.track.files import read_metrics
@@ -235,7 +253,7 @@ class Run:
         directory back as it was: a resumed run gets its config.json and its log up to the
         checkpoint back; a new run's files and the folders it made go, and a run it was
         replacing (``--overwrite``) comes back."""
-        if self._saved_here:
+        if self._saved_here or not self.writer:
             return  # the run has a checkpoint of this process; the CLI says how to continue
         if self.metrics is not None:
             self.metrics.close()
@@ -260,7 +278,7 @@ class Run:
 
     def say(self, *lines: str) -> None:
         """The closing lines a person reads (stderr, so stdout stays the episode stream)."""
-        for line in lines:
+        for line in lines if self.writer else ():
             print(line, file=sys.stderr)
 
     def state_line(self) -> str:
@@ -335,7 +353,12 @@ def check_writable(path: Path) -> None:
 
 def start_run(cfg, algo: str, label: str) -> Run:
     """The run directory of ``cfg`` (``--resume`` or ``--run-dir``, else a new name from
-    ``label``), checked, and its checkpoint when resuming. Nothing is written until ``begin``."""
+    ``label``), checked, and its checkpoint when resuming. Nothing is written until ``begin``.
+    In a data-parallel run the first process decides and checks; the others follow it."""
+    if not is_main_process():
+        run_dir = Path(broadcast(None))
+        cfg.run_dir = str(run_dir)
+        return Run(run_dir, algo, cfg, Checkpointer(run_dir).load() if cfg.resume else None)
     if cfg.resume:
         run_dir = Path(cfg.resume)
         if cfg.run_dir and Path(cfg.run_dir).resolve() != run_dir.resolve():
@@ -353,7 +376,7 @@ def start_run(cfg, algo: str, label: str) -> Run:
         if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)
-    cfg.run_dir = str(run_dir)
+    cfg.run_dir = broadcast(str(run_dir))
     if getattr(cfg, "preset_line", None):  # the control preset applied (config.py's with_preset)
         print(cfg.preset_line, flush=True)
     return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.backends.local import LocalBackend
+from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.errors import require
 from omnigym.evaluation.text import sampled_rewards
@@ -105,7 +105,7 @@ def train(cfg: DPOConfig) -> dict:
     rows, heldout, training, _ = read_pairs(cfg.data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)
     reference = FrozenReference(policy)
     engine = make_engine(policy, tokenizer)
-    trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate), cfg.max_grad_norm)
+    trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
     components = {"trainer": trainer}  # the reference is rebuilt from --model on resume, unchanged
     step = run.begin(components).get("step", 0)
     averaged = cfg.loss in ("ipo", "simpo")  # IPO and SimPO compare length-averaged log-probs
@@ -178,7 +178,10 @@ def train(cfg: DPOConfig) -> dict:
         else:
             indices = random.Random(cfg.seed * 1_000_003 + step).sample(order, min(cfg.batch_size, len(order)))
             ref = reference_logps([training.pairs[i] for i in indices])
-        stats = trainer.forward_backward((indices, ref), loss_fn)
+        rows = trainer.local_slice(len(indices))  # this process's pairs (all of them in one)
+        if ref is not None and rows != slice(0, len(indices)):  # ref holds every chosen, then every rejected
+            ref = torch.cat([ref[:len(indices)][rows], ref[len(indices):][rows]])
+        stats = trainer.forward_backward((indices[rows], ref), loss_fn, len(indices[rows]) / len(indices))
         trainer.optim_step()
         step += 1
         metrics = {"train/loss": stats["loss"].item(), **{k: v.item() for k, v in stats.items() if "/" in k},
@@ -193,7 +196,7 @@ def train(cfg: DPOConfig) -> dict:
     from omnigym.track.files import read_metrics
 
     evaluated = [r for r in read_metrics(run.dir) if "eval/accuracy" in r]
-    run.export_model(policy, tokenizer)
+    run.export_model(trainer.full_model(), tokenizer)
     metric = "eval/gold_reward" if gold is not None else "eval/accuracy"
     plot_path = run.close(plot=cfg.plot, metric=metric)
     start, end = evaluated[0], evaluated[-1]

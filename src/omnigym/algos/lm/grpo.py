@@ -20,13 +20,12 @@ import copy
 import functools
 import os
 import random
-import sys
 from contextlib import closing
 from dataclasses import dataclass
 
 import torch
 
-from omnigym.backends.local import LocalBackend
+from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.envs.text import TextEnv, ToolEnv
 from omnigym.errors import OmnigymError, require
@@ -34,7 +33,7 @@ from omnigym.evaluation.text import accuracy
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.tokens import batch_logprobs, completion_logprobs, make_completion_batch, make_trained_batch
+from omnigym.models.tokens import batch_logprobs, completion_logprobs, local_batch, make_completion_batch
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import WeightedSum, parse_weights
@@ -118,6 +117,8 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     def check(self) -> None:
         super().check()
         self.check_runtime()
+        require(self.runtime == "sync" or self.backend == "local",
+                f"--runtime ray runs the trainer in one process; use --backend local with it, not {self.backend}")
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
@@ -189,10 +190,9 @@ def train(cfg: GRPOConfig) -> dict:
     check_context(policy, cfg.max_new_tokens)
     generator = make_generator(cfg, env, policy, tokenizer)
     engine = generator.engine
-    sft_optimizer = adamw(policy, cfg.sft_learning_rate, weight_decay=0.01)
-    sft = LocalBackend(policy, sft_optimizer)
-    trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate), cfg.max_grad_norm)
-    components = {"trainer": trainer, "sft_optimizer": sft_optimizer}
+    trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
+    sft = trainer.sibling(lambda m: adamw(m, cfg.sft_learning_rate, weight_decay=0.01))  # the warm-up's optimizer
+    components = {"trainer": trainer, "sft_optimizer": sft.optimizer_component()}
     reference = None
 
     def add_reference():
@@ -246,7 +246,8 @@ def train(cfg: GRPOConfig) -> dict:
             rng = random.Random(cfg.seed * 1_000_003 + sft_step)
             examples = rng.sample(train_set, cfg.sft_batch_size)
             sequences = [sequence for e in examples for sequence in demonstration(env, tokenizer, e)]
-            loss = sft.forward_backward(make_trained_batch(sequences, tokenizer.pad_token_id, cfg.device), sft_loss)["loss"]
+            batch, share = local_batch(sft, sequences, tokenizer.pad_token_id, cfg.device)
+            loss = sft.forward_backward(batch, sft_loss, share)["loss"]
             sft.optim_step()
             sft_step += 1
             metrics = {"sft/loss": loss.item()}
@@ -374,10 +375,16 @@ class PolicyBatch:
     behaviour_logprobs: torch.Tensor | None
 
 
-def policy_steps(cfg: GRPOConfig, trainer: LocalBackend, reference, trajectories, advantages: torch.Tensor,
+def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: torch.Tensor,
                  pad_id: int, loss_fn, correct_behaviour: bool) -> dict:
-    """``ppo_epochs`` clipped steps on the trajectories of informative groups; returns the last step's stats."""
-    items = trajectories.items
+    """``ppo_epochs`` clipped steps on the trajectories of informative groups; returns the last
+    step's stats. Data-parallel, each process trains its rows, weighed by their share of the
+    batch: its sequences, or its generated tokens for a token-mean loss."""
+    rows = trainer.local_slice(len(trajectories))
+    items, advantages = trajectories.items[rows], advantages[rows]
+    share = len(items) / len(trajectories)
+    if cfg.loss_aggregation == "token-mean" and share < 1:
+        share = sum(sum(t.loss_mask) for t in items) / max(sum(sum(t.loss_mask) for t in trajectories.items), 1)
     tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items], pad_id,
                                    [t.loss_mask for t in items], cfg.device)
     width = tokens.loss_mask.shape[1]
@@ -387,7 +394,7 @@ def policy_steps(cfg: GRPOConfig, trainer: LocalBackend, reference, trajectories
         old_logprobs = completion_logprobs(trainer.model, tokens) if cfg.ppo_epochs > 1 else None
     batch = PolicyBatch(tokens, advantages[:, :width].to(cfg.device), old_logprobs, ref_logprobs, behaviour)
     for _ in range(cfg.ppo_epochs):
-        stats = trainer.forward_backward(batch, loss_fn)
+        stats = trainer.forward_backward(batch, loss_fn, share)
         trainer.optim_step()
     return stats
 
@@ -399,15 +406,14 @@ def finish_lm(run: Run, cfg) -> dict:
     rows = [r for r in logged if "eval/accuracy" in r]
     plot_path = run.close(plot=cfg.plot and bool(rows), metric="eval/accuracy")
     before, after = (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if rows else (float("nan"),) * 2
-    print(f"run: {run.dir}", file=sys.stderr)
-    print(f"held-out accuracy before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)",
-          file=sys.stderr)
+    run.say(f"run: {run.dir}",
+            f"held-out accuracy before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)")
     cut = [r["completion/cut_off_fraction"] for r in logged if "completion/cut_off_fraction" in r]
     if cut:
-        print(f"completions cut off by --max-new-tokens {cfg.max_new_tokens}: {100 * sum(cut) / len(cut):.1f}% "
-              "(an answer cut off scores as wrong; raise --max-new-tokens if this is high)", file=sys.stderr)
+        run.say(f"completions cut off by --max-new-tokens {cfg.max_new_tokens}: {100 * sum(cut) / len(cut):.1f}% "
+                "(an answer cut off scores as wrong; raise --max-new-tokens if this is high)")
     if plot_path:
-        print(f"curve: {plot_path}", file=sys.stderr)
+        run.say(f"curve: {plot_path}")
     return {"run_dir": str(run.dir), "accuracy_before": before, "accuracy_after": after,
             "cut_off_fraction": sum(cut) / len(cut) if cut else float("nan"),
             "plot": str(plot_path) if plot_path else None}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.backends.local import LocalBackend
+from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.errors import require
 from omnigym.evaluation.text import SAMPLES_SHOWN
@@ -83,18 +83,18 @@ def train(cfg: RMConfig) -> dict:
         rows, heldout, training, conversational = read_pairs(cfg.data, cfg.split, cfg.seed, cfg.eval_size, tokenizer,
                                                              cfg.max_length)
         model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
-    trainer = LocalBackend(model, adamw(model, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
+    trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
     step = run.begin(components).get("step", 0)
 
-    def scores(pairs) -> tuple[torch.Tensor, torch.Tensor]:
+    def scores(model, pairs) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen, rejected) scores; a pair's prompt runs once for both replies."""
         both = pair_scores(model, [p.prompt for p in pairs] * 2, [p.chosen for p in pairs] +
                            [p.rejected for p in pairs], tokenizer.pad_token_id, cfg.device)
         return both[:len(pairs)], both[len(pairs):]
 
     def loss_fn(model, pairs):
-        chosen, rejected = scores(pairs)
+        chosen, rejected = scores(model, pairs)  # the backend's model: data-parallel, its wrapper
         margin = torch.tensor([p.margin for p in pairs], device=chosen.device) if cfg.use_margin else None
         loss, stats = bradley_terry(chosen, rejected, margin, cfg.center_coef)
         check_finite(loss, step)
@@ -106,7 +106,7 @@ def train(cfg: RMConfig) -> dict:
         model.eval()
         margins = []
         for start in range(0, len(heldout.pairs), cfg.batch_size):
-            chosen, rejected = scores(heldout.pairs[start:start + cfg.batch_size])
+            chosen, rejected = scores(model, heldout.pairs[start:start + cfg.batch_size])
             margins.append(chosen - rejected)
             if start == 0:  # a few held-out pairs with their scores, to read (samples.jsonl)
                 run.log_samples(at, [{"prompt": tokenizer.decode(p.prompt, skip_special_tokens=True),
@@ -127,7 +127,8 @@ def train(cfg: RMConfig) -> dict:
     clock = Clock(step)
     while step < cfg.steps:
         pairs = random.Random(cfg.seed * 1_000_003 + step).sample(training.pairs, min(cfg.batch_size, len(training.pairs)))
-        stats = trainer.forward_backward(pairs, loss_fn)
+        local = pairs[trainer.local_slice(len(pairs))]  # this process's pairs (all of them in one)
+        stats = trainer.forward_backward(local, loss_fn, len(local) / len(pairs))
         trainer.optim_step()
         step += 1
         metrics = {"train/loss": stats["loss"].item(), "train/accuracy": stats["accuracy"].item(),
@@ -140,9 +141,11 @@ def train(cfg: RMConfig) -> dict:
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             run.save(components, step=step)
     progress.close()
-    save_reward_model(run.dir / "model", model, tokenizer,
-                      {"base_model": cfg.model, "conversational": conversational, "max_length": cfg.max_length,
-                       "heldout_accuracy": final["eval/accuracy"]})
+    whole = trainer.full_model()  # None in the other processes of a data-parallel run
+    if whole is not None:
+        save_reward_model(run.dir / "model", whole, tokenizer,
+                          {"base_model": cfg.model, "conversational": conversational, "max_length": cfg.max_length,
+                           "heldout_accuracy": final["eval/accuracy"]})
     plot_path = run.close(plot=cfg.plot, metric="eval/accuracy")
     before = f"{first['eval/accuracy']:.3f} -> " if first else ""
     run.say(f"run: {run.dir}",

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.backends.local import LocalBackend
+from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.errors import OmnigymError
 from omnigym.evaluation.text import SAMPLES_SHOWN
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.tokens import batch_logprobs, make_trained_batch
+from omnigym.models.tokens import batch_logprobs, local_batch, make_trained_batch
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite, nll_loss
@@ -84,7 +84,7 @@ def train(cfg: SFTConfig) -> dict:
     training = tokenize_rows(rows[cfg.eval_size:], tokenizer, None if cfg.packing else cfg.max_length,
                              cfg.completion_only, "training ")
     examples = pack(training.sequences, cfg.max_length) if cfg.packing else training.sequences
-    trainer = LocalBackend(model, adamw(model, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
+    trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
     step = run.begin(components).get("step", 0)
 
@@ -130,8 +130,8 @@ def train(cfg: SFTConfig) -> dict:
     loss = torch.tensor(float("nan"))
     while step < cfg.steps:
         batch_examples = random.Random(cfg.seed * 1_000_003 + step).sample(examples, min(cfg.batch_size, len(examples)))
-        batch = make_trained_batch(batch_examples, tokenizer.pad_token_id, cfg.device)
-        loss = trainer.forward_backward(batch, loss_fn)["loss"]
+        batch, share = local_batch(trainer, batch_examples, tokenizer.pad_token_id, cfg.device)
+        loss = trainer.forward_backward(batch, loss_fn, share)["loss"]
         trainer.optim_step()
         step += 1
         metrics = {"train/loss": loss.item(), "perf/steps_per_second": clock.sps(step)}
@@ -144,7 +144,7 @@ def train(cfg: SFTConfig) -> dict:
             run.save(components, step=step)
     progress.close()
     final = heldout_loss()
-    run.export_model(model, tokenizer)
+    run.export_model(trainer.full_model(), tokenizer)
     plot_path = run.close(plot=cfg.plot, metric="eval/loss")
     cut = training.truncated + heldout.truncated
     run.say(f"run: {run.dir}  (the model: {run.dir / 'model'}; start the next stage with --model {run.dir})",

@@ -1,0 +1,47 @@
+"""The processes of a data-parallel run (``torchrun``): who they are, and what they share.
+
+Every process runs the whole command; only the first writes the run directory and prints.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def launched_by_torchrun() -> bool:
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def init_process_group(device: str) -> None:
+    """Join the processes ``torchrun`` started (once per process)."""
+    if dist.is_initialized():
+        return
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def is_main_process() -> bool:
+    """Only the first process writes the run directory and prints."""
+    return rank() == 0
+
+
+def broadcast(value):
+    """The first process's ``value`` in every process (a run directory named by the clock)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
