@@ -96,8 +96,9 @@ def test_checkpoints_move_between_one_process_and_two(tmp_path, single_sft, firs
     assert_same_state(trained(single_sft), trained(run))
 
 
-def test_grpo_and_preference_trainers_train_under_ddp(tmp_path):
-    """GRPO (warm-up and policy steps), DPO and the reward model: 2 processes match 1."""
+def test_the_other_language_trainers_match_one_process(tmp_path):
+    """GRPO (warm-up and policy steps), DPO and the reward model under DDP, and PPO-RLHF under
+    FSDP2: 2 processes match 1."""
     grpo = ["train", "grpo", "--sft-steps", "4", "--sft-batch-size", "8", "--sft-target-accuracy", "1.1",
             "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--eval-size", "8", "--eval-every",
             "100", "--checkpoint-every", "2", "--rewards", "length:1.0,format:1.0", "--no-skip-equal-groups",
@@ -114,6 +115,14 @@ def test_grpo_and_preference_trainers_train_under_ddp(tmp_path):
         omnigym(*flags, "--run-dir", str(tmp_path / f"{algo}1"))
         omnigym(*flags, "--run-dir", str(tmp_path / f"{algo}2"), processes=2, backend="ddp")
         assert_same_state(trained(tmp_path / f"{algo}1"), trained(tmp_path / f"{algo}2"))
+    # PPO-RLHF on that reward model: the policy and its critic, each data-parallel
+    rlhf = ["train", "rlhf", "--reward-model", str(tmp_path / "rm1"), "--steps", "2", "--prompts-per-step", "8",
+            "--minibatches", "2", "--ppo-epochs", "1", "--max-new-tokens", "8", "--eval-prompts", "4",
+            "--eval-every", "100", "--checkpoint-every", "2", "--no-progress", "--no-plot", "--no-tensorboard"]
+    omnigym(*rlhf, "--run-dir", str(tmp_path / "rlhf1"))
+    omnigym(*rlhf, "--run-dir", str(tmp_path / "rlhf2"), processes=2, backend="fsdp2")
+    for component in ("trainer", "value_trainer"):
+        assert_same_state(trained(tmp_path / "rlhf1", component), trained(tmp_path / "rlhf2", component))
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -149,3 +158,44 @@ def test_a_refused_data_parallel_run_leaves_nothing(tmp_path):
     # torchrun reports a child's non-zero exit in its own words; omnigym's code raised nothing
     assert "omnigym/" not in done.stderr and not (tmp_path / "run").exists()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# -- DeepSpeed ZeRO (the [deepspeed] extra; not in [dev]: it builds from source against torch) --
+
+needs_deepspeed = pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is None,
+                                     reason="deepspeed is not installed (the [deepspeed] extra, not in [dev])")
+ZERO2 = str(Path(__file__).parent.parent / "configs" / "deepspeed" / "zero2.json")
+
+
+@needs_deepspeed
+def test_deepspeed_zero2_matches_one_process_and_its_checkpoints_move(tmp_path, single_sft):
+    run = tmp_path / "ds"
+    omnigym("train", "sft", *FLAGS, "--steps", "4", "--batch-size", "8", "--run-dir", str(run),
+            "--deepspeed-config", ZERO2, processes=2, backend="deepspeed")
+    assert_same_state(trained(single_sft), trained(run))
+    half = tmp_path / "half"  # 2 steps in one process, 2 more under DeepSpeed
+    omnigym("train", "sft", *FLAGS, "--steps", "2", "--batch-size", "8", "--run-dir", str(half))
+    omnigym("train", "sft", *FLAGS, "--steps", "4", "--resume", str(half), "--deepspeed-config", ZERO2,
+            processes=2, backend="deepspeed")
+    assert_same_state(trained(single_sft), trained(half))
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("config, message", [
+    ({"zero_optimization": {"stage": 3}}, "asks for ZeRO stage 3; omnigym runs stages 0-2"),
+    ({"optimizer": {"type": "Adam"}}, "sets optimizer; omnigym sets those itself"),
+    (None, "cannot read --deepspeed-config"),
+    ("{not json", "is not JSON")])
+def test_a_deepspeed_config_omnigym_cannot_use_is_one_line(tmp_path, capsys, monkeypatch, config, message):
+    from omnigym.cli import main
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "ds.json"
+    if config is not None:
+        path.write_text(config if isinstance(config, str) else json.dumps(config))
+    assert main(["train", "sft", "--run-dir", str(tmp_path / "run"), "--backend", "deepspeed",
+                 "--deepspeed-config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()

@@ -264,18 +264,14 @@ def check_backend(cfg) -> None:
                                     "one process uses --backend local")
     if cfg.backend == "deepspeed":
         import importlib.util
-        import json
 
         require(importlib.util.find_spec("deepspeed") is not None,
                 "--backend deepspeed needs DeepSpeed; install it with: pip install 'omnigym[deepspeed]'")
         require(cfg.deepspeed_config is not None, "--backend deepspeed needs --deepspeed-config FILE.json "
                                                   "(examples in configs/deepspeed/)")
-        try:
-            json.loads(open(cfg.deepspeed_config).read())
-        except OSError as exc:
-            raise OmnigymError(f"cannot read --deepspeed-config {cfg.deepspeed_config}: {exc.strerror}") from None
-        except ValueError as exc:
-            raise OmnigymError(f"--deepspeed-config {cfg.deepspeed_config} is not JSON: {exc}") from None
+        from omnigym.backends.deepspeed import read_config
+
+        read_config(cfg.deepspeed_config)
     elif cfg.deepspeed_config is not None:
         raise OmnigymError("--deepspeed-config is read by --backend deepspeed only")
 

@@ -45,3 +45,17 @@ def broadcast(value):
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def share_random_state() -> None:
+    """The first process's torch, numpy and python random states in every process."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    import random
+
+    import numpy as np
+
+    states = broadcast((torch.get_rng_state(), np.random.get_state(), random.getstate()))
+    torch.set_rng_state(states[0])
+    np.random.set_state(states[1])
+    random.setstate(states[2])

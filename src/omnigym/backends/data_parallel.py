@@ -39,11 +39,11 @@ class DataParallelBackend:
 
             # the layout of the whole model, without its weights, to export it from gathered ones
             self.skeleton = copy.deepcopy(model).to("meta")
-            self.root = fully_shard(_LossModule(model))  # shards the parameters in place
+            self.root = fully_shard(LossModule(model))  # shards the parameters in place
         else:
             on_gpu = next(model.parameters()).device.type == "cuda"
             self.root = torch.nn.parallel.DistributedDataParallel(
-                _LossModule(model), device_ids=[torch.cuda.current_device()] if on_gpu else None)
+                LossModule(model), device_ids=[torch.cuda.current_device()] if on_gpu else None)
         self.optimizer = make_optimizer(model)
         self.names = self._names(self.optimizer)
         self._gather()
@@ -67,12 +67,7 @@ class DataParallelBackend:
         share = 1.0 / self.world_size if share is None else float(share)
         loss, stats = self.root(loss_fn, batch)
         (loss * (share * self.world_size)).backward()
-        out = {"loss": loss.detach(), **stats}
-        scalars = [k for k, v in out.items() if torch.is_tensor(v) and v.numel() == 1]
-        summed = (torch.stack([out[k].detach().float().reshape(()).cpu() for k in scalars]) * share)
-        summed = summed.to(self._comm_device())
-        dist.all_reduce(summed)
-        return {**out, **{k: summed[i].cpu() for i, k in enumerate(scalars)}}
+        return summed_stats({"loss": loss.detach(), **stats}, share)
 
     def optim_step(self) -> dict:
         grad_norm = None
@@ -175,8 +170,17 @@ class DataParallelBackend:
         plain.load_state_dict(whole, strict=False)  # non-persistent buffers (rotary tables) are rebuilt on load
         return plain
 
-    def _comm_device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def summed_stats(stats: dict, share: float) -> dict:
+    """Each scalar statistic as the share-weighted sum over the processes: what one process
+    would have measured on the whole batch (for means over rows or tokens)."""
+    scalars = [k for k, v in stats.items() if torch.is_tensor(v) and v.numel() == 1]
+    summed = torch.stack([stats[k].detach().float().reshape(()).cpu() for k in scalars]) * share
+    on_gpu = dist.get_backend() == "nccl"
+    summed = summed.to(torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+    dist.all_reduce(summed)
+    return {**stats, **{k: summed[i].cpu() for i, k in enumerate(scalars)}}
 
 
 def _whole(cpu_offload: bool = False):
@@ -185,7 +189,7 @@ def _whole(cpu_offload: bool = False):
     return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 
 
-class _LossModule(torch.nn.Module):
+class LossModule(torch.nn.Module):
     """The model and its loss as one module. DDP arms its gradient reduction, and FSDP2 gathers
     the weights, around a module's forward: with the loss inside it, a loss may reach into any
     part of the model (a reward model's backbone and head) and still be synchronised."""

@@ -102,14 +102,16 @@ def model_folder(name_or_path: str, seed: int = 0):
     run directory of an earlier omnigym run is its ``model/`` folder; a path that is not a
     model is refused in one line."""
     if name_or_path == "tiny":
-        from omnigym.distributed import barrier, broadcast, is_main_process
+        from omnigym.distributed import barrier, broadcast, is_main_process, share_random_state
 
         with tempfile.TemporaryDirectory() as folder:
             # transformers writes model files from the first process of a data-parallel run
             # only: it builds the model, the others load its folder
             if is_main_process():
                 build_tiny_model(folder, seed=seed)
-            yield broadcast(folder)
+            shared = broadcast(folder)
+            share_random_state()  # building seeds torch: every process goes on from the same state
+            yield shared
             barrier()  # the folder goes once every process has loaded it
         return
     yield resolve_model(name_or_path)

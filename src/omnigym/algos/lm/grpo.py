@@ -119,6 +119,9 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
         self.check_runtime()
         require(self.runtime == "sync" or self.backend == "local",
                 f"--runtime ray runs the trainer in one process; use --backend local with it, not {self.backend}")
+        require(self.backend != "deepspeed" or self.sft_steps == 0,
+                "--backend deepspeed wraps one optimizer per model and the supervised warm-up needs a second: "
+                "give --sft-steps 0 (a model that can already answer), or use --backend ddp or fsdp2")
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
@@ -191,8 +194,10 @@ def train(cfg: GRPOConfig) -> dict:
     generator = make_generator(cfg, env, policy, tokenizer)
     engine = generator.engine
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
-    sft = trainer.sibling(lambda m: adamw(m, cfg.sft_learning_rate, weight_decay=0.01))  # the warm-up's optimizer
-    components = {"trainer": trainer, "sft_optimizer": sft.optimizer_component()}
+    components = {"trainer": trainer}
+    if cfg.sft_steps:  # the warm-up's own optimizer, on the same (wrapped) model
+        sft = trainer.sibling(lambda m: adamw(m, cfg.sft_learning_rate, weight_decay=0.01))
+        components["sft_optimizer"] = sft.optimizer_component()
     reference = None
 
     def add_reference():
@@ -402,6 +407,9 @@ def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: 
 def finish_lm(run: Run, cfg) -> dict:
     from omnigym.track.files import read_metrics
 
+    if not run.writer:  # the first process of a data-parallel run reports
+        run.close(plot=False)
+        return {"run_dir": str(run.dir)}
     logged = read_metrics(run.dir)
     rows = [r for r in logged if "eval/accuracy" in r]
     plot_path = run.close(plot=cfg.plot and bool(rows), metric="eval/accuracy")

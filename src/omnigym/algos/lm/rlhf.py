@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.backends.local import LocalBackend
+from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import sampled_rewards
@@ -161,8 +161,8 @@ def train(cfg: RLHFConfig) -> dict:
     reference = FrozenReference(policy)
     engine = make_engine(policy, tokenizer)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate), cfg.max_grad_norm)
-    value_trainer = LocalBackend(value_model, adamw(value_model, cfg.value_learning_rate), cfg.max_grad_norm)
+    trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
+    value_trainer = make_backend(cfg, value_model, lambda m: adamw(m, cfg.value_learning_rate), cfg.max_grad_norm)
     components = {"trainer": trainer, "value_trainer": value_trainer}
     counters = run.begin(components)
     step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
@@ -244,14 +244,20 @@ def train(cfg: RLHFConfig) -> dict:
             shuffle.shuffle(order)
             for begin in range(0, len(order), size):
                 chosen = order[begin:begin + size]
+                # data-parallel: this process's rows, weighed by their share of the tokens (token-mean losses)
+                share = 1.0
+                if trainer.local_slice(len(chosen)) != slice(0, len(chosen)):
+                    mine = chosen[trainer.local_slice(len(chosen))]
+                    share = (mask[mine].sum() / mask[chosen].sum().clamp(min=1)).item()
+                    chosen = mine
                 mb_tokens = make_completion_batch([prompt_ids[i] for i in chosen], [completions[i] for i in chosen],
                                                   tokenizer.pad_token_id, device=cfg.device)
                 width = mb_tokens.loss_mask.shape[1]
                 mb = {"tokens": mb_tokens, "old_logprobs": old_logprobs[chosen, :width], "advantages": advantages[chosen, :width],
                       "old_values": old_values[chosen, :width], "returns": returns[chosen, :width]}
-                policy_stats = trainer.forward_backward(mb, policy_loss)
+                policy_stats = trainer.forward_backward(mb, policy_loss, share)
                 trainer.optim_step()
-                value_stats = value_trainer.forward_backward(mb, critic_loss)
+                value_stats = value_trainer.forward_backward(mb, critic_loss, share)
                 value_trainer.optim_step()
         engine.update_weights(policy.named_parameters(), version=step + 1)
         lap("update")
@@ -277,12 +283,16 @@ def train(cfg: RLHFConfig) -> dict:
         if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
             run.save(components, step=step, beta=beta)
     progress.close()
-    return finish(run, cfg, policy, tokenizer, gold is not None)
+    return finish(run, cfg, trainer.full_model(), tokenizer, gold is not None)
 
 
 def finish(run, cfg: RLHFConfig, policy, tokenizer, has_gold: bool) -> dict:
+    """``policy``: the whole trained model (None in the other processes of a data-parallel run)."""
     from omnigym.track.files import read_metrics
 
+    if not run.writer:
+        run.close()
+        return {"run_dir": str(run.dir)}
     evaluated = [r for r in read_metrics(run.dir) if "eval/rm_score" in r]
     run.export_model(policy, tokenizer)
     plot_path = run.close(plot=cfg.plot, metric="eval/gold_reward" if has_gold else "eval/rm_score")
