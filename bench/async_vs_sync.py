@@ -16,6 +16,7 @@ evaluate). Held-out accuracy is the demo's (500 problems, greedy) before and aft
 samples. ``--json FILE`` writes the runs for ``bench/scaling_sim.py --validate FILE``.
 
     python bench/async_vs_sync.py [--steps 40] [--modes sync-1t,sync-2t,ray-K0,ray-K1,ray-K2] [--json runs.json]
+                                  [--model WARMED_UP_FOLDER]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ MODES = {"sync-1t": dict(torch_threads=1), "sync-2t": dict(torch_threads=2),
 RESULT = "RESULT "
 
 
-def warm_model(folder: str, seed: int) -> None:
+def warm_model(folder: str, seed: int, sft_steps: int) -> None:
     """The demo's warm-up (and one GRPO step), saved as a model folder every mode starts from."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -44,8 +45,8 @@ def warm_model(folder: str, seed: int) -> None:
     from omnigym.models.lm import build_tiny_model
 
     run = tempfile.mkdtemp()
-    grpo.train(grpo.GRPOConfig(seed=seed, steps=1, eval_size=20, run_dir=run, progress=False, plot=False,
-                               tensorboard=False))
+    grpo.train(grpo.GRPOConfig(seed=seed, steps=1, sft_steps=sft_steps, eval_size=20, run_dir=run, progress=False,
+                               plot=False, tensorboard=False))
     weights = torch.load(os.path.join(run, "checkpoint.pt"), weights_only=False)["components"]["trainer"]["model"]
     build_tiny_model(folder, seed=seed)
     model = AutoModelForCausalLM.from_pretrained(folder)
@@ -79,7 +80,8 @@ def one_run(model: str, mode: str, steps: int, seed: int) -> dict:
 
     Run.log, grpo.make_rollouts = timed_log, kept_rollouts
     sync_runtime.SyncRollouts.trajectories = timed_trajectories
-    cfg = grpo.GRPOConfig(model=model, seed=seed, sft_steps=0, steps=steps, eval_every=steps, checkpoint_every=steps,
+    cfg = grpo.GRPOConfig(model=model, system_prompt="", seed=seed, sft_steps=0, steps=steps, eval_every=steps,
+                          checkpoint_every=steps,  # "": no system message, as the demo's warm-up trained it
                           run_dir=tempfile.mkdtemp(), progress=False, plot=False, tensorboard=False,
                           **MODES[mode])
     grpo.train(cfg)
@@ -107,22 +109,19 @@ def one_run(model: str, mode: str, steps: int, seed: int) -> dict:
     return out
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main() -> None:
-    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sft-steps", type=int, default=1000, help="cap on the demo's warm-up steps")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--json", help="write the runs here (for scaling_sim.py --validate)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help="the warmed-up model folder an earlier run printed (skips the warm-up)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    if args.sft_steps < 1:
+        parser.error(f"--sft-steps must be positive, got {args.sft_steps}")
     if args.steps < 4:
         parser.error(f"--steps must be at least 4 (the first and last steps evaluate), got {args.steps}")
     if not modes or any(m not in MODES for m in modes):
@@ -133,9 +132,13 @@ def main() -> None:
         one_run(args.model, args.one, args.steps, args.seed)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    folder = tempfile.mkdtemp(prefix="warm-")
-    print(f"warming up the demo model (seed {args.seed}) into {folder} ...", flush=True)
-    warm_model(folder, args.seed)
+    folder = args.model
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="warm-")
+        print(f"warming up the demo model (seed {args.seed}) into {folder} ...", flush=True)
+        warm_model(folder, args.seed, args.sft_steps)
+    elif not os.path.isfile(os.path.join(folder, "config.json")):
+        parser.error(f"--model {folder} is not a model folder (no config.json)")
     runs = []
     for mode in modes:
         done = subprocess.run([sys.executable, __file__, "--one", mode, "--model", folder, "--steps", str(args.steps),

@@ -44,14 +44,8 @@ def run(name: str, flags: list[str]) -> dict:
     return {"name": name, "steps_per_s": rows[-1]["perf/steps_per_second"], "loss": rows[-1]["eval/loss"]}
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main() -> None:
-    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--model", default="tiny")

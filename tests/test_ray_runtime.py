@@ -139,10 +139,20 @@ def metrics(run_dir):
                                                               "async/trainer_idle"))} for row in rows]
 
 
-def test_async_grpo_is_repeatable_bounded_and_resumes_exactly(tmp_path, monkeypatch):
-    """Same seed, same metrics; a run stopped after a checkpoint (its actors killed with it)
-    and resumed trains on the same rollouts and ends with the same metrics."""
-    from omnigym.track.run import Run
+CLI_FLAGS = ["--sft-steps", "60", "--sft-target-accuracy", "1.1", "--sft-eval-every", "30", "--steps", "5",
+             "--prompts-per-step", "2", "--group-size", "4", "--eval-size", "20", "--eval-every", "3",
+             "--checkpoint-every", "2", "--no-progress", "--no-plot", "--no-tensorboard", "--runtime", "ray",
+             "--max-staleness", "1", "--num-generators", "2", "--rewards", "format:1.0"]
+
+
+def test_async_grpo_is_repeatable_bounded_and_a_killed_trainer_resumes_exactly(tmp_path):
+    """Same seed, same metrics. The trainer's process killed (SIGKILL) after a checkpoint and
+    resumed with --resume trains on the same rollouts and ends with the same metrics as a run
+    that was never stopped."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
 
     grpo.train(small(tmp_path / "a"))
     grpo.train(small(tmp_path / "b"))
@@ -152,20 +162,22 @@ def test_async_grpo_is_repeatable_bounded_and_resumes_exactly(tmp_path, monkeypa
     assert len(steps) == 5 and all(r["async/staleness_max"] <= 1 for r in steps)
     assert steps[-1]["async/staleness_mean"] == 1.0 and "losses/policy_loss" in steps[-1]
 
-    original, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 63:  # 60 warm-up rows, then GRPO's third step: after the checkpoint at 2 steps
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        grpo.train(small(tmp_path / "cut"))
-    monkeypatch.setattr(Run, "log", original)
-    grpo.train(small(tmp_path / "cut", resume=str(tmp_path / "cut")))
-    assert metrics(tmp_path / "cut") == whole
+    omnigym = str(Path(sys.executable).parent / "omnigym")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cut, log = tmp_path / "cut", tmp_path / "cut" / "metrics.jsonl"
+    trainer = subprocess.Popen([omnigym, "train", "grpo", *CLI_FLAGS, "--run-dir", str(cut)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (log.exists() and len(log.read_text().splitlines()) >= 63):  # GRPO's third step: after a checkpoint
+        assert trainer.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    assert len(log.read_text().splitlines()) < len(whole)  # killed before the end
+    done = subprocess.run([omnigym, "train", "grpo", "--resume", str(cut)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert metrics(cut) == whole
 
 
 @pytest.mark.parametrize("flags, message", [

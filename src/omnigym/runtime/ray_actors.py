@@ -29,8 +29,8 @@ from omnigym.errors import OmnigymError, missing_extra
 from omnigym.generators.base import Trajectories
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-              "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
-              "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+              "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+              "TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 """Every actor gets one intra-op thread: a generator shares the machine with the trainer and
 other generators, and oversubscribed torch threads made small models 20-100x slower here."""
 
@@ -177,19 +177,27 @@ class RayRollouts:
 
     # -- jobs ----------------------------------------------------------------------------
 
+    def _wait(self, ref, failure: str):
+        """``ray.get`` bounded by --sync-timeout; ``failure`` says what did not happen in time."""
+        try:
+            return self.ray.get(ref, timeout=self.timeout)
+        except self.ray.exceptions.GetTimeoutError:
+            raise OmnigymError(f"{failure} within --sync-timeout {self.timeout:g} s: it is hung, busy or short of CPUs "
+                               "or memory; check `ray status` and its log (/tmp/ray/session_latest/logs/worker-*.err), "
+                               "or raise --sync-timeout") from None
+
     def _wait_started(self) -> None:
         """Each actor has built its policy (a generator that cannot is one error, not a hang)."""
         for index, worker in enumerate(self.workers):
             try:
-                self.ray.get(worker.pid.remote(), timeout=self.timeout)
-            except self.ray.exceptions.GetTimeoutError:
-                self.close()
-                raise OmnigymError(f"generator {index} did not start within --sync-timeout {self.timeout:g} s; "
-                                   "check `ray status` (free CPUs and memory) and its log "
-                                   "(/tmp/ray/session_latest/logs/worker-*.err)") from None
+                self._wait(worker.pid.remote(), f"generator {index} did not start")
             except self.ray.exceptions.RayActorError as e:
                 self.close()
-                raise OmnigymError(f"generator {index} failed to start: {str(e.__cause__ or e).strip().splitlines()[-1]}") from None
+                why = str(e.__cause__ or e).strip().splitlines()[-1]
+                raise OmnigymError(f"generator {index} failed to start: {why}") from None
+            except OmnigymError:
+                self.close()
+                raise
 
     def _submit(self, step: int) -> None:
         examples = self.examples_for(step)
@@ -215,15 +223,9 @@ class RayRollouts:
         return Trajectories(items)
 
     def _get(self, chunk: dict, step: int):
-        ray = self.ray
         try:
-            return ray.get(chunk["ref"], timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise OmnigymError(
-                f"generator {chunk['worker']} gave no rollouts for step {step} within --sync-timeout "
-                f"{self.timeout:g} s: it is hung or overloaded; check `ray status` and its log "
-                "(/tmp/ray/session_latest/logs/worker-*.err), or raise --sync-timeout") from None
-        except ray.exceptions.RayActorError:
+            return self._wait(chunk["ref"], f"generator {chunk['worker']} gave no rollouts for step {step}")
+        except self.ray.exceptions.RayActorError:
             self._restarted(chunk["worker"])  # Ray has restarted it; its queue was lost with it
             return self._get(chunk, step)
 
@@ -240,15 +242,9 @@ class RayRollouts:
         self._confirm_weight_loads()
 
     def _confirm_weight_loads(self) -> None:
-        ray = self.ray
         pending, self.weight_loads = self.weight_loads, []
         for index, ref in pending:
             try:
-                ray.get(ref, timeout=self.timeout)
-            except ray.exceptions.GetTimeoutError:
-                raise OmnigymError(
-                    f"weight update to version {self.version} did not reach generator {index} within "
-                    f"--sync-timeout {self.timeout:g} s: the actor is hung or busy; check `ray status` and its "
-                    "log (/tmp/ray/session_latest/logs/worker-*.err), or raise --sync-timeout") from None
-            except ray.exceptions.RayActorError:
+                self._wait(ref, f"weight update to version {self.version} did not reach generator {index}")
+            except self.ray.exceptions.RayActorError:
                 self._restarted(index)
