@@ -25,7 +25,6 @@ import argparse
 import importlib.util
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -76,15 +75,13 @@ def main() -> None:
     if not (Path(args.model) / "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there; give a folder saved with save_pretrained")
     if importlib.util.find_spec("vllm") is None:
-        print("vllm is not installed (the GPU-only extra: pip install 'omnigym[vllm]' on a CUDA machine); "
-              "nothing to compare", flush=True)
-        sys.exit(2)
+        parser.exit(2, f"{parser.prog}: error: vllm is not installed (the GPU-only extra: pip install "
+                       "'omnigym[vllm]' on a CUDA machine); nothing to compare\n")
 
     import torch
 
     if not torch.cuda.is_available():
-        print("no CUDA GPU here: the vllm engine needs one; nothing to compare", flush=True)
-        sys.exit(2)
+        parser.exit(2, f"{parser.prog}: error: no CUDA GPU here: the vllm engine needs one; nothing to compare\n")
 
     import vllm
 

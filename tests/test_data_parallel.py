@@ -149,15 +149,35 @@ def test_grpo_refuses_ray_with_a_data_parallel_backend(tmp_path, capsys, monkeyp
 
 
 def test_a_refused_data_parallel_run_leaves_nothing(tmp_path):
-    """A bad flag under torchrun: one line from the first process, a non-zero exit, no run dir."""
-    command = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "omnigym",
-               "train", "sft", "--backend", "ddp", "--steps", "0", "--run-dir", str(tmp_path / "run")]
-    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0 and done.stderr.count("omnigym: error:") == 1
-    assert "omnigym: error: --steps must be positive, got 0" in done.stderr
-    # torchrun reports a child's non-zero exit in its own words; omnigym's code raised nothing
-    assert "omnigym/" not in done.stderr and not (tmp_path / "run").exists()
+    """Under torchrun a bad flag (refused by every process) and a finished run's directory
+    (refused by the first, which tells the others): one line from the first process, a
+    non-zero exit, no omnigym traceback from any, nothing written."""
+    finished = tmp_path / "finished"
+    omnigym("train", "sft", *FLAGS, "--steps", "1", "--batch-size", "4", "--run-dir", str(finished))
+    before = {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()}
+    for flags, message in ((["--steps", "0", "--run-dir", str(tmp_path / "run")], "--steps must be positive, got 0"),
+                           (["--steps", "2", "--run-dir", str(finished)], "already holds a run")):
+        command = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
+                   "omnigym", "train", "sft", "--backend", "ddp", *flags]
+        done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+        assert done.returncode != 0 and done.stderr.count("omnigym: error:") == 1, done.stderr[-3000:]
+        assert message in done.stderr
+        # torchrun reports a child's non-zero exit in its own words; omnigym's code raised nothing
+        assert "omnigym/" not in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
+    assert before == {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()}
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_torchrun_with_the_local_backend_is_refused(tmp_path, capsys, monkeypatch):
+    """Each process would train alone into its own run directory."""
+    from omnigym.cli import main
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["train", "sft", "--run-dir", str(tmp_path / "run")]) == 2
+    assert "torchrun started 2 processes but --backend is local" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 # -- DeepSpeed ZeRO (the [deepspeed] extra; not in [dev]: it builds from source against torch) --

@@ -184,7 +184,9 @@ def test_async_grpo_is_repeatable_bounded_and_a_killed_trainer_resumes_exactly(t
     (["--runtime", "rey"], "unknown --runtime 'rey'; choose sync or ray"),
     (["--runtime", "ray", "--max-staleness", "-1"], "--max-staleness must be 0 or more, got -1"),
     (["--runtime", "ray", "--num-generators", "0"], "--num-generators must be positive, got 0"),
-    (["--runtime", "ray", "--sync-timeout", "0"], "--sync-timeout must be positive, got 0.0")])
+    (["--runtime", "ray", "--sync-timeout", "0"], "--sync-timeout must be positive, got 0.0"),
+    (["--runtime", "ray", "--num-generators", "17"], "--num-generators 17 is more than the 16 prompts"),
+    (["--num-generators", "2", "--max-staleness", "3"], "--max-staleness, --num-generators: read by --runtime ray only")])
 def test_bad_runtime_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
     from omnigym.cli import main
 

@@ -257,6 +257,11 @@ def check_backend(cfg) -> None:
     require(cfg.backend in BACKENDS, f"unknown --backend {cfg.backend!r}; choose {', '.join(BACKENDS)}")
     if cfg.backend == "local":
         require(cfg.deepspeed_config is None, "--deepspeed-config is read by --backend deepspeed only")
+        import os
+
+        processes = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+        require(processes == 1, f"torchrun started {processes} processes but --backend is local: each would "
+                                "train alone into its own run; give --backend ddp, fsdp2 or deepspeed")
         return
     launcher = "deepspeed" if cfg.backend == "deepspeed" else "torchrun --nproc-per-node 2"
     require(launched_by_torchrun(), f"--backend {cfg.backend} trains on the processes its launcher starts: "

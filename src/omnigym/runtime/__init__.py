@@ -40,10 +40,20 @@ class RolloutRuntimeConfig:
     """seconds a generator may take to answer (rollouts or a weight update) before the run stops
     with an error naming it"""
 
-    def check_runtime(self) -> None:
+    def check_runtime(self, prompts_per_step: int) -> None:
         require(self.runtime in RUNTIMES, f"unknown --runtime {self.runtime!r}; choose sync or ray")
         require_non_negative(self, "max_staleness")
         require_positive(self, "num_generators", "sync_timeout")
+        if self.runtime == "sync":  # set away from their defaults, they would be silently ignored
+            given = [flag for flag, value, default in (("--max-staleness", self.max_staleness, 1),
+                                                       ("--num-generators", self.num_generators, 1),
+                                                       ("--sync-timeout", self.sync_timeout, 600.0))
+                     if value != default]
+            require(not given, f"{', '.join(given)}: read by --runtime ray only (this run generates in its own "
+                               "process); add --runtime ray or leave them out")
+        require(self.num_generators <= prompts_per_step,
+                f"--num-generators {self.num_generators} is more than the {prompts_per_step} prompts a step "
+                "splits between them; use at most that many")
         if self.runtime == "ray":
             import importlib.util
 

@@ -354,11 +354,27 @@ def check_writable(path: Path) -> None:
 def start_run(cfg, algo: str, label: str) -> Run:
     """The run directory of ``cfg`` (``--resume`` or ``--run-dir``, else a new name from
     ``label``), checked, and its checkpoint when resuming. Nothing is written until ``begin``.
-    In a data-parallel run the first process decides and checks; the others follow it."""
+    In a data-parallel run the first process decides and checks, and tells the others its
+    directory, or its refusal (which they raise too, silently: the first one says it)."""
     if not is_main_process():
-        run_dir = Path(broadcast(None))
-        cfg.run_dir = str(run_dir)
-        return Run(run_dir, algo, cfg, Checkpointer(run_dir).load() if cfg.resume else None)
+        told = broadcast(None)
+        if "refused" in told:
+            raise OmnigymError(told["refused"])
+        cfg.run_dir = told["run_dir"]
+        return Run(Path(cfg.run_dir), algo, cfg, Checkpointer(cfg.run_dir).load() if cfg.resume else None)
+    try:
+        run_dir, saved = checked_run_dir(cfg, algo, label)
+    except OmnigymError as refusal:
+        broadcast({"refused": str(refusal)})
+        raise
+    cfg.run_dir = broadcast({"run_dir": str(run_dir)})["run_dir"]
+    if getattr(cfg, "preset_line", None):  # the control preset applied (config.py's with_preset)
+        print(cfg.preset_line, flush=True)
+    return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir))
+
+
+def checked_run_dir(cfg, algo: str, label: str) -> tuple[Path, dict | None]:
+    """The directory the run may use, and its checkpoint when resuming; refuses in one line."""
     if cfg.resume:
         run_dir = Path(cfg.resume)
         if cfg.run_dir and Path(cfg.run_dir).resolve() != run_dir.resolve():
@@ -376,10 +392,7 @@ def start_run(cfg, algo: str, label: str) -> Run:
         if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)
-    cfg.run_dir = broadcast(str(run_dir))
-    if getattr(cfg, "preset_line", None):  # the control preset applied (config.py's with_preset)
-        print(cfg.preset_line, flush=True)
-    return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir))
+    return run_dir, saved
 
 
 def check_saved_state(cfg, run_dir: Path, saved: dict) -> None:

@@ -116,7 +116,7 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
 
     def check(self) -> None:
         super().check()
-        self.check_runtime()
+        self.check_runtime(self.prompts_per_step)
         require(self.runtime == "sync" or self.backend == "local",
                 f"--runtime ray runs the trainer in one process; use --backend local with it, not {self.backend}")
         require(self.backend != "deepspeed" or self.sft_steps == 0,
