@@ -97,14 +97,14 @@ def test_checkpoints_move_between_one_process_and_two(tmp_path, single_sft, firs
 
 
 def test_the_other_language_trainers_match_one_process(tmp_path):
-    """GRPO (warm-up and policy steps), DPO and the reward model under DDP, and PPO-RLHF under
-    FSDP2: 2 processes match 1."""
+    """GRPO (warm-up, reference model and policy steps) and PPO-RLHF under FSDP2, DPO and the
+    reward model under DDP: 2 processes match 1."""
     grpo = ["train", "grpo", "--sft-steps", "4", "--sft-batch-size", "8", "--sft-target-accuracy", "1.1",
             "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--eval-size", "8", "--eval-every",
             "100", "--checkpoint-every", "2", "--rewards", "length:1.0,format:1.0", "--no-skip-equal-groups",
             "--no-progress", "--no-plot", "--no-tensorboard"]
     omnigym(*grpo, "--run-dir", str(tmp_path / "grpo1"))
-    omnigym(*grpo, "--run-dir", str(tmp_path / "grpo2"), processes=2, backend="ddp")
+    omnigym(*grpo, "--run-dir", str(tmp_path / "grpo2"), processes=2, backend="fsdp2")
     assert_same_state(trained(tmp_path / "grpo1"), trained(tmp_path / "grpo2"))
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"Say {i}", "chosen": f"yes {i} " * (1 + i % 3),

@@ -8,6 +8,7 @@ What crosses it::
     backend.state_dict() / backend.load_state_dict(state)      # whole tensors, one layout for all
     backend.model        # the trained module, for passes that take no gradient (log-probs of old samples)
     backend.full_model() # the whole trained module in the first process (to export it)
+    backend.frozen_copy()  # a plain copy of the model now, in every process (a reference model)
 
 ``forward_backward`` may be called several times before one ``optim_step`` (gradient
 accumulation). ``share`` is the local batch's part of the global batch (its rows, or its
@@ -40,3 +41,5 @@ class TrainingBackend(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
     def full_model(self) -> torch.nn.Module | None: ...
+
+    def frozen_copy(self) -> torch.nn.Module: ...

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from omnigym.backends.local import frozen
+
 
 MODES = ("ddp", "fsdp2")
 
@@ -158,6 +160,21 @@ class DataParallelBackend:
         """The optimizer as a checkpoint component, in the single-process layout."""
         return _OptimizerOf(self)
 
+    def frozen_copy(self) -> torch.nn.Module:
+        """A plain copy of the model as it is now, in every process (a reference model). FSDP2's
+        hooks sit on the model's modules, and a deep copy would carry them along: a copy's
+        state_dict would reshard the original. It is built from the skeleton instead."""
+        if self.mode == "ddp":
+            return frozen(copy.deepcopy(self.model))
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        with self._sharded():
+            whole = get_model_state_dict(self.root, options=_whole())  # every process gets it all
+        plain = copy.deepcopy(self.skeleton).to_empty(device=next(iter(whole.values())).device)
+        plain.load_state_dict({k.removeprefix("model."): v for k, v in whole.items()}, strict=False)
+        _rebuild_buffers(plain, self.model)
+        return frozen(plain)
+
     def full_model(self) -> torch.nn.Module | None:
         """The trained model, whole, in the first process (None in the others); every process
         must call it (FSDP2 gathers the shards)."""
@@ -167,9 +184,18 @@ class DataParallelBackend:
         if self.rank != 0:
             return None
         plain = copy.deepcopy(self.skeleton).to_empty(device="cpu")
-        plain.load_state_dict(whole, strict=False)  # non-persistent buffers (rotary tables) are rebuilt on load
+        plain.load_state_dict(whole, strict=False)
+        _rebuild_buffers(plain, self.model)
         return plain
 
+
+
+def _rebuild_buffers(plain: torch.nn.Module, like: torch.nn.Module) -> None:
+    """Buffers left out of a state dict (rotary tables) come from the live model."""
+    live = dict(like.named_buffers())
+    for name, buffer in plain.named_buffers():
+        if name in live:
+            buffer.copy_(live[name].to(buffer.device))
 
 
 def summed_stats(stats: dict, share: float) -> dict:

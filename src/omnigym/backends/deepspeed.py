@@ -18,12 +18,14 @@ shards weights instead.
 
 from __future__ import annotations
 
+import copy
 import json
 
 import torch
 import torch.distributed as dist
 
-from omnigym.backends.data_parallel import LossModule, summed_stats
+from omnigym.backends.data_parallel import LossModule, _rebuild_buffers, summed_stats
+from omnigym.backends.local import frozen
 from omnigym.errors import OmnigymError
 
 OWNED_BY_OMNIGYM = ("optimizer", "scheduler", "gradient_accumulation_steps", "gradient_clipping", "train_batch_size")
@@ -57,6 +59,7 @@ class DeepSpeedBackend:
         config = {**read_config(config_path), "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                   "gradient_clipping": max_grad_norm or 0.0}
         self.model, self.max_grad_norm = model, max_grad_norm
+        self.skeleton = copy.deepcopy(model).to("meta")  # before DeepSpeed hooks the model's parameters
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         optimizer = make_optimizer(model)
         names = {id(p): n for n, p in model.named_parameters()}
@@ -124,6 +127,13 @@ class DeepSpeedBackend:
                     flat_state.get("step")) else step.item()
         for group in inner.param_groups:
             group.update({k: v for k, v in saved["param_groups"][0].items() if k not in ("params",)})
+
+    def frozen_copy(self) -> torch.nn.Module:
+        """A plain copy of the model as it is now (a reference model), without DeepSpeed's hooks."""
+        plain = copy.deepcopy(self.skeleton).to_empty(device=next(self.model.parameters()).device)
+        plain.load_state_dict(self.model.state_dict(), strict=False)
+        _rebuild_buffers(plain, self.model)
+        return frozen(plain)
 
     def full_model(self) -> torch.nn.Module | None:
         """The trained model in the first process (ZeRO 0-2 keep whole weights in each)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -37,9 +39,19 @@ class LocalBackend:
     def full_model(self) -> torch.nn.Module:
         return self.model
 
+    def frozen_copy(self) -> torch.nn.Module:
+        """A copy of the model as it is now, for passes that never train it (a reference)."""
+        return frozen(copy.deepcopy(self.model))
+
     def sibling(self, make_optimizer, max_grad_norm: float | None = None) -> "LocalBackend":
         """The same model with another optimizer (a warm-up phase before the main one)."""
         return LocalBackend(self.model, make_optimizer(self.model), max_grad_norm)
 
     def optimizer_component(self) -> torch.optim.Optimizer:
         return self.optimizer
+
+
+def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    model.eval()
+    model.requires_grad_(False)
+    return model

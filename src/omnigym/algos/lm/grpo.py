@@ -204,8 +204,7 @@ def train(cfg: GRPOConfig) -> dict:
         """The frozen copy of the policy the KL term pulls toward (none with --beta 0), checkpointed."""
         if cfg.beta == 0:
             return None
-        ref = components["reference"] = copy.deepcopy(policy).eval()
-        ref.requires_grad_(False)
+        ref = components["reference"] = trainer.frozen_copy()
         return ref
 
     if run.saved and run.saved["counters"]["has_reference"]:
