@@ -21,6 +21,8 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a fresh uid and the cgro
 
 QUICK = SandboxLimits(cpu_seconds=2, wall_seconds=3, memory_mb=512, max_processes=16, max_file_mb=1)
 SECRET = "omnigym-trainer-secret-4711"
+MARK = "omnigym-attack-"
+"""the start of every name an attack writes into /tmp or /dev/shm"""
 HUMANEVAL = {"prompt": 'def add(a, b):\n    """The sum of a and b."""\n', "entry_point": "add",
              "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-4, 4) == 0\n"}
 GRADED = {"tests": ["assert add(1, 2) == 3", "assert add(-4, 4) == 0"]}
@@ -67,7 +69,9 @@ ATTACKS = {
     # escaping or harming the host
     "read the trainer's environment": f"import os, glob\nfor p in glob.glob('/proc/*/environ'):\n"
                                       f"    try: print(open(p).read())\n    except OSError: pass\n{WRONG}",
-    "write to /run/lock, /var/tmp, home and the project": WRONG + (
+    "write to /run/lock, /var/tmp, /tmp, /dev/shm, home and the project": WRONG + (
+        # /tmp and /dev/shm may be the sandbox's own (private) ones: no WROTE, the host's are compared
+        f"for p in ('/tmp/{MARK}x', '/dev/shm/{MARK}x'):\n    try: open(p, 'w').write('x')\n    except OSError: pass\n"
         f"import os\nfor p in ('/run/lock/x', '/var/tmp/x', os.path.expanduser('~/../root/x'), {os.getcwd()!r} + '/x'):\n"
         "    try: open(p, 'w').write('x'); print('WROTE', p)\n    except OSError: pass"),
     "read the trainer's files and package": WRONG + (
@@ -94,9 +98,13 @@ ATTACKS = {
 
 
 def host_state():
-    """What a sandbox must not change: shared temp dirs, SysV IPC, processes, the project."""
-    listing = {d: sorted(os.listdir(d)) for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", os.getcwd())
-               if os.path.isdir(d)}
+    """What a sandbox must not change: shared temp dirs, SysV IPC, processes, the project. In
+    /tmp and /dev/shm other test workers, Ray and torch create files at any moment, so there
+    only the attacks' own names (``MARK``) are compared."""
+    listing = {d: sorted(os.listdir(d)) for d in ("/var/tmp", "/run/lock", os.getcwd()) if os.path.isdir(d)}
+    for d in ("/tmp", "/dev/shm"):
+        if os.path.isdir(d):
+            listing[d] = sorted(name for name in os.listdir(d) if name.startswith(MARK))
     listing["ipc"] = [open(p).read() for p in sorted(glob.glob("/proc/sysvipc/*"))]
     return listing
 
