@@ -62,8 +62,7 @@ class DataParallelBackend:
             self.root.unshard()
 
     def local_slice(self, rows: int) -> slice:
-        """This process's contiguous part of a global batch of ``rows`` rows."""
-        return slice(rows * self.rank // self.world_size, rows * (self.rank + 1) // self.world_size)
+        return rows_of_process(rows, self.rank, self.world_size)
 
     def forward_backward(self, batch, loss_fn, share: float | None = None) -> dict:
         share = 1.0 / self.world_size if share is None else float(share)
@@ -170,10 +169,7 @@ class DataParallelBackend:
 
         with self._sharded():
             whole = get_model_state_dict(self.root, options=_whole())  # every process gets it all
-        plain = copy.deepcopy(self.skeleton).to_empty(device=next(iter(whole.values())).device)
-        plain.load_state_dict({k.removeprefix("model."): v for k, v in whole.items()}, strict=False)
-        _rebuild_buffers(plain, self.model)
-        return frozen(plain)
+        return frozen(rebuilt(self.skeleton, {k.removeprefix("model."): v for k, v in whole.items()}, self.model))
 
     def full_model(self) -> torch.nn.Module | None:
         """The trained model, whole, in the first process (None in the others); every process
@@ -183,19 +179,25 @@ class DataParallelBackend:
         whole = self.model_state_dict()
         if self.rank != 0:
             return None
-        plain = copy.deepcopy(self.skeleton).to_empty(device="cpu")
-        plain.load_state_dict(whole, strict=False)
-        _rebuild_buffers(plain, self.model)
-        return plain
+        return rebuilt(self.skeleton, whole, self.model)
 
 
 
-def _rebuild_buffers(plain: torch.nn.Module, like: torch.nn.Module) -> None:
-    """Buffers left out of a state dict (rotary tables) come from the live model."""
+def rows_of_process(rows: int, rank: int, world_size: int) -> slice:
+    """Process ``rank``'s contiguous part of a global batch of ``rows`` rows."""
+    return slice(rows * rank // world_size, rows * (rank + 1) // world_size)
+
+
+def rebuilt(skeleton: torch.nn.Module, state: dict, like: torch.nn.Module) -> torch.nn.Module:
+    """A plain model from a weightless ``skeleton`` and a whole ``state``; buffers a state dict
+    leaves out (rotary tables) come from the live model ``like``."""
+    plain = copy.deepcopy(skeleton).to_empty(device=next(iter(state.values())).device)
+    plain.load_state_dict(state, strict=False)
     live = dict(like.named_buffers())
     for name, buffer in plain.named_buffers():
         if name in live:
             buffer.copy_(live[name].to(buffer.device))
+    return plain
 
 
 def summed_stats(stats: dict, share: float) -> dict:

@@ -24,7 +24,7 @@ import json
 import torch
 import torch.distributed as dist
 
-from omnigym.backends.data_parallel import LossModule, _rebuild_buffers, summed_stats
+from omnigym.backends.data_parallel import LossModule, rebuilt, rows_of_process, summed_stats
 from omnigym.backends.local import frozen
 from omnigym.errors import OmnigymError
 
@@ -68,7 +68,7 @@ class DeepSpeedBackend:
                                                                  config=config, dist_init_required=False)
 
     def local_slice(self, rows: int) -> slice:
-        return slice(rows * self.rank // self.world_size, rows * (self.rank + 1) // self.world_size)
+        return rows_of_process(rows, self.rank, self.world_size)
 
     def forward_backward(self, batch, loss_fn, share: float | None = None) -> dict:
         share = 1.0 / self.world_size if share is None else float(share)
@@ -130,10 +130,7 @@ class DeepSpeedBackend:
 
     def frozen_copy(self) -> torch.nn.Module:
         """A plain copy of the model as it is now (a reference model), without DeepSpeed's hooks."""
-        plain = copy.deepcopy(self.skeleton).to_empty(device=next(self.model.parameters()).device)
-        plain.load_state_dict(self.model.state_dict(), strict=False)
-        _rebuild_buffers(plain, self.model)
-        return frozen(plain)
+        return frozen(rebuilt(self.skeleton, self.model.state_dict(), self.model))
 
     def full_model(self) -> torch.nn.Module | None:
         """The trained model in the first process (ZeRO 0-2 keep whole weights in each)."""

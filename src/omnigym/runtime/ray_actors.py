@@ -114,11 +114,7 @@ class RayRollouts:
         if first:  # idle and throughput count from the first policy on
             self.started = time.perf_counter()
         self.model = model
-        tensors = None
-        if first or changed:
-            tensors = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()
-                       if first or p.requires_grad}
-        ref = self.ray.put(tensors)
+        ref = self.ray.put(self._weights(trainable_only=not first) if first or changed else None)
         self.weight_loads += [(i, w.load_weights.remote(ref, version)) for i, w in enumerate(self.workers)]
         self.version = version
 
@@ -177,6 +173,11 @@ class RayRollouts:
 
     # -- jobs ----------------------------------------------------------------------------
 
+    def _weights(self, trainable_only: bool = False) -> dict:
+        """The trainer's weights on the CPU, copied (the trainer goes on changing its own)."""
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()
+                if p.requires_grad or not trainable_only}
+
     def _wait(self, ref, failure: str):
         """``ray.get`` bounded by --sync-timeout; ``failure`` says what did not happen in time."""
         try:
@@ -231,8 +232,7 @@ class RayRollouts:
 
     def _restarted(self, index: int) -> None:
         """Send a restarted generator the current weights, then every job of its that was lost."""
-        tensors = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
-        load = self.workers[index].load_weights.remote(self.ray.put(tensors), self.version)
+        load = self.workers[index].load_weights.remote(self.ray.put(self._weights()), self.version)
         self.weight_loads = [(i, ref) for i, ref in self.weight_loads if i != index] + [(index, load)]
         for step in sorted(self.jobs):
             for chunk in self.jobs[step]:
