@@ -218,3 +218,18 @@ class EndlessEnv(NaNEnv):
 
     def step(self, action):
         return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+class HangingEnv(NaNEnv):
+    """Hangs (sleeps 10 minutes) on the 100th step of its process: a stuck simulator."""
+
+    steps = 0
+
+    def step(self, action):
+        HangingEnv.steps += 1
+        if HangingEnv.steps == 100:
+            import time
+
+            time.sleep(600)
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, False, self.t >= EPISODE, {}

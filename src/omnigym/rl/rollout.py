@@ -33,6 +33,7 @@ class Rollout:
     truncated: torch.Tensor        # [T, N] bool
     valid: torch.Tensor            # [T, N] bool, False on autoreset steps
     masks: torch.Tensor | None = None  # [T, N, n_actions] bool, the valid actions, where the env gives them
+    behaviour_logprobs: torch.Tensor | None = None  # [T, N] the sampler's, where it is not the policy trained
 
     def flat(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
         """Each ``[T, N, ...]`` tensor as ``[valid steps, ...]`` (None stays None)."""
@@ -91,8 +92,9 @@ class RolloutCollector:
         self.values_buf[t] = value.cpu().numpy()
         return action.cpu().numpy(), logprob.cpu().numpy()
 
-    def collect(self, agent, global_step: int) -> tuple[Rollout, int]:
-        """Run ``num_steps`` vector steps with ``agent``; returns the rollout and the new step count."""
+    def collect(self, agent, global_step: int, values: bool = True) -> tuple[Rollout, int]:
+        """Run ``num_steps`` vector steps with ``agent``; returns the rollout and the new step count.
+        ``values`` False skips the critic where it is a separate call (a learner recomputes them)."""
         space = self.envs.single_action_space
         actor = NumpyActor.of(agent)
         for t in range(self.num_steps):
@@ -116,10 +118,10 @@ class RolloutCollector:
             self.stats.add(info, global_step)
             self.masks = self._current_masks()
         self.obs_buf[-1] = self.cursor.obs
-        if actor is not None:  # every value at once
+        if values and actor is not None:  # every value at once
             flat_obs = self.obs_buf.reshape(-1, *self.obs_buf.shape[2:])
             self.values_buf[:] = values_of(agent, flat_obs, self.device).numpy().reshape(self.values_buf.shape)
-        else:  # the torch path wrote V(s_0) ... V(s_T-1) as it went
+        elif values:  # the torch path wrote V(s_0) ... V(s_T-1) as it went
             self.values_buf[-1] = values_of(agent, self.obs_buf[-1], self.device).numpy()
         values = torch.from_numpy(self.values_buf)
         tensors = (torch.from_numpy(x) for x in (self.obs_buf[:-1], self.actions_buf, self.logprobs_buf))

@@ -18,7 +18,10 @@ class RunningMeanStd:
         if batch.shape[0] == 1:  # one env: the same numbers without mean/var's overhead (~70 us a step)
             self._update_one(batch[0])
             return
-        batch_mean, batch_var, batch_count = batch.mean(0), batch.var(0), batch.shape[0]
+        self.combine(batch.mean(0), batch.var(0), batch.shape[0])
+
+    def combine(self, batch_mean, batch_var, batch_count) -> None:
+        """Fold in the statistics of other observations (a batch, or another process's)."""
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean = self.mean + delta * batch_count / total

@@ -10,7 +10,8 @@ The contract a language algorithm is written against (``base.Rollouts``)::
 
 ``sync`` is the single-process loop every algorithm ran before the split, bit for bit.
 ``ray`` puts ``--num-generators`` generator actors beside the trainer and lets them run up
-to ``--max-staleness`` steps ahead of it (``ray_actors.py``; docs/scale_out.md).
+to ``--max-staleness`` steps ahead of it (``ray_actors.py``; docs/scale_out.md). PPO's
+control rollouts take the same flags and schedule (``control_workers.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from omnigym.config import require_non_negative, require_positive
 from omnigym.errors import require
 
 RUNTIMES = ("sync", "ray")
+ASYNC_BEHAVIOUR_CAP = 2.0
+"""The cap on pi_old / pi_behaviour when rollouts may be stale (truncated importance sampling's
+C = 2, as in Yao et al., 2025): --behaviour-cap's default with --runtime ray and K > 0."""
 
 
 @dataclass
@@ -35,15 +39,28 @@ class RolloutRuntimeConfig:
     """with --runtime ray: rollouts of step k+1..k+K are generated while step k trains; a sample
     older than K policy versions is never trained on (0: generate on Ray, but never ahead)"""
     num_generators: int = 1
-    """generator actors with --runtime ray; each step's prompts are split between them"""
+    """generator actors with --runtime ray; each step's prompts (a control run's --num-envs) are
+    split between them"""
     sync_timeout: float = 600.0
     """seconds a generator may take to answer (rollouts or a weight update) before the run stops
     with an error naming it"""
+    behaviour_cap: float | None = None
+    """truncated importance sampling against the sampler's log-probs, capped here: min(pi_old / mu, C)
+    (default: off with --runtime sync, where the current policy samples; 2.0 with --runtime ray, where
+    a sample may come from a policy up to --max-staleness versions old)"""
 
-    def check_runtime(self, prompts_per_step: int) -> None:
+    def behaviour_cap_in_effect(self) -> float | None:
+        if self.behaviour_cap is None and self.runtime == "ray" and self.max_staleness > 0:
+            return ASYNC_BEHAVIOUR_CAP
+        return self.behaviour_cap
+
+    def check_runtime(self, units: int, what: str = "prompts a step splits between them") -> None:
+        """``units`` of ``what`` are split between the generators (prompts, or a control run's envs)."""
         require(self.runtime in RUNTIMES, f"unknown --runtime {self.runtime!r}; choose sync or ray")
         require_non_negative(self, "max_staleness")
         require_positive(self, "num_generators", "sync_timeout")
+        require(self.behaviour_cap is None or self.behaviour_cap > 0,
+                f"--behaviour-cap must be positive (a cap on pi_old / pi_behaviour), got {self.behaviour_cap}")
         if self.runtime == "sync":  # set away from their defaults, they would be silently ignored
             given = [flag for flag, value, default in (("--max-staleness", self.max_staleness, 1),
                                                        ("--num-generators", self.num_generators, 1),
@@ -51,9 +68,8 @@ class RolloutRuntimeConfig:
                      if value != default]
             require(not given, f"{', '.join(given)}: read by --runtime ray only (this run generates in its own "
                                "process); add --runtime ray or leave them out")
-        require(self.num_generators <= prompts_per_step,
-                f"--num-generators {self.num_generators} is more than the {prompts_per_step} prompts a step "
-                "splits between them; use at most that many")
+        require(self.num_generators <= units,
+                f"--num-generators {self.num_generators} is more than the {units} {what}; use at most that many")
         if self.runtime == "ray":
             import importlib.util
 

@@ -1,8 +1,12 @@
 """Asynchronous rollouts on Ray: generator actors run up to K policy versions ahead of the trainer.
 
+``RaySchedule`` is the part every split shares, language or control; ``RayRollouts`` (below)
+serves the language algorithms, ``control_workers.RayControlRollouts`` PPO's rollout workers.
+
 The trainer (this process) asks for the rollouts of step k. Before it waits for them it
 hands out the jobs of steps k+1..k+K, so the actors generate them while step k trains.
-Each job is split between the ``--num-generators`` actors (contiguous groups of prompts).
+Each job is split between the ``--num-generators`` actors (contiguous groups of prompts,
+or each worker's own envs).
 An actor runs its calls in the order they were sent, and every weight update is sent
 before the jobs that follow it, so a job sent while the trainer holds version v samples
 from version v: staleness = k - v <= K by construction, and is checked again on arrival
@@ -80,30 +84,47 @@ class GeneratorWorker:
         return os.getpid()
 
 
-class RayRollouts:
-    def __init__(self, build_generator, examples_for, group_size: int, steps: int, num_generators: int = 1,
-                 max_staleness: int = 1, timeout: float = 600.0, seed: int = 0):
+class RaySchedule:
+    """The bounded-staleness schedule over Ray actors of class ``worker_class`` (each with
+    ``load_weights(tensors, version)``, ``generate(*args) -> (output, busy seconds)`` and
+    ``pid()``). A subclass says what a step's jobs are (``_split``), how their outputs make
+    one batch (``_merge``) and which policy version made each sample (``_versions``)."""
+
+    def __init__(self, worker_class, worker_args: list[tuple], steps: int, max_staleness: int = 1,
+                 timeout: float = 600.0, seed: int = 0, kind: str = "generator"):
         ray = self.ray = _ray()
-        self.examples_for, self.group_size, self.steps = examples_for, group_size, steps
-        self.max_staleness, self.timeout, self.seed = max_staleness, timeout, seed
+        self.steps, self.max_staleness, self.timeout, self.seed, self.kind = steps, max_staleness, timeout, seed, kind
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:  # a local cluster for this run; RAY_ADDRESS=... joins an existing one instead
-            ray.init(num_cpus=max(num_generators + 1, os.cpu_count() or 1), include_dashboard=False,
+            ray.init(num_cpus=max(len(worker_args) + 1, os.cpu_count() or 1), include_dashboard=False,
                      logging_level="ERROR", log_to_driver=True, runtime_env={"env_vars": THREAD_ENV})
-        actor = ray.remote(GeneratorWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
-                                                    runtime_env={"env_vars": THREAD_ENV})
-        self.workers = [actor.remote(build_generator, i) for i in range(num_generators)]
+        actor = ray.remote(worker_class).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
+                                                 runtime_env={"env_vars": THREAD_ENV})
+        self.workers = [actor.remote(*args) for args in worker_args]
         self._wait_started()
         self.model = None
         self.version: int | None = None
         self.weight_loads: list = []  # (worker, ref) of updates not yet confirmed
         self.jobs: dict[int, list[dict]] = {}  # step -> its chunks in flight
-        self.ready: dict[int, Trajectories] = {}
+        self.ready: dict = {}
         self.next_job = 0
         self.staleness = Counter()
         self.last_staleness: list[int] = []
         self.samples, self.generator_busy, self.trainer_waiting = 0, 0.0, 0.0
         self.started = time.perf_counter()
+
+    # -- what a subclass says --------------------------------------------------------------
+
+    def _split(self, step: int) -> list[dict]:
+        """The chunks of step ``step``'s job: ``{"worker": i, "args": (...)}`` and whatever ``_merge`` reads."""
+        raise NotImplementedError
+
+    def _merge(self, step: int, chunks: list[dict], outputs: list):
+        raise NotImplementedError
+
+    def _versions(self, batch) -> list[int]:
+        """The policy version of each sample in ``batch``."""
+        raise NotImplementedError
 
     # -- the contract --------------------------------------------------------------------
 
@@ -118,7 +139,7 @@ class RayRollouts:
         self.weight_loads += [(i, w.load_weights.remote(ref, version)) for i, w in enumerate(self.workers)]
         self.version = version
 
-    def trajectories(self, step: int) -> Trajectories:
+    def trajectories(self, step: int):
         if self.version is None:
             raise OmnigymError("internal: update_weights must send the first policy before rollouts are asked for")
         self._confirm_weight_loads()
@@ -131,14 +152,13 @@ class RayRollouts:
         waited = time.perf_counter()
         out = self.ready.pop(step) if step in self.ready else self._collect(step)
         self.trainer_waiting += time.perf_counter() - waited
-        ages = [step - t.policy_version for t in out.items]
+        ages = [step - version for version in self._versions(out)]
         if max(ages) > self.max_staleness:  # the schedule rules it out; never train on it
             raise OmnigymError(f"internal: rollouts of step {step} came from policy version "
-                               f"{min(t.policy_version for t in out.items)}, older than --max-staleness "
-                               f"{self.max_staleness}")
+                               f"{step - max(ages)}, older than --max-staleness {self.max_staleness}")
         self.last_staleness = ages
         self.staleness.update(ages)
-        self.samples += len(out)
+        self.samples += len(ages)
         return out
 
     def metrics(self) -> dict:
@@ -188,19 +208,68 @@ class RayRollouts:
                                "or raise --sync-timeout") from None
 
     def _wait_started(self) -> None:
-        """Each actor has built its policy (a generator that cannot is one error, not a hang)."""
+        """Each actor has built its policy (one that cannot is one error, not a hang)."""
         for index, worker in enumerate(self.workers):
             try:
-                self._wait(worker.pid.remote(), f"generator {index} did not start")
+                self._wait(worker.pid.remote(), f"{self.kind} {index} did not start")
             except self.ray.exceptions.RayActorError as e:
                 self.close()
                 why = str(e.__cause__ or e).strip().splitlines()[-1]
-                raise OmnigymError(f"generator {index} failed to start: {why}") from None
+                raise OmnigymError(f"{self.kind} {index} failed to start: {why}") from None
             except OmnigymError:
                 self.close()
                 raise
 
     def _submit(self, step: int) -> None:
+        chunks = self._split(step)
+        for chunk in chunks:
+            chunk["ref"] = self.workers[chunk["worker"]].generate.remote(*chunk["args"])
+        self.jobs[step] = chunks
+
+    def _collect(self, step: int):
+        chunks, outputs = self.jobs.pop(step), []
+        for chunk in chunks:
+            out, busy = self._get(chunk, step)
+            self.generator_busy += busy
+            outputs.append(out)
+        return self._merge(step, chunks, outputs)
+
+    def _get(self, chunk: dict, step: int):
+        try:
+            return self._wait(chunk["ref"], f"{self.kind} {chunk['worker']} gave no rollouts for step {step}")
+        except self.ray.exceptions.RayActorError:
+            self._restarted(chunk["worker"])  # Ray has restarted it; its queue was lost with it
+            return self._get(chunk, step)
+
+    def _restarted(self, index: int) -> None:
+        """Send a restarted actor the current weights, then every job of its that was lost."""
+        load = self.workers[index].load_weights.remote(self.ray.put(self._weights()), self.version)
+        self.weight_loads = [(i, ref) for i, ref in self.weight_loads if i != index] + [(index, load)]
+        for step in sorted(self.jobs):
+            for chunk in self.jobs[step]:
+                if chunk["worker"] == index:
+                    chunk["ref"] = self.workers[index].generate.remote(*chunk["args"])
+        self._confirm_weight_loads()
+
+    def _confirm_weight_loads(self) -> None:
+        pending, self.weight_loads = self.weight_loads, []
+        for index, ref in pending:
+            try:
+                self._wait(ref, f"weight update to version {self.version} did not reach {self.kind} {index}")
+            except self.ray.exceptions.RayActorError:
+                self._restarted(index)
+
+
+class RayRollouts(RaySchedule):
+    """The language algorithms' generator actors: each step's prompts split into contiguous groups."""
+
+    def __init__(self, build_generator, examples_for, group_size: int, steps: int, num_generators: int = 1,
+                 max_staleness: int = 1, timeout: float = 600.0, seed: int = 0):
+        self.examples_for, self.group_size = examples_for, group_size
+        super().__init__(GeneratorWorker, [(build_generator, i) for i in range(num_generators)], steps,
+                         max_staleness, timeout, seed)
+
+    def _split(self, step: int) -> list[dict]:
         examples = self.examples_for(step)
         n = len(self.workers)
         bounds = [len(examples) * i // n for i in range(n + 1)]
@@ -209,42 +278,16 @@ class RayRollouts:
             part = examples[bounds[i]:bounds[i + 1]]
             if part:
                 seed = (self.seed * 1_000_003 + step * 1_009 + i) % 2**63
-                chunks.append({"worker": i, "offset": bounds[i], "examples": part, "seed": seed,
-                               "ref": self.workers[i].generate.remote(part, self.group_size, seed)})
-        self.jobs[step] = chunks
+                chunks.append({"worker": i, "offset": bounds[i], "args": (part, self.group_size, seed)})
+        return chunks
 
-    def _collect(self, step: int) -> Trajectories:
+    def _merge(self, step: int, chunks: list[dict], outputs: list) -> Trajectories:
         items = []
-        for chunk in self.jobs.pop(step):
-            out, busy = self._get(chunk, step)
-            self.generator_busy += busy
+        for chunk, out in zip(chunks, outputs):
             for t in out.items:
                 t.group_id += chunk["offset"]
             items += out.items
         return Trajectories(items)
 
-    def _get(self, chunk: dict, step: int):
-        try:
-            return self._wait(chunk["ref"], f"generator {chunk['worker']} gave no rollouts for step {step}")
-        except self.ray.exceptions.RayActorError:
-            self._restarted(chunk["worker"])  # Ray has restarted it; its queue was lost with it
-            return self._get(chunk, step)
-
-    def _restarted(self, index: int) -> None:
-        """Send a restarted generator the current weights, then every job of its that was lost."""
-        load = self.workers[index].load_weights.remote(self.ray.put(self._weights()), self.version)
-        self.weight_loads = [(i, ref) for i, ref in self.weight_loads if i != index] + [(index, load)]
-        for step in sorted(self.jobs):
-            for chunk in self.jobs[step]:
-                if chunk["worker"] == index:
-                    chunk["ref"] = self.workers[index].generate.remote(chunk["examples"], self.group_size,
-                                                                       chunk["seed"])
-        self._confirm_weight_loads()
-
-    def _confirm_weight_loads(self) -> None:
-        pending, self.weight_loads = self.weight_loads, []
-        for index, ref in pending:
-            try:
-                self._wait(ref, f"weight update to version {self.version} did not reach generator {index}")
-            except self.ray.exceptions.RayActorError:
-                self._restarted(index)
+    def _versions(self, batch: Trajectories) -> list[int]:
+        return [t.policy_version for t in batch.items]

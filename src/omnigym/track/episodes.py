@@ -18,12 +18,26 @@ class EpisodeStats:
         if "episode" not in info:
             return
         for i in np.flatnonzero(info["_episode"]):
-            r, length = float(info["episode"]["r"][i]), int(info["episode"]["l"][i])
-            self.recent.append(r)
-            self._returns.append(r)
-            self._lengths.append(length)
-            if self.print_episodes:
-                print(f"global_step={global_step}, episodic_return={r}", flush=True)
+            self._record(float(info["episode"]["r"][i]), int(info["episode"]["l"][i]), global_step)
+
+    def _record(self, r: float, length: int, global_step: int) -> None:
+        self.recent.append(r)
+        self._returns.append(r)
+        self._lengths.append(length)
+        if self.print_episodes:
+            print(f"global_step={global_step}, episodic_return={r}", flush=True)
+
+    def take(self) -> list[tuple[float, int]]:
+        """The (return, length) of each episode finished since the last drain or take, removed
+        (a rollout worker sends them to the learner)."""
+        episodes = list(zip(self._returns, self._lengths))
+        self._returns, self._lengths = [], []
+        return episodes
+
+    def add_episodes(self, episodes: list[tuple[float, int]], global_step: int) -> None:
+        """Episodes another process finished (``take``'s output)."""
+        for r, length in episodes:
+            self._record(r, length, global_step)
 
     def drain(self) -> dict:
         """Metrics of the episodes finished since the last drain."""

@@ -16,10 +16,16 @@ log-std, separate actor and critic, observations normalized and rewards scaled b
 statistics (both saved in checkpoints; ``omnigym eval`` normalizes with the saved ones),
 actions clipped into the env's box at the env boundary only. Discrete actions take the
 env's action mask where it gives one (invalid actions get probability 0).
+
+``--runtime ray`` steps the envs on ``--num-generators`` rollout workers (Ray actors) up to
+``--max-staleness`` updates ahead of this learner, which recomputes values and pi_old and
+corrects for the stale sampler with ``--behaviour-cap`` (runtime/control_workers.py,
+docs/scale_out.md). The loop below is the same in both modes.
 """
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 
 import torch
@@ -33,15 +39,15 @@ from omnigym.optim import Adam, clip_grad_norm
 from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, gae, normalize
 from omnigym.rl.losses import PolicyLossConfig, check_finite, ppo_clip, value_loss
-from omnigym.rl.rollout import RolloutCollector
-from omnigym.rl.running_stats import RewardScaler
+from omnigym.runtime import RolloutRuntimeConfig
+from omnigym.runtime.control_workers import make_control_rollouts
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
 
 
 @dataclass
-class PPOConfig(ControlConfig):
+class PPOConfig(RolloutRuntimeConfig, ControlConfig):
     num_envs: int = 8
     num_steps: int = 32
     """steps per env per rollout"""
@@ -70,7 +76,8 @@ class PPOConfig(ControlConfig):
     """compile the minibatch loss with torch.compile (its backward too): ~25 s to start, then minibatch steps
     about 1.6x faster on small networks; needs a C++ compiler on CPU (docs/ppo.md)"""
 
-    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs", "normalize_reward")
+    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs", "normalize_reward", "runtime", "max_staleness",
+                                                 "num_generators")
     PRESETS = {
         "atari": ("CleanRL ppo_atari.py, the PPO paper's Atari settings", dict(
             total_timesteps=10_000_000, num_envs=8, num_steps=128, learning_rate=2.5e-4, gamma=0.99, gae_lambda=0.95,
@@ -92,6 +99,12 @@ class PPOConfig(ControlConfig):
                                                "transitions of a rollout (--num-steps x --num-envs)")
         require(self.target_kl is None or self.target_kl > 0, f"--target-kl must be positive, got {self.target_kl}")
         require_positive(self, "hidden")
+        self.check_runtime(self.num_envs, "envs of --num-envs, split between the rollout workers")
+        require(self.runtime == "ray" or self.behaviour_cap is None,
+                "--behaviour-cap corrects for rollouts stepped by an older policy: read by --runtime ray only")
+        require(self.num_envs % self.num_generators == 0,
+                f"--num-envs {self.num_envs} does not split evenly between --num-generators {self.num_generators} "
+                "rollout workers; make it a multiple")
         if self.compile:
             check_compiler(self.device)
 
@@ -106,85 +119,93 @@ def train(cfg: PPOConfig) -> dict:
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     stats = EpisodeStats(cfg.print_episodes)
-    scaler = RewardScaler(cfg.num_envs, cfg.gamma) if cfg.normalize_reward else None
-    collector = RolloutCollector(envs, cfg.num_steps, stats, cfg.device, cfg.seed, cfg.normalize_obs, scaler, signal)
-    components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": collector}
-    counters = run.begin(components)  # restores the checkpoint when resuming
-    global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
     batch_size = cfg.num_steps * cfg.num_envs
     num_updates = max(cfg.total_timesteps // batch_size, 1)
-    advantage_cfg = AdvantageConfig(cfg.gamma, cfg.gae_lambda)
-    loss_cfg = PolicyLossConfig(clip_low=cfg.clip_coef)
+    # sync: a collector on these envs; ray: rollout workers with their own envs (these close)
+    rollouts = make_control_rollouts(cfg, "ppo", envs, signal, stats, num_updates)
+    components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": rollouts}
+    with closing(rollouts):  # the envs, or Ray's workers, end with the run however it ends
+        counters = run.begin(components)  # restores the checkpoint when resuming
+        global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
+        advantage_cfg = AdvantageConfig(cfg.gamma, cfg.gae_lambda)
+        loss_cfg = PolicyLossConfig(clip_low=cfg.clip_coef, behaviour_cap=cfg.behaviour_cap_in_effect())
 
-    objective = minibatch_objective
-    if cfg.compile:  # one compiled graph for the forward pass and the losses, and so for their backward
-        objective = torch.compile(minibatch_objective, dynamic=True)
-    progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
-    clock = Clock(global_step)
-    for update in range(first_update, num_updates):
-        if cfg.anneal_lr:
-            optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
+        objective = minibatch_objective
+        if cfg.compile:  # one compiled graph for the forward pass and the losses, and so for their backward
+            objective = torch.compile(minibatch_objective, dynamic=True)
+        progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
+        clock = Clock(global_step)
+        rollouts.update_weights(agent, version=first_update)  # the rollout workers start from the learner's policy
+        for update in range(first_update, num_updates):
+            if cfg.anneal_lr:
+                optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
 
-        # 1. Roll out the current policy; 2. estimate advantages (GAE bootstraps from the
-        # final observation's value on truncation, not on termination). The estimators take
-        # [envs, steps]; a rollout is [steps, envs].
-        rollout, global_step = collector.collect(agent, global_step)
-        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)  # before a long update
-        ends = EpisodeEnds(rollout.terminated.T, rollout.truncated.T, rollout.bootstrap_values.T)
-        advantages, returns = gae(rollout.rewards.T, rollout.valid.T, values=rollout.values.T, cfg=advantage_cfg,
-                                  ends=ends)
-        advantages, returns = advantages.T, returns.T
+            # 1. Roll out the current policy (ray: a rollout up to K versions old, with values and
+            # pi_old recomputed by this policy); 2. estimate advantages (GAE bootstraps from the
+            # final observation's value on truncation, not on termination). The estimators take
+            # [envs, steps]; a rollout is [steps, envs].
+            rollout, global_step = rollouts.collect(agent, update, global_step)
+            progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)  # before a long update
+            ends = EpisodeEnds(rollout.terminated.T, rollout.truncated.T, rollout.bootstrap_values.T)
+            advantages, returns = gae(rollout.rewards.T, rollout.valid.T, values=rollout.values.T, cfg=advantage_cfg,
+                                      ends=ends)
+            advantages, returns = advantages.T, returns.T
 
-        # 3. Clipped policy steps over the valid transitions.
-        b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns, b_masks = (
-            None if x is None else x.to(cfg.device) for x in rollout.flat(
-                rollout.obs, rollout.actions, rollout.logprobs, rollout.values, advantages, returns, rollout.masks))
-        n = len(b_obs)
-        minibatch = max(n // cfg.num_minibatches, 1)
-        clip_fractions, stop_early = [], False
-        batch = (b_obs, b_actions, b_masks, b_logprobs, b_values, b_advantages, b_returns)
-        for _ in range(cfg.update_epochs):
-            # One gather per tensor and epoch; each minibatch is then a slice (a view, no copy).
-            order = torch.randperm(n, device=cfg.device)
-            shuffled = [None if x is None else x[order] for x in batch]
-            for begin in range(0, n, minibatch):
-                loss, pg_loss, pg_stats, v_loss, entropy_loss = objective(
-                    agent, cfg, loss_cfg, *(None if x is None else x[begin:begin + minibatch] for x in shuffled))
-                check_finite(loss, global_step)
-                optimizer.zero_grad()
-                loss.backward()
-                clip_grad_norm(agent.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                clip_fractions.append(pg_stats["clip_fraction"])
-            if cfg.target_kl is not None and pg_stats["approx_kl"].item() > cfg.target_kl:
-                stop_early = True
-                break
+            # 3. Clipped policy steps over the valid transitions.
+            b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns, b_masks, b_behaviour = (
+                None if x is None else x.to(cfg.device) for x in rollout.flat(
+                    rollout.obs, rollout.actions, rollout.logprobs, rollout.values, advantages, returns, rollout.masks,
+                    rollout.behaviour_logprobs))
+            n = len(b_obs)
+            minibatch = max(n // cfg.num_minibatches, 1)
+            clip_fractions, stop_early = [], False
+            batch = (b_obs, b_actions, b_masks, b_logprobs, b_values, b_advantages, b_returns, b_behaviour)
+            for _ in range(cfg.update_epochs):
+                # One gather per tensor and epoch; each minibatch is then a slice (a view, no copy).
+                order = torch.randperm(n, device=cfg.device)
+                shuffled = [None if x is None else x[order] for x in batch]
+                for begin in range(0, n, minibatch):
+                    loss, pg_loss, pg_stats, v_loss, entropy_loss = objective(
+                        agent, cfg, loss_cfg, *(None if x is None else x[begin:begin + minibatch] for x in shuffled))
+                    check_finite(loss, global_step)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    clip_grad_norm(agent.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
+                    clip_fractions.append(pg_stats["clip_fraction"])
+                if cfg.target_kl is not None and pg_stats["approx_kl"].item() > cfg.target_kl:
+                    stop_early = True
+                    break
 
-        # 4. Log, show, checkpoint.
-        variance = b_returns.var()
-        explained_variance = float("nan") if variance == 0 else (1 - (b_returns - b_values).var() / variance).item()
-        run.log(global_step, {
-            **stats.drain(),
-            "losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
-            "losses/entropy": entropy_loss.item(), "losses/approx_kl": pg_stats["approx_kl"].item(),
-            "losses/clip_fraction": torch.stack(clip_fractions).mean().item(),
-            "losses/explained_variance": explained_variance, "losses/early_stop": int(stop_early),
-            "charts/learning_rate": optimizer.param_groups[0]["lr"], "perf/sps": clock.sps(global_step),
-        })
-        if update == num_updates - 1 or crossed_multiple(global_step, global_step - batch_size, cfg.checkpoint_every):
-            run.save(components, global_step=global_step, update=update + 1)
-    progress.close()
-    collector.envs.close()
+            rollouts.update_weights(agent, version=update + 1)  # ray: the workers step on with the new policy
+
+            # 4. Log, show, checkpoint.
+            variance = b_returns.var()
+            explained_variance = float("nan") if variance == 0 else (1 - (b_returns - b_values).var() / variance).item()
+            run.log(global_step, {
+                **stats.drain(),
+                "losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
+                "losses/entropy": entropy_loss.item(), "losses/approx_kl": pg_stats["approx_kl"].item(),
+                "losses/clip_fraction": torch.stack(clip_fractions).mean().item(),
+                "losses/explained_variance": explained_variance, "losses/early_stop": int(stop_early),
+                "charts/learning_rate": optimizer.param_groups[0]["lr"], "perf/sps": clock.sps(global_step),
+                **rollouts.metrics(),
+            })
+            if update == num_updates - 1 or crossed_multiple(global_step, global_step - batch_size, cfg.checkpoint_every):
+                run.save(components, global_step=global_step, update=update + 1)
+        progress.close()
     return close_control_run(run, stats, cfg.plot, global_step)
 
 
 def minibatch_objective(agent, cfg: PPOConfig, loss_cfg: PolicyLossConfig, obs, actions, masks, old_logprobs,
-                        old_values, advantages, returns):
-    """PPO's loss on one minibatch: ``(loss, policy loss, policy stats, value loss, entropy)``."""
+                        old_values, advantages, returns, behaviour_logprobs=None):
+    """PPO's loss on one minibatch: ``(loss, policy loss, policy stats, value loss, entropy)``.
+    ``behaviour_logprobs``: the rollout workers' (``--runtime ray``), for the --behaviour-cap weight."""
     _, new_logprob, entropy, new_value = agent.act(obs, actions, masks)
     if cfg.norm_adv and len(advantages) > 1:
         advantages = normalize(advantages)
-    pg_loss, pg_stats = ppo_clip(new_logprob, old_logprobs, advantages, cfg=loss_cfg)
+    pg_loss, pg_stats = ppo_clip(new_logprob, old_logprobs, advantages, cfg=loss_cfg,
+                                 behaviour_logprobs=behaviour_logprobs)
     v_loss = value_loss(new_value, old_values, returns, clip=cfg.clip_coef if cfg.clip_vloss else None)
     entropy_loss = entropy.mean()
     loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss

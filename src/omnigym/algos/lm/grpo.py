@@ -89,10 +89,6 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     """above clip_low is DAPO's clip-higher (e.g. 0.28)"""
     ppo_epochs: int = 1
     """policy steps per batch, against the stored old log-probs"""
-    behaviour_cap: float | None = None
-    """truncated importance sampling against the engine's log-probs, capped here (default: off with
-    --runtime sync, where the engine samples the current policy; 2.0 with --runtime ray, where a
-    sample may come from a policy up to --max-staleness versions old)"""
     skip_equal_groups: bool = True
     max_new_tokens: int = 24
     temperature: float = 1.0
@@ -132,14 +128,9 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
                                                        f"choose one of {', '.join(AGGREGATIONS)}")
         require(self.kl_estimator in ("k1", "k2", "k3"), f"unknown --kl-estimator {self.kl_estimator!r}; "
                                                           "choose k1, k2 or k3")
-        require(self.behaviour_cap is None or self.behaviour_cap > 0,
-                f"--behaviour-cap must be positive (a cap on pi_old / pi_engine), got {self.behaviour_cap}")
 
 
 CONFIG = GRPOConfig
-ASYNC_BEHAVIOUR_CAP = 2.0
-"""The cap on pi_old / pi_engine when rollouts may be stale (truncated importance sampling's
-C = 2, as in Yao et al., 2025)."""
 DEFAULT_REWARDS = "math:1.0,format:0.1"
 ANSWER_FORMAT = ("Solve the problem. Think briefly if you need to, then give only the final number inside answer "
                  "tags, like this: <answer>42</answer>")
@@ -269,9 +260,7 @@ def train(cfg: GRPOConfig) -> dict:
 
         # 2. GRPO.
         warmup_steps = sft_step  # GRPO's log steps continue after the warm-up's
-        behaviour_cap = cfg.behaviour_cap
-        if behaviour_cap is None and cfg.runtime == "ray" and cfg.max_staleness > 0:
-            behaviour_cap = ASYNC_BEHAVIOUR_CAP
+        behaviour_cap = cfg.behaviour_cap_in_effect()
         loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
                                     behaviour_cap=behaviour_cap)
 
