@@ -7,6 +7,7 @@ with the same flags but the runtime's:
   sync-2t   the same with two threads (the machine's two cores, for a fair sync)
   ray-K0    one rollout worker beside the learner, never ahead (the split's overhead)
   ray-K1    one rollout worker stepping update k+1 while the learner trains update k
+  ray-K1-2t the same with two threads for the learner (where it is the bottleneck)
 
 Workloads (``--workloads``): ``cartpole`` (the default PPO: 8 envs x 32 steps, tiny MLP),
 ``halfcheetah`` (CleanRL's MuJoCo settings: 1 env x 2048 steps, 10 epochs x 32 minibatches),
@@ -30,7 +31,8 @@ import tempfile
 from pathlib import Path
 
 MODES = {"sync-1t": ["--torch-threads", "1"], "sync-2t": ["--torch-threads", "2"],
-         "ray-K0": ["--runtime", "ray", "--max-staleness", "0"], "ray-K1": ["--runtime", "ray", "--max-staleness", "1"]}
+         "ray-K0": ["--runtime", "ray", "--max-staleness", "0"], "ray-K1": ["--runtime", "ray", "--max-staleness", "1"],
+         "ray-K1-2t": ["--runtime", "ray", "--max-staleness", "1", "--torch-threads", "2"]}
 WORKLOADS = {  # (flags, env steps at --scale 1)
     "cartpole": (["--env-id", "CartPole-v1"], 50_000),
     "halfcheetah": (["--env-id", "HalfCheetah-v5"], 40_960),

@@ -250,3 +250,60 @@ def test_text_reinforce_scores_with_a_reward_model_and_writes_samples(tmp_path, 
     assert len(rows) == 2 and all(r["reward/mean"] != 0 for r in rows)
     samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
     assert {"prompt", "completion", "reward"} <= set(samples[0]) and samples[0]["prompt"] == "Say something."
+
+
+ASYNC = dict(runtime="ray", max_staleness=1, num_generators=2)
+
+
+def test_rlhf_on_ray_generators_is_bounded_repeatable_and_resumes(tmp_path, reward_model, pairs_file, monkeypatch):
+    """PPO-RLHF on the rollouts seam: replies from two generator actors one version behind,
+    pi_old recomputed by the trainer, the sampler's log-probs in the capped weight."""
+    pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
+    reward_dir, _ = reward_model
+    cfg = rlhf_cfg(reward_dir, pairs_file, value_init="policy", steps=4, **ASYNC)
+    rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "a"), **cfg))
+    rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "b"), **cfg))
+    rows = strip_async(metrics(tmp_path / "a"))
+    assert rows == strip_async(metrics(tmp_path / "b"))
+    steps = [r for r in rows if "losses/policy_loss" in r]
+    assert len(steps) == 4 and all(r["async/staleness_max"] <= 1 for r in steps)
+    assert steps[-1]["async/staleness_mean"] == 1.0 and steps[-1]["losses/approx_kl"] > 0
+    interrupt_at(monkeypatch, rlhf, 2 * 2 * 2 * 3 + 1)  # inside step 4, after the checkpoint at step 2
+    with pytest.raises(KeyboardInterrupt):
+        rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "c"), **cfg))
+    monkeypatch.undo()
+    rlhf.train(rlhf.RLHFConfig(**quiet(None, resume=str(tmp_path / "c")), **cfg))
+    assert strip_async(metrics(tmp_path / "c")) == rows
+
+
+def test_text_reinforce_on_ray_generators_splits_the_batch_and_is_bounded(tmp_path, reward_model):
+    pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
+    from omnigym.algos import text_reinforce
+
+    reward_dir, _ = reward_model
+    cfg = dict(rewards=f"rm:{reward_dir}:1.0", steps=3, batch_size=4, **ASYNC)
+    text_reinforce.train(text_reinforce.TextReinforceConfig(**quiet(tmp_path / "a"), **cfg))
+    text_reinforce.train(text_reinforce.TextReinforceConfig(**quiet(tmp_path / "b"), **cfg))
+    rows = strip_async(metrics(tmp_path / "a"))
+    assert rows == strip_async(metrics(tmp_path / "b"))
+    assert len(rows) == 3 and all(r["reward/mean"] != 0 and r["async/staleness_max"] <= 1 for r in rows)
+    assert rows[-1]["async/staleness_mean"] == 1.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["text_reinforce", "--runtime", "ray", "--num-generators", "3", "--batch-size", "8"],
+     "--batch-size 8 does not split evenly between --num-generators 3"),
+    (["rlhf", "--runtime", "ray", "--num-generators", "65"], "--num-generators 65 is more than the 64 prompts"),
+    (["rlhf", "--behaviour-cap", "-1"], "--behaviour-cap must be positive"),
+    (["text_reinforce", "--num-generators", "2"], "--num-generators: read by --runtime ray only")])
+def test_bad_runtime_flags_of_rlhf_and_text_reinforce_are_one_line(tmp_path, capsys, argv, message):
+    assert main(["train", *argv, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def strip_async(rows):
+    """``strip`` and the async metrics that measure wall-clock time."""
+    return [{k: v for k, v in r.items() if not k.startswith(("async/generator_idle", "async/trainer_idle"))}
+            for r in strip(rows)]

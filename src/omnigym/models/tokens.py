@@ -312,3 +312,12 @@ def local_batch(trainer, sequences: list, pad_id: int, device: str):
         return batch, 1.0
     total = make_trained_batch(sequences, pad_id, device).loss_mask.sum()
     return batch, (batch.loss_mask.sum() / total.clamp(min=1)).item()
+
+
+def padded(rows: list[list], width: int | None = None) -> torch.Tensor:
+    """Right-padded ``[B, width]`` float tensor of ragged rows (per-token log-probs, loss masks)."""
+    width = width or max(map(len, rows))
+    out = torch.zeros((len(rows), width))
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out

@@ -54,8 +54,10 @@ class RolloutRuntimeConfig:
             return ASYNC_BEHAVIOUR_CAP
         return self.behaviour_cap
 
-    def check_runtime(self, units: int, what: str = "prompts a step splits between them") -> None:
-        """``units`` of ``what`` are split between the generators (prompts, or a control run's envs)."""
+    def check_runtime(self, units: int, what: str = "prompts a step splits between them",
+                      trainer_backend: str = "local") -> None:
+        """``units`` of ``what`` are split between the generators (prompts, or a control run's envs);
+        ``trainer_backend``: a language trainer's --backend (Ray and data-parallel do not mix)."""
         require(self.runtime in RUNTIMES, f"unknown --runtime {self.runtime!r}; choose sync or ray")
         require_non_negative(self, "max_staleness")
         require_positive(self, "num_generators", "sync_timeout")
@@ -70,6 +72,8 @@ class RolloutRuntimeConfig:
                                "process); add --runtime ray or leave them out")
         require(self.num_generators <= units,
                 f"--num-generators {self.num_generators} is more than the {units} {what}; use at most that many")
+        require(self.runtime == "sync" or trainer_backend == "local",
+                f"--runtime ray runs the trainer in one process; use --backend local with it, not {trainer_backend}")
         if self.runtime == "ray":
             import importlib.util
 

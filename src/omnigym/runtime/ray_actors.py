@@ -142,6 +142,7 @@ class RaySchedule:
     def trajectories(self, step: int):
         if self.version is None:
             raise OmnigymError("internal: update_weights must send the first policy before rollouts are asked for")
+        waited = time.perf_counter()  # an actor confirms a weight update after the job before it: waiting too
         self._confirm_weight_loads()
         last = min(step + self.max_staleness, self.steps - 1)
         self.next_job = max(self.next_job, step)
@@ -149,7 +150,6 @@ class RaySchedule:
             if self.next_job not in self.ready:
                 self._submit(self.next_job)
             self.next_job += 1
-        waited = time.perf_counter()
         out = self.ready.pop(step) if step in self.ready else self._collect(step)
         self.trainer_waiting += time.perf_counter() - waited
         ages = [step - version for version in self._versions(out)]

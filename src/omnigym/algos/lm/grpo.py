@@ -33,7 +33,7 @@ from omnigym.evaluation.text import accuracy
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.tokens import batch_logprobs, completion_logprobs, local_batch, make_completion_batch
+from omnigym.models.tokens import batch_logprobs, completion_logprobs, local_batch, make_completion_batch, padded
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import WeightedSum, parse_weights
@@ -112,9 +112,7 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
 
     def check(self) -> None:
         super().check()
-        self.check_runtime(self.prompts_per_step)
-        require(self.runtime == "sync" or self.backend == "local",
-                f"--runtime ray runs the trainer in one process; use --backend local with it, not {self.backend}")
+        self.check_runtime(self.prompts_per_step, trainer_backend=self.backend)
         require(self.backend != "deepspeed" or self.sft_steps == 0,
                 "--backend deepspeed wraps one optimizer per model and the supervised warm-up needs a second: "
                 "give --sft-steps 0 (a model that can already answer), or use --backend ddp or fsdp2")
@@ -157,15 +155,6 @@ def task_env(cfg: GRPOConfig, task: Task):
     else:
         correct = env.reward
     return env, correct
-
-
-def padded(rows: list[list], width: int | None = None) -> torch.Tensor:
-    """Right-padded ``[B, width]`` float tensor of ragged rows."""
-    width = width or max(map(len, rows))
-    out = torch.zeros((len(rows), width))
-    for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out
 
 
 @scoped_run

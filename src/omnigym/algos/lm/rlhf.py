@@ -24,8 +24,11 @@ policy's samples reported before and after beside their KL to the reference.
 
 from __future__ import annotations
 
+import functools
+import os
 import random
 import time
+from contextlib import closing
 from dataclasses import dataclass
 
 import torch
@@ -34,15 +37,17 @@ from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import sampled_rewards
+from omnigym.generators.prompts import PromptGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
 from omnigym.models.reference import FrozenReference
-from omnigym.models.tokens import completion_logprobs, make_completion_batch
+from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
 from omnigym.rl.advantages import AdvantageConfig, gae, normalize
 from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_clip, value_loss
+from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.sft_data import prompt_tokens
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
@@ -50,7 +55,7 @@ from omnigym.track.run import start_run
 
 
 @dataclass
-class RLHFConfig(LanguageModelConfig):
+class RLHFConfig(RolloutRuntimeConfig, LanguageModelConfig):
     reward_model: str | None = None
     """the run directory of `omnigym train rm`; none (with --model tiny): the offline demo trains one first"""
     value_init: str = "reward"
@@ -93,11 +98,13 @@ class RLHFConfig(LanguageModelConfig):
     checkpoint_every: int = 10
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("reward_model", "value_init", "data", "split",
-                                                       "max_prompt_length", "eval_prompts")
+                                                       "max_prompt_length", "eval_prompts", "runtime", "max_staleness",
+                                                       "num_generators")
     BUDGET = ("steps", "step")
 
     def check(self) -> None:
         super().check()
+        self.check_runtime(self.prompts_per_step, trainer_backend=self.backend)
         require_positive(self, "steps", "prompts_per_step", "minibatches", "ppo_epochs", "learning_rate",
                          "value_learning_rate", "kl_horizon", "clip", "value_clip", "max_new_tokens", "temperature",
                          "max_grad_norm", "eval_prompts", "eval_every", "max_prompt_length")
@@ -164,127 +171,156 @@ def train(cfg: RLHFConfig) -> dict:
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
     value_trainer = make_backend(cfg, value_model, lambda m: adamw(m, cfg.value_learning_rate), cfg.max_grad_norm)
     components = {"trainer": trainer, "value_trainer": value_trainer}
-    counters = run.begin(components)
-    step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
-    loss_cfg = PolicyLossConfig(cfg.clip, cfg.clip, "token-mean")
-    advantage_cfg = AdvantageConfig(gamma=cfg.gamma, lam=cfg.lam)
-    evaluated = {"rm_score": scorer, **({"gold_reward": gold} if gold is not None else {})}
 
-    def evaluate(at: int) -> dict:
-        samples: list = []
-        with torch.random.fork_rng():  # evaluation leaves training's random stream alone
-            torch.manual_seed(cfg.seed + at)
-            metrics = sampled_rewards(policy, reference, engine, tokenizer, [e for e, _ in heldout],
-                                      [ids for _, ids in heldout], evaluated, params, samples)
-        run.log_samples(at, samples)
-        return metrics
-
-    def policy_loss(model, mb):
-        new = completion_logprobs(model, mb["tokens"], cfg.temperature)
-        loss, stats = ppo_clip(new, mb["old_logprobs"], mb["advantages"], mb["tokens"].loss_mask, loss_cfg)
-        check_finite(loss, step)
-        return loss, stats
-
-    def critic_loss(model, mb):
-        new = completion_values(model, mb["tokens"])
-        loss = value_loss(new, mb["old_values"], mb["returns"], mb["tokens"].loss_mask, cfg.value_clip)
-        check_finite(loss, step)
-        return loss, {"value_clip_fraction": masked_mean(((new - mb["old_values"]).abs() > cfg.value_clip).float(),
-                                                         mb["tokens"].loss_mask)}
-
-    if step == 0:
-        first = evaluate(0)
-        run.log(0, {**first, "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
-    progress = ProgressBar(cfg.steps, "rlhf", start=step, enabled=cfg.progress)
-    clock = Clock(step)
-    while step < cfg.steps:
-        timings, started = {}, time.perf_counter()
-
-        def lap(name):
-            nonlocal started
-            now = time.perf_counter()
-            timings[f"time/{name}"] = now - started
-            started = now
-
+    def examples_for(step: int) -> list[dict]:
         batch = random.Random(cfg.seed * 7_919 + step).sample(training, min(cfg.prompts_per_step, len(training)))
-        examples, prompt_ids = [e for e, _ in batch], [ids for _, ids in batch]
-        replies = [group[0] for group in engine.generate(prompt_ids, 1, params)]
-        # An empty reply (end-of-sequence at once) still has its end token; a reply is never empty here.
-        completions = [s.completion_ids or [tokenizer.eos_token_id] for s in replies]
-        finished = torch.tensor([s.finished for s in replies], dtype=torch.bool)
-        lap("generate")
-        tokens = make_completion_batch(prompt_ids, completions, tokenizer.pad_token_id, device=cfg.device)
-        mask = tokens.loss_mask
-        with torch.no_grad():
-            policy.eval()
-            old_logprobs = completion_logprobs(policy, tokens, cfg.temperature)
-            policy.train()
-            lap("policy_logprobs")
-            ref_logprobs = reference.run(lambda model, batch: completion_logprobs(model, batch, cfg.temperature), tokens)
-            lap("reference")
-            texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
-            scores = scorer(texts, examples).float().to(cfg.device)
-            lap("reward")
-            old_values = completion_values(value_model, tokens) * mask
-            lap("value")
-            penalised = scores - cfg.missing_eos_penalty * (~finished).float().to(cfg.device)
-            kl = (old_logprobs - ref_logprobs) * mask
-            rewards = -beta * kl
-            last = mask.sum(1).long() - 1
-            rewards[torch.arange(len(completions)), last] += penalised
-            if cfg.whiten_rewards:
-                rewards = rewards / (masked_mean(rewards ** 2, mask) - masked_mean(rewards, mask) ** 2).clamp(min=1e-8).sqrt() * mask
-            advantages, returns = gae(rewards, mask, values=old_values, cfg=advantage_cfg)
-            advantages = normalize(advantages, mask) * mask
+        return [{**example, "prompt_ids": ids} for example, ids in batch]
 
-        order = list(range(len(completions)))
-        shuffle = random.Random(cfg.seed * 31 + step)
-        size = -(-len(order) // cfg.minibatches)
-        for _ in range(cfg.ppo_epochs):
-            shuffle.shuffle(order)
-            for begin in range(0, len(order), size):
-                chosen = order[begin:begin + size]
-                # data-parallel: this process's rows, weighed by their share of the tokens (token-mean losses)
-                share = 1.0
-                if trainer.local_slice(len(chosen)) != slice(0, len(chosen)):
-                    mine = chosen[trainer.local_slice(len(chosen))]
-                    share = (mask[mine].sum() / mask[chosen].sum().clamp(min=1)).item()
-                    chosen = mine
-                mb_tokens = make_completion_batch([prompt_ids[i] for i in chosen], [completions[i] for i in chosen],
-                                                  tokenizer.pad_token_id, device=cfg.device)
-                width = mb_tokens.loss_mask.shape[1]
-                mb = {"tokens": mb_tokens, "old_logprobs": old_logprobs[chosen, :width], "advantages": advantages[chosen, :width],
-                      "old_values": old_values[chosen, :width], "returns": returns[chosen, :width]}
-                policy_stats = trainer.forward_backward(mb, policy_loss, share)
-                trainer.optim_step()
-                value_stats = value_trainer.forward_backward(mb, critic_loss, share)
-                value_trainer.optim_step()
-        engine.update_weights(policy.named_parameters(), version=step + 1)
-        lap("update")
-        kl_per_reply = kl.sum(1)
-        if cfg.target_kl is not None:  # Ziegler et al.: a proportional controller on log(KL / target)
-            error = max(-0.2, min(0.2, kl_per_reply.mean().item() / cfg.target_kl - 1))
-            beta *= 1 + error * len(completions) / cfg.kl_horizon
-        step += 1
-        metrics = {"reward/score": scores.mean().item(), "reward/penalised_score": penalised.mean().item(),
-                   "reward/kl_penalty": (-beta * kl_per_reply).mean().item(),
-                   "reward/total": (penalised - beta * kl_per_reply).mean().item(), "kl/mean": kl_per_reply.mean().item(),
-                   "kl/beta": beta, "completion/length": mask.sum(1).mean().item(),
-                   "completion/eos_fraction": finished.float().mean().item(),
-                   "losses/policy_loss": policy_stats["loss"].item(), "losses/value_loss": value_stats["loss"].item(),
-                   "losses/clip_fraction": policy_stats["clip_fraction"].item(),
-                   "losses/approx_kl": policy_stats["approx_kl"].item(),
-                   "losses/value_clip_fraction": value_stats["value_clip_fraction"].item(),
-                   **timings, "perf/steps_per_second": clock.sps(step)}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            metrics.update(evaluate(step))
-        run.log(step, metrics)
-        progress.update(step, score=metrics["reward/score"], kl=metrics["kl/mean"])
-        if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
-            run.save(components, step=step, beta=beta)
-    progress.close()
-    return finish(run, cfg, trainer.full_model(), tokenizer, gold is not None)
+    # sync: the engine above samples in this process; ray: generator actors, up to K steps ahead
+    rollouts = make_rollouts(cfg, PromptGenerator(engine, params, tokenizer.eos_token_id),
+                             functools.partial(remote_generator, cfg, os.getcwd()), examples_for, 1, cfg.steps, cfg.seed)
+    if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
+        components["rollouts"] = rollouts
+    with closing(rollouts):  # Ray's actors end with the run, however it ends
+        counters = run.begin(components)
+        step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
+        behaviour_cap = cfg.behaviour_cap_in_effect()
+        loss_cfg = PolicyLossConfig(cfg.clip, cfg.clip, "token-mean", behaviour_cap=behaviour_cap)
+        advantage_cfg = AdvantageConfig(gamma=cfg.gamma, lam=cfg.lam)
+        evaluated = {"rm_score": scorer, **({"gold_reward": gold} if gold is not None else {})}
 
+        def evaluate(at: int) -> dict:
+            samples: list = []
+            with torch.random.fork_rng():  # evaluation leaves training's random stream alone
+                torch.manual_seed(cfg.seed + at)
+                metrics = sampled_rewards(policy, reference, engine, tokenizer, [e for e, _ in heldout],
+                                          [ids for _, ids in heldout], evaluated, params, samples)
+            run.log_samples(at, samples)
+            return metrics
+
+        def policy_loss(model, mb):
+            new = completion_logprobs(model, mb["tokens"], cfg.temperature)
+            loss, stats = ppo_clip(new, mb["old_logprobs"], mb["advantages"], mb["tokens"].loss_mask, loss_cfg,
+                                   mb["behaviour_logprobs"])
+            check_finite(loss, step)
+            return loss, stats
+
+        def critic_loss(model, mb):
+            new = completion_values(model, mb["tokens"])
+            loss = value_loss(new, mb["old_values"], mb["returns"], mb["tokens"].loss_mask, cfg.value_clip)
+            check_finite(loss, step)
+            return loss, {"value_clip_fraction": masked_mean(((new - mb["old_values"]).abs() > cfg.value_clip).float(),
+                                                             mb["tokens"].loss_mask)}
+
+        if step == 0:
+            first = evaluate(0)
+            run.log(0, {**first, "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
+        progress = ProgressBar(cfg.steps, "rlhf", start=step, enabled=cfg.progress)
+        clock = Clock(step)
+        rollouts.update_weights(policy, version=step)  # the generators start from the trainer's policy
+        while step < cfg.steps:
+            timings, started = {}, time.perf_counter()
+
+            def lap(name):
+                nonlocal started
+                now = time.perf_counter()
+                timings[f"time/{name}"] = now - started
+                started = now
+
+            # One reply a prompt (an empty one keeps its end token); ray: sampled up to K versions ago,
+            # so pi_old below is this policy's and the sampler's log-probs weigh the loss (--behaviour-cap).
+            items = rollouts.trajectories(step).items
+            examples, prompt_ids, completions = [t.example for t in items], [t.prompt_ids for t in items], \
+                [t.response_ids for t in items]
+            finished = torch.tensor([t.info["finished"] for t in items], dtype=torch.bool)
+            lap("generate")
+            tokens = make_completion_batch(prompt_ids, completions, tokenizer.pad_token_id, device=cfg.device)
+            mask = tokens.loss_mask
+            behaviour = None if behaviour_cap is None else \
+                padded([t.logprobs for t in items], mask.shape[1]).to(cfg.device)
+            with torch.no_grad():
+                policy.eval()
+                old_logprobs = completion_logprobs(policy, tokens, cfg.temperature)
+                policy.train()
+                lap("policy_logprobs")
+                ref_logprobs = reference.run(lambda model, batch: completion_logprobs(model, batch, cfg.temperature), tokens)
+                lap("reference")
+                texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+                scores = scorer(texts, examples).float().to(cfg.device)
+                lap("reward")
+                old_values = completion_values(value_model, tokens) * mask
+                lap("value")
+                penalised = scores - cfg.missing_eos_penalty * (~finished).float().to(cfg.device)
+                kl = (old_logprobs - ref_logprobs) * mask
+                rewards = -beta * kl
+                last = mask.sum(1).long() - 1
+                rewards[torch.arange(len(completions)), last] += penalised
+                if cfg.whiten_rewards:
+                    rewards = rewards / (masked_mean(rewards ** 2, mask) - masked_mean(rewards, mask) ** 2).clamp(min=1e-8).sqrt() * mask
+                advantages, returns = gae(rewards, mask, values=old_values, cfg=advantage_cfg)
+                advantages = normalize(advantages, mask) * mask
+
+            order = list(range(len(completions)))
+            shuffle = random.Random(cfg.seed * 31 + step)
+            size = -(-len(order) // cfg.minibatches)
+            for _ in range(cfg.ppo_epochs):
+                shuffle.shuffle(order)
+                for begin in range(0, len(order), size):
+                    chosen = order[begin:begin + size]
+                    # data-parallel: this process's rows, weighed by their share of the tokens (token-mean losses)
+                    share = 1.0
+                    if trainer.local_slice(len(chosen)) != slice(0, len(chosen)):
+                        mine = chosen[trainer.local_slice(len(chosen))]
+                        share = (mask[mine].sum() / mask[chosen].sum().clamp(min=1)).item()
+                        chosen = mine
+                    mb_tokens = make_completion_batch([prompt_ids[i] for i in chosen], [completions[i] for i in chosen],
+                                                      tokenizer.pad_token_id, device=cfg.device)
+                    width = mb_tokens.loss_mask.shape[1]
+                    mb = {"tokens": mb_tokens, "old_logprobs": old_logprobs[chosen, :width], "advantages": advantages[chosen, :width],
+                          "old_values": old_values[chosen, :width], "returns": returns[chosen, :width],
+                          "behaviour_logprobs": None if behaviour is None else behaviour[chosen, :width]}
+                    policy_stats = trainer.forward_backward(mb, policy_loss, share)
+                    trainer.optim_step()
+                    value_stats = value_trainer.forward_backward(mb, critic_loss, share)
+                    value_trainer.optim_step()
+            rollouts.update_weights(policy, version=step + 1)
+            lap("update")
+            kl_per_reply = kl.sum(1)
+            if cfg.target_kl is not None:  # Ziegler et al.: a proportional controller on log(KL / target)
+                error = max(-0.2, min(0.2, kl_per_reply.mean().item() / cfg.target_kl - 1))
+                beta *= 1 + error * len(completions) / cfg.kl_horizon
+            step += 1
+            metrics = {"reward/score": scores.mean().item(), "reward/penalised_score": penalised.mean().item(),
+                       "reward/kl_penalty": (-beta * kl_per_reply).mean().item(),
+                       "reward/total": (penalised - beta * kl_per_reply).mean().item(), "kl/mean": kl_per_reply.mean().item(),
+                       "kl/beta": beta, "completion/length": mask.sum(1).mean().item(),
+                       "completion/eos_fraction": finished.float().mean().item(),
+                       "losses/policy_loss": policy_stats["loss"].item(), "losses/value_loss": value_stats["loss"].item(),
+                       "losses/clip_fraction": policy_stats["clip_fraction"].item(),
+                       "losses/approx_kl": policy_stats["approx_kl"].item(),
+                       "losses/value_clip_fraction": value_stats["value_clip_fraction"].item(),
+                       **timings, "perf/steps_per_second": clock.sps(step), **rollouts.metrics()}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                metrics.update(evaluate(step))
+            run.log(step, metrics)
+            progress.update(step, score=metrics["reward/score"], kl=metrics["kl/mean"])
+            if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
+                run.save(components, step=step, beta=beta)
+        progress.close()
+        return finish(run, cfg, trainer.full_model(), tokenizer, gold is not None)
+
+
+
+def remote_generator(cfg: RLHFConfig, cwd: str) -> PromptGenerator:
+    """What a Ray generator actor runs: a policy of the same shape (its weights come from the
+    trainer before it samples) with the same sampling settings. Paths are the trainer's."""
+    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+
+    os.chdir(cwd)
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+                                                  cfg.device, need_chat_template=False)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    return PromptGenerator(make_engine(policy, tokenizer), params, tokenizer.eos_token_id)
 
 def finish(run, cfg: RLHFConfig, policy, tokenizer, has_gold: bool) -> dict:
     """``policy``: the whole trained model (None in the other processes of a data-parallel run)."""

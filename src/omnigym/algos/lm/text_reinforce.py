@@ -3,11 +3,15 @@
 Play a single-turn text env whose one prompt asks for anything, reward the completions
 that contain the keywords, and step on ``-(reward - mean reward) * log p(completion)``, the
 score-function gradient with the batch mean as baseline. Same env layer, generator,
-engine, batches, log-probs and tracking as GRPO; no clipping, no reference model.
+engine, batches, log-probs, tracking and rollouts seam (``--runtime ray``) as GRPO; no
+clipping, no reference model.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from contextlib import closing
 from dataclasses import dataclass
 
 import torch
@@ -15,22 +19,23 @@ import torch
 from omnigym.backends.local import LocalBackend
 from omnigym.config import RunConfig, require_positive
 from omnigym.envs.text import TextEnv
-from omnigym.errors import OmnigymError
+from omnigym.errors import OmnigymError, require
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.tokens import completion_logprobs, make_completion_batch
+from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.evaluation.text import SAMPLES_SHOWN, sample_row
 from omnigym.rewards import get_reward, parse_weights
 from omnigym.rl.losses import PolicyLossConfig, check_finite, reinforce
+from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.track.progress import Clock
 from omnigym.track.run import start_run
 
 
 @dataclass
-class TextReinforceConfig(RunConfig):
+class TextReinforceConfig(RolloutRuntimeConfig, RunConfig):
     model: str = "tiny"
     """hub id or local path; "tiny" builds a ~1M-parameter untrained model offline"""
     prompt: str = "Say something."
@@ -48,6 +53,10 @@ class TextReinforceConfig(RunConfig):
     def check(self) -> None:
         super().check()
         require_positive(self, "steps", "batch_size", "learning_rate", "max_new_tokens", "temperature")
+        self.check_runtime(self.batch_size, "samples of a step (--batch-size), split between them")
+        require(self.batch_size % self.num_generators == 0,
+                f"--batch-size {self.batch_size} does not split evenly between --num-generators {self.num_generators}; "
+                "make it a multiple")
 
 
 CONFIG = TextReinforceConfig
@@ -58,47 +67,74 @@ def train(cfg: TextReinforceConfig) -> dict:
     from omnigym.models.lm import check_context, load_policy_and_tokenizer
 
 
-    keywords = [k for k in cfg.keywords.split(",") if k]
-    if not keywords:
-        raise OmnigymError("--keywords needs at least one keyword")
+    keywords = keywords_of(cfg)
     if cfg.resume:
         raise OmnigymError("text_reinforce runs are short and keep no checkpoint; start a new run instead of --resume")
     run = start_run(cfg, "text_reinforce", cfg.model)
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, device=cfg.device)
     check_context(policy, cfg.max_new_tokens)
-    engine = make_engine(policy, tokenizer)
     trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate))
     example = {"question": cfg.prompt, "keywords": keywords}
-    reward = parse_weights(cfg.rewards).to(cfg.device) if cfg.rewards else get_reward("keyword")
-    env = TextEnv([example], reward)
-    generator = TextEnvGenerator(env, engine, tokenizer,
-                                 SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature))
-    loss_cfg = PolicyLossConfig(aggregation="seq-mean-token-sum-norm", normalizer=cfg.max_new_tokens)
+    behaviour_cap = cfg.behaviour_cap_in_effect()
+    loss_cfg = PolicyLossConfig(aggregation="seq-mean-token-sum-norm", normalizer=cfg.max_new_tokens,
+                                behaviour_cap=behaviour_cap)
     run.begin({})
 
     def loss_fn(model, batch):
-        tokens, advantages = batch
+        tokens, advantages, behaviour = batch
         logprobs = completion_logprobs(model, tokens)
-        loss, _ = reinforce(logprobs, logprobs.detach(), advantages, tokens.loss_mask, loss_cfg)
+        loss, _ = reinforce(logprobs, logprobs.detach(), advantages, tokens.loss_mask, loss_cfg, behaviour)
         check_finite(loss, step)
         return loss, {}
 
-    clock = Clock(0)
-    for step in range(cfg.steps):
-        trajectories = generator.generate([example], cfg.batch_size)
-        rewards = trajectories.rewards()
-        items = trajectories.items
-        tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items],
-                                       tokenizer.pad_token_id, device=cfg.device)
-        advantages = (rewards - rewards.mean()).to(cfg.device).unsqueeze(1)
-        loss = trainer.forward_backward((tokens, advantages), loss_fn)["loss"]
-        trainer.optim_step()
-        engine.update_weights(policy.named_parameters(), version=step + 1)
-        run.log(step + 1, {"reward/mean": rewards.mean().item(), "losses/policy_loss": loss.item(),
-                           "perf/steps_per_second": clock.sps(step + 1)})
-        if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.steps:  # a few of the batch's episodes, to read
-            run.log_samples(step + 1, [sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True),
-                                                  reward=t.reward) for t in items[:SAMPLES_SHOWN]])
+    # sync: sample in this process; ray: generator actors up to K steps ahead, each with its share of the batch
+    rollouts = make_rollouts(cfg, make_generator(cfg, policy, tokenizer), functools.partial(remote_generator, cfg,
+                             os.getcwd()), lambda step: [example] * cfg.num_generators,
+                             cfg.batch_size // cfg.num_generators, cfg.steps, cfg.seed)
+    with closing(rollouts):  # Ray's actors end with the run, however it ends
+        clock = Clock(0)
+        rollouts.update_weights(policy, version=0)
+        for step in range(cfg.steps):
+            trajectories = rollouts.trajectories(step)
+            rewards = trajectories.rewards()
+            items = trajectories.items
+            tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items],
+                                           tokenizer.pad_token_id, device=cfg.device)
+            advantages = (rewards - rewards.mean()).to(cfg.device).unsqueeze(1)
+            behaviour = None if behaviour_cap is None else \
+                padded([t.logprobs for t in items], tokens.loss_mask.shape[1]).to(cfg.device)
+            loss = trainer.forward_backward((tokens, advantages, behaviour), loss_fn)["loss"]
+            trainer.optim_step()
+            rollouts.update_weights(policy, version=step + 1)
+            run.log(step + 1, {"reward/mean": rewards.mean().item(), "losses/policy_loss": loss.item(),
+                               "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
+            if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.steps:  # a few of the batch's episodes, to read
+                run.log_samples(step + 1, [sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True),
+                                                      reward=t.reward) for t in items[:SAMPLES_SHOWN]])
     plot_path = run.close(plot=cfg.plot, metric="reward/mean")
     run.say(f"run: {run.dir}", f"final mean reward: {rewards.mean().item():.3f}")
     return {"run_dir": str(run.dir), "final_reward": rewards.mean().item(), "plot": str(plot_path) if plot_path else None}
+
+
+def keywords_of(cfg: TextReinforceConfig) -> list[str]:
+    keywords = [k for k in cfg.keywords.split(",") if k]
+    if not keywords:
+        raise OmnigymError("--keywords needs at least one keyword")
+    return keywords
+
+
+def make_generator(cfg: TextReinforceConfig, policy, tokenizer) -> TextEnvGenerator:
+    """The one-prompt env played by ``policy`` (in this process, or in a Ray actor)."""
+    example = {"question": cfg.prompt, "keywords": keywords_of(cfg)}
+    reward = parse_weights(cfg.rewards).to(cfg.device) if cfg.rewards else get_reward("keyword")
+    return TextEnvGenerator(TextEnv([example], reward), make_engine(policy, tokenizer), tokenizer,
+                            SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature))
+
+
+def remote_generator(cfg: TextReinforceConfig, cwd: str) -> TextEnvGenerator:
+    """What a Ray generator actor runs: a policy of the same shape, fed the trainer's weights."""
+    from omnigym.models.lm import load_policy_and_tokenizer
+
+    os.chdir(cwd)
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, device=cfg.device)
+    return make_generator(cfg, policy, tokenizer)
