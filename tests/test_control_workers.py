@@ -187,7 +187,10 @@ def test_atari_and_mujoco_train_on_rollout_workers_and_evaluate(tmp_path, local_
     (["--behaviour-cap", "2"], "--behaviour-cap corrects for rollouts stepped by an older policy: read by --runtime ray"),
     (["--runtime", "ray", "--behaviour-cap", "0"], "--behaviour-cap must be positive"),
     (["--num-generators", "2"], "--num-generators: read by --runtime ray only"),
-    (["--runtime", "ray", "--max-staleness", "-1"], "--max-staleness must be 0 or more, got -1")])
+    (["--runtime", "ray", "--max-staleness", "-1"], "--max-staleness must be 0 or more, got -1"),
+    (["--ray-trainer"], "--ray-trainer: read by --runtime ray only"),
+    (["--runtime", "ray", "--trainer-gpus", "1"], "--trainer-gpus is what the --ray-trainer task asks Ray for"),
+    (["--runtime", "ray", "--ray-trainer", "--trainer-gpus", "-1"], "--trainer-gpus must be 0 or more")])
 def test_bad_runtime_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
     from omnigym.cli import main
 
@@ -195,6 +198,44 @@ def test_bad_runtime_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("omnigym: error:") and message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_trainer_as_a_ray_task_runs_the_same_run(tmp_path, local_ray):
+    ppo.train(config(tmp_path, "task", ray_trainer=True))
+    ppo.train(config(tmp_path, "here"))
+    assert metrics(tmp_path / "task") == metrics(tmp_path / "here")
+
+
+@pytest.mark.parametrize("where", [[], ["--ray-trainer"]], ids=["rollout worker", "rollout worker in trainer task"])
+def test_an_error_raised_on_ray_is_one_line_and_no_run_dir(tmp_path, monkeypatch, capsys, where):
+    from omnigym.cli import main
+
+    monkeypatch.chdir(TESTS)  # the workers import toy_envs from here
+    argv = ["train", "ppo", "--env-id", "toy_envs:NaNEnv", "--runtime", "ray", "--run-dir", str(tmp_path / "run")]
+    assert main(argv + where) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the env returned a non-finite observation (nan) at env step" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_stops_the_trainer_task_and_says_how_to_resume(tmp_path):
+    omnigym = str(Path(sys.executable).parent / "omnigym")
+    run = tmp_path / "run"
+    command = [omnigym, "train", "ppo", "--runtime", "ray", "--ray-trainer", "--total-timesteps", "400000",
+               "--checkpoint-every", "2048", "--run-dir", str(run), "--no-progress", "--no-plot", "--no-tensorboard"]
+    trainer = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoint.pt").exists():
+        assert trainer.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.1)
+    trainer.send_signal(signal.SIGINT)
+    _, err = trainer.communicate(timeout=300)
+    assert trainer.returncode == 130, err[-2000:]
+    assert f"omnigym: interrupted; continue with: omnigym train ppo --resume {run}" in err
+    done = subprocess.run([omnigym, "train", "ppo", "--resume", str(run), "--total-timesteps", "30000"],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -235,12 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed early (omnigym ... | head): nothing more to say
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # a --ray-trainer run says where it stands (exc.where)
         from omnigym.track.run import active_run
 
         run = active_run()
         where = run.state_line() if run else "the run had not started; nothing was written"
-        print(f"omnigym: interrupted; {where}", file=sys.stderr)
+        print(f"omnigym: interrupted; {getattr(exc, 'where', None) or where}", file=sys.stderr)
         return 130
     return 0
 

@@ -51,6 +51,11 @@ def scoped_run(train):
         if hasattr(cfg, "with_preset"):  # control runs: the env family's published hyperparameters
             cfg = cfg.with_preset(getattr(cfg, "given_flags", None))
         cfg.check()
+        if getattr(cfg, "ray_trainer", False):  # --ray-trainer: this very call, as a Ray task
+            from omnigym.runtime.trainer_task import inside_trainer_task, train_on_ray
+
+            if not inside_trainer_task():
+                return train_on_ray(train.__module__, cfg)
         if getattr(cfg, "backend", "local") in ("ddp", "fsdp2", "deepspeed"):  # checked: torchrun started us
             from omnigym.distributed import init_process_group
 

@@ -49,6 +49,12 @@ class RolloutRuntimeConfig:
     (default: off with --runtime sync, where the current policy samples; 2.0 with --runtime ray, where
     a sample may come from a policy up to --max-staleness versions old)"""
 
+    ray_trainer: bool = False
+    """with --runtime ray: the trainer runs as a Ray task too (placed by Ray: on a cluster,
+    RAY_ADDRESS=..., on a node with --trainer-gpus GPUs free); this process waits for it"""
+    trainer_gpus: float = 0.0
+    """GPUs the --ray-trainer task asks Ray for (1 with --device cuda)"""
+
     def behaviour_cap_in_effect(self) -> float | None:
         if self.behaviour_cap is None and self.runtime == "ray" and self.max_staleness > 0:
             return ASYNC_BEHAVIOUR_CAP
@@ -61,17 +67,25 @@ class RolloutRuntimeConfig:
         require(self.runtime in RUNTIMES, f"unknown --runtime {self.runtime!r}; choose sync or ray")
         require_non_negative(self, "max_staleness")
         require_positive(self, "num_generators", "sync_timeout")
+        require_non_negative(self, "trainer_gpus")
         require(self.behaviour_cap is None or self.behaviour_cap > 0,
                 f"--behaviour-cap must be positive (a cap on pi_old / pi_behaviour), got {self.behaviour_cap}")
         if self.runtime == "sync":  # set away from their defaults, they would be silently ignored
             given = [flag for flag, value, default in (("--max-staleness", self.max_staleness, 1),
                                                        ("--num-generators", self.num_generators, 1),
-                                                       ("--sync-timeout", self.sync_timeout, 600.0))
+                                                       ("--sync-timeout", self.sync_timeout, 600.0),
+                                                       ("--ray-trainer", self.ray_trainer, False),
+                                                       ("--trainer-gpus", self.trainer_gpus, 0.0))
                      if value != default]
             require(not given, f"{', '.join(given)}: read by --runtime ray only (this run generates in its own "
                                "process); add --runtime ray or leave them out")
         require(self.num_generators <= units,
                 f"--num-generators {self.num_generators} is more than the {units} {what}; use at most that many")
+        require(self.trainer_gpus == 0 or self.ray_trainer,
+                "--trainer-gpus is what the --ray-trainer task asks Ray for: add --ray-trainer")
+        require(not (self.ray_trainer and str(self.device).startswith("cuda") and self.trainer_gpus == 0),
+                f"--ray-trainer with --device {self.device}: give --trainer-gpus 1 (Ray hides the GPUs from a task "
+                "that asks for none)")
         require(self.runtime == "sync" or trainer_backend == "local",
                 f"--runtime ray runs the trainer in one process; use --backend local with it, not {trainer_backend}")
         if self.runtime == "ray":

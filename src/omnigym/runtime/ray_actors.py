@@ -47,6 +47,16 @@ def _ray():
     return ray
 
 
+def remote_error(error, failure: str) -> OmnigymError:
+    """What an actor or task raised, as this process would say it: an ``OmnigymError`` (a
+    user's mistake: a broken env, a bad reward) as it was; anything else named, in one line."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, OmnigymError):
+        return OmnigymError(str(cause))
+    what = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).strip().splitlines()[-1]
+    return OmnigymError(f"{failure}: it raised {what}")
+
+
 class GeneratorWorker:
     """A Ray actor: its own copy of the policy, inference engine and env (``build_generator()``)."""
 
@@ -199,13 +209,16 @@ class RaySchedule:
                 if p.requires_grad or not trainable_only}
 
     def _wait(self, ref, failure: str):
-        """``ray.get`` bounded by --sync-timeout; ``failure`` says what did not happen in time."""
+        """``ray.get`` bounded by --sync-timeout; ``failure`` says what did not happen in time.
+        An error raised in the actor is one line here, as it would be in this process."""
         try:
             return self.ray.get(ref, timeout=self.timeout)
         except self.ray.exceptions.GetTimeoutError:
             raise OmnigymError(f"{failure} within --sync-timeout {self.timeout:g} s: it is hung, busy or short of CPUs "
                                "or memory; check `ray status` and its log (/tmp/ray/session_latest/logs/worker-*.err), "
                                "or raise --sync-timeout") from None
+        except self.ray.exceptions.RayTaskError as error:
+            raise remote_error(error, failure) from None
 
     def _wait_started(self) -> None:
         """Each actor has built its policy (one that cannot is one error, not a hang)."""
