@@ -19,7 +19,9 @@ holds their merged statistics for ``omnigym eval``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import time
 
@@ -73,7 +75,8 @@ class RolloutWorker:
         # Worker i's envs are envs i*n .. i*n+n-1 of a one-process run, with the same seeds.
         cfg = dataclasses.replace(cfg, num_envs=num_envs, seed=cfg.seed + index * num_envs, device="cpu",
                                   capture_video=cfg.capture_video and index == 0)
-        envs, signal = make_run_envs(cfg, algo)
+        with contextlib.redirect_stdout(io.StringIO()):  # the learner has said which backend the envs run on
+            envs, signal = make_run_envs(cfg, algo)
         self.agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
         self.stats = EpisodeStats()
         self.collector = build_collector(cfg, envs, signal, self.stats)
