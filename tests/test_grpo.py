@@ -24,9 +24,10 @@ def metrics(run_dir):
 def test_same_seed_same_metrics(tmp_path):
     grpo.train(small(tmp_path / "a"))
     grpo.train(small(tmp_path / "b"))
-    a = metrics(tmp_path / "a")
-    assert len(a) == 26 and any("reward/mean" in row for row in a)
-    assert a == metrics(tmp_path / "b")
+    a, warm_up = metrics(tmp_path / "a"), metrics(tmp_path / "a" / "stages" / "warmup")
+    assert len(a) == 6 and all("reward/mean" in row for row in a)
+    assert len(warm_up) == 20 and all("sft/loss" in row for row in warm_up)  # the warm-up stage's own log
+    assert a == metrics(tmp_path / "b") and warm_up == metrics(tmp_path / "b" / "stages" / "warmup")
 
 
 def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
@@ -36,15 +37,18 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     def interrupting_log(self, step, values):
         original(self, step, values)
         calls["n"] += 1
-        if calls["n"] == 23:  # GRPO step 3, after the checkpoint at step 2
+        if calls["n"] == 3:  # GRPO step 3, after the checkpoint at step 2
             raise KeyboardInterrupt
 
     monkeypatch.setattr(Run, "log", interrupting_log)
     with pytest.raises(KeyboardInterrupt):
         grpo.train(small(tmp_path / "cut"))
     monkeypatch.setattr(Run, "log", original)
+    stage = tmp_path / "cut" / "stages" / "warmup" / "model"
+    made = stage.stat().st_mtime_ns
     grpo.train(small(tmp_path / "cut", resume=str(tmp_path / "cut")))
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
+    assert stage.stat().st_mtime_ns == made  # the finished warm-up stage was reused, not trained again
 
 
 @pytest.mark.parametrize("variant", [dict(advantage="rloo", beta=0.0, loss_aggregation="token-mean", clip_high=0.28,

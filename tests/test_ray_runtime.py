@@ -25,25 +25,21 @@ def local_ray():
     ray.shutdown()
 
 
-class ToyEngine:
-    version = 0
-
-    def update_weights(self, named_tensors, version):
-        self.weights = dict(named_tensors)
-        self.version = version
-
-
 class ToyGenerator:
     """One trajectory per prompt and sample; its reward is the weight it saw, so a test can
     tell which policy made it. ``delay`` seconds per call stand in for sampling."""
 
     def __init__(self, delay=0.0):
-        self.engine, self.delay = ToyEngine(), delay
+        self.weights, self.version, self.delay = {}, 0, delay
+
+    def update_weights(self, named_tensors, version):
+        self.weights.update(named_tensors)  # none: the same weights under a new version
+        self.version = version
 
     def generate(self, examples, group_size):
         time.sleep(self.delay)
-        w = float(self.engine.weights["w"])
-        return Trajectories([Trajectory([1], [2], [1], [0.0], w, g, self.engine.version, e)
+        w = float(self.weights["w"])
+        return Trajectories([Trajectory([1], [2], [1], [0.0], w, g, self.version, e)
                              for g, e in enumerate(examples) for _ in range(group_size)])
 
 
@@ -65,14 +61,14 @@ def toy_rollouts(steps=6, delay=0.0, **options):
 def train_toy(rollouts, model, steps, kill_at=None):
     """A trainer that sets w to the step number after each step; returns each step's rollouts."""
     seen = []
-    rollouts.update_weights(model, 0)
+    rollouts.update_weights(model.named_parameters(), 0)
     for step in range(steps):
         if step == kill_at:
             ray.kill(rollouts.workers[0], no_restart=False)  # Ray restarts it
         out = rollouts.trajectories(step)
         seen.append(out)
         model.w.data.fill_(step + 1)
-        rollouts.update_weights(model, step + 1)
+        rollouts.update_weights(model.named_parameters(), step + 1)
     return seen
 
 

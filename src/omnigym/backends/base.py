@@ -2,7 +2,7 @@
 
 What crosses it::
 
-    backend.local_slice(rows) -> slice                 # this process's rows of a global batch
+    backend.local_part(rows, weights=None) -> (rows, share)   # this process's rows of a global batch
     backend.forward_backward(batch, loss_fn, share) -> stats   # loss_fn(model, batch) -> (loss, stats)
     backend.optim_step() -> {"grad_norm": float}
     backend.state_dict() / backend.load_state_dict(state)      # whole tensors, one layout for all
@@ -11,16 +11,18 @@ What crosses it::
     backend.frozen_copy()  # a plain copy of the model now, in every process (a reference model)
 
 ``forward_backward`` may be called several times before one ``optim_step`` (gradient
-accumulation). ``share`` is the local batch's part of the global batch (its rows, or its
-loss tokens for a token-mean loss), so that the step equals one process's on the whole
-batch. ``LocalBackend`` (``local.py``) is the single-process implementation;
+accumulation). ``local_part`` hands each process its contiguous part of a global batch and
+that part's ``share``: its fraction of ``weights`` (one per row: the rows' loss tokens for a
+token-mean loss; none: every row weighs 1). Passing that share to ``forward_backward`` makes
+the step equal one process's on the whole batch, so the algorithm does no arithmetic of its
+own about processes. ``LocalBackend`` (``local.py``) is the single-process implementation;
 ``DataParallelBackend`` (DDP, FSDP2) and ``DeepSpeedBackend`` (ZeRO) implement the same
 members, so an algorithm file does not change when it is scaled out (``make_backend``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -30,7 +32,7 @@ LossFn = Callable[[torch.nn.Module, Any], "tuple[torch.Tensor, dict]"]
 class TrainingBackend(Protocol):
     model: torch.nn.Module
 
-    def local_slice(self, rows: int) -> slice: ...
+    def local_part(self, rows: Sequence, weights: Sequence[float] | None = None) -> tuple[list, float]: ...
 
     def forward_backward(self, batch, loss_fn: LossFn, share: float | None = None) -> dict: ...
 
@@ -43,3 +45,11 @@ class TrainingBackend(Protocol):
     def full_model(self) -> torch.nn.Module | None: ...
 
     def frozen_copy(self) -> torch.nn.Module: ...
+
+
+def part_of_process(rows: Sequence, weights: Sequence[float] | None, rank: int, world_size: int) -> tuple[list, float]:
+    """Process ``rank``'s contiguous part of ``rows`` and its share of their total weight."""
+    begin, end = len(rows) * rank // world_size, len(rows) * (rank + 1) // world_size
+    if weights is None:
+        return list(rows[begin:end]), (end - begin) / max(len(rows), 1)
+    return list(rows[begin:end]), sum(weights[begin:end]) / max(sum(weights), 1)

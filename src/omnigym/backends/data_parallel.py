@@ -1,8 +1,8 @@
 """Data-parallel training under ``torchrun``: DDP or FSDP2 (gloo on CPU, NCCL on GPU).
 
 Every process runs the whole algorithm file with the same seed, so each one draws the same
-global batch; the algorithm hands the backend its rows (``local_slice``), and tells it what
-share of the global batch they are (``share``: rows, or loss tokens for a token-mean loss).
+global batch; the backend hands each process its rows and their share of the global batch
+(``local_part``: rows, or loss tokens for a token-mean loss), which the algorithm passes back.
 The backend scales the local loss by ``share * world_size`` before backward; since DDP and
 FSDP2 average gradients over the processes, the step is the step of the global batch's
 loss, as one process would take it, up to float rounding (tests/test_data_parallel.py
@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from omnigym.backends.base import part_of_process
 from omnigym.backends.local import frozen
 
 
@@ -61,8 +62,8 @@ class DataParallelBackend:
         if self.mode == "fsdp2":
             self.root.unshard()
 
-    def local_slice(self, rows: int) -> slice:
-        return rows_of_process(rows, self.rank, self.world_size)
+    def local_part(self, rows, weights=None) -> tuple[list, float]:
+        return part_of_process(rows, weights, self.rank, self.world_size)
 
     def forward_backward(self, batch, loss_fn, share: float | None = None) -> dict:
         share = 1.0 / self.world_size if share is None else float(share)
@@ -79,15 +80,6 @@ class DataParallelBackend:
         self.optimizer.zero_grad()
         self._gather()
         return {} if grad_norm is None else {"grad_norm": grad_norm}
-
-    def sibling(self, make_optimizer, max_grad_norm: float | None = None) -> "DataParallelBackend":
-        """The same wrapped model with another optimizer (a warm-up phase before the main one):
-        a module is wrapped once, or its gradients would be reduced twice."""
-        other = copy.copy(self)
-        with self._sharded():  # the optimizer holds the shards
-            other.optimizer, other.max_grad_norm = make_optimizer(self.model), max_grad_norm
-            other.names = self._names(other.optimizer)
-        return other
 
     def state_dict(self) -> dict:
         """Whole tensors, in the single-process layout (every process must call it)."""
@@ -155,10 +147,6 @@ class DataParallelBackend:
         finally:
             self._gather()
 
-    def optimizer_component(self):
-        """The optimizer as a checkpoint component, in the single-process layout."""
-        return _OptimizerOf(self)
-
     def frozen_copy(self) -> torch.nn.Module:
         """A plain copy of the model as it is now, in every process (a reference model). FSDP2's
         hooks sit on the model's modules, and a deep copy would carry them along: a copy's
@@ -181,11 +169,6 @@ class DataParallelBackend:
             return None
         return rebuilt(self.skeleton, whole, self.model)
 
-
-
-def rows_of_process(rows: int, rank: int, world_size: int) -> slice:
-    """Process ``rank``'s contiguous part of a global batch of ``rows`` rows."""
-    return slice(rows * rank // world_size, rows * (rank + 1) // world_size)
 
 
 def rebuilt(skeleton: torch.nn.Module, state: dict, like: torch.nn.Module) -> torch.nn.Module:
@@ -228,14 +211,3 @@ class LossModule(torch.nn.Module):
 
     def forward(self, loss_fn, batch):
         return loss_fn(self.model, batch)
-
-
-class _OptimizerOf:
-    def __init__(self, backend: DataParallelBackend):
-        self.backend = backend
-
-    def state_dict(self) -> dict:
-        return self.backend.optimizer_state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.backend.load_optimizer_state_dict(state)

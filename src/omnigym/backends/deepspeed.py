@@ -24,7 +24,8 @@ import json
 import torch
 import torch.distributed as dist
 
-from omnigym.backends.data_parallel import LossModule, rebuilt, rows_of_process, summed_stats
+from omnigym.backends.base import part_of_process
+from omnigym.backends.data_parallel import LossModule, rebuilt, summed_stats
 from omnigym.backends.local import frozen
 from omnigym.errors import OmnigymError
 
@@ -67,8 +68,8 @@ class DeepSpeedBackend:
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=LossModule(model), optimizer=optimizer,
                                                                  config=config, dist_init_required=False)
 
-    def local_slice(self, rows: int) -> slice:
-        return rows_of_process(rows, self.rank, self.world_size)
+    def local_part(self, rows, weights=None) -> tuple[list, float]:
+        return part_of_process(rows, weights, self.rank, self.world_size)
 
     def forward_backward(self, batch, loss_fn, share: float | None = None) -> dict:
         share = 1.0 / self.world_size if share is None else float(share)

@@ -11,9 +11,9 @@ class LocalBackend:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None):
         self.model, self.optimizer, self.max_grad_norm = model, optimizer, max_grad_norm
 
-    def local_slice(self, rows: int) -> slice:
+    def local_part(self, rows, weights=None) -> tuple[list, float]:
         """One process trains every row of the batch."""
-        return slice(0, rows)
+        return list(rows), 1.0
 
     def forward_backward(self, batch, loss_fn, share: float | None = None) -> dict:
         """``share`` (the batch's part of the global batch) is 1 in one process."""
@@ -42,13 +42,6 @@ class LocalBackend:
     def frozen_copy(self) -> torch.nn.Module:
         """A copy of the model as it is now, for passes that never train it (a reference)."""
         return frozen(copy.deepcopy(self.model))
-
-    def sibling(self, make_optimizer, max_grad_norm: float | None = None) -> "LocalBackend":
-        """The same model with another optimizer (a warm-up phase before the main one)."""
-        return LocalBackend(self.model, make_optimizer(self.model), max_grad_norm)
-
-    def optimizer_component(self) -> torch.optim.Optimizer:
-        return self.optimizer
 
 
 def frozen(model: torch.nn.Module) -> torch.nn.Module:

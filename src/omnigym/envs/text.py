@@ -45,6 +45,9 @@ def make_text_env(env_id: str, **kwargs) -> "TextEnv":
 class TextEnv:
     """Single-turn: the conversation is a system prompt and the task's question."""
 
+    tools: tuple[str, ...] = ()
+    """the tools a reply may call (``ToolEnv``'s); none in a single-turn env"""
+
     def __init__(self, examples: list[dict], reward, system_prompt: str | None = None):
         if not examples:
             raise OmnigymError("a text env needs at least one example")

@@ -7,20 +7,22 @@ import copy
 
 import torch
 
-from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference.engine import SamplingParams
 
 
-@torch.no_grad()
-def accuracy(env, engine, tokenizer, examples: list[dict], reward, max_new_tokens: int = 32,
-             max_turns: int = 8, samples: list | None = None) -> float:
-    """Fraction of ``examples`` whose greedy episode of ``env`` gets ``reward`` 1 (e.g. a correct
-    answer). A list given as ``samples`` gets the first few episodes, to read (samples.jsonl)."""
+def judged_env(env, reward):
+    """A copy of ``env`` scored by ``reward`` (the correctness that accuracy counts)."""
     judged = copy.copy(env)
     judged.reward = reward
-    generator = TextEnvGenerator(judged, engine, tokenizer, SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
-                                 max_turns)
-    trajectories = generator.generate(examples, 1)
+    return judged
+
+
+@torch.no_grad()
+def accuracy(judge, tokenizer, examples: list[dict], samples: list | None = None) -> float:
+    """Fraction of ``examples`` whose episode, played by the generator ``judge`` (greedy, its env
+    scored by the correctness reward), gets reward 1 (e.g. a correct answer). A list given as
+    ``samples`` gets the first few episodes, to read (samples.jsonl)."""
+    trajectories = judge.generate(examples, 1)
     if samples is not None:
         samples += [sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward)
                     for t in trajectories.items[:SAMPLES_SHOWN]]

@@ -3,6 +3,12 @@
 What crosses it::
 
     generator.generate(examples: list[dict], group_size: int) -> Trajectories
+    generator.update_weights(named_tensors, version: int) -> None   # sample from these weights as ``version``
+
+``update_weights`` takes the tensors that changed (every one the first time; none: the same
+weights under a new version) and hands them to the generator's inference engine, which
+copies what it does not already share. Nothing else of a generator is read from outside:
+its engine, env and tokenizer are its own.
 
 Each example is played ``group_size`` times. A ``Trajectory`` is one whole episode as one
 token sequence after its first prompt: the tokens the model generated (``loss_mask`` 1,
@@ -15,7 +21,7 @@ generator in another process (a Ray actor) can hand the same object over.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterable, Protocol
 
 import torch
 
@@ -64,3 +70,5 @@ class Trajectories:
 
 class Generator(Protocol):
     def generate(self, examples: list[dict], group_size: int) -> Trajectories: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...

@@ -16,6 +16,9 @@ class PromptGenerator:
     def __init__(self, engine, params: SamplingParams, eos_token_id: int):
         self.engine, self.params, self.eos_token_id = engine, params, eos_token_id
 
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
     def generate(self, examples: list[dict], group_size: int) -> Trajectories:
         groups = self.engine.generate([e["prompt_ids"] for e in examples], group_size, self.params)
         items = []

@@ -44,6 +44,9 @@ class TextEnvGenerator:
         episode is then truncated with reward 0)."""
         self.env, self.engine, self.tokenizer, self.params, self.max_turns = env, engine, tokenizer, params, max_turns
 
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
     def generate(self, examples: list[dict], group_size: int) -> Trajectories:
         episodes = []
         for group_id, example in enumerate(examples):

@@ -4,7 +4,9 @@ What crosses it::
 
     engine.generate(prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Sample]]
     engine.update_weights(named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None
-    engine.version -> int   # the policy version the next samples come from
+    engine.version -> int   # the policy version the next samples come from (read-only)
+
+``update_weights`` with no tensors moves the version only (the trainer's step changed nothing).
 
 Engines today run in the trainer's process on the trainer's model (``hf``: Hugging Face
 ``generate``; ``kv``: a lean sampler for Llama-family models), so ``update_weights`` only

@@ -305,13 +305,10 @@ def completion_logprobs(model, batch: CompletionBatch, temperature: float = 1.0)
 
 def local_batch(trainer, sequences: list, pad_id: int, device: str):
     """This process's rows of a batch of sequences, and their share of its loss tokens (the
-    loss is a token mean: a data-parallel step weighs each process by its tokens)."""
-    local = sequences[trainer.local_slice(len(sequences))]
-    batch = make_trained_batch(local, pad_id, device)
-    if len(local) == len(sequences):
-        return batch, 1.0
-    total = make_trained_batch(sequences, pad_id, device).loss_mask.sum()
-    return batch, (batch.loss_mask.sum() / total.clamp(min=1)).item()
+    loss is a token mean: a data-parallel step weighs each process by its tokens; the first
+    token of a sequence is never predicted, so it is not counted)."""
+    local, share = trainer.local_part(sequences, weights=[sum(trained[1:]) for _, trained in sequences])
+    return make_trained_batch(local, pad_id, device), share
 
 
 def padded(rows: list[list], width: int | None = None) -> torch.Tensor:

@@ -3,10 +3,14 @@
 The contract a language algorithm is written against (``base.Rollouts``)::
 
     rollouts.trajectories(step) -> Trajectories   # the rollouts step ``step`` trains on
-    rollouts.update_weights(model, version)       # the trainer's new policy, version ``version``
+    rollouts.update_weights(named_tensors, version)  # the trainer's new policy, version ``version``
     rollouts.metrics() -> dict                    # staleness, idle time, samples/s
     rollouts.state_dict() / load_state_dict()     # what an exact resume needs
     rollouts.close()
+
+``update_weights`` takes the tensors that changed since the last call (every one the first
+time; none when the trainer's step changed nothing: the version moves alone), as the
+generator and inference-engine seams do.
 
 ``sync`` is the single-process loop every algorithm ran before the split, bit for bit.
 ``ray`` puts ``--num-generators`` generator actors beside the trainer and lets them run up

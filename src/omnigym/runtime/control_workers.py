@@ -46,7 +46,7 @@ class SyncControlRollouts:
     def collect(self, agent, update: int, global_step: int) -> tuple[Rollout, int]:
         return self.collector.collect(agent, global_step)
 
-    def update_weights(self, model, version: int, changed: bool = True) -> None:
+    def update_weights(self, named_tensors, version: int) -> None:
         pass  # the collector acts with the trainer's agent itself
 
     def metrics(self) -> dict:

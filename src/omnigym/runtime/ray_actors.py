@@ -74,11 +74,8 @@ class GeneratorWorker:
         self.generator = build_generator()
 
     def load_weights(self, tensors: dict | None, version: int) -> int:
-        engine = self.generator.engine
-        if tensors:
-            engine.update_weights(tensors.items(), version)
-        else:  # the trainer skipped its update: the same weights under the next version
-            engine.version = version
+        """``tensors`` None: the trainer skipped its update, the same weights under the next version."""
+        self.generator.update_weights(tensors.items() if tensors else (), version)
         return version
 
     def generate(self, examples: list[dict], group_size: int, seed: int):
@@ -112,7 +109,7 @@ class RaySchedule:
                                                  runtime_env={"env_vars": THREAD_ENV})
         self.workers = [actor.remote(*args) for args in worker_args]
         self._wait_started()
-        self.model = None
+        self.live: dict | None = None  # the trainer's named tensors (its own, not copies)
         self.version: int | None = None
         self.weight_loads: list = []  # (worker, ref) of updates not yet confirmed
         self.jobs: dict[int, list[dict]] = {}  # step -> its chunks in flight
@@ -138,14 +135,19 @@ class RaySchedule:
 
     # -- the contract --------------------------------------------------------------------
 
-    def update_weights(self, model, version: int, changed: bool = True) -> None:
-        """Send the trainer's weights as ``version`` (all of them the first time, then the
-        trainable ones); with ``changed`` False only the version moves."""
-        first = self.model is None
+    def update_weights(self, named_tensors, version: int) -> None:
+        """Send the trainer's weights as ``version``: all of them the first time, then the
+        trainable ones among ``named_tensors``; none given (the step changed nothing): only the
+        version moves."""
+        tensors = dict(named_tensors)
+        first = self.live is None
         if first:  # idle and throughput count from the first policy on
+            if not tensors:
+                raise OmnigymError("internal: the first update_weights must send the policy's tensors")
             self.started = time.perf_counter()
-        self.model = model
-        ref = self.ray.put(self._weights(trainable_only=not first) if first or changed else None)
+        if tensors:
+            self.live = tensors
+        ref = self.ray.put(self._weights(trainable_only=not first) if tensors else None)
         self.weight_loads += [(i, w.load_weights.remote(ref, version)) for i, w in enumerate(self.workers)]
         self.version = version
 
@@ -205,7 +207,7 @@ class RaySchedule:
 
     def _weights(self, trainable_only: bool = False) -> dict:
         """The trainer's weights on the CPU, copied (the trainer goes on changing its own)."""
-        return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.live.items()
                 if p.requires_grad or not trainable_only}
 
     def _wait(self, ref, failure: str):

@@ -15,10 +15,10 @@ class SyncRollouts:
         self.samples += len(out)
         return out
 
-    def update_weights(self, model, version: int, changed: bool = True) -> None:
+    def update_weights(self, named_tensors, version: int) -> None:
         """In-process engines share the trainer's tensors: this copies nothing that is shared."""
         self.started = self.started or time.perf_counter()  # throughput counts from the first policy on
-        self.generator.engine.update_weights(model.named_parameters(), version)
+        self.generator.update_weights(named_tensors, version)
 
     def metrics(self) -> dict:
         return {"perf/samples_per_second": self.samples / max(time.perf_counter() - self.started, 1e-9)}

@@ -135,7 +135,7 @@ def train(cfg: PPOConfig) -> dict:
             objective = torch.compile(minibatch_objective, dynamic=True)
         progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
         clock = Clock(global_step)
-        rollouts.update_weights(agent, version=first_update)  # the rollout workers start from the learner's policy
+        rollouts.update_weights(agent.named_parameters(), version=first_update)  # the rollout workers start from the learner's policy
         for update in range(first_update, num_updates):
             if cfg.anneal_lr:
                 optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
@@ -177,7 +177,7 @@ def train(cfg: PPOConfig) -> dict:
                     stop_early = True
                     break
 
-            rollouts.update_weights(agent, version=update + 1)  # ray: the workers step on with the new policy
+            rollouts.update_weights(agent.named_parameters(), version=update + 1)  # ray: the workers step on with the new policy
 
             # 4. Log, show, checkpoint.
             variance = b_returns.var()

@@ -178,10 +178,10 @@ def train(cfg: DPOConfig) -> dict:
         else:
             indices = random.Random(cfg.seed * 1_000_003 + step).sample(order, min(cfg.batch_size, len(order)))
             ref = reference_logps([training.pairs[i] for i in indices])
-        rows = trainer.local_slice(len(indices))  # this process's pairs (all of them in one)
-        if ref is not None and rows != slice(0, len(indices)):  # ref holds every chosen, then every rejected
+        rows, share = trainer.local_part(range(len(indices)))  # this process's pairs (all of them in one)
+        if ref is not None and len(rows) < len(indices):  # ref holds every chosen, then every rejected
             ref = torch.cat([ref[:len(indices)][rows], ref[len(indices):][rows]])
-        stats = trainer.forward_backward((indices[rows], ref), loss_fn, len(indices[rows]) / len(indices))
+        stats = trainer.forward_backward(([indices[i] for i in rows], ref), loss_fn, share)
         trainer.optim_step()
         step += 1
         metrics = {"train/loss": stats["loss"].item(), **{k: v.item() for k, v in stats.items() if "/" in k},

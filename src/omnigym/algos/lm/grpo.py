@@ -9,9 +9,9 @@ generated against the stored old log-probs, with a KL penalty to the reference m
 (``--beta 0`` drops it).
 
 ``omnigym train grpo`` with no flags is an offline demo: it builds a ~1M-parameter model,
-warms it up with a short supervised phase on 2-digit addition, then trains it with GRPO
-from rewards alone (correctness + 0.1 x format) and reports held-out accuracy before and
-after. With ``--model`` a hub id or a local path, the same loop trains a real model.
+warms it up with a short supervised stage on 2-digit addition (``pipelines/grpo_warmup.py``,
+``--sft-steps``), then trains it with GRPO from rewards alone (correctness + 0.1 x format)
+and reports held-out accuracy before and after. With ``--model`` a hub id or a local path, the same loop trains a real model.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.envs.text import TextEnv, ToolEnv
 from omnigym.errors import OmnigymError, require
-from omnigym.evaluation.text import accuracy
+from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.tokens import batch_logprobs, completion_logprobs, local_batch, make_completion_batch, padded
+from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
+from omnigym.pipelines.grpo_warmup import warm_up
 from omnigym.process import scoped_run
 from omnigym.rewards import WeightedSum, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
-from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, nll_loss, ppo_clip
+from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, ppo_clip
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks import Task, load_task
-from omnigym.tasks.sft_data import to_sequence
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import Run, start_run
 
@@ -94,7 +94,8 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     temperature: float = 1.0
     max_grad_norm: float = 1.0
     sft_steps: int = 1000
-    """at most this many supervised warm-up steps before GRPO (0 for a model that can already answer)"""
+    """at most this many supervised warm-up steps before GRPO, a stage of its own in RUN_DIR/stages/warmup
+    (0 for a model that can already answer)"""
     sft_target_accuracy: float = 0.3
     """the warm-up stops once validation accuracy (train-split problems) reaches this"""
     sft_eval_every: int = 25
@@ -113,9 +114,6 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     def check(self) -> None:
         super().check()
         self.check_runtime(self.prompts_per_step, trainer_backend=self.backend)
-        require(self.backend != "deepspeed" or self.sft_steps == 0,
-                "--backend deepspeed wraps one optimizer per model and the supervised warm-up needs a second: "
-                "give --sft-steps 0 (a model that can already answer), or use --backend ddp or fsdp2")
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
@@ -160,161 +158,74 @@ def task_env(cfg: GRPOConfig, task: Task):
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
     from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
-    estimator = get_advantage(cfg.advantage)
+
+    estimator = get_advantage(cfg.advantage)  # a misspelt name: one line before anything is written
     task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
-    train_set, heldout = task.train, task.heldout
-    if len(train_set) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
-        raise OmnigymError(f"--task {cfg.task} leaves {len(train_set)} training examples after the {cfg.eval_size} "
+    if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
+        raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step or --sft-batch-size")
     env, correct = task_env(cfg, task)
     run = start_run(cfg, "grpo", cfg.model)
-    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+    # The demo's model first learns the answer format from demonstrations: a stage of its own
+    # (pipelines/grpo_warmup.py), whose model is GRPO's starting policy and reference.
+    start = warm_up(cfg, run, env, correct, task.train) if cfg.sft_steps else cfg.model
+    policy, tokenizer = load_policy_and_tokenizer(str(start), cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
     check_context(policy, cfg.max_new_tokens)
-    generator = make_generator(cfg, env, policy, tokenizer)
-    engine = generator.engine
+    engine = make_engine(policy, tokenizer, cfg.engine)
+    sampler = make_generator(cfg, env, engine, tokenizer)  # the episodes GRPO trains on
+    judge = make_generator(cfg, judged_env(env, correct), engine, tokenizer, greedy=True)  # held-out accuracy
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
+    reference = trainer.frozen_copy() if cfg.beta > 0 else None  # the policy as GRPO starts (--beta 0: none)
     components = {"trainer": trainer}
-    if cfg.sft_steps:  # the warm-up's own optimizer, on the same (wrapped) model
-        sft = trainer.sibling(lambda m: adamw(m, cfg.sft_learning_rate, weight_decay=0.01))
-        components["sft_optimizer"] = sft.optimizer_component()
-    reference = None
-
-    def add_reference():
-        """The frozen copy of the policy the KL term pulls toward (none with --beta 0), checkpointed."""
-        if cfg.beta == 0:
-            return None
-        ref = components["reference"] = trainer.frozen_copy()
-        return ref
-
-    if run.saved and run.saved["counters"]["has_reference"]:
-        reference = add_reference()
-
-    def examples_for(step: int) -> list[dict]:
-        return random.Random(cfg.seed * 7_919 + step).sample(train_set, cfg.prompts_per_step)
-
-    rollouts = make_rollouts(cfg, generator, functools.partial(remote_generator, cfg, os.getcwd()), examples_for,
-                             cfg.group_size, cfg.steps, cfg.seed)
+    rollouts = make_rollouts(cfg, sampler, functools.partial(remote_generator, cfg, os.getcwd()),
+                             functools.partial(examples_for, cfg, task.train), cfg.group_size, cfg.steps, cfg.seed)
     if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
         components["rollouts"] = rollouts
+    loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
+                                behaviour_cap=cfg.behaviour_cap_in_effect())
     with closing(rollouts):  # Ray's actors end with the run, however it ends
-        counters = run.begin(components)  # restores the checkpoint when resuming
-        sft_step, step = counters.get("sft_step", 0), counters.get("step", 0)
-        sft_done = counters.get("sft_done", cfg.sft_steps == 0)
-
-        def save(next_step: int):
-            run.save(components, sft_step=sft_step, step=next_step, sft_done=sft_done, has_reference=reference is not None)
-
-        def evaluate(examples, at: int | None = None) -> float:
-            """Greedy accuracy; on the held-out set (``at``: the log step) a few episodes go to samples.jsonl."""
-            samples = [] if at is not None else None
-            engine.update_weights(policy.named_parameters(), engine.version)  # in-process engines share them
-            value = accuracy(env, engine, tokenizer, examples, correct, cfg.max_new_tokens, cfg.max_turns, samples)
-            if samples:
-                run.log_samples(at, samples)
-            return value
-
-        progress = ProgressBar(cfg.sft_steps + cfg.steps, "grpo", start=sft_step + step, enabled=cfg.progress)
-
-        # 1. Supervised warm-up (the demo's): answers in <answer> tags until accuracy on a
-        # validation set drawn from the training split reaches sft_target_accuracy, so that GRPO
-        # starts with some reward to learn from. The held-out set is never looked at here.
-        validation = random.Random(cfg.seed + 99).sample(train_set, min(100, len(train_set)))
-
-        def sft_loss(model, batch):
-            loss = nll_loss(batch_logprobs(model, batch), batch.loss_mask)
-            check_finite(loss, sft_step)
-            return loss, {}
-
-        while not sft_done and sft_step < cfg.sft_steps:
-            rng = random.Random(cfg.seed * 1_000_003 + sft_step)
-            examples = rng.sample(train_set, cfg.sft_batch_size)
-            sequences = [sequence for e in examples for sequence in demonstration(env, tokenizer, e)]
-            batch, share = local_batch(sft, sequences, tokenizer.pad_token_id, cfg.device)
-            loss = sft.forward_backward(batch, sft_loss, share)["loss"]
-            sft.optim_step()
-            sft_step += 1
-            metrics = {"sft/loss": loss.item()}
-            if sft_step % cfg.sft_eval_every == 0 or sft_step == cfg.sft_steps:
-                metrics["sft/val_accuracy"] = evaluate(validation)
-                sft_done = metrics["sft/val_accuracy"] >= cfg.sft_target_accuracy or sft_step == cfg.sft_steps
-            run.log(sft_step, metrics)
-            progress.update(sft_step, sft_loss=loss.item())
-            if sft_done:
-                reference = add_reference()
-            if sft_done or sft_step % cfg.checkpoint_every == 0:
-                save(0)
-        if reference is None:
-            reference = add_reference()
-
-        # 2. GRPO.
-        warmup_steps = sft_step  # GRPO's log steps continue after the warm-up's
-        behaviour_cap = cfg.behaviour_cap_in_effect()
-        loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
-                                    behaviour_cap=behaviour_cap)
-
-        def grpo_loss(model, batch):
-            new_logprobs = completion_logprobs(model, batch.tokens)
-            old = batch.old_logprobs if batch.old_logprobs is not None else new_logprobs.detach()
-            loss, stats = ppo_clip(new_logprobs, old, batch.advantages, batch.tokens.loss_mask, loss_cfg,
-                                   batch.behaviour_logprobs)
-            if batch.ref_logprobs is not None:
-                kl = kl_estimate(new_logprobs, batch.ref_logprobs, cfg.kl_estimator)
-                kl_term = aggregate(kl, batch.tokens.loss_mask, cfg.loss_aggregation, cfg.max_new_tokens)
-                loss = loss + cfg.beta * kl_term
-                stats["kl"] = kl_term.detach()
-            check_finite(loss, warmup_steps + step)
-            return loss, stats
-
+        step = run.begin(components).get("step", 0)  # restores the checkpoint when resuming
+        progress = ProgressBar(cfg.steps, "grpo", start=step, enabled=cfg.progress)
         clock = Clock(step)
-        rollouts.update_weights(policy, version=step)  # the generators start from the trainer's policy
+        rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
         for step in range(step, cfg.steps):
             metrics = {}
-            if step == 0 or step % cfg.eval_every == 0:
-                metrics["eval/accuracy"] = evaluate(heldout, warmup_steps + step + 1)
+            if step % cfg.eval_every == 0:
+                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step)
+
+            # 1. Sample group_size episodes of each prompt, each scored by the env's reward (ray:
+            # sampled up to --max-staleness versions ago; the sampler's log-probs come along).
             trajectories = rollouts.trajectories(step)
-            rewards, group_ids = trajectories.rewards(), trajectories.group_ids()
-            masks = padded([t.loss_mask for t in trajectories.items])
-            advantages, _ = estimator(outcome_rewards(rewards, masks), masks, group_ids)
-            informative = torch.ones(len(rewards), dtype=torch.bool)  # episodes whose group's rewards differ
-            if cfg.skip_equal_groups:
-                spread = rewards.reshape(-1, cfg.group_size).std(1) > 0  # groups are adjacent, group_size each
-                informative = spread.repeat_interleave(cfg.group_size)
+            # 2. Advantages within each group; a group whose rewards are all equal carries no signal.
+            advantages, informative = group_advantages(cfg, estimator, trajectories)
             trained = torch.nonzero(informative).squeeze(1).tolist()
+            # 3. Clipped policy steps on the tokens the model generated in the informative groups.
+            stats = policy_steps(cfg, trainer, reference, trajectories.select(trained), advantages[trained],
+                                 tokenizer.pad_token_id, functools.partial(grpo_loss, cfg=cfg, loss_cfg=loss_cfg,
+                                                                           step=step)) if trained else {}
+            rollouts.update_weights(policy.named_parameters() if trained else (), version=step + 1)
 
-            stats = {}
-            if trained:
-                stats = policy_steps(cfg, trainer, reference, trajectories.select(trained), advantages[trained],
-                                     tokenizer.pad_token_id, grpo_loss, behaviour_cap is not None)
-            rollouts.update_weights(policy, version=step + 1, changed=bool(trained))
-            metrics.update({
-                "reward/mean": rewards.mean().item(),
-                **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
-                "reward/std": rewards.std().item(), "groups/kept_fraction": informative.float().mean().item(),
-                "completion/length": sum(len(t.response_ids) for t in trajectories.items) / len(trajectories),
-                "completion/cut_off_fraction": sum(t.info["cut_off"] for t in trajectories.items) / len(trajectories),
-                "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics(),
-            })
-            if trained:
-                metrics.update({"losses/policy_loss": stats["loss"].item(), "losses/clip_fraction":
-                                stats["clip_fraction"].item(), "losses/approx_kl": stats["approx_kl"].item()})
-                if "kl" in stats:
-                    metrics["kl/mean"] = stats["kl"].item()
-            if cfg.env == "tools":
-                metrics["episode/turns"] = sum(t.info["turns"] for t in trajectories.items) / len(trajectories)
+            # 4. Log, show, checkpoint.
+            metrics.update({**step_metrics(cfg, trajectories, informative, stats),
+                            "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
             if step == cfg.steps - 1:
-                metrics["eval/accuracy"] = evaluate(heldout, warmup_steps + step + 1)
-            run.log(warmup_steps + step + 1, metrics)
-            progress.update(warmup_steps + step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
+                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step + 1)
+            run.log(step + 1, metrics)
+            progress.update(step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
             if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):
-                save(step + 1)
+                run.save(components, step=step + 1)
         progress.close()
-        return finish_lm(run, cfg)
+    return finish_lm(run, cfg)
 
 
-def make_generator(cfg: GRPOConfig, env, policy, tokenizer) -> TextEnvGenerator:
-    engine = make_engine(policy, tokenizer, cfg.engine)
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+def examples_for(cfg: GRPOConfig, train_set: list[dict], step: int) -> list[dict]:
+    """Step ``step``'s prompts: a seeded draw, the same whether the run was resumed or not."""
+    return random.Random(cfg.seed * 7_919 + step).sample(train_set, cfg.prompts_per_step)
+
+
+def make_generator(cfg: GRPOConfig, env, engine, tokenizer, greedy: bool = False) -> TextEnvGenerator:
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy)
     return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns)
 
 
@@ -329,23 +240,30 @@ def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
     env, _ = task_env(cfg, task)
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
-    return make_generator(cfg, env, policy, tokenizer)
+    return make_generator(cfg, env, make_engine(policy, tokenizer, cfg.engine), tokenizer)
 
 
-def demonstration(env, tokenizer, example: dict) -> list[tuple[list[int], list[int]]]:
-    """The warm-up's demonstrations for one example, as SFT sequences (``omnigym train sft``'s
-    data code, conversational prompt/completion): the answer in <answer> tags after the env's
-    prompt; in the tools env, when the example has an expression, first the calculator call,
-    then, after the env's real reply to it, the answer (one sequence per model turn)."""
-    messages, _ = env.reset(options={"example": example})
-    turns = []
-    if isinstance(env, ToolEnv) and "expression" in example:
-        call = f'<tool name="calculator">{example["expression"]}</tool>'
-        turns.append((messages, call))
-        messages, *_ = env.respond(call)
-    turns.append((messages, f"<answer>{example['answer']}</answer>"))
-    return [to_sequence("warm-up", {"prompt": prompt, "completion": [{"role": "assistant", "content": reply}]},
-                        tokenizer, completion_only=True) for prompt, reply in turns]
+def evaluate(run: Run, judge: TextEnvGenerator, policy, tokenizer, examples: list[dict], step: int) -> float:
+    """Greedy held-out accuracy; a few episodes go to samples.jsonl at log step ``step + 1``.
+    An engine outside this process (vLLM) gets the policy's weights first."""
+    samples: list = []
+    judge.update_weights(policy.named_parameters(), step)
+    value = accuracy(judge, tokenizer, examples, samples)
+    run.log_samples(step + 1, samples)
+    return value
+
+
+def group_advantages(cfg: GRPOConfig, estimator, trajectories) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token advantages ``[episodes, tokens]`` from each group's rewards, and which episodes
+    carry signal (all, or with --skip-equal-groups those of groups whose rewards differ)."""
+    rewards = trajectories.rewards()
+    masks = padded([t.loss_mask for t in trajectories.items])
+    advantages, _ = estimator(outcome_rewards(rewards, masks), masks, trajectories.group_ids())
+    informative = torch.ones(len(rewards), dtype=torch.bool)
+    if cfg.skip_equal_groups:
+        spread = rewards.reshape(-1, cfg.group_size).std(1) > 0  # groups are adjacent, group_size each
+        informative = spread.repeat_interleave(cfg.group_size)
+    return advantages, informative
 
 
 @dataclass
@@ -357,20 +275,19 @@ class PolicyBatch:
     behaviour_logprobs: torch.Tensor | None
 
 
-def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: torch.Tensor,
-                 pad_id: int, loss_fn, correct_behaviour: bool) -> dict:
-    """``ppo_epochs`` clipped steps on the trajectories of informative groups; returns the last
-    step's stats. Data-parallel, each process trains its rows, weighed by their share of the
-    batch: its sequences, or its generated tokens for a token-mean loss."""
-    rows = trainer.local_slice(len(trajectories))
-    items, advantages = trajectories.items[rows], advantages[rows]
-    share = len(items) / len(trajectories)
-    if cfg.loss_aggregation == "token-mean" and share < 1:
-        share = sum(sum(t.loss_mask) for t in items) / max(sum(sum(t.loss_mask) for t in trajectories.items), 1)
+def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: torch.Tensor, pad_id: int,
+                 loss_fn) -> dict:
+    """``ppo_epochs`` clipped steps on ``trajectories``; returns the last step's stats. Each
+    process of a data-parallel run trains its rows, weighed by their share of the batch (its
+    sequences, or its generated tokens for a token-mean loss)."""
+    tokens_per_row = [sum(t.loss_mask) for t in trajectories.items] if cfg.loss_aggregation == "token-mean" else None
+    rows, share = trainer.local_part(range(len(trajectories)), weights=tokens_per_row)
+    items, advantages = [trajectories.items[i] for i in rows], advantages[rows]
     tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items], pad_id,
                                    [t.loss_mask for t in items], cfg.device)
     width = tokens.loss_mask.shape[1]
-    behaviour = padded([t.logprobs for t in items], width).to(cfg.device) if correct_behaviour else None
+    behaviour = padded([t.logprobs for t in items], width).to(cfg.device) \
+        if cfg.behaviour_cap_in_effect() is not None else None
     with torch.no_grad():
         ref_logprobs = completion_logprobs(reference, tokens) if reference is not None else None
         old_logprobs = completion_logprobs(trainer.model, tokens) if cfg.ppo_epochs > 1 else None
@@ -379,6 +296,37 @@ def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: 
         stats = trainer.forward_backward(batch, loss_fn, share)
         trainer.optim_step()
     return stats
+
+
+def grpo_loss(model, batch: PolicyBatch, cfg: GRPOConfig, loss_cfg: PolicyLossConfig, step: int):
+    """The clipped surrogate on the generated tokens, plus beta x KL to the reference."""
+    new_logprobs = completion_logprobs(model, batch.tokens)
+    old = batch.old_logprobs if batch.old_logprobs is not None else new_logprobs.detach()
+    loss, stats = ppo_clip(new_logprobs, old, batch.advantages, batch.tokens.loss_mask, loss_cfg,
+                           batch.behaviour_logprobs)
+    if batch.ref_logprobs is not None:
+        kl = kl_estimate(new_logprobs, batch.ref_logprobs, cfg.kl_estimator)
+        kl_term = aggregate(kl, batch.tokens.loss_mask, cfg.loss_aggregation, cfg.max_new_tokens)
+        loss = loss + cfg.beta * kl_term
+        stats["kl"] = kl_term.detach()
+    check_finite(loss, step)
+    return loss, stats
+
+
+def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats: dict) -> dict:
+    rewards, items = trajectories.rewards(), trajectories.items
+    metrics = {"reward/mean": rewards.mean().item(), **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
+               "reward/std": rewards.std().item(), "groups/kept_fraction": informative.float().mean().item(),
+               "completion/length": sum(len(t.response_ids) for t in items) / len(items),
+               "completion/cut_off_fraction": sum(t.info["cut_off"] for t in items) / len(items)}
+    if stats:
+        metrics.update({"losses/policy_loss": stats["loss"].item(), "losses/clip_fraction": stats["clip_fraction"].item(),
+                        "losses/approx_kl": stats["approx_kl"].item()})
+        if "kl" in stats:
+            metrics["kl/mean"] = stats["kl"].item()
+    if cfg.env == "tools":
+        metrics["episode/turns"] = sum(t.info["turns"] for t in items) / len(items)
+    return metrics
 
 
 def finish_lm(run: Run, cfg) -> dict:

@@ -127,8 +127,8 @@ def train(cfg: RMConfig) -> dict:
     clock = Clock(step)
     while step < cfg.steps:
         pairs = random.Random(cfg.seed * 1_000_003 + step).sample(training.pairs, min(cfg.batch_size, len(training.pairs)))
-        local = pairs[trainer.local_slice(len(pairs))]  # this process's pairs (all of them in one)
-        stats = trainer.forward_backward(local, loss_fn, len(local) / len(pairs))
+        local, share = trainer.local_part(pairs)  # this process's pairs (all of them in one)
+        stats = trainer.forward_backward(local, loss_fn, share)
         trainer.optim_step()
         step += 1
         metrics = {"train/loss": stats["loss"].item(), "train/accuracy": stats["accuracy"].item(),

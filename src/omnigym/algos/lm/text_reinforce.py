@@ -93,7 +93,7 @@ def train(cfg: TextReinforceConfig) -> dict:
                              cfg.batch_size // cfg.num_generators, cfg.steps, cfg.seed)
     with closing(rollouts):  # Ray's actors end with the run, however it ends
         clock = Clock(0)
-        rollouts.update_weights(policy, version=0)
+        rollouts.update_weights(policy.named_parameters(), version=0)
         for step in range(cfg.steps):
             trajectories = rollouts.trajectories(step)
             rewards = trajectories.rewards()
@@ -105,7 +105,7 @@ def train(cfg: TextReinforceConfig) -> dict:
                 padded([t.logprobs for t in items], tokens.loss_mask.shape[1]).to(cfg.device)
             loss = trainer.forward_backward((tokens, advantages, behaviour), loss_fn)["loss"]
             trainer.optim_step()
-            rollouts.update_weights(policy, version=step + 1)
+            rollouts.update_weights(policy.named_parameters(), version=step + 1)
             run.log(step + 1, {"reward/mean": rewards.mean().item(), "losses/policy_loss": loss.item(),
                                "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
             if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.steps:  # a few of the batch's episodes, to read
