@@ -165,7 +165,7 @@ def test_async_grpo_is_repeatable_bounded_and_a_killed_trainer_resumes_exactly(t
     trainer = subprocess.Popen([omnigym, "train", "grpo", *CLI_FLAGS, "--run-dir", str(cut)], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while not (log.exists() and len(log.read_text().splitlines()) >= 63):  # GRPO's third step: after a checkpoint
+    while not (log.exists() and len(log.read_text().splitlines()) >= 3):  # GRPO's third step: after a checkpoint
         assert trainer.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
         time.sleep(0.05)
     trainer.send_signal(signal.SIGKILL)

@@ -52,6 +52,20 @@ class Clock:
         return (step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
 
 
+class Laps:
+    """Wall-clock seconds of a step's phases, as ``time/<phase>`` metrics: ``lap(name)`` ends the
+    phase that began at the previous lap (or at construction)."""
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+        self._started = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[f"time/{name}"] = now - self._started
+        self._started = now
+
+
 def crossed_multiple(step: int, previous_step: int, every: int) -> bool:
     """Did the step count pass a multiple of ``every`` (0 means never) since ``previous_step``?"""
     return every > 0 and step // every > previous_step // every

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-import time
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -50,7 +49,7 @@ from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_c
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.sft_data import prompt_tokens
-from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.progress import Clock, Laps, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
 
 
@@ -122,36 +121,113 @@ class RLHFConfig(RolloutRuntimeConfig, LanguageModelConfig):
 CONFIG = RLHFConfig
 
 
+@dataclass
+class Models:
+    """Where the run's models come from: the user's flags, or the offline demo's stages."""
+    policy: str
+    reward_model: str
+    gold_reward: str | None
+
+
 @scoped_run
 def train(cfg: RLHFConfig) -> dict:
-    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, load_tokenizer, model_folder
-    from omnigym.models.scalar_head import completion_values, load_scalar_model, reward_model_folder
+    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
+    from omnigym.models.scalar_head import reward_model_folder
     from omnigym.rewards.reward_model import RewardModelScorer
 
     if cfg.reward_model is not None:
         reward_model_folder(cfg.reward_model)  # not a reward model: one line before anything is written
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)  # bad data: one line before the demo's stages run
     run = start_run(cfg, "rlhf", cfg.model)
-    if cfg.reward_model is None:
-        from omnigym.pipelines.rlhf_demo import GOLD_REWARD, prepare
-
-        stages = prepare(cfg, run, reward_model=True)
-        cfg.model, cfg.reward_model = str(stages.sft), str(stages.reward_model)
-        cfg.gold_reward = cfg.gold_reward or f"{GOLD_REWARD}:1.0"
-    scorer = RewardModelScorer(cfg.reward_model, cfg.device)
-    gold = parse_weights(cfg.gold_reward).to(cfg.device) if cfg.gold_reward else None
-    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
-                                                  cfg.device, need_chat_template=False)
+    models = demo_models(cfg, run) if cfg.reward_model is None else Models(cfg.model, cfg.reward_model, cfg.gold_reward)
+    scorer = RewardModelScorer(models.reward_model, cfg.device)
+    gold = parse_weights(models.gold_reward).to(cfg.device) if models.gold_reward else None
+    policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,
+                                                  LoraSettings(r=cfg.lora_r), cfg.device, need_chat_template=False)
     check_context(policy, cfg.max_new_tokens)
-    value_source = str(scorer.folder) if cfg.value_init == "reward" else cfg.model
-    with model_folder(value_source, cfg.seed) as folder:
+    value_model = load_value_model(cfg, models, scorer, tokenizer)
+    heldout, training, left_out = split_prompts(cfg, rows, tokenizer)
+
+    reference = FrozenReference(policy)
+    engine = make_engine(policy, tokenizer)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
+    value_trainer = make_backend(cfg, value_model, lambda m: adamw(m, cfg.value_learning_rate), cfg.max_grad_norm)
+    components = {"trainer": trainer, "value_trainer": value_trainer}
+    # sync: the engine above samples in this process; ray: generator actors, up to K steps ahead
+    rollouts = make_rollouts(cfg, PromptGenerator(engine, params, tokenizer.eos_token_id),
+                             functools.partial(remote_generator, cfg, models.policy, os.getcwd()),
+                             functools.partial(examples_for, cfg, training), 1, cfg.steps, cfg.seed)
+    if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
+        components["rollouts"] = rollouts
+    judges = {"rm_score": scorer, **({"gold_reward": gold} if gold is not None else {})}
+    losses = Losses(cfg, PolicyLossConfig(cfg.clip, cfg.clip, "token-mean", behaviour_cap=cfg.behaviour_cap_in_effect()))
+    with closing(rollouts):  # Ray's actors end with the run, however it ends
+        counters = run.begin(components)
+        step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
+        if step == 0:
+            run.log(0, {**evaluate(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, 0),
+                        "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
+        progress = ProgressBar(cfg.steps, "rlhf", start=step, enabled=cfg.progress)
+        clock = Clock(step)
+        rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
+        while step < cfg.steps:
+            laps = Laps()
+            # 1. One reply a prompt (ray: sampled up to K versions ago; pi_old below is this
+            # policy's, and the sampler's log-probs weigh the loss with --behaviour-cap).
+            items = rollouts.trajectories(step).items
+            laps.lap("generate")
+            # 2. Score: log-probs of the policy and the reference, the reward model's score, V.
+            batch = score(cfg, items, policy, reference, value_model, scorer, tokenizer, laps)
+            # 3. Per-token rewards (-beta x KL, the score at the last token), GAE, whitened advantages.
+            advantages, returns = token_advantages(cfg, batch, beta)
+            # 4. PPO epochs over shuffled minibatches: the policy's and the value model's steps.
+            policy_stats, value_stats = ppo_updates(cfg, trainer, value_trainer, batch, advantages, returns, losses, step)
+            rollouts.update_weights(policy.named_parameters(), version=step + 1)
+            laps.lap("update")
+
+            # 5. Log what this step applied, then adapt beta; show, evaluate, checkpoint.
+            step += 1
+            metrics = {**step_metrics(batch, beta, policy_stats, value_stats), **laps.times,
+                       "perf/steps_per_second": clock.sps(step), **rollouts.metrics()}
+            beta = adapted_beta(cfg, beta, batch.kl.sum(1).mean().item(), len(items))
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                metrics.update(evaluate(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, step))
+            run.log(step, metrics)
+            progress.update(step, score=metrics["reward/score"], kl=metrics["kl/mean"])
+            if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
+                run.save(components, step=step, beta=beta)
+        progress.close()
+        return finish(run, cfg, trainer.full_model(), tokenizer, gold is not None)
+
+
+def demo_models(cfg: RLHFConfig, run) -> Models:
+    """The offline demo (no --reward-model): its SFT policy and reward model, made or reused as
+    stages of this run (pipelines/rlhf_demo.py), and the hidden gold rule as the gold reward."""
+    from omnigym.pipelines.rlhf_demo import GOLD_REWARD, prepare
+
+    stages = prepare(cfg, run, reward_model=True)
+    return Models(str(stages.sft), str(stages.reward_model), cfg.gold_reward or f"{GOLD_REWARD}:1.0")
+
+
+def load_value_model(cfg: RLHFConfig, models: Models, scorer, tokenizer):
+    """The critic: the reward model with its head, or the policy with a new zero head."""
+    from omnigym.models.lm import load_tokenizer, model_folder
+    from omnigym.models.scalar_head import load_scalar_model
+
+    source = str(scorer.folder) if cfg.value_init == "reward" else models.policy
+    with model_folder(source, cfg.seed) as folder:
         if cfg.value_init == "reward" and load_tokenizer(folder, need_chat_template=False).get_vocab() != tokenizer.get_vocab():
             raise OmnigymError("the reward model's tokenizer is not the policy's, so the value model cannot start from "
                                "it; use --value-init policy")
         # A new head on the policy starts at V = 0 (zero weights, as lm-human-preferences does).
-        value_model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device,
-                                        zero_head=cfg.value_init == "policy")
+        return load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device,
+                                 zero_head=cfg.value_init == "policy")
 
+
+def split_prompts(cfg: RLHFConfig, rows: list, tokenizer) -> tuple[list, list, int]:
+    """(held-out, training, left out): the prompts that fit --max-prompt-length, shuffled by the
+    seed, each as (example, token ids); the first --eval-prompts are held out."""
     prompts = []
     for where, prompt in rows:
         ids = prompt_tokens(where, prompt, tokenizer)
@@ -163,161 +239,162 @@ def train(cfg: RLHFConfig) -> dict:
                            f"{cfg.max_prompt_length} ({left_out} longer or empty) and --eval-prompts {cfg.eval_prompts} "
                            "holds out that many or more")
     random.Random(cfg.seed).shuffle(prompts)
-    heldout, training = prompts[:cfg.eval_prompts], prompts[cfg.eval_prompts:]
-
-    reference = FrozenReference(policy)
-    engine = make_engine(policy, tokenizer)
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
-    value_trainer = make_backend(cfg, value_model, lambda m: adamw(m, cfg.value_learning_rate), cfg.max_grad_norm)
-    components = {"trainer": trainer, "value_trainer": value_trainer}
-
-    def examples_for(step: int) -> list[dict]:
-        batch = random.Random(cfg.seed * 7_919 + step).sample(training, min(cfg.prompts_per_step, len(training)))
-        return [{**example, "prompt_ids": ids} for example, ids in batch]
-
-    # sync: the engine above samples in this process; ray: generator actors, up to K steps ahead
-    rollouts = make_rollouts(cfg, PromptGenerator(engine, params, tokenizer.eos_token_id),
-                             functools.partial(remote_generator, cfg, os.getcwd()), examples_for, 1, cfg.steps, cfg.seed)
-    if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
-        components["rollouts"] = rollouts
-    with closing(rollouts):  # Ray's actors end with the run, however it ends
-        counters = run.begin(components)
-        step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
-        behaviour_cap = cfg.behaviour_cap_in_effect()
-        loss_cfg = PolicyLossConfig(cfg.clip, cfg.clip, "token-mean", behaviour_cap=behaviour_cap)
-        advantage_cfg = AdvantageConfig(gamma=cfg.gamma, lam=cfg.lam)
-        evaluated = {"rm_score": scorer, **({"gold_reward": gold} if gold is not None else {})}
-
-        def evaluate(at: int) -> dict:
-            samples: list = []
-            with torch.random.fork_rng():  # evaluation leaves training's random stream alone
-                torch.manual_seed(cfg.seed + at)
-                metrics = sampled_rewards(policy, reference, engine, tokenizer, [e for e, _ in heldout],
-                                          [ids for _, ids in heldout], evaluated, params, samples)
-            run.log_samples(at, samples)
-            return metrics
-
-        def policy_loss(model, mb):
-            new = completion_logprobs(model, mb["tokens"], cfg.temperature)
-            loss, stats = ppo_clip(new, mb["old_logprobs"], mb["advantages"], mb["tokens"].loss_mask, loss_cfg,
-                                   mb["behaviour_logprobs"])
-            check_finite(loss, step)
-            return loss, stats
-
-        def critic_loss(model, mb):
-            new = completion_values(model, mb["tokens"])
-            loss = value_loss(new, mb["old_values"], mb["returns"], mb["tokens"].loss_mask, cfg.value_clip)
-            check_finite(loss, step)
-            return loss, {"value_clip_fraction": masked_mean(((new - mb["old_values"]).abs() > cfg.value_clip).float(),
-                                                             mb["tokens"].loss_mask)}
-
-        if step == 0:
-            first = evaluate(0)
-            run.log(0, {**first, "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
-        progress = ProgressBar(cfg.steps, "rlhf", start=step, enabled=cfg.progress)
-        clock = Clock(step)
-        rollouts.update_weights(policy, version=step)  # the generators start from the trainer's policy
-        while step < cfg.steps:
-            timings, started = {}, time.perf_counter()
-
-            def lap(name):
-                nonlocal started
-                now = time.perf_counter()
-                timings[f"time/{name}"] = now - started
-                started = now
-
-            # One reply a prompt (an empty one keeps its end token); ray: sampled up to K versions ago,
-            # so pi_old below is this policy's and the sampler's log-probs weigh the loss (--behaviour-cap).
-            items = rollouts.trajectories(step).items
-            examples, prompt_ids, completions = [t.example for t in items], [t.prompt_ids for t in items], \
-                [t.response_ids for t in items]
-            finished = torch.tensor([t.info["finished"] for t in items], dtype=torch.bool)
-            lap("generate")
-            tokens = make_completion_batch(prompt_ids, completions, tokenizer.pad_token_id, device=cfg.device)
-            mask = tokens.loss_mask
-            behaviour = None if behaviour_cap is None else \
-                padded([t.logprobs for t in items], mask.shape[1]).to(cfg.device)
-            with torch.no_grad():
-                policy.eval()
-                old_logprobs = completion_logprobs(policy, tokens, cfg.temperature)
-                policy.train()
-                lap("policy_logprobs")
-                ref_logprobs = reference.run(lambda model, batch: completion_logprobs(model, batch, cfg.temperature), tokens)
-                lap("reference")
-                texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
-                scores = scorer(texts, examples).float().to(cfg.device)
-                lap("reward")
-                old_values = completion_values(value_model, tokens) * mask
-                lap("value")
-                penalised = scores - cfg.missing_eos_penalty * (~finished).float().to(cfg.device)
-                kl = (old_logprobs - ref_logprobs) * mask
-                rewards = -beta * kl
-                last = mask.sum(1).long() - 1
-                rewards[torch.arange(len(completions)), last] += penalised
-                if cfg.whiten_rewards:
-                    rewards = rewards / (masked_mean(rewards ** 2, mask) - masked_mean(rewards, mask) ** 2).clamp(min=1e-8).sqrt() * mask
-                advantages, returns = gae(rewards, mask, values=old_values, cfg=advantage_cfg)
-                advantages = normalize(advantages, mask) * mask
-
-            order = list(range(len(completions)))
-            shuffle = random.Random(cfg.seed * 31 + step)
-            size = -(-len(order) // cfg.minibatches)
-            for _ in range(cfg.ppo_epochs):
-                shuffle.shuffle(order)
-                for begin in range(0, len(order), size):
-                    chosen = order[begin:begin + size]
-                    # data-parallel: this process's rows, weighed by their share of the tokens (token-mean losses)
-                    share = 1.0
-                    if trainer.local_slice(len(chosen)) != slice(0, len(chosen)):
-                        mine = chosen[trainer.local_slice(len(chosen))]
-                        share = (mask[mine].sum() / mask[chosen].sum().clamp(min=1)).item()
-                        chosen = mine
-                    mb_tokens = make_completion_batch([prompt_ids[i] for i in chosen], [completions[i] for i in chosen],
-                                                      tokenizer.pad_token_id, device=cfg.device)
-                    width = mb_tokens.loss_mask.shape[1]
-                    mb = {"tokens": mb_tokens, "old_logprobs": old_logprobs[chosen, :width], "advantages": advantages[chosen, :width],
-                          "old_values": old_values[chosen, :width], "returns": returns[chosen, :width],
-                          "behaviour_logprobs": None if behaviour is None else behaviour[chosen, :width]}
-                    policy_stats = trainer.forward_backward(mb, policy_loss, share)
-                    trainer.optim_step()
-                    value_stats = value_trainer.forward_backward(mb, critic_loss, share)
-                    value_trainer.optim_step()
-            rollouts.update_weights(policy, version=step + 1)
-            lap("update")
-            kl_per_reply = kl.sum(1)
-            if cfg.target_kl is not None:  # Ziegler et al.: a proportional controller on log(KL / target)
-                error = max(-0.2, min(0.2, kl_per_reply.mean().item() / cfg.target_kl - 1))
-                beta *= 1 + error * len(completions) / cfg.kl_horizon
-            step += 1
-            metrics = {"reward/score": scores.mean().item(), "reward/penalised_score": penalised.mean().item(),
-                       "reward/kl_penalty": (-beta * kl_per_reply).mean().item(),
-                       "reward/total": (penalised - beta * kl_per_reply).mean().item(), "kl/mean": kl_per_reply.mean().item(),
-                       "kl/beta": beta, "completion/length": mask.sum(1).mean().item(),
-                       "completion/eos_fraction": finished.float().mean().item(),
-                       "losses/policy_loss": policy_stats["loss"].item(), "losses/value_loss": value_stats["loss"].item(),
-                       "losses/clip_fraction": policy_stats["clip_fraction"].item(),
-                       "losses/approx_kl": policy_stats["approx_kl"].item(),
-                       "losses/value_clip_fraction": value_stats["value_clip_fraction"].item(),
-                       **timings, "perf/steps_per_second": clock.sps(step), **rollouts.metrics()}
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                metrics.update(evaluate(step))
-            run.log(step, metrics)
-            progress.update(step, score=metrics["reward/score"], kl=metrics["kl/mean"])
-            if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
-                run.save(components, step=step, beta=beta)
-        progress.close()
-        return finish(run, cfg, trainer.full_model(), tokenizer, gold is not None)
+    return prompts[:cfg.eval_prompts], prompts[cfg.eval_prompts:], left_out
 
 
+def examples_for(cfg: RLHFConfig, training: list, step: int) -> list[dict]:
+    """Step ``step``'s prompts: a seeded draw, the same whether the run was resumed or not."""
+    batch = random.Random(cfg.seed * 7_919 + step).sample(training, min(cfg.prompts_per_step, len(training)))
+    return [{**example, "prompt_ids": ids} for example, ids in batch]
 
-def remote_generator(cfg: RLHFConfig, cwd: str) -> PromptGenerator:
+
+def evaluate(cfg: RLHFConfig, run, policy, reference, engine, tokenizer, heldout: list, judges: dict, params,
+             step: int) -> dict:
+    """Sampled replies to the held-out prompts scored by each judge, with their KL to the
+    reference; a few go to samples.jsonl. Training's random stream is left alone."""
+    samples: list = []
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed + step)
+        metrics = sampled_rewards(policy, reference, engine, tokenizer, [e for e, _ in heldout],
+                                  [ids for _, ids in heldout], judges, params, samples)
+    run.log_samples(step, samples)
+    return metrics
+
+
+@dataclass
+class ScoredBatch:
+    """One step's replies and what the frozen passes said of them (``[replies, tokens]``)."""
+    prompt_ids: list[list[int]]
+    completions: list[list[int]]
+    pad_id: int
+    tokens: object                      # CompletionBatch
+    finished: torch.Tensor              # the reply ended with the end-of-sequence token
+    old_logprobs: torch.Tensor          # pi_old: this policy, before the step
+    behaviour_logprobs: torch.Tensor | None  # the sampler's (--behaviour-cap)
+    kl: torch.Tensor                    # log pi_old - log ref, per token
+    scores: torch.Tensor                # the reward model's score of each reply
+    penalised: torch.Tensor             # less --missing-eos-penalty where the reply never ended
+    old_values: torch.Tensor
+
+
+@torch.no_grad()
+def score(cfg: RLHFConfig, items: list, policy, reference, value_model, scorer, tokenizer, laps) -> ScoredBatch:
+    from omnigym.models.scalar_head import completion_values
+
+    prompt_ids, completions = [t.prompt_ids for t in items], [t.response_ids for t in items]
+    tokens = make_completion_batch(prompt_ids, completions, tokenizer.pad_token_id, device=cfg.device)
+    mask = tokens.loss_mask
+    behaviour = padded([t.logprobs for t in items], mask.shape[1]).to(cfg.device) \
+        if cfg.behaviour_cap_in_effect() is not None else None
+    policy.eval()
+    old_logprobs = completion_logprobs(policy, tokens, cfg.temperature)
+    policy.train()
+    laps.lap("policy_logprobs")
+    ref_logprobs = reference.run(functools.partial(completion_logprobs, temperature=cfg.temperature), tokens)
+    laps.lap("reference")
+    texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+    scores = scorer(texts, [t.example for t in items]).float().to(cfg.device)
+    laps.lap("reward")
+    old_values = completion_values(value_model, tokens) * mask
+    laps.lap("value")
+    finished = torch.tensor([t.info["finished"] for t in items], dtype=torch.bool)
+    penalised = scores - cfg.missing_eos_penalty * (~finished).float().to(cfg.device)
+    return ScoredBatch(prompt_ids, completions, tokenizer.pad_token_id, tokens, finished, old_logprobs, behaviour,
+                       (old_logprobs - ref_logprobs) * mask, scores, penalised, old_values)
+
+
+@torch.no_grad()
+def token_advantages(cfg: RLHFConfig, batch: ScoredBatch, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = batch.tokens.loss_mask
+    rewards = -beta * batch.kl
+    last = mask.sum(1).long() - 1
+    rewards[torch.arange(len(batch.completions)), last] += batch.penalised
+    if cfg.whiten_rewards:
+        rewards = rewards / (masked_mean(rewards ** 2, mask) - masked_mean(rewards, mask) ** 2).clamp(min=1e-8).sqrt() * mask
+    advantages, returns = gae(rewards, mask, values=batch.old_values, cfg=AdvantageConfig(gamma=cfg.gamma, lam=cfg.lam))
+    return normalize(advantages, mask) * mask, returns
+
+
+class Losses:
+    """The policy's PPO-clip loss and the value model's clipped loss on one minibatch."""
+
+    def __init__(self, cfg: RLHFConfig, loss_cfg: PolicyLossConfig):
+        self.cfg, self.loss_cfg = cfg, loss_cfg
+
+    def policy(self, model, mb: dict, step: int):
+        new = completion_logprobs(model, mb["tokens"], self.cfg.temperature)
+        loss, stats = ppo_clip(new, mb["old_logprobs"], mb["advantages"], mb["tokens"].loss_mask, self.loss_cfg,
+                               mb["behaviour_logprobs"])
+        check_finite(loss, step)
+        return loss, stats
+
+    def value(self, model, mb: dict, step: int):
+        from omnigym.models.scalar_head import completion_values
+
+        new = completion_values(model, mb["tokens"])
+        loss = value_loss(new, mb["old_values"], mb["returns"], mb["tokens"].loss_mask, self.cfg.value_clip)
+        check_finite(loss, step)
+        clipped = ((new - mb["old_values"]).abs() > self.cfg.value_clip).float()
+        return loss, {"value_clip_fraction": masked_mean(clipped, mb["tokens"].loss_mask)}
+
+
+def ppo_updates(cfg: RLHFConfig, trainer, value_trainer, batch: ScoredBatch, advantages, returns, losses: Losses,
+                step: int) -> tuple[dict, dict]:
+    """``ppo_epochs`` passes over ``minibatches`` shuffled minibatches; returns the last stats.
+    Each process of a data-parallel run trains its rows of a minibatch, weighed by their tokens."""
+    order = list(range(len(batch.completions)))
+    shuffle = random.Random(cfg.seed * 31 + step)
+    size = -(-len(order) // cfg.minibatches)
+    mask = batch.tokens.loss_mask
+    for _ in range(cfg.ppo_epochs):
+        shuffle.shuffle(order)
+        for begin in range(0, len(order), size):
+            chosen = order[begin:begin + size]
+            chosen, share = trainer.local_part(chosen, weights=mask[chosen].sum(1).tolist())
+            tokens = make_completion_batch([batch.prompt_ids[i] for i in chosen], [batch.completions[i] for i in chosen],
+                                           batch.pad_id, device=cfg.device)
+            width = tokens.loss_mask.shape[1]
+            mb = {"tokens": tokens, "old_logprobs": batch.old_logprobs[chosen, :width],
+                  "advantages": advantages[chosen, :width], "old_values": batch.old_values[chosen, :width],
+                  "returns": returns[chosen, :width],
+                  "behaviour_logprobs": None if batch.behaviour_logprobs is None else
+                  batch.behaviour_logprobs[chosen, :width]}
+            policy_stats = trainer.forward_backward(mb, functools.partial(losses.policy, step=step), share)
+            trainer.optim_step()
+            value_stats = value_trainer.forward_backward(mb, functools.partial(losses.value, step=step), share)
+            value_trainer.optim_step()
+    return policy_stats, value_stats
+
+
+def adapted_beta(cfg: RLHFConfig, beta: float, kl_per_reply: float, replies: int) -> float:
+    """With --target-kl, Ziegler et al.'s proportional controller on log(KL / target); else beta."""
+    if cfg.target_kl is None:
+        return beta
+    error = max(-0.2, min(0.2, kl_per_reply / cfg.target_kl - 1))
+    return beta * (1 + error * replies / cfg.kl_horizon)
+
+
+def step_metrics(batch: ScoredBatch, beta: float, policy_stats: dict, value_stats: dict) -> dict:
+    """What the step trained on, with the ``beta`` it applied."""
+    kl_per_reply, mask = batch.kl.sum(1), batch.tokens.loss_mask
+    return {"reward/score": batch.scores.mean().item(), "reward/penalised_score": batch.penalised.mean().item(),
+            "reward/kl_penalty": (-beta * kl_per_reply).mean().item(),
+            "reward/total": (batch.penalised - beta * kl_per_reply).mean().item(), "kl/mean": kl_per_reply.mean().item(),
+            "kl/beta": beta, "completion/length": mask.sum(1).mean().item(),
+            "completion/eos_fraction": batch.finished.float().mean().item(),
+            "losses/policy_loss": policy_stats["loss"].item(), "losses/value_loss": value_stats["loss"].item(),
+            "losses/clip_fraction": policy_stats["clip_fraction"].item(),
+            "losses/approx_kl": policy_stats["approx_kl"].item(),
+            "losses/value_clip_fraction": value_stats["value_clip_fraction"].item()}
+
+
+def remote_generator(cfg: RLHFConfig, policy_source: str, cwd: str) -> PromptGenerator:
     """What a Ray generator actor runs: a policy of the same shape (its weights come from the
     trainer before it samples) with the same sampling settings. Paths are the trainer's."""
     from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
 
     os.chdir(cwd)
-    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+    policy, tokenizer = load_policy_and_tokenizer(policy_source, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     return PromptGenerator(make_engine(policy, tokenizer), params, tokenizer.eos_token_id)
