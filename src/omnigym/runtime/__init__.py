@@ -1,6 +1,6 @@
 """Where rollouts are made: in the trainer's process (``sync``) or on Ray actors (``ray``).
 
-The contract a language algorithm is written against (``base.Rollouts``)::
+The contract a language algorithm is written against (``Rollouts`` below)::
 
     rollouts.trajectories(step) -> Trajectories   # the rollouts step ``step`` trains on
     rollouts.update_weights(named_tensors, version)  # the trainer's new policy, version ``version``
@@ -21,7 +21,7 @@ control rollouts take the same flags and schedule (``control_workers.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Protocol
 
 from omnigym.config import require_non_negative, require_positive
 from omnigym.errors import require
@@ -97,6 +97,20 @@ class RolloutRuntimeConfig:
 
             require(importlib.util.find_spec("ray") is not None,
                     "--runtime ray needs Ray; install it with: pip install 'omnigym[ray]'")
+
+
+class Rollouts(Protocol):
+    def trajectories(self, step: int) -> "Trajectories": ...
+
+    def update_weights(self, named_tensors: Iterable, version: int) -> None: ...
+
+    def metrics(self) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def make_rollouts(cfg: RolloutRuntimeConfig, local_generator, build_generator: Callable, examples_for: Callable,

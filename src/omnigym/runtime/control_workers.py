@@ -24,6 +24,7 @@ import dataclasses
 import io
 import os
 import time
+from typing import Iterable, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +35,22 @@ from omnigym.runtime.ray_actors import RaySchedule
 RELABEL_CHUNK = 4096
 """rows per forward pass when the learner recomputes values and log-probs (bounds the memory
 of a pixel batch)"""
+
+
+class ControlRollouts(Protocol):
+    """What PPO is written against, in both modes."""
+
+    def collect(self, agent, update: int, global_step: int) -> tuple[Rollout, int]: ...
+
+    def update_weights(self, named_tensors: Iterable, version: int) -> None: ...
+
+    def metrics(self) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class SyncControlRollouts:
