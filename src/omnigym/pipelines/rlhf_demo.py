@@ -81,21 +81,25 @@ def prepare(cfg, run: Run, reward_model: bool) -> Stages:
     return stages
 
 
-def use_demo_pairs(cfg, run: Run) -> None:
-    """``--data gold`` of ``train rm`` and ``train dpo``: make (or reuse) the demo's SFT model and
-    pairs, and point ``cfg`` at them (and, for DPO, judge samples by the hidden rule). A
-    ``--model`` of the user's own is checked first: a misspelt folder is one line, not a
-    minute of demo stages and then the same line."""
+@dataclass
+class DemoPairs:
+    pairs: str
+    model: str
+    gold_reward: str
+
+
+def use_demo_pairs(cfg, run: Run) -> DemoPairs:
+    """``--data gold`` of ``train rm`` and ``train dpo``: the demo's gold-labelled pairs, the model
+    to train (``--model``, or the demo's SFT model for ``tiny``) and the hidden rule as a gold
+    reward, made or reused (a resumed run finds its finished stages). A ``--model`` of the
+    user's own is checked first: a misspelt folder is one line, not a minute of demo stages
+    and then the same line."""
     if cfg.model != "tiny":
         from omnigym.models.lm import resolve_model
 
         resolve_model(cfg.model)
     stages = prepare(cfg, run, reward_model=False)
-    cfg.data = str(stages.pairs)
-    if cfg.model == "tiny":
-        cfg.model = str(stages.sft)
-    if hasattr(cfg, "gold_reward"):
-        cfg.gold_reward = cfg.gold_reward or f"{GOLD_REWARD}:1.0"
+    return DemoPairs(str(stages.pairs), str(stages.sft) if cfg.model == "tiny" else cfg.model, f"{GOLD_REWARD}:1.0")
 
 
 def write_gold_pairs(sft_dir: Path, out: Path, seed: int, device: str) -> None:

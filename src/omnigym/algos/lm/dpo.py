@@ -95,14 +95,16 @@ def train(cfg: DPOConfig) -> dict:
     from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
 
     run = start_run(cfg, "dpo", cfg.model)
-    if cfg.data == "gold" and not cfg.resume:  # the offline demo: its SFT model and gold-labelled pairs
+    data, start, gold_reward = cfg.data, cfg.model, cfg.gold_reward
+    if cfg.data == "gold":  # the offline demo: its SFT model and gold-labelled pairs (a resumed run reuses them)
         from omnigym.pipelines.rlhf_demo import use_demo_pairs
 
-        use_demo_pairs(cfg, run)
-    gold = parse_weights(cfg.gold_reward).to(cfg.device) if cfg.gold_reward else None
-    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+        demo = use_demo_pairs(cfg, run)
+        data, start, gold_reward = demo.pairs, demo.model, gold_reward or demo.gold_reward
+    gold = parse_weights(gold_reward).to(cfg.device) if gold_reward else None
+    policy, tokenizer = load_policy_and_tokenizer(start, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)
-    rows, heldout, training, _ = read_pairs(cfg.data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)
+    rows, heldout, training, _ = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)
     reference = FrozenReference(policy)
     engine = make_engine(policy, tokenizer)
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)

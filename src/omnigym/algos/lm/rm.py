@@ -74,13 +74,15 @@ def train(cfg: RMConfig) -> dict:
     from omnigym.models.scalar_head import load_scalar_model, pair_scores, save_reward_model
 
     run = start_run(cfg, "rm", cfg.model)
-    if cfg.data == "gold" and not cfg.resume:  # the offline demo: its SFT model and gold-labelled pairs
+    data, base_model = cfg.data, cfg.model
+    if cfg.data == "gold":  # the offline demo: its SFT model and gold-labelled pairs (a resumed run reuses them)
         from omnigym.pipelines.rlhf_demo import use_demo_pairs
 
-        use_demo_pairs(cfg, run)
-    with model_folder(cfg.model, cfg.seed) as folder:
+        demo = use_demo_pairs(cfg, run)
+        data, base_model = demo.pairs, demo.model
+    with model_folder(base_model, cfg.seed) as folder:
         tokenizer = load_tokenizer(folder, cfg.chat_template, need_chat_template=False)
-        rows, heldout, training, conversational = read_pairs(cfg.data, cfg.split, cfg.seed, cfg.eval_size, tokenizer,
+        rows, heldout, training, conversational = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer,
                                                              cfg.max_length)
         model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
@@ -144,7 +146,7 @@ def train(cfg: RMConfig) -> dict:
     whole = trainer.full_model()  # None in the other processes of a data-parallel run
     if whole is not None:
         save_reward_model(run.dir / "model", whole, tokenizer,
-                          {"base_model": cfg.model, "conversational": conversational, "max_length": cfg.max_length,
+                          {"base_model": base_model, "conversational": conversational, "max_length": cfg.max_length,
                            "heldout_accuracy": final["eval/accuracy"]})
     plot_path = run.close(plot=cfg.plot, metric="eval/accuracy")
     before = f"{first['eval/accuracy']:.3f} -> " if first else ""
