@@ -29,6 +29,7 @@ from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
+from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
 from omnigym.models.tokens import batch_logprobs, local_batch
 from omnigym.optim import adamw
 from omnigym.pipelines.stages import export_model_folder, finished_stage
@@ -70,8 +71,6 @@ def warm_up(cfg, run, env, correct, train_set: list[dict]) -> Path:
 
 
 def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict]) -> None:
-    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
-
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
     # vLLM would hold a second copy of the model on the GPU beside GRPO's: the warm-up's few

@@ -33,6 +33,7 @@ from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
+from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
 from omnigym.pipelines.grpo_warmup import warm_up
@@ -42,6 +43,7 @@ from omnigym.rl.advantages import get_advantage, outcome_rewards
 from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, ppo_clip
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks import Task, load_task
+from omnigym.track.files import read_metrics
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import Run, start_run
 
@@ -157,8 +159,6 @@ def task_env(cfg: GRPOConfig, task: Task):
 
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
-    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
-
     estimator = get_advantage(cfg.advantage)  # a misspelt name: one line before anything is written
     task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
     if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
@@ -233,8 +233,6 @@ def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
     """What a Ray generator actor runs: the same env and a policy of the same shape, built in
     the actor (its weights come from the trainer before it samples). Paths in the flags are
     read from the trainer's working directory."""
-    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
-
     os.chdir(cwd)
     task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
     env, _ = task_env(cfg, task)
@@ -330,8 +328,6 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
 
 
 def finish_lm(run: Run, cfg) -> dict:
-    from omnigym.track.files import read_metrics
-
     if not run.writer:  # the first process of a data-parallel run reports
         run.close(plot=False)
         return {"run_dir": str(run.dir)}

@@ -39,16 +39,21 @@ from omnigym.evaluation.text import sampled_rewards
 from omnigym.generators.prompts import PromptGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
+from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, load_tokenizer, model_folder
 from omnigym.models.reference import FrozenReference
+from omnigym.models.scalar_head import completion_values, load_scalar_model, reward_model_folder
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
+from omnigym.pipelines.rlhf_demo import GOLD_REWARD, prepare
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
+from omnigym.rewards.reward_model import RewardModelScorer
 from omnigym.rl.advantages import AdvantageConfig, gae, normalize
 from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_clip, value_loss
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.sft_data import prompt_tokens
+from omnigym.track.files import read_metrics
 from omnigym.track.progress import Clock, Laps, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
 
@@ -131,10 +136,6 @@ class Models:
 
 @scoped_run
 def train(cfg: RLHFConfig) -> dict:
-    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
-    from omnigym.models.scalar_head import reward_model_folder
-    from omnigym.rewards.reward_model import RewardModelScorer
-
     if cfg.reward_model is not None:
         reward_model_folder(cfg.reward_model)  # not a reward model: one line before anything is written
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)  # bad data: one line before the demo's stages run
@@ -204,17 +205,12 @@ def train(cfg: RLHFConfig) -> dict:
 def demo_models(cfg: RLHFConfig, run) -> Models:
     """The offline demo (no --reward-model): its SFT policy and reward model, made or reused as
     stages of this run (pipelines/rlhf_demo.py), and the hidden gold rule as the gold reward."""
-    from omnigym.pipelines.rlhf_demo import GOLD_REWARD, prepare
-
     stages = prepare(cfg, run, reward_model=True)
     return Models(str(stages.sft), str(stages.reward_model), cfg.gold_reward or f"{GOLD_REWARD}:1.0")
 
 
 def load_value_model(cfg: RLHFConfig, models: Models, scorer, tokenizer):
     """The critic: the reward model with its head, or the policy with a new zero head."""
-    from omnigym.models.lm import load_tokenizer, model_folder
-    from omnigym.models.scalar_head import load_scalar_model
-
     source = str(scorer.folder) if cfg.value_init == "reward" else models.policy
     with model_folder(source, cfg.seed) as folder:
         if cfg.value_init == "reward" and load_tokenizer(folder, need_chat_template=False).get_vocab() != tokenizer.get_vocab():
@@ -279,8 +275,6 @@ class ScoredBatch:
 
 @torch.no_grad()
 def score(cfg: RLHFConfig, items: list, policy, reference, value_model, scorer, tokenizer, laps) -> ScoredBatch:
-    from omnigym.models.scalar_head import completion_values
-
     prompt_ids, completions = [t.prompt_ids for t in items], [t.response_ids for t in items]
     tokens = make_completion_batch(prompt_ids, completions, tokenizer.pad_token_id, device=cfg.device)
     mask = tokens.loss_mask
@@ -329,8 +323,6 @@ class Losses:
         return loss, stats
 
     def value(self, model, mb: dict, step: int):
-        from omnigym.models.scalar_head import completion_values
-
         new = completion_values(model, mb["tokens"])
         loss = value_loss(new, mb["old_values"], mb["returns"], mb["tokens"].loss_mask, self.cfg.value_clip)
         check_finite(loss, step)
@@ -391,8 +383,6 @@ def step_metrics(batch: ScoredBatch, beta: float, policy_stats: dict, value_stat
 def remote_generator(cfg: RLHFConfig, policy_source: str, cwd: str) -> PromptGenerator:
     """What a Ray generator actor runs: a policy of the same shape (its weights come from the
     trainer before it samples) with the same sampling settings. Paths are the trainer's."""
-    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
-
     os.chdir(cwd)
     policy, tokenizer = load_policy_and_tokenizer(policy_source, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)
@@ -401,8 +391,6 @@ def remote_generator(cfg: RLHFConfig, policy_source: str, cwd: str) -> PromptGen
 
 def finish(run, cfg: RLHFConfig, policy, tokenizer, has_gold: bool) -> dict:
     """``policy``: the whole trained model (None in the other processes of a data-parallel run)."""
-    from omnigym.track.files import read_metrics
-
     if not run.writer:
         run.close()
         return {"run_dir": str(run.dir)}
