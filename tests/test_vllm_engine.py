@@ -268,6 +268,8 @@ def test_update_weights_hands_every_named_tensor_over_then_drops_the_prefix_cach
     assert all(not t.requires_grad and t.data_ptr() == p.data_ptr()
                for (_, t), (_, p) in zip(engine.llm.loaded, params))
     assert engine.llm.calls == ["rpc", "reset_prefix_cache"]  # one call: a list of references, no copies
+    engine.update_weights((), version=4)  # a step that changed nothing: the version moves, the cache stays
+    assert engine.version == 4 and engine.llm.calls == ["rpc", "reset_prefix_cache"]
 
 
 def test_a_lora_name_is_refused_before_anything_is_loaded(tiny, fake_vllm):

@@ -259,6 +259,9 @@ class VLLMEngine:
         dropped afterwards: its KV blocks were computed with the old weights.
         """
         weights = [(vllm_weight_name(name), tensor.detach()) for name, tensor in named_tensors]
+        if not weights:  # the trainer's step changed nothing: the same weights under a new version
+            self.version = version
+            return
         self.wake_up()  # writing into offloaded (unmapped) weights would crash
         self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
         self.llm.reset_prefix_cache()
