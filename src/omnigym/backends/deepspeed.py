@@ -92,7 +92,9 @@ class DeepSpeedBackend:
         inner = self.optimizer.optimizer  # the torch optimizer on DeepSpeed's flat partitions
         steps = [s["step"] for s in inner.state.values() if "step" in s]
         state = {}
-        for i, (_, param) in enumerate(self.params):
+        # Before its first step DeepSpeed has linked no moments to the parameters (asking for
+        # them raises inside DeepSpeed): a checkpoint then holds none, as a fresh AdamW's would.
+        for i, (_, param) in enumerate(self.params if steps else ()):
             moments = {key: safe_get_full_optimizer_state(param, key) for key in ("exp_avg", "exp_avg_sq")}
             if all(value is not None for value in moments.values()):
                 state[i] = {"step": steps[0].clone().cpu(), **{k: v.cpu() for k, v in moments.items()}}
