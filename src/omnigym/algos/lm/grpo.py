@@ -112,10 +112,11 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
 
     def check(self) -> None:
         super().check()
-        self.check_runtime(self.prompts_per_step, trainer_backend=self.backend)
-        require(self.backend != "deepspeed" or self.sft_steps == 0,
-                "--backend deepspeed wraps one optimizer per model and the supervised warm-up needs a second: "
-                "give --sft-steps 0 (a model that can already answer), or use --backend ddp or fsdp2")
+        self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
+        require(self.training_backend != "deepspeed" or self.sft_steps == 0,
+                "--training-backend deepspeed wraps one optimizer per model and the supervised warm-up needs a "
+                "second: give --sft-steps 0 (a model that can already answer), or use --training-backend ddp or "
+                "fsdp2")
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")

@@ -104,7 +104,7 @@ class RLHFConfig(RolloutRuntimeConfig, LanguageModelConfig):
 
     def check(self) -> None:
         super().check()
-        self.check_runtime(self.prompts_per_step, trainer_backend=self.backend)
+        self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
         require_positive(self, "steps", "prompts_per_step", "minibatches", "ppo_epochs", "learning_rate",
                          "value_learning_rate", "kl_horizon", "clip", "value_clip", "max_new_tokens", "temperature",
                          "max_grad_norm", "eval_prompts", "eval_every", "max_prompt_length")
