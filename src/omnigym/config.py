@@ -283,10 +283,10 @@ def check_backend(cfg) -> None:
         raise OmnigymError("--deepspeed-config is read by --training-backend deepspeed only")
 
 
-RENAMED_FLAGS = {"backend": "training_backend"}
-"""A language config's old field names and today's. ``backend`` meant the training backend on
-language configs and the vector-env backend on control configs (which keep it); the old name is
-read, from the command line and from a saved config.json, until the next release."""
+RENAMED_FLAGS = (("backend", "training_backend"),)
+"""(old name, today's name) of a language config's renamed fields. ``backend`` meant the training
+backend on language configs and the vector-env backend on control configs (which keep it); the
+old name is read, from the command line and from a saved config.json, until the next release."""
 
 
 def renamed_flags(argv: list[str], config_cls) -> list[str]:
@@ -294,7 +294,7 @@ def renamed_flags(argv: list[str], config_cls) -> list[str]:
     an old name given beside its new one is refused (which of the two would win is not obvious)."""
     fields = {f.name for f in dataclasses.fields(config_cls)}
     renamed = list(argv)
-    for old_name, new_name in RENAMED_FLAGS.items():
+    for old_name, new_name in RENAMED_FLAGS:
         if old_name in fields or new_name not in fields:  # a control config: --backend is its own flag
             continue
         old, new = flag(old_name), flag(new_name)
@@ -319,7 +319,7 @@ def config_from_dict(cls, values: dict):
     saved under its old name, ``RENAMED_FLAGS``, is read as today's)."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = dict(values)
-    for old, new in RENAMED_FLAGS.items():
+    for old, new in RENAMED_FLAGS:
         if old in values and old not in names:
             values.setdefault(new, values.pop(old))
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names})
