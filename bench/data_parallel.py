@@ -35,7 +35,8 @@ def run(name: str, flags: list[str]) -> dict:
         command = [str(BIN / "omnigym"), *flags, "--torch-threads", name[-2]]
     else:
         extra = ["--deepspeed-config", ZERO2] if name == "deepspeed" else []
-        command = [str(BIN / "torchrun"), "--nproc-per-node", "2", "-m", "omnigym", *flags, "--backend", name, *extra]
+        command = [str(BIN / "torchrun"), "--nproc-per-node", "2", "-m", "omnigym", *flags, "--training-backend", name,
+                   *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([*command, "--run-dir", run_dir], env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -143,7 +143,8 @@ def test_adam_is_a_torch_optimizer_with_torch_adams_state_layout():
 
 
 def test_adam_does_not_import_torch_dynamo():
-    """The reason it exists: torch.optim.Adam's first step imports torch._dynamo (about 1 s)."""
+    """The reason it exists: torch.optim.Adam's first step imports torch._dynamo (what that costs a
+    CartPole run is measured in docs/benchmarks.md)."""
     import subprocess
     import sys
 

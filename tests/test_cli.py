@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from omnigym.cli import main
 
 
@@ -115,3 +117,53 @@ def test_progress_moves_when_a_rollout_is_collected_before_the_update(tmp_path, 
     monkeypatch.setattr(Run, "log", lambda self, step, metrics: events.append(("log", step)))
     ppo.train(ppo.PPOConfig(total_timesteps=512, run_dir=str(tmp_path / "run"), plot=False, tensorboard=False))
     assert events[0][0] == "progress" and events[0][1] > 0 and events[1][0] == "log"
+
+
+SFT = ["train", "sft", "--batch-size", "4", "--eval-size", "20", "--eval-every", "100", "--checkpoint-every", "1",
+       "--no-progress", "--no-plot", "--no-tensorboard"]
+
+
+@pytest.mark.parametrize("old", [["--backend", "ddp"], ["--backend=ddp"]])
+def test_backend_on_a_language_command_is_the_training_backend_for_one_release(tmp_path, capsys, old):
+    """``--backend`` was the language commands' name for ``--training-backend`` (on control commands
+    it is the vector-env backend, and stays): it still picks the training backend, with one line
+    saying it is going."""
+    assert main([*SFT, "--steps", "1", "--run-dir", str(tmp_path / "run"), *old]) == 2
+    warning, error = capsys.readouterr().err.strip().splitlines()
+    assert warning == ("omnigym: warning: --backend is now --training-backend on this command; --backend will "
+                       "stop working in the next release")
+    assert error.startswith("omnigym: error: --training-backend ddp trains on the processes its launcher starts")
+    assert not (tmp_path / "run").exists()
+
+
+def test_backend_beside_training_backend_is_one_line(tmp_path, capsys):
+    line = error_line(capsys, [*SFT, "--run-dir", str(tmp_path / "run"), "--backend", "local",
+                               "--training-backend", "local"])
+    assert line == "omnigym: error: --backend is the old name of --training-backend; give --training-backend only"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_language_run_saved_with_the_old_backend_key_resumes(tmp_path):
+    from omnigym.algos.control.ppo import PPOConfig
+    from omnigym.algos.lm.sft import SFTConfig
+    from omnigym.config import config_from_dict
+
+    run = tmp_path / "run"
+    assert main([*SFT, "--steps", "1", "--run-dir", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())
+    config["backend"] = config.pop("training_backend")  # config.json as runs before the rename wrote it
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["train", "sft", "--resume", str(run), "--steps", "2"]) == 0
+    assert [json.loads(line)["global_step"] for line in (run / "metrics.jsonl").read_text().splitlines()][-1] == 2
+    assert config_from_dict(SFTConfig, {"backend": "ddp"}).training_backend == "ddp"
+    assert config_from_dict(PPOConfig, {"backend": "sync"}).backend == "sync"  # a control run's own field
+
+
+def test_a_control_run_resumes_on_the_env_backend_it_was_made_with(tmp_path, capsys):
+    """Resuming used to put ``backend`` back to its default (the language runs' training backend
+    is for each command to say), so a run made with ``--backend sync`` was refused as changed."""
+    run = tmp_path / "run"
+    flags = ["--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(["train", "ppo", "--total-timesteps", "512", "--backend", "sync", "--run-dir", str(run), *flags]) == 0
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "1024"]) == 0, capsys.readouterr().err
+    assert json.loads((run / "config.json").read_text())["backend"] == "sync"

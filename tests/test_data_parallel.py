@@ -30,7 +30,7 @@ def omnigym(*args, processes=1, backend=None):
         command = [str(BIN / "omnigym"), *args]
     else:
         command = [str(BIN / "torchrun"), "--nproc-per-node", str(processes), "--master-port", str(free_port()),
-                   "-m", "omnigym", *args, "--backend", backend]
+                   "-m", "omnigym", *args, "--training-backend", backend]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -126,9 +126,9 @@ def test_the_other_language_trainers_match_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--backend", "ddp"], "--backend ddp trains on the processes its launcher starts: torchrun"),
-    (["--backend", "fsdp3"], "unknown --backend 'fsdp3'; choose local, ddp, fsdp2, deepspeed"),
-    (["--deepspeed-config", "ds.json"], "--deepspeed-config is read by --backend deepspeed only")])
+    (["--training-backend", "ddp"], "--training-backend ddp trains on the processes its launcher starts: torchrun"),
+    (["--training-backend", "fsdp3"], "unknown --training-backend 'fsdp3'; choose local, ddp, fsdp2, deepspeed"),
+    (["--deepspeed-config", "ds.json"], "--deepspeed-config is read by --training-backend deepspeed only")])
 def test_data_parallel_flags_without_their_launcher_are_one_line(tmp_path, capsys, flags, message):
     from omnigym.cli import main
 
@@ -143,8 +143,8 @@ def test_grpo_refuses_ray_with_a_data_parallel_backend(tmp_path, capsys, monkeyp
 
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
-    assert main(["train", "grpo", "--run-dir", str(tmp_path / "run"), "--runtime", "ray", "--backend", "ddp"]) == 2
-    assert "use --backend local with it" in capsys.readouterr().err
+    assert main(["train", "grpo", "--run-dir", str(tmp_path / "run"), "--runtime", "ray", "--training-backend", "ddp"]) == 2
+    assert "use --training-backend local with it" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -158,7 +158,7 @@ def test_a_refused_data_parallel_run_leaves_nothing(tmp_path):
     for flags, message in ((["--steps", "0", "--run-dir", str(tmp_path / "run")], "--steps must be positive, got 0"),
                            (["--steps", "2", "--run-dir", str(finished)], "already holds a run")):
         command = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
-                   "omnigym", "train", "sft", "--backend", "ddp", *flags]
+                   "omnigym", "train", "sft", "--training-backend", "ddp", *flags]
         done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
         assert done.returncode != 0 and done.stderr.count("omnigym: error:") == 1, done.stderr[-3000:]
         assert message in done.stderr
@@ -176,7 +176,7 @@ def test_torchrun_with_the_local_backend_is_refused(tmp_path, capsys, monkeypatc
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
     assert main(["train", "sft", "--run-dir", str(tmp_path / "run")]) == 2
-    assert "torchrun started 2 processes but --backend is local" in capsys.readouterr().err
+    assert "torchrun started 2 processes but --training-backend is local" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -214,7 +214,7 @@ def test_a_deepspeed_config_omnigym_cannot_use_is_one_line(tmp_path, capsys, mon
     path = tmp_path / "ds.json"
     if config is not None:
         path.write_text(config if isinstance(config, str) else json.dumps(config))
-    assert main(["train", "sft", "--run-dir", str(tmp_path / "run"), "--backend", "deepspeed",
+    assert main(["train", "sft", "--run-dir", str(tmp_path / "run"), "--training-backend", "deepspeed",
                  "--deepspeed-config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err

@@ -17,7 +17,23 @@ def test_ppo_clip_by_hand():
     loss, stats = ppo_clip(new, old, adv, cfg=PolicyLossConfig(clip_low=0.2))
     # per-sample max(-A r, -A clip(r)): 1.5,A=1 -> -1.2 ; 0.5,A=-1 -> 0.8 ; 1.1,A=-2 -> 2.2 ; 0.7,A=1 -> -0.7
     torch.testing.assert_close(loss, torch.tensor((-1.2 + 0.8 + 2.2 - 0.7) / 4))
-    assert stats["clip_fraction"].item() == pytest.approx(0.5)
+    # 1.5 and 0.5 took the clipped term (no gradient); 0.7 is outside the range too, but its advantage
+    # pushes it back inside, so its loss is the unclipped one
+    assert stats["clipped_objective_fraction"].item() == pytest.approx(0.5)
+
+
+def test_clip_fraction_is_cleanrls_ratio_outside_the_clip_range():
+    """CleanRL's ``losses/clipfrac``, ``((ratio - 1).abs() > clip_coef).mean()``, whatever the
+    advantage's sign (the PPO scripts bench/control_vs_cleanrl.py runs); with clip-higher, the
+    range is [1 - clip_low, 1 + clip_high]."""
+    ratios = torch.tensor([1.5, 0.5, 1.1, 0.7, 1.25, 0.85])
+    new, old = torch.log(ratios), torch.zeros(6)
+    advantages = torch.tensor([1.0, -1.0, -2.0, 1.0, 1.0, -1.0])
+    _, stats = ppo_clip(new, old, advantages, cfg=PolicyLossConfig(clip_low=0.2))
+    assert stats["clip_fraction"].item() == pytest.approx(4 / 6)  # 1.5, 0.5, 0.7 and 1.25 are outside [0.8, 1.2]
+    mask = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    _, stats = ppo_clip(new, old, advantages, mask, PolicyLossConfig(clip_low=0.1, clip_high=0.3))
+    assert stats["clip_fraction"].item() == pytest.approx(3 / 5)  # 1.5, 0.5, 0.7 outside [0.9, 1.3]; 0.85 masked
 
 
 def test_ppo_mask_and_clip_higher():

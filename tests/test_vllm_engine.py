@@ -9,6 +9,7 @@ With vLLM and a CUDA GPU (skipped otherwise): greedy samples' log-probs against 
 Face model's, and ``update_weights`` changing what is sampled.
 """
 
+import json
 import sys
 from types import SimpleNamespace
 
@@ -332,6 +333,53 @@ def test_vllm_older_than_0_10_2_is_refused(tiny, fake_vllm, monkeypatch, version
             VLLMEngine(tiny, load_tokenizer(tiny))
     else:
         VLLMEngine(tiny, load_tokenizer(tiny))
+
+
+class OwnCopyEngine:
+    """Stands in for ``VLLMEngine.for_model`` in GRPO: samples (with the ``hf`` engine) from its own
+    copy of the policy, which only ``update_weights`` changes, as vLLM's does; and counts each
+    ``generate`` that found its copy behind the trainer's policy."""
+
+    def __init__(self, policy, tokenizer):
+        import copy
+
+        from omnigym.inference.hf import HFEngine
+
+        self.policy, self.copy = policy, copy.deepcopy(policy)
+        self.engine, self.version, self.calls, self.stale_calls = HFEngine(self.copy, tokenizer), 0, 0, 0
+
+    def generate(self, prompts, n, params):
+        trainer = dict(self.policy.named_parameters())
+        self.calls += 1
+        self.stale_calls += any(not torch.equal(p, trainer[name]) for name, p in self.copy.named_parameters())
+        return self.engine.generate(prompts, n, params)
+
+    def update_weights(self, named_tensors, version):
+        mine = dict(self.copy.named_parameters())
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                mine[name].copy_(tensor)
+        self.version = version
+
+
+def test_grpo_hands_an_engine_with_its_own_weights_the_policy_before_every_sampling(tmp_path, monkeypatch):
+    """vLLM samples from its own copy of the weights. GRPO's warm-up accuracy, its held-out
+    accuracy and its rollouts must each come from the policy as it is then (docs/vllm.md)."""
+    from omnigym.cli import main
+
+    engines = []
+    monkeypatch.setattr(VLLMEngine, "for_model",
+                        classmethod(lambda cls, model, tokenizer: engines.append(OwnCopyEngine(model, tokenizer))
+                                    or engines[-1]))
+    assert main(["train", "grpo", "--engine", "vllm", "--sft-steps", "4", "--sft-eval-every", "2",
+                 "--sft-batch-size", "8", "--sft-target-accuracy", "1.1", "--steps", "2", "--prompts-per-step", "2",
+                 "--group-size", "4", "--eval-size", "8", "--eval-every", "1", "--rewards", "length:1.0,format:1.0",
+                 "--no-skip-equal-groups", "--run-dir", str(tmp_path / "run"), "--no-progress", "--no-plot",
+                 "--no-tensorboard"]) == 0
+    (engine,) = engines
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("sft/val_accuracy" in r for r in rows) == 2 and sum("eval/accuracy" in r for r in rows) >= 2
+    assert engine.calls >= 2 + 2 + 2 and engine.stale_calls == 0
 
 
 # --- the real vLLM (a CUDA GPU and the [vllm] extra) ---

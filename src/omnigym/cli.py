@@ -28,6 +28,7 @@ def train(argv: list[str]) -> dict:
     import dataclasses
 
     from omnigym.algos import ALGORITHMS, config_class, get_algorithm
+    from omnigym.config import renamed_flags
 
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: omnigym train ALGO [flags]   (omnigym train ALGO --help lists its flags)\n\nalgorithms:")
@@ -40,6 +41,7 @@ def train(argv: list[str]) -> dict:
         raise OmnigymError("name an algorithm first: omnigym train {" + ",".join(ALGORITHMS) + "} [flags]")
     module = get_algorithm(argv[0])
     config_cls = config_class(module)
+    argv = renamed_flags(argv, config_cls)  # --backend on a language command, for one more release
     default = None
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
         default = resumed_defaults(argv, config_cls)
@@ -106,7 +108,8 @@ def resumed_defaults(argv: list[str], config_cls):
     if values.get("algo") != argv[0]:
         raise OmnigymError(f"{run_dir} is a {values.get('algo')} run; continue it with: "
                            f"omnigym train {values.get('algo')} --resume {run_dir}")
-    placement = {f.name: f.default for f in dataclasses.fields(config_cls) if f.name in ("backend", "deepspeed_config")}
+    placement = {f.name: f.default for f in dataclasses.fields(config_cls)
+                 if f.name in ("training_backend", "deepspeed_config")}
     # how many processes train it is this command's to say: a data-parallel run resumes in one
     return dataclasses.replace(config_from_dict(config_cls, values), run_dir=None, resume=None, overwrite=False,
                                **placement)

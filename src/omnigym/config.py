@@ -232,13 +232,14 @@ class LanguageModelConfig(RunConfig):
     """Jinja chat template (string or file) for models that have none"""
     lora_r: int = 0
     """LoRA rank (0 trains all weights)"""
-    backend: str = "local"
+    training_backend: str = "local"
     """where training steps run: local (this process), ddp or fsdp2 (data-parallel over the processes
     torchrun starts: gloo on CPU, NCCL on GPU), deepspeed (ZeRO through the deepspeed launcher and
-    --deepspeed-config; the [deepspeed] extra); docs/scale_out.md"""
+    --deepspeed-config; the [deepspeed] extra); docs/scale_out.md. Its old name --backend works until
+    the next release"""
     deepspeed_config: str | None = None
-    """DeepSpeed JSON config for --backend deepspeed (ZeRO stage, precision); omnigym's optimizer and
-    batch sizes are used, so leave those out of it"""
+    """DeepSpeed JSON config for --training-backend deepspeed (ZeRO stage, precision); omnigym's optimizer
+    and batch sizes are used, so leave those out of it"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("model", "lora_r")
 
@@ -254,34 +255,71 @@ def check_backend(cfg) -> None:
     from omnigym.backends import BACKENDS
     from omnigym.distributed import launched_by_torchrun
 
-    require(cfg.backend in BACKENDS, f"unknown --backend {cfg.backend!r}; choose {', '.join(BACKENDS)}")
-    if cfg.backend == "local":
-        require(cfg.deepspeed_config is None, "--deepspeed-config is read by --backend deepspeed only")
+    backend = cfg.training_backend
+    require(backend in BACKENDS, f"unknown --training-backend {backend!r}; choose {', '.join(BACKENDS)}")
+    if backend == "local":
+        require(cfg.deepspeed_config is None, "--deepspeed-config is read by --training-backend deepspeed only")
         import os
 
         processes = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
-        require(processes == 1, f"torchrun started {processes} processes but --backend is local: each would "
-                                "train alone into its own run; give --backend ddp, fsdp2 or deepspeed")
+        require(processes == 1, f"torchrun started {processes} processes but --training-backend is local: each "
+                                "would train alone into its own run; give --training-backend ddp, fsdp2 or deepspeed")
         return
-    launcher = "deepspeed" if cfg.backend == "deepspeed" else "torchrun --nproc-per-node 2"
-    require(launched_by_torchrun(), f"--backend {cfg.backend} trains on the processes its launcher starts: "
-                                    f"{launcher} -m omnigym train ... --backend {cfg.backend} (docs/scale_out.md); "
-                                    "one process uses --backend local")
-    if cfg.backend == "deepspeed":
+    launcher = "deepspeed" if backend == "deepspeed" else "torchrun --nproc-per-node 2"
+    require(launched_by_torchrun(), f"--training-backend {backend} trains on the processes its launcher starts: "
+                                    f"{launcher} -m omnigym train ... --training-backend {backend} "
+                                    "(docs/scale_out.md); one process uses --training-backend local")
+    if backend == "deepspeed":
         import importlib.util
 
         require(importlib.util.find_spec("deepspeed") is not None,
-                "--backend deepspeed needs DeepSpeed; install it with: pip install 'omnigym[deepspeed]'")
-        require(cfg.deepspeed_config is not None, "--backend deepspeed needs --deepspeed-config FILE.json "
+                "--training-backend deepspeed needs DeepSpeed; install it with: pip install 'omnigym[deepspeed]'")
+        require(cfg.deepspeed_config is not None, "--training-backend deepspeed needs --deepspeed-config FILE.json "
                                                   "(examples in configs/deepspeed/)")
         from omnigym.backends.deepspeed import read_config
 
         read_config(cfg.deepspeed_config)
     elif cfg.deepspeed_config is not None:
-        raise OmnigymError("--deepspeed-config is read by --backend deepspeed only")
+        raise OmnigymError("--deepspeed-config is read by --training-backend deepspeed only")
+
+
+RENAMED_FLAGS = (("backend", "training_backend"),)
+"""(old name, today's name) of a language config's renamed fields. ``backend`` meant the training
+backend on language configs and the vector-env backend on control configs (which keep it); the
+old name is read, from the command line and from a saved config.json, until the next release."""
+
+
+def renamed_flags(argv: list[str], config_cls) -> list[str]:
+    """``argv`` with a language command's old flag names put to today's, saying so in one line;
+    an old name given beside its new one is refused (which of the two would win is not obvious)."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    renamed = list(argv)
+    for old_name, new_name in RENAMED_FLAGS:
+        if old_name in fields or new_name not in fields:  # a control config: --backend is its own flag
+            continue
+        old, new = flag(old_name), flag(new_name)
+        given_old = [i for i, arg in enumerate(argv) if arg == old or arg.startswith(old + "=")]
+        if not given_old:
+            continue
+        require(not any(arg == new or arg.startswith(new + "=") for arg in argv),
+                f"{old} is the old name of {new}; give {new} only")
+        import os
+        import sys
+
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every process reads the flags; the first says it
+            print(f"omnigym: warning: {old} is now {new} on this command; {old} will stop working in the next "
+                  "release", file=sys.stderr)
+        for i in given_old:
+            renamed[i] = new + argv[i][len(old):]
+    return renamed
 
 
 def config_from_dict(cls, values: dict):
-    """A config of class ``cls`` from a saved ``config.json`` (unknown keys are ignored)."""
+    """A config of class ``cls`` from a saved ``config.json`` (unknown keys are ignored; a key
+    saved under its old name, ``RENAMED_FLAGS``, is read as today's)."""
     names = {f.name for f in dataclasses.fields(cls)}
+    values = dict(values)
+    for old, new in RENAMED_FLAGS:
+        if old in values and old not in names:
+            values.setdefault(new, values.pop(old))
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names})

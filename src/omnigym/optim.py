@@ -7,8 +7,8 @@ an ordinary optimizer. Its step calls ``torch.optim.adam.adam``, the functional 
 ``torch.optim.Adam``'s to float rounding (tests/test_buffers_optim.py).
 Why not torch.optim.Adam itself: its ``step`` and the base class's ``add_param_group``,
 ``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped to switch off
-torch.compile, and the first call of such a wrapper imports ``torch._dynamo``, one to three
-seconds here (torch 2.13) -- longer than training CartPole takes. An eager optimizer
+torch.compile, and the first call of such a wrapper imports ``torch._dynamo``: 3.4 s added to a
+9.7 s CartPole run (docs/benchmarks.md, bench/cartpole_vs_anchors.py; torch 2.13). An eager optimizer
 never runs under torch.compile, so this class calls torch's own undecorated methods
 (``__wrapped__``): the same code without that import.
 

@@ -56,7 +56,7 @@ def scoped_run(train):
 
             if not inside_trainer_task():
                 return train_on_ray(train.__module__, cfg)
-        if getattr(cfg, "backend", "local") in ("ddp", "fsdp2", "deepspeed"):  # checked: torchrun started us
+        if getattr(cfg, "training_backend", "local") in ("ddp", "fsdp2", "deepspeed"):  # checked: torchrun started us
             from omnigym.distributed import init_process_group
 
             init_process_group(cfg.device)

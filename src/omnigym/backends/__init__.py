@@ -10,7 +10,7 @@ def make_backend(cfg, model, make_optimizer, max_grad_norm: float | None = None)
     started; ``deepspeed``: ZeRO through DeepSpeed's engine and ``--deepspeed-config``.
     ``make_optimizer(model)`` is called after the model is wrapped (FSDP2 shards the
     parameters the optimizer must hold)."""
-    backend = getattr(cfg, "backend", "local")
+    backend = getattr(cfg, "training_backend", "local")
     if backend == "local":
         from omnigym.backends.local import LocalBackend
 

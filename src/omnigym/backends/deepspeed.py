@@ -12,7 +12,7 @@ layout, gathered with ``deepspeed.utils.safe_get_full_*``, so a DeepSpeed run re
 process or under DDP/FSDP2, and the other way round.
 
 ZeRO-3 partitions the weights themselves, which the algorithms' passes without gradient
-(sampling, evaluation) read directly; it is refused in one line, and ``--backend fsdp2``
+(sampling, evaluation) read directly; it is refused in one line, and ``--training-backend fsdp2``
 shards weights instead.
 """
 
@@ -49,7 +49,8 @@ def read_config(path: str) -> dict:
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2):
         raise OmnigymError(f"--deepspeed-config {path} asks for ZeRO stage {stage}; omnigym runs stages 0-2 "
-                           "(stage 3 partitions the weights that sampling reads: use --backend fsdp2 to shard them)")
+                           "(stage 3 partitions the weights that sampling reads: use --training-backend fsdp2 to "
+                           "shard them)")
     return config
 
 

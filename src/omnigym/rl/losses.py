@@ -94,7 +94,13 @@ def ppo_clip(
     cfg: PolicyLossConfig = PolicyLossConfig(),
     behaviour_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate (Schulman et al., 2017), per step or token."""
+    """PPO clipped surrogate (Schulman et al., 2017), per step or token.
+
+    Statistics: ``approx_kl`` (the k3 estimate of KL(old || new)); ``clip_fraction``, CleanRL's
+    ``clipfrac``: the fraction of steps whose ratio is outside [1 - clip_low, 1 + clip_high], whatever
+    the advantage's sign; ``clipped_objective_fraction``: the fraction whose loss took the clipped
+    term, so that they give no gradient (the ratio past the bound the advantage pushes it to; TRL's
+    GRPO logs it as ``clip_ratio/region_mean``)."""
     clip_high = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
     log_ratio = new_logprobs - old_logprobs
     ratio = log_ratio.exp()
@@ -104,7 +110,8 @@ def ppo_clip(
     with torch.no_grad():
         stats = {
             "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
-            "clip_fraction": masked_mean((clipped > unclipped).float(), mask),
+            "clip_fraction": masked_mean(((ratio < 1.0 - cfg.clip_low) | (ratio > 1.0 + clip_high)).float(), mask),
+            "clipped_objective_fraction": masked_mean((clipped > unclipped).float(), mask),
         }
     return aggregate(loss, mask, cfg.aggregation, cfg.normalizer), stats
 

@@ -46,8 +46,8 @@ class RolloutRuntimeConfig:
     """generator actors with --runtime ray; each step's prompts (a control run's --num-envs) are
     split between them"""
     sync_timeout: float = 600.0
-    """seconds a generator may take to answer (rollouts or a weight update) before the run stops
-    with an error naming it"""
+    """with --runtime ray: seconds a generator may take to answer (rollouts or a weight update) before
+    the run stops with an error naming it"""
     behaviour_cap: float | None = None
     """truncated importance sampling against the sampler's log-probs, capped here: min(pi_old / mu, C)
     (default: off with --runtime sync, where the current policy samples; 2.0 with --runtime ray, where
@@ -65,9 +65,9 @@ class RolloutRuntimeConfig:
         return self.behaviour_cap
 
     def check_runtime(self, units: int, what: str = "prompts a step splits between them",
-                      trainer_backend: str = "local") -> None:
+                      training_backend: str = "local") -> None:
         """``units`` of ``what`` are split between the generators (prompts, or a control run's envs);
-        ``trainer_backend``: a language trainer's --backend (Ray and data-parallel do not mix)."""
+        ``training_backend``: a language trainer's --training-backend (Ray and data-parallel do not mix)."""
         require(self.runtime in RUNTIMES, f"unknown --runtime {self.runtime!r}; choose sync or ray")
         require_non_negative(self, "max_staleness")
         require_positive(self, "num_generators", "sync_timeout")
@@ -90,8 +90,9 @@ class RolloutRuntimeConfig:
         require(not (self.ray_trainer and str(self.device).startswith("cuda") and self.trainer_gpus == 0),
                 f"--ray-trainer with --device {self.device}: give --trainer-gpus 1 (Ray hides the GPUs from a task "
                 "that asks for none)")
-        require(self.runtime == "sync" or trainer_backend == "local",
-                f"--runtime ray runs the trainer in one process; use --backend local with it, not {trainer_backend}")
+        require(self.runtime == "sync" or training_backend == "local",
+                "--runtime ray runs the trainer in one process; use --training-backend local with it, not "
+                f"{training_backend}")
         if self.runtime == "ray":
             import importlib.util
 

@@ -73,8 +73,8 @@ class PPOConfig(RolloutRuntimeConfig, ControlConfig):
     """scale rewards by the running std of the discounted return, clipped to +-10 (MuJoCo)"""
     hidden: tuple[int, ...] = (64, 64)
     compile: bool = False
-    """compile the minibatch loss with torch.compile (its backward too): ~25 s to start, then minibatch steps
-    about 1.6x faster on small networks; needs a C++ compiler on CPU (docs/ppo.md)"""
+    """compile the minibatch loss with torch.compile (its backward too): ~25 s to build on a cold cache, then
+    1.09x the training SPS on PPO HalfCheetah (docs/benchmarks.md); needs a C++ compiler on CPU (docs/ppo.md)"""
 
     RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs", "normalize_reward", "runtime", "max_staleness",
                                                  "num_generators")

@@ -115,7 +115,7 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
 
     def check(self) -> None:
         super().check()
-        self.check_runtime(self.prompts_per_step, trainer_backend=self.backend)
+        self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
@@ -319,6 +319,7 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
                "completion/cut_off_fraction": sum(t.info["cut_off"] for t in items) / len(items)}
     if stats:
         metrics.update({"losses/policy_loss": stats["loss"].item(), "losses/clip_fraction": stats["clip_fraction"].item(),
+                        "losses/clipped_objective_fraction": stats["clipped_objective_fraction"].item(),
                         "losses/approx_kl": stats["approx_kl"].item()})
         if "kl" in stats:
             metrics["kl/mean"] = stats["kl"].item()

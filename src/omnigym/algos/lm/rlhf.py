@@ -108,7 +108,7 @@ class RLHFConfig(RolloutRuntimeConfig, LanguageModelConfig):
 
     def check(self) -> None:
         super().check()
-        self.check_runtime(self.prompts_per_step, trainer_backend=self.backend)
+        self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
         require_positive(self, "steps", "prompts_per_step", "minibatches", "ppo_epochs", "learning_rate",
                          "value_learning_rate", "kl_horizon", "clip", "value_clip", "max_new_tokens", "temperature",
                          "max_grad_norm", "eval_prompts", "eval_every", "max_prompt_length")
@@ -376,6 +376,7 @@ def step_metrics(batch: ScoredBatch, beta: float, policy_stats: dict, value_stat
             "completion/eos_fraction": batch.finished.float().mean().item(),
             "losses/policy_loss": policy_stats["loss"].item(), "losses/value_loss": value_stats["loss"].item(),
             "losses/clip_fraction": policy_stats["clip_fraction"].item(),
+            "losses/clipped_objective_fraction": policy_stats["clipped_objective_fraction"].item(),
             "losses/approx_kl": policy_stats["approx_kl"].item(),
             "losses/value_clip_fraction": value_stats["value_clip_fraction"].item()}
 
