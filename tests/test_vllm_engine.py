@@ -363,8 +363,10 @@ class OwnCopyEngine:
 
 
 def test_grpo_hands_an_engine_with_its_own_weights_the_policy_before_every_sampling(tmp_path, monkeypatch):
-    """vLLM samples from its own copy of the weights. GRPO's warm-up accuracy, its held-out
-    accuracy and its rollouts must each come from the policy as it is then (docs/vllm.md)."""
+    """vLLM samples from its own copy of the weights. GRPO's held-out accuracy and its rollouts
+    must each come from the policy as it is then (docs/vllm.md). The warm-up stage samples with
+    the in-process engine (a second vLLM copy of the model would not fit beside GRPO's): one
+    vLLM engine is built."""
     from omnigym.cli import main
 
     engines = []
@@ -377,9 +379,10 @@ def test_grpo_hands_an_engine_with_its_own_weights_the_policy_before_every_sampl
                  "--no-skip-equal-groups", "--run-dir", str(tmp_path / "run"), "--no-progress", "--no-plot",
                  "--no-tensorboard"]) == 0
     (engine,) = engines
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert sum("sft/val_accuracy" in r for r in rows) == 2 and sum("eval/accuracy" in r for r in rows) >= 2
-    assert engine.calls >= 2 + 2 + 2 and engine.stale_calls == 0
+    read = lambda path: [json.loads(line) for line in path.read_text().splitlines()]  # noqa: E731
+    rows, warm_up = read(tmp_path / "run" / "metrics.jsonl"), read(tmp_path / "run" / "stages" / "warmup" / "metrics.jsonl")
+    assert sum("sft/val_accuracy" in r for r in warm_up) == 2 and sum("eval/accuracy" in r for r in rows) >= 2
+    assert engine.calls >= 2 + 2 and engine.stale_calls == 0
 
 
 # --- the real vLLM (a CUDA GPU and the [vllm] extra) ---
