@@ -201,6 +201,26 @@ def test_deepspeed_zero2_matches_one_process_and_its_checkpoints_move(tmp_path, 
 
 
 @needs_deepspeed
+def test_grpo_with_its_warm_up_stage_matches_one_process_under_deepspeed(tmp_path):
+    """The warm-up is a stage with its own model and backend, so it runs under DeepSpeed (it
+    used to need --sft-steps 0 there); every group skipped before the first checkpoint leaves
+    DeepSpeed without moments, which the checkpoint must take (it raised inside DeepSpeed)."""
+    grpo = ["train", "grpo", "--sft-steps", "4", "--sft-batch-size", "8", "--sft-target-accuracy", "1.1",
+            "--sft-eval-every", "2", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+            "--eval-size", "4", "--checkpoint-every", "1", "--no-progress", "--no-plot", "--no-tensorboard"]
+    omnigym(*grpo, "--run-dir", str(tmp_path / "one"))
+    omnigym(*grpo, "--run-dir", str(tmp_path / "two"), "--deepspeed-config", ZERO2, processes=2, backend="deepspeed")
+    for stage in ("stages/warmup", "."):
+        rows = [[json.loads(line) for line in (tmp_path / run / stage / "metrics.jsonl").read_text().splitlines()]
+                for run in ("one", "two")]
+        assert len(rows[0]) == len(rows[1]) > 0
+        for a, b in zip(*rows):
+            assert a.keys() == b.keys()
+            assert all(abs(a[k] - b[k]) <= 1e-3 for k in a if isinstance(a[k], float) and not k.startswith("perf/"))
+    assert_same_state(trained(tmp_path / "one"), trained(tmp_path / "two"))
+
+
+@needs_deepspeed
 @pytest.mark.parametrize("config, message", [
     ({"zero_optimization": {"stage": 3}}, "asks for ZeRO stage 3; omnigym runs stages 0-2"),
     ({"optimizer": {"type": "Adam"}}, "sets optimizer; omnigym sets those itself"),
