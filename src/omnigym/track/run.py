@@ -60,8 +60,8 @@ class TrainCall:
     preset_line: str | None = None
     """what the control preset filled in, printed when the run starts (set by ``scoped_run``)"""
     run_dir: str | None = None
-    """the directory decided for a run whose user named none, before ``start_run``
-    (``--capture-video``'s folder, ``--ray-trainer``'s interrupted-run message); start_run keeps it"""
+    """the directory the run writes to: set by ``start_run``, or before it for a run whose user
+    named none (``--capture-video``'s folder, ``--ray-trainer``'s interrupted-run message)"""
     run: Run | None = None
     """the run once it has begun writing, until it closes: ``scoped_run`` undoes it on a failure,
     the CLI says where it stands"""
@@ -250,7 +250,7 @@ def start_run(cfg, algo: str, label) -> Run:
     except OmnigymError as refusal:
         broadcast({"refused": str(refusal)})
         raise
-    broadcast({"run_dir": str(run_dir)})
+    call.run_dir = broadcast({"run_dir": str(run_dir)})["run_dir"]  # the caller learns where the run writes
     if call.preset_line:  # the control preset applied (config.py's apply_preset)
         print(call.preset_line, flush=True)
     return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir), call=call)
