@@ -6,6 +6,8 @@ Python instead gets ``run_scope``: it seeds python, numpy and torch and sets tor
 thread count for the run, and puts all of them back when the run returns or fails, so
 the caller's process is left as it was found. A run with a data-parallel ``--backend``
 joins the processes ``torchrun`` started first (``distributed.py``); only the first of them writes.
+What belongs to one run and not to the process (the flags given, the preset line, the run
+directory, the run itself) travels in that call's ``TrainCall`` (``track/run.py``).
 """
 
 from __future__ import annotations
