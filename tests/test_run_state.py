@@ -6,6 +6,8 @@ import dataclasses
 import json
 import threading
 
+import pytest
+
 from omnigym.algos import ppo, reinforce
 from omnigym.process import run_scope
 from omnigym.track.run import Run, TrainCall, current_call
@@ -90,3 +92,15 @@ def test_a_caller_learns_the_run_decided_and_the_preset_from_its_call(tmp_path, 
     summary = reinforce.train(small(), call=call)
     assert call.run_dir == summary["run_dir"] and call.run is None  # the run closed: nothing to undo
     assert call.preset_line is None  # CartPole has no preset
+
+
+def test_capture_video_names_the_run_directory_start_run_then_uses(tmp_path, monkeypatch):
+    """--capture-video needs the folder before the run starts; the directory it decides is kept
+    by the call, and the caller's config still names none."""
+    pytest.importorskip("moviepy")
+    monkeypatch.chdir(tmp_path)
+    cfg = small(capture_video=True)
+    summary = reinforce.train(cfg)
+    assert cfg.run_dir is None and not hasattr(cfg, "given_flags")
+    assert sorted((tmp_path / summary["run_dir"] / "videos").glob("*.mp4"))
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [summary["run_dir"].split("/")[-1]]
