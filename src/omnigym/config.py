@@ -115,7 +115,7 @@ class RunConfig:
     """write the learning curve PNG at the end"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = ("seed",)
-    """settings a resumed run must keep: its checkpoint only fits them (track/run.py refuses a change)"""
+    """settings a resumed run must keep: its checkpoint only fits them (track/resume.py refuses a change)"""
     BUDGET: ClassVar[tuple[str, str] | None] = None
     """(the flag that sets the run's length, the checkpoint counter it is compared with): a resumed
     run must have steps left"""
