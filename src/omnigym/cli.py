@@ -24,7 +24,9 @@ USAGE = """usage: omnigym {train,eval,plot,list,import-gguf} ...
 """
 
 
-def train(argv: list[str]) -> dict:
+def train(argv: list[str], call) -> dict:
+    """``omnigym train ALGO [flags]``; ``call`` (a ``TrainCall``) carries which flags were given
+    to the run, and back from it the run while it is under way."""
     import dataclasses
 
     from omnigym.algos import ALGORITHMS, config_class, get_algorithm
@@ -47,8 +49,8 @@ def train(argv: list[str]) -> dict:
         default = resumed_defaults(argv, config_cls)
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
     # A preset (control runs) never overrides these; a resumed run's values are all its own.
-    cfg.given_flags = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
-    return module.train(cfg)
+    call.given_flags = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
+    return module.train(cfg, call=call)
 
 
 def given_flags(args: list[str], cfg) -> set[str]:
@@ -209,12 +211,12 @@ def main(argv: list[str] | None = None) -> int:
             print("omnigym: error: name a command: train, eval, plot or list", file=sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    from omnigym.track.run import forget_active_run
+    from omnigym.track.run import TrainCall
 
-    forget_active_run()
+    call = TrainCall()  # this command's run: the error and interrupt lines say where it stands
     try:
         if command == "train":
-            train(rest)
+            train(rest, call)
         elif command == "eval":
             evaluate(rest)
         elif command == "plot":
@@ -228,9 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
     except OmnigymError as exc:
-        from omnigym.track.run import active_run
-
-        run = active_run()
+        run = call.run
         where = f" [{run.state_line()}]" if run and run.last_checkpoint else ""
         if os.environ.get("RANK", "0") == "0":  # under torchrun every process finds it; the first says it
             print(f"omnigym: error: {exc}{where}", file=sys.stderr)
@@ -239,9 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt as exc:  # a --ray-trainer run says where it stands (exc.where)
-        from omnigym.track.run import active_run
-
-        run = active_run()
+        run = call.run
         where = run.state_line() if run else "the run had not started; nothing was written"
         print(f"omnigym: interrupted; {getattr(exc, 'where', None) or where}", file=sys.stderr)
         return 130

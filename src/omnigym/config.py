@@ -115,7 +115,7 @@ class RunConfig:
     """write the learning curve PNG at the end"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = ("seed",)
-    """settings a resumed run must keep: its checkpoint only fits them (track/run.py refuses a change)"""
+    """settings a resumed run must keep: its checkpoint only fits them (track/resume.py refuses a change)"""
     BUDGET: ClassVar[tuple[str, str] | None] = None
     """(the flag that sets the run's length, the checkpoint counter it is compared with): a resumed
     run must have steps left"""
@@ -136,6 +136,23 @@ class RunConfig:
         require(not (self.resume and self.overwrite), "--resume continues a run and --overwrite replaces it; "
                                                       "give one of them")
         check_device(self.device)
+
+    def apply_preset(self, given: set[str] | None = None) -> tuple["RunConfig", str | None]:
+        """The config a run trains with, and the line that says what a preset filled in (None:
+        nothing; printed when the run starts). Only control configs have presets."""
+        return self, None
+
+    def with_preset(self, given: set[str] | None = None) -> "RunConfig":
+        """This config with its family's preset applied to the flags not in ``given``."""
+        return self.apply_preset(given)[0]
+
+    def trains_on_ray(self) -> bool:
+        """Whether ``train()`` runs as a Ray task (``--ray-trainer``, where the config has it)."""
+        return False
+
+    def data_parallel(self) -> bool:
+        """Whether the run trains on processes a launcher started (a language config's backend)."""
+        return False
 
 
 @dataclass
@@ -192,19 +209,20 @@ class ControlConfig(RunConfig):
         require(self.preset in ("auto", "none", *self.PRESETS),
                 f"unknown --preset {self.preset!r}; choose auto, none" + "".join(f", {p}" for p in self.PRESETS))
 
-    def with_preset(self, given: set[str] | None = None) -> "ControlConfig":
+    def apply_preset(self, given: set[str] | None = None) -> tuple["ControlConfig", str | None]:
         """This config with its family's preset applied to the flags not in ``given`` (from Python:
-        the fields left at their defaults). ``omnigym train --resume`` gives every field (the run's
-        saved values, and the flags given now), so a resumed run keeps its own."""
+        the fields left at their defaults), and the line saying what was applied. ``omnigym train
+        --resume`` gives every field (the run's saved values, and the flags given now), so a
+        resumed run keeps its own."""
         if self.preset == "none":
-            return self
+            return self, None
         family = self.preset
         if family == "auto":
             from omnigym.envs.vector import env_family
 
             family = env_family(self.env_id)
             if family not in self.PRESETS:
-                return dataclasses.replace(self, preset="none")
+                return dataclasses.replace(self, preset="none"), None
         require(family in self.PRESETS, f"unknown --preset {family!r}; choose auto, none"
                 + "".join(f", {p}" for p in self.PRESETS))
         if given is None:
@@ -213,13 +231,11 @@ class ControlConfig(RunConfig):
         source, values = self.PRESETS[family]
         applied = {k: v for k, v in values.items() if k not in given}
         if not applied:  # e.g. a resumed run from the command line: all its values are its own
-            return dataclasses.replace(self, preset=family)
+            return dataclasses.replace(self, preset=family), None
         shown = " ".join(show_flag(k, v) for k, v in applied.items())
-        resolved = dataclasses.replace(self, preset=family, **applied)
         # Said when the run starts (track/run.py), not here: a run refused before it starts says one line only.
-        resolved.preset_line = (f"preset {family} ({source}): {shown}\n"
-                                "  (flags you give win; --preset none keeps the plain defaults)")
-        return resolved
+        return dataclasses.replace(self, preset=family, **applied), (
+            f"preset {family} ({source}): {shown}\n  (flags you give win; --preset none keeps the plain defaults)")
 
 
 @dataclass
@@ -247,6 +263,9 @@ class LanguageModelConfig(RunConfig):
         super().check()
         require_non_negative(self, "lora_r")
         check_backend(self)
+
+    def data_parallel(self) -> bool:
+        return self.training_backend in ("ddp", "fsdp2", "deepspeed")
 
 
 def check_backend(cfg) -> None:

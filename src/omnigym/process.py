@@ -6,10 +6,13 @@ Python instead gets ``run_scope``: it seeds python, numpy and torch and sets tor
 thread count for the run, and puts all of them back when the run returns or fails, so
 the caller's process is left as it was found. A run with a data-parallel ``--backend``
 joins the processes ``torchrun`` started first (``distributed.py``); only the first of them writes.
+What belongs to one run and not to the process (the flags given, the preset line, the run
+directory, the run itself) travels in that call's ``TrainCall`` (``track/run.py``).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 from contextlib import contextmanager
@@ -40,33 +43,41 @@ def run_scope(seed: int, torch_threads: int = 0):
 
 
 def scoped_run(train):
-    """Decorator for an algorithm's ``train(cfg)``: applies a control run's preset, checks the config (``cfg.check()``: every flag's
-    range, before anything is built), runs it inside ``run_scope(cfg.seed, cfg.torch_threads)``,
-    and undoes a run that fails or is interrupted before its first checkpoint (``Run.abandon``)."""
+    """Decorator for an algorithm's ``train(cfg)``: applies a control run's preset, checks the config
+    (``cfg.check()``: every flag's range, before anything is built), runs it inside
+    ``run_scope(cfg.seed, cfg.torch_threads)``, and undoes a run that fails or is interrupted
+    before its first checkpoint (``Run.abandon``).
+
+    ``train(cfg, call=TrainCall(...))`` is how a caller says what is not in the config (the
+    CLI: which flags the user gave) and learns what the run decided (its directory, the run
+    itself while it is under way); without one, the call gets its own. The run trains on a
+    copy of ``cfg``: the caller's config is never changed."""
 
     @functools.wraps(train)
-    def wrapper(cfg):
-        from omnigym.track.run import active_run
+    def wrapper(cfg, *, call=None):
+        from omnigym.track.run import TrainCall, within_call
 
-        if hasattr(cfg, "with_preset"):  # control runs: the env family's published hyperparameters
-            cfg = cfg.with_preset(getattr(cfg, "given_flags", None))
+        call = TrainCall() if call is None else call
+        given = cfg
+        cfg, call.preset_line = cfg.apply_preset(call.given_flags)  # control runs: the env family's hyperparameters
+        cfg = copy.copy(cfg)  # whatever the run does to its config stays out of the caller's
         cfg.check()
-        if getattr(cfg, "ray_trainer", False):  # --ray-trainer: this very call, as a Ray task
-            from omnigym.runtime.trainer_task import inside_trainer_task, train_on_ray
+        with within_call(call):
+            if cfg.trains_on_ray():  # --ray-trainer: this very call, as a Ray task
+                from omnigym.runtime.trainer_task import inside_trainer_task, train_on_ray
 
-            if not inside_trainer_task():
-                return train_on_ray(train.__module__, cfg)
-        if getattr(cfg, "training_backend", "local") in ("ddp", "fsdp2", "deepspeed"):  # checked: torchrun started us
-            from omnigym.distributed import init_process_group
+                if not inside_trainer_task():  # the task applies the preset and checks again, as here
+                    return train_on_ray(train.__module__, given, call)
+            if cfg.data_parallel():  # checked: torchrun started us
+                from omnigym.distributed import init_process_group
 
-            init_process_group(cfg.device)
-        with run_scope(cfg.seed, cfg.torch_threads):
-            try:
-                return train(cfg)
-            except BaseException:  # an error or Ctrl-C: a run without a checkpoint is undone
-                run = active_run()
-                if run is not None:
-                    run.abandon()
-                raise
+                init_process_group(cfg.device)
+            with run_scope(cfg.seed, cfg.torch_threads):
+                try:
+                    return train(cfg)
+                except BaseException:  # an error or Ctrl-C: a run without a checkpoint is undone
+                    if call.run is not None:
+                        call.run.abandon()
+                    raise
 
     return wrapper

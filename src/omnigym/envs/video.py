@@ -47,15 +47,13 @@ def training_schedule(episode: int) -> bool:
 
 def training_video_dir(cfg, algo: str) -> str | None:
     """``RUN_DIR/videos`` for ``--capture-video`` (None without it). The run directory is decided
-    here when the user named none, as ``start_run`` would (it then keeps ``cfg.run_dir``); nothing
-    is written until a recorded episode ends in a run that has begun."""
+    here when the user named none, as ``start_run`` would (this ``train()`` call keeps it for
+    ``start_run``); nothing is written until a recorded episode ends in a run that has begun."""
     if not getattr(cfg, "capture_video", False):
         return None
-    if not cfg.resume and not cfg.run_dir:
-        from omnigym.track.run import default_run_dir
+    from omnigym.track.run import decided_run_dir
 
-        cfg.run_dir = default_run_dir(algo, cfg.env_id, cfg.seed)
-    return os.path.join(cfg.resume or cfg.run_dir, VIDEO_FOLDER)
+    return os.path.join(decided_run_dir(cfg, algo, cfg.env_id), VIDEO_FOLDER)
 
 
 def check_video_support() -> None:

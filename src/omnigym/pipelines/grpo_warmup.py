@@ -36,7 +36,8 @@ from omnigym.pipelines.stages import export_model_folder, finished_stage
 from omnigym.rl.losses import check_finite, nll_loss
 from omnigym.tasks.sft_data import to_sequence
 from omnigym.track.progress import ProgressBar
-from omnigym.track.run import STAGES_FOLDER, MetricsLog
+from omnigym.track.metrics import MetricsLog
+from omnigym.track.run import STAGES_FOLDER
 
 STAGE = "warmup"
 VALIDATION_SIZE = 100

@@ -59,6 +59,9 @@ class RolloutRuntimeConfig:
     trainer_gpus: float = 0.0
     """GPUs the --ray-trainer task asks Ray for (1 with --device cuda)"""
 
+    def trains_on_ray(self) -> bool:
+        return self.ray_trainer
+
     def behaviour_cap_in_effect(self) -> float | None:
         if self.behaviour_cap is None and self.runtime == "ray" and self.max_staleness > 0:
             return ASYNC_BEHAVIOUR_CAP

@@ -13,7 +13,6 @@ put back as it was) and says how to resume one that has a checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import time
@@ -31,33 +30,32 @@ def inside_trainer_task() -> bool:
     return os.environ.get(IN_TRAINER_TASK) == "1"
 
 
-def run_trainer(module_name: str, cfg, cwd: str):
-    """What the Ray task runs: the algorithm's ``train(cfg)``, from the trainer's folder."""
-    from omnigym.track.run import forget_active_run
-
+def run_trainer(module_name: str, cfg, cwd: str, call):
+    """What the Ray task runs: the algorithm's ``train(cfg)``, from the trainer's folder, as the
+    same call (the flags the user gave, the directory decided for the run)."""
     os.chdir(cwd)
-    forget_active_run()
-    return importlib.import_module(module_name).train(cfg)
+    return importlib.import_module(module_name).train(cfg, call=call)
 
 
-def train_on_ray(module_name: str, cfg):
+def train_on_ray(module_name: str, cfg, call):
     """Run ``module.train(cfg)`` as a Ray task with one CPU and ``cfg.trainer_gpus`` GPUs;
-    returns its summary. Starts a local cluster for the run unless one is already joined."""
+    returns its summary. Starts a local cluster for the run unless one is already joined.
+    ``call`` is this process's ``TrainCall``: the task gets a fresh one with what the caller
+    gave and the run directory, decided here so that an interrupted run can be named."""
     from omnigym.runtime.ray_actors import THREAD_ENV, _ray, remote_error
-    from omnigym.track.run import default_run_dir
+    from omnigym.track.run import TrainCall
 
     ray = _ray()
     algo = module_name.rsplit(".", 1)[-1]
-    if not cfg.resume and not cfg.run_dir:  # decided here, so an interrupted run can be named
-        cfg = dataclasses.replace(cfg, run_dir=default_run_dir(algo, getattr(cfg, "env_id", None) or cfg.model,
-                                                               cfg.seed))
+    run_dir = call.run_dir_for(cfg, algo, getattr(cfg, "env_id", None) or cfg.model)
+    task_call = TrainCall(given_flags=call.given_flags, run_dir=call.run_dir)
     owns_ray = not ray.is_initialized()
     if owns_ray:  # the trainer and each generator take one CPU
         ray.init(num_cpus=max(cfg.num_generators + 2, os.cpu_count() or 1), include_dashboard=False,
                  logging_level="ERROR", log_to_driver=True, runtime_env={"env_vars": THREAD_ENV})
     task = ray.remote(run_trainer).options(num_cpus=1, num_gpus=cfg.trainer_gpus, max_retries=0,
                                            runtime_env={"env_vars": {**THREAD_ENV, IN_TRAINER_TASK: "1"}})
-    ref = task.remote(module_name, cfg, os.getcwd())
+    ref = task.remote(module_name, cfg, os.getcwd(), task_call)
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as error:
@@ -68,7 +66,7 @@ def train_on_ray(module_name: str, cfg):
             ray.get(ref, timeout=CANCEL_WAIT)
         except Exception:  # cancelled, as asked
             pass
-        raise TrainerInterrupted(interrupted_state(algo, cfg.resume or cfg.run_dir)) from None
+        raise TrainerInterrupted(interrupted_state(algo, run_dir)) from None
     finally:
         time.sleep(LOG_FLUSH)
         if owns_ray and ray.is_initialized():

@@ -12,6 +12,15 @@ CONFIG_NAME = "config.json"
 METRICS_NAME = "metrics.jsonl"
 
 
+def describe(value) -> str:
+    """How config.json records a Python object given as a flag (an env class or factory):
+    ``module:qualname`` when it can be imported again by that name."""
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if module and qualname and "<" not in qualname and module != "__main__":
+        return f"{module}:{qualname}"
+    return repr(value)
+
+
 def load_config_dict(run_dir: str | os.PathLike) -> dict:
     path = Path(run_dir) / CONFIG_NAME
     if not path.exists():

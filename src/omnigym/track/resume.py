@@ -1,0 +1,74 @@
+"""Which directory a run may use: a new or empty one, a run it may replace (``--overwrite``),
+or a run it may continue (``--resume``), checked before anything is written.
+
+What crosses this module: the config's own flags (``run_dir``, ``resume``, ``overwrite``,
+``seed`` and the class's ``RESUME_FIXED`` and ``BUDGET``), the algorithm's name, and a
+directory already decided for this call when the user named none; out come the directory
+and the loaded checkpoint, or one ``OmnigymError`` line. It reads the disk and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omnigym.errors import OmnigymError
+from omnigym.track.checkpoint import Checkpointer
+from omnigym.track.files import METRICS_NAME, describe, load_config_dict
+from omnigym.track.run_dir import check_writable, default_run_dir, is_run_dir
+
+
+def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[Path, dict | None]:
+    """The directory the run may use, and its checkpoint when resuming; refuses in one line.
+    ``decided``: the directory this call chose already when the user gave none (``--capture-video``
+    names its folder before the run starts); else a new name is made from ``label``."""
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        if cfg.run_dir and Path(cfg.run_dir).resolve() != run_dir.resolve():
+            raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
+        check_resumable(cfg, algo, load_config_dict(run_dir))
+        saved = Checkpointer(run_dir).load()
+        check_saved_state(cfg, run_dir, saved)
+    else:
+        run_dir, saved = Path(cfg.run_dir or decided or default_run_dir(algo, label, cfg.seed)), None
+        if run_dir.exists() and not run_dir.is_dir():
+            raise OmnigymError(f"--run-dir {run_dir} is a file; choose a directory")
+        if run_dir.is_dir() and is_run_dir(run_dir) and not cfg.overwrite:
+            raise OmnigymError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
+                               "or replace it with --overwrite")
+        if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
+            raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
+        check_writable(run_dir)
+    return run_dir, saved
+
+
+def check_saved_state(cfg, run_dir: Path, saved: dict) -> None:
+    """The run has steps left, and its log still reaches the checkpoint (it is cut back to it)."""
+    if cfg.BUDGET:
+        flag_name, counter = cfg.BUDGET
+        done, goal = saved["counters"].get(counter, 0), getattr(cfg, flag_name)
+        if done >= goal:
+            raise OmnigymError(f"{run_dir} is already at {counter} {done} of --{flag_name.replace('_', '-')} {goal}; "
+                               f"give a larger --{flag_name.replace('_', '-')} to continue it")
+    log, offset = run_dir / METRICS_NAME, saved["components"]["metrics"]["offset"]
+    if not log.is_file() or log.stat().st_size < offset:
+        raise OmnigymError(f"{log} is missing or shorter than when the checkpoint was written; put it back "
+                           "(a resumed run's log continues it), or start a new run")
+
+
+def check_resumable(cfg, algo: str, saved_config: dict) -> None:
+    """A run continues with the algorithm and the settings its checkpoint was made with;
+    ``cfg.RESUME_FIXED`` names the settings that cannot change (shapes, envs, data)."""
+    made_by = saved_config.get("algo")
+    if made_by != algo:
+        raise OmnigymError(f"{cfg.resume} is a {made_by} run; continue it with: "
+                           f"omnigym train {made_by} --resume {cfg.resume}")
+    for name in cfg.RESUME_FIXED:
+        now, then = getattr(cfg, name, None), saved_config.get(name)
+        now = json.loads(json.dumps(now, default=describe))
+        if then is not None and now != then:
+            def shown(value):
+                return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+            raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}, not "
+                               f"{shown(now)}; its checkpoint only fits its own setting (leave the flag out to keep it)")

@@ -1,0 +1,142 @@
+"""A run directory as a transaction: created, or taken over from a run it replaces, and put
+back as it was when the run fails before its first checkpoint.
+
+What crosses this module: a path and two facts about it (the log offset of the checkpoint
+being resumed, whether a run there is being replaced) go in when the run is built;
+``open`` (before the first file is written), ``commit`` (a checkpoint is on disk) and
+``roll_back`` (a failure before that) are called by ``Run``. It writes no run file itself
+and knows nothing about the config or the metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from omnigym.errors import OmnigymError
+from omnigym.track.checkpoint import CHECKPOINT_NAME
+from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe
+from omnigym.track.metrics import SAMPLES_NAME
+
+MODEL_FOLDER = "model"
+STAGES_FOLDER = "stages"
+RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", "curve.png", SAMPLES_NAME,
+             MODEL_FOLDER, "videos")
+"""What a run writes (besides TensorBoard's events files); ``--overwrite`` removes exactly these.
+``videos/`` holds ``--capture-video``'s and ``omnigym eval --video``'s videos (envs/video.py).
+``model/`` is the trained model as a Hugging Face folder (language runs). ``stages/`` holds the
+finished runs a demo pipeline made on the way (``omnigym train rlhf`` with no flags); they are
+reused by ``--overwrite`` and removed by ``abandon`` only when this process made them."""
+EVENTS_GLOB = "events.out.tfevents.*"
+
+
+class RunDirectory:
+    """The directory one run writes to, and how to undo what the run did to it."""
+
+    def __init__(self, path: Path, resumed_log_offset: int | None = None, replace: bool = False):
+        self.path = path
+        self._resumed_log_offset = resumed_log_offset
+        """where the resumed checkpoint's metrics.jsonl ends (None for a new run)"""
+        self._replace = replace
+        self._created = [p for p in [path, *path.parents] if not p.exists()]
+        """the directories ``open`` will create (``roll_back`` removes them again)"""
+        self._set_aside: Path | None = None
+        self._config_before: bytes | None = None
+        self._events_before: set[Path] = set()
+        self.opened = False
+        self.committed = False
+
+    def open(self) -> None:
+        """Note what is there, set a replaced run aside (``--overwrite``) and create the directory."""
+        self._events_before = set(self.path.glob(EVENTS_GLOB))
+        if self._resumed_log_offset is not None:
+            self._config_before = (self.path / CONFIG_NAME).read_bytes()
+        self.opened = True  # from here on, roll_back has what it needs to undo
+        if self._replace:
+            self._set_aside = set_aside_run_files(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def commit(self) -> None:
+        """A checkpoint of this run is on disk: nothing is undone any more."""
+        self.committed = True
+        self.drop_replaced()
+
+    def drop_replaced(self) -> None:
+        """The replaced run (``--overwrite``) is deleted once the new one has a checkpoint or ends."""
+        if self._set_aside is not None:
+            shutil.rmtree(self._set_aside, ignore_errors=True)
+            self._set_aside = None
+
+    def roll_back(self, remove_stages: bool = False) -> None:
+        """Put the directory back as it was before ``open``: a resumed run gets its config.json
+        and its log up to the checkpoint back; a new run's files and the folders it made go,
+        and a run it was replacing comes back. Does nothing after ``commit`` or before ``open``."""
+        if self.committed or not self.opened:
+            return
+        for events in set(self.path.glob(EVENTS_GLOB)) - self._events_before:
+            events.unlink()
+        if self._resumed_log_offset is not None:
+            (self.path / CONFIG_NAME).write_bytes(self._config_before)
+            with open(self.path / METRICS_NAME, "r+b") as log:
+                log.truncate(self._resumed_log_offset)
+            return
+        remove_run_files(self.path)
+        if remove_stages:
+            shutil.rmtree(self.path / STAGES_FOLDER, ignore_errors=True)
+        if self._set_aside is not None:
+            for kept in self._set_aside.iterdir():
+                kept.rename(self.path / kept.name)
+            self._set_aside.rmdir()
+            self._set_aside = None
+        for folder in self._created:
+            if folder.exists() and not any(folder.iterdir()):
+                folder.rmdir()
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / name).exists() for name in (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME))
+
+
+def set_aside_run_files(path: Path) -> Path:
+    """Move a run's files into a hidden folder of its directory (``--overwrite``), from which
+    ``RunDirectory.roll_back`` can bring them back."""
+    aside = path / ".replaced-run"
+    aside.mkdir(exist_ok=True)
+    for name in [*RUN_FILES, "wandb", *(p.name for p in path.glob(EVENTS_GLOB))]:
+        if (path / name).exists():
+            (path / name).rename(aside / name)
+    return aside
+
+
+def remove_run_files(path: Path) -> None:
+    for name in RUN_FILES:
+        if (path / name).is_dir():
+            shutil.rmtree(path / name)
+        else:
+            (path / name).unlink(missing_ok=True)
+    for events in path.glob(EVENTS_GLOB):
+        events.unlink()
+    shutil.rmtree(path / "wandb", ignore_errors=True)
+
+
+def default_run_dir(algo: str, label, seed: int) -> str:
+    label = re.sub(r"[^\w.\-]+", "-", label if isinstance(label, str) else describe(label).split(":")[-1])
+    base = os.path.join("runs", f"{algo}__{label}__{seed}__{int(time.time())}")
+    name, n = base, 1
+    while os.path.exists(name):  # two runs started in the same second
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def check_writable(path: Path) -> None:
+    """``path`` can be created: its nearest existing ancestor is a writable directory."""
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        why = "is not a directory" if not parent.is_dir() else "is not writable"
+        raise OmnigymError(f"cannot write to run directory {path}: {parent} {why}; choose another --run-dir")
