@@ -38,7 +38,8 @@ def run_omnigym(model_dir: str, steps: int, threads: int) -> list[float]:
     cfg = grpo.GRPOConfig(model=model_dir, sft_steps=0, steps=steps, prompts_per_step=2, group_size=8,
                           max_new_tokens=32, beta=0.04, learning_rate=1e-4, eval_size=1, eval_every=10**9,
                           run_dir=tempfile.mkdtemp(), progress=False, plot=False, tensorboard=False,
-                          checkpoint_every=10**9, skip_equal_groups=False, torch_threads=threads)
+                          checkpoint_every=10**9, skip_equal_groups=False, torch_threads=threads,
+                          system_prompt="")  # TRL's prompt: the question alone (a folder --model gets a system prompt)
     grpo.train(cfg)
     # the first and last steps also evaluate; they fall among the dropped/edge intervals
     return [b - a for a, b in zip(stamps, stamps[1:])][:-1]

@@ -115,10 +115,13 @@ class LlamaFamilyEngine(BatchedEngine):
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
         mask = (causal & valid[:, None, None, :width]) | torch.eye(width, dtype=torch.bool, device=device)
 
+        # The rotary angles of every position, once: a position's cos and sin depend on it alone.
+        cos_table, sin_table = (t[0] for t in backbone.rotary_emb(
+            torch.zeros(1, 1, dtype=dtype, device=device), torch.arange(total, device=device)[None]))
+
         def forward(ids: torch.Tensor, start: int, pos: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
             x = backbone.embed_tokens(ids)
-            cos, sin = backbone.rotary_emb(x, pos)
-            cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads
+            cos, sin = cos_table[pos].unsqueeze(2), sin_table[pos].unsqueeze(2)  # broadcast over heads
             end, q_width = start + ids.shape[1], heads * head_dim
             for i, w in enumerate(layers):
                 h = F.rms_norm(x, (x.shape[-1],), w.input_norm, eps)
