@@ -182,7 +182,8 @@ SFT_ROWS = {
     "prompt-completion": [{"prompt": "2+2=", "completion": "4"}, {"prompt": "Say hi: ", "completion": "hi there"}],
     "chat prompt-completion": [{"prompt": [{"role": "user", "content": "2+2?"}],
                                 "completion": [{"role": "assistant", "content": "4"}]},
-                               {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                               {"prompt": [{"role": "system", "content": "be brief"},
+                                           {"role": "user", "content": "hi"}],
                                 "completion": [{"role": "assistant", "content": "hello"}]}],
     "text": [{"text": "plain words"}, {"text": "2+2=4"}],
     "messages": [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
@@ -427,7 +428,8 @@ def gymnasium_against_omnigym(rewards, terminated, truncated, gamma):
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
-    envs = gym.vector.SyncVectorEnv(scripted_envs(rewards, terminated, truncated), autoreset_mode=AutoresetMode.NEXT_STEP)
+    envs = gym.vector.SyncVectorEnv(scripted_envs(rewards, terminated, truncated),
+                                    autoreset_mode=AutoresetMode.NEXT_STEP)
     envs = gym.wrappers.vector.NormalizeReward(envs, gamma=gamma)
     envs.reset(seed=0)
     scaler = RewardScaler(rewards.shape[1], gamma, clip=10.0)
