@@ -31,18 +31,28 @@ def test_ppo_solves_cartpole_within_100k_steps(tmp_path, seed):
     assert np.mean(evaluate_run(str(tmp_path / f"s{seed}"), episodes=10, greedy=True)) >= 475
 
 
+# The DQN and REINFORCE bars sit about 10% under the lowest figure their seeds gave (the
+# margin for seeds and library versions: one seed's figure moved by 10-15% between the stack
+# the docs were measured on and torch 2.13 / gymnasium 1.4). Measured, last-20 return / eval:
+# DQN seed 1 434.4 / 500.0, seed 2 250.2 / 500.0 (docs/dqn.md's stack: 392.2 / 500.0 and
+# 294.6 / 340.2, hence the eval bar under 340); REINFORCE seed 1 177.7 / 196.9, seed 2
+# 217.9 / 182.0 (docs/reinforce.md's: 196.4 / 178.9 and 210.3 / 221.2). Random play: ~22.
+DQN_LAST_20, DQN_GREEDY_EVAL = 225, 300
+REINFORCE_LAST_20, REINFORCE_EVAL = 160, 160
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_dqn_learns_cartpole(tmp_path, seed):
     dqn.train(dqn.DQNConfig(total_timesteps=50_000, **quiet(tmp_path, seed)))
-    assert final_last_20(tmp_path / f"s{seed}") >= 150
-    assert np.mean(evaluate_run(str(tmp_path / f"s{seed}"), episodes=10, greedy=True)) >= 200
+    assert final_last_20(tmp_path / f"s{seed}") >= DQN_LAST_20
+    assert np.mean(evaluate_run(str(tmp_path / f"s{seed}"), episodes=10, greedy=True)) >= DQN_GREEDY_EVAL
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_reinforce_learns_cartpole(tmp_path, seed):
     reinforce.train(reinforce.ReinforceConfig(total_timesteps=100_000, **quiet(tmp_path, seed)))
-    assert final_last_20(tmp_path / f"s{seed}") >= 150
-    assert np.mean(evaluate_run(str(tmp_path / f"s{seed}"), episodes=10)) >= 150
+    assert final_last_20(tmp_path / f"s{seed}") >= REINFORCE_LAST_20
+    assert np.mean(evaluate_run(str(tmp_path / f"s{seed}"), episodes=10)) >= REINFORCE_EVAL
 
 
 def test_dqn_learns_from_pixels(tmp_path):

@@ -21,7 +21,9 @@ def trained_text(tokenizer, ids, trained):
     return tokenizer.decode([t for t, m in zip(ids, trained) if m])
 
 
-def test_each_format_trains_on_what_trl_trains_on(tokenizer):
+def test_each_format_trains_on_its_replies_only_as_text(tokenizer):
+    # The trained tokens read as text; that they are the tokens TRL trains on, with the same
+    # loss, is checked against TRL's own SFTTrainer in test_references.py.
     ids, trained = to_sequence("row", {"prompt": "2+2=", "completion": "4"}, tokenizer, True)
     assert tokenizer.decode(ids) == "2+2=4<|end|>" and trained_text(tokenizer, ids, trained) == "4<|end|>"
     ids, trained = to_sequence("row", {"prompt": "2+2=", "completion": "4"}, tokenizer, False)
