@@ -40,8 +40,9 @@ def module_imports() -> dict[str, set[str]]:
                 continue
             for candidate in candidates:
                 target = resolve(candidate)
-                # a module importing its own package (or itself) is not an edge
-                if target and target != name and not name.startswith(target + "."):
+                # a submodule importing its package's __init__ is an edge like any other: the
+                # package importing that submodule back is a cycle (rewards <-> rewards.text was)
+                if target and target != name:
                     targets.add(target)
         edges[name] = targets
     return edges

@@ -15,8 +15,7 @@ import copy
 
 from omnigym.generators.base import Trajectories, Trajectory
 from omnigym.inference.engine import SamplingParams
-from omnigym.rewards import checked
-from omnigym.user_code import call_user_code
+from omnigym.rewards import scored_with_parts
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
@@ -102,14 +101,8 @@ class TextEnvGenerator:
     def _score(self, finished: list[_Episode], texts: list[str]) -> None:
         if not finished:
             return
-        reward, examples = self.env.reward, [e.env.example for e in finished]
-        if hasattr(reward, "components"):  # a weighted sum: keep each part for the metrics
-            parts = reward.components(texts, examples)
-            totals = reward.total(parts).tolist()
-            parts = {name: values.tolist() for name, values in parts.items()}
-        else:
-            totals = checked("of the env", call_user_code("the env's reward", reward, texts, examples), len(texts))
-            totals, parts = totals.tolist(), {}
+        totals, parts = scored_with_parts(self.env.reward, texts, [e.env.example for e in finished])
+        totals, parts = totals.tolist(), {name: values.tolist() for name, values in parts.items()}
         for i, episode in enumerate(finished):
             episode.done = True
             episode.reward = totals[i]

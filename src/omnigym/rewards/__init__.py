@@ -8,43 +8,25 @@ be picklable (module-level functions or objects, no lambdas), so that they can b
 to another process; any state they need travels with the example or the object, never in
 a module-global cache.
 
+The registry itself (``register_reward``, ``per_sample``, ``checked``) is ``base.py``, which the
+built-in rewards import; this package adds the lookup and the weighted sum on top of it.
+
 ``WeightedSum({"math": 1.0, "format": 0.1})`` is the weighted sum of several rewards and
 also reports each part, so each can be logged as its own metric (``reward/math``, ...).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from omnigym.errors import OmnigymError
+from omnigym.rewards.base import REWARDS, Reward, checked, per_sample, register_reward
 from omnigym.user_code import call_user_code, import_object, import_reference, is_reference
 
-Reward = Callable[[Sequence[str], Sequence[dict]], torch.Tensor]
-REWARDS: dict[str, Reward] = {}
-
-
-def register_reward(name: str):
-    def wrap(reward: Reward) -> Reward:
-        REWARDS[name] = reward
-        return reward
-
-    return wrap
-
-
-class per_sample:
-    """A batched reward from ``fn(completion, example) -> float`` (values kept in float64)."""
-
-    def __init__(self, fn: Callable[[str, dict], float]):
-        self.fn = fn
-        self.__doc__ = fn.__doc__
-
-    def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:
-        if len(completions) != len(examples):
-            raise OmnigymError(f"{len(completions)} completions but {len(examples)} examples")
-        return torch.tensor([float(self.fn(c, e)) for c, e in zip(completions, examples)], dtype=torch.float64)
-
+__all__ = ["REWARDS", "Reward", "WeightedSum", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
+           "register_reward", "scored_with_parts"]
 
 def get_reward(name: str) -> Reward:
     """A registered reward, or ``module:name`` from your own code: a reward the module
@@ -95,19 +77,22 @@ class WeightedSum:
         return self.total(self.components(completions, examples))
 
 
-def checked(name: str, values, n: int) -> torch.Tensor:
-    """A reward's output as float64, refused in one line unless it is one finite number per completion."""
-    try:
-        values = torch.as_tensor(values, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError):
-        raise OmnigymError(f"reward {name} returned {type(values).__name__}; a reward returns one float per "
-                           "completion (a 1-D tensor; wrap a per-example function with per_sample)") from None
-    if values.shape != (n,):
-        raise OmnigymError(f"reward {name} returned shape {tuple(values.shape)} for {n} completions; a reward returns "
-                           "one float per completion (wrap a per-example function with per_sample)")
-    if not torch.isfinite(values).all():
-        raise OmnigymError(f"reward {name} returned a non-finite value ({values[~torch.isfinite(values)][0].item()})")
-    return values
+def scored_with_parts(reward, completions: Sequence[str],
+                      examples: Sequence[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(totals, parts)``: a ``WeightedSum`` reports each reward's own values beside the total
+    (logged as ``reward/<name>``); any other reward is its total alone, ``parts`` empty."""
+    if isinstance(reward, WeightedSum):
+        parts = reward.components(completions, examples)
+        return reward.total(parts), parts
+    return checked("of the env", call_user_code("the env's reward", reward, completions, examples), len(completions)), {}
+
+
+def leading_part(reward):
+    """The reward that decides correctness: a weighted sum's first part (math in
+    math:1.0,format:0.1), or the reward itself."""
+    if isinstance(reward, WeightedSum):
+        return WeightedSum({next(iter(reward.weights)): 1.0})
+    return reward
 
 
 def parse_weights(spec: str) -> WeightedSum:

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from omnigym.errors import OmnigymError
-from omnigym.rewards import per_sample, register_reward
+from omnigym.rewards.base import per_sample, register_reward
 from omnigym.rewards.sandbox import SandboxLimits, python_argv, run_sandboxed
 
 FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)

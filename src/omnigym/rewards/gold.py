@@ -5,7 +5,7 @@ that learns from preference pairs never sees it."""
 
 from __future__ import annotations
 
-from omnigym.rewards import per_sample, register_reward
+from omnigym.rewards.base import per_sample, register_reward
 
 VOWELS = frozenset("aeiou")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from omnigym.errors import OmnigymError, missing_extra
-from omnigym.rewards import per_sample, register_reward
+from omnigym.rewards.base import per_sample, register_reward
 from omnigym.rewards.text import extract_answer
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from omnigym.rewards import per_sample, register_reward
+from omnigym.rewards.base import per_sample, register_reward
 
 THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

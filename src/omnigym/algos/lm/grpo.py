@@ -38,7 +38,7 @@ from omnigym.models.tokens import completion_logprobs, make_completion_batch, pa
 from omnigym.optim import adamw
 from omnigym.pipelines.grpo_warmup import warm_up
 from omnigym.process import scoped_run
-from omnigym.rewards import WeightedSum, parse_weights
+from omnigym.rewards import WeightedSum, leading_part, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
 from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, ppo_clip
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
@@ -148,12 +148,7 @@ def task_env(cfg: GRPOConfig, task: Task):
         system = cfg.system_prompt if cfg.system_prompt is not None else None if cfg.model == "tiny" else ANSWER_FORMAT
         env = ToolEnv(task.train, reward, system or None, cfg.max_turns) if cfg.env == "tools" else \
             TextEnv(task.train, reward, system or None)
-    if cfg.accuracy_reward:
-        correct = WeightedSum({cfg.accuracy_reward: 1.0})
-    elif isinstance(env.reward, WeightedSum):  # its first part: math in math:1.0,format:0.1
-        correct = WeightedSum({next(iter(env.reward.weights)): 1.0})
-    else:
-        correct = env.reward
+    correct = WeightedSum({cfg.accuracy_reward: 1.0}) if cfg.accuracy_reward else leading_part(env.reward)
     return env, correct
 
 
