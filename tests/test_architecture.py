@@ -98,3 +98,80 @@ def test_train_from_python_leaves_threads_rngs_and_plot_backend_alone(tmp_path):
         assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
     finally:
         torch.set_num_threads(threads)  # the rest of the suite runs as conftest set it
+
+
+MUTABLE_CALLS = {"list", "dict", "set", "defaultdict", "Counter", "deque", "OrderedDict", "ContextVar"}
+ENVIRON_WRITES = {"setdefault", "update", "pop", "clear", "__setitem__"}
+
+
+def module_state() -> set[str]:
+    """Every place in src/ that keeps state for the whole process: module-level mutable
+    containers, ``global`` rebinding, memoizing decorators and writes to ``os.environ``, as
+    ``module:name`` (or ``module:function:environ``)."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) and node.value is not None else []
+            value = getattr(node, "value", None)
+            mutable = isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) or (
+                isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", None)) in MUTABLE_CALLS)
+            if mutable:
+                found |= {f"{module}:{t.id}" for t in targets if isinstance(t, ast.Name) and t.id != "__all__"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found |= {f"{module}:{name}" for name in node.names}
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for decorator in node.decorator_list:
+                    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                    if getattr(target, "attr", getattr(target, "id", None)) in ("cache", "lru_cache", "cached_property"):
+                        found.add(f"{module}:{node.name}")
+                for inner in ast.walk(node):
+                    environ = None
+                    if isinstance(inner, ast.Assign) and any(isinstance(t, ast.Subscript) and
+                                                             ast.unparse(t.value) == "os.environ" for t in inner.targets):
+                        environ = inner
+                    if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and \
+                            ast.unparse(inner.func.value) == "os.environ" and inner.func.attr in ENVIRON_WRITES:
+                        environ = inner
+                    if environ is not None:
+                        found.add(f"{module}:{node.name}:environ")
+    return found
+
+
+ALLOWED_PROCESS_STATE = {
+    # registries: filled at import by the modules that define their entries, read-only afterwards
+    "omnigym.algos.__init__:ALGORITHMS": "the algorithm registry (a name -> module table)",
+    "omnigym.rewards.base:REWARDS": "the reward registry (register_reward at import)",
+    "omnigym.envs.text:TEXT_ENVS": "the text-env registry (register_text_env at import)",
+    "omnigym.rl.advantages:ADVANTAGE_ESTIMATORS": "the advantage registry, filled at import",
+    "omnigym.rl.losses:POLICY_LOSSES": "the policy-loss registry, filled at import",
+    # facts about this machine, the same for every run in the process
+    "omnigym.rewards.sandbox:sandbox_interpreter": "which Python an unprivileged uid can run here",
+    "omnigym.rewards.sandbox:_as_root": "whether this process runs as root",
+    "omnigym.rewards.sandbox:isolation": "which isolation bubblewrap gives on this host (probed once)",
+    "omnigym.rewards.sandbox:_say_once": "the host's isolation warning, said once per process",
+    "omnigym.rewards.sandbox:_task_count": "threads of this uid (RLIMIT_NPROC counts per uid, not per run)",
+    "omnigym.rewards.reasoning_gym:scorer": "reasoning-gym's scoring function of a task name (pure)",
+    # read once per process by the libraries themselves, at import: not scopable to a run
+    "omnigym.envs.video:headless_gl:environ": "MUJOCO_GL/PYOPENGL_PLATFORM/SDL_VIDEODRIVER defaults (the user's win)",
+    # the command line's own process: the entry point sets it up once (quiet transformers, threads)
+    "omnigym.cli:set_up_process:environ": "the omnigym command's process, never a library call's",
+    # set for the time of a block and put back (vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING while it is built)
+    "omnigym.process:environment:environ": "scoped: restored when the block ends",
+    # constants never written: the environment a Ray worker is started with
+    "omnigym.runtime.ray_actors:THREAD_ENV": "Ray's runtime_env wants a dict; nothing writes it",
+    # per train() call, not per process: a ContextVar that scoped_run sets and resets
+    "omnigym.track.run:_current_call": "the train() call a thread is in (TrainCall), set and reset per call",
+}
+"""Process-wide state allowed in src/, each with the reason it is not per run. A server that
+holds many runs in one process (issue 16) relies on nothing else being shared."""
+
+
+def test_no_process_state_outside_the_allow_list():
+    found = module_state()
+    assert len(found) >= 5  # the walk sees the registries at least
+    assert sorted(found - set(ALLOWED_PROCESS_STATE)) == []
+    assert sorted(set(ALLOWED_PROCESS_STATE) - found) == []  # an entry whose state is gone leaves the list

@@ -198,6 +198,7 @@ class FakeLLM:
     the model's ``load_weights``."""
 
     def __init__(self, model, **kwargs):
+        self.in_process = vllm_engine.os.environ.get(vllm_engine.IN_PROCESS)  # what vLLM would read now
         self.model, self.kwargs, self.calls, self.loaded, self.requests = model, kwargs, [], [], []
 
     def generate(self, requests, sampling, use_tqdm=True):
@@ -228,8 +229,7 @@ def fake_vllm(monkeypatch):
     fake = SimpleNamespace(LLM=FakeLLM, SamplingParams=dict, TokensPrompt=dict, __version__="0.33.0")
     monkeypatch.setattr(vllm_engine, "_import_vllm", lambda: fake)
     monkeypatch.setattr(vllm_engine, "_require_cuda", lambda: None)
-    monkeypatch.setenv(vllm_engine.IN_PROCESS, "0")  # recorded, so that the variable is put back afterwards
-    monkeypatch.delenv(vllm_engine.IN_PROCESS)  # the engine sets it
+    monkeypatch.delenv(vllm_engine.IN_PROCESS, raising=False)
     return fake
 
 
@@ -241,7 +241,8 @@ def test_the_engine_builds_vllm_in_process_from_the_models_folder(tiny, fake_vll
     assert engine.llm.kwargs["logprobs_mode"] == "processed_logprobs"
     assert engine.llm.kwargs["skip_tokenizer_init"] and engine.llm.kwargs["seed"] == 0
     assert engine.llm.kwargs["gpu_memory_utilization"] == 0.5 and not engine.llm.kwargs["enable_sleep_mode"]
-    assert vllm_engine.os.environ[vllm_engine.IN_PROCESS] == "0"
+    assert engine.llm.in_process == "0"  # set while vLLM builds its engine, and only then
+    assert vllm_engine.IN_PROCESS not in vllm_engine.os.environ
     groups = engine.generate([[5, 6], [7]], 3, SamplingParams(max_new_tokens=4))
     assert [[s.completion_ids for s in g] for g in groups] == [[[7, EOS]] * 3, [[8, EOS]] * 3]
     assert engine.llm.calls == ["generate"]  # one call for all prompts; no sleeping without sleep mode

@@ -22,7 +22,7 @@ from omnigym.errors import OmnigymError
 from omnigym.inference.engine import BatchedEngine, SamplingParams
 from omnigym.models.tokens import distinct_rows, left_pad
 
-FAMILY = {"llama", "mistral", "qwen2", "qwen3"}
+FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def unsupported_reason(model) -> str | None:

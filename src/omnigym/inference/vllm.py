@@ -29,6 +29,7 @@ import torch
 
 from omnigym.errors import OmnigymError
 from omnigym.inference.engine import Sample, SamplingParams
+from omnigym.process import environment
 
 MISSING = "the vllm engine needs the [vllm] extra: pip install 'omnigym[vllm]' (a CUDA GPU; see docs/vllm.md)"
 IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
@@ -201,7 +202,7 @@ class VLLMEngine:
         # The engine core must live in this process: update_weights hands it the trainer's
         # tensors (GPU to GPU, no copy through a pipe), as TRL's colocate mode does. vLLM's
         # V1 engine otherwise runs its core in a child process.
-        mode = os.environ.setdefault(IN_PROCESS, "0")
+        mode = os.environ.get(IN_PROCESS, "0")
         if mode != "0":
             raise OmnigymError(f"{IN_PROCESS}={mode} runs vLLM's engine in another process, where "
                                "update_weights cannot reach its model; unset it for --engine vllm")
@@ -215,8 +216,9 @@ class VLLMEngine:
         # (after temperature, and after top-k/top-p when those are set: see docs/vllm.md)
         options = dict(skip_tokenizer_init=True, logprobs_mode="processed_logprobs")
         options.update(llm_kwargs)
-        self.llm = self._vllm.LLM(model=model_path_or_id, gpu_memory_utilization=gpu_memory_utilization,
-                                  enable_sleep_mode=enable_sleep_mode, dtype=dtype, seed=seed, **options)
+        with environment({IN_PROCESS: "0"}):  # vLLM reads it while it builds the engine, and only then
+            self.llm = self._vllm.LLM(model=model_path_or_id, gpu_memory_utilization=gpu_memory_utilization,
+                                      enable_sleep_mode=enable_sleep_mode, dtype=dtype, seed=seed, **options)
         if enable_sleep_mode:
             self.sleep()  # the trainer has the GPU until the first generate
 

@@ -15,7 +15,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-SPECIAL_TOKENS = ["<pad>", "<unk>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
+SPECIAL_TOKENS = ("<pad>", "<unk>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
 
 
 def _transformers():
@@ -159,11 +159,11 @@ def build_tiny_model(path: str | Path, hidden: int = 128, layers: int = 4, heads
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     path = Path(path)
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(string.printable)))}
+    vocab = {token: i for i, token in enumerate(list(SPECIAL_TOKENS) + list(dict.fromkeys(string.printable)))}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    core.add_special_tokens(SPECIAL_TOKENS)
+    core.add_special_tokens(list(SPECIAL_TOKENS))
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
                                                      eos_token="<|end|>", padding_side="left")
     tokenizer.chat_template = CHAT_TEMPLATE

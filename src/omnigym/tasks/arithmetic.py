@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from omnigym.errors import OmnigymError
 
-OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+OPERATIONS = MappingProxyType({"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b})
 
 
 @dataclass
