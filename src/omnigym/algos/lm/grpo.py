@@ -187,7 +187,7 @@ def train(cfg: GRPOConfig) -> dict:
         for step in range(step, cfg.steps):
             metrics = {}
             if step % cfg.eval_every == 0:
-                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step)
+                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
 
             # 1. Sample group_size episodes of each prompt, each scored by the env's reward (ray:
             # sampled up to --max-staleness versions ago; the sampler's log-probs come along).
@@ -205,7 +205,7 @@ def train(cfg: GRPOConfig) -> dict:
             metrics.update({**step_metrics(cfg, trajectories, informative, stats),
                             "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
             if step == cfg.steps - 1:
-                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step + 1)
+                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step + 1, step + 1)
             run.log(step + 1, metrics)
             progress.update(step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
             if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):
@@ -236,13 +236,14 @@ def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
     return make_generator(cfg, env, make_engine(policy, tokenizer, cfg.engine), tokenizer)
 
 
-def evaluate(run: Run, judge: TextEnvGenerator, policy, tokenizer, examples: list[dict], step: int) -> float:
-    """Greedy held-out accuracy; a few episodes go to samples.jsonl at log step ``step + 1``.
-    An engine outside this process (vLLM) gets the policy's weights first."""
+def evaluate(run: Run, judge: TextEnvGenerator, policy, tokenizer, examples: list[dict], version: int,
+             log_step: int) -> float:
+    """Greedy held-out accuracy of policy ``version``; a few episodes go to samples.jsonl at
+    ``log_step``. An engine outside this process (vLLM) gets the policy's weights first."""
     samples: list = []
-    judge.update_weights(policy.named_parameters(), step)
+    judge.update_weights(policy.named_parameters(), version)
     value = accuracy(judge, tokenizer, examples, samples)
-    run.log_samples(step + 1, samples)
+    run.log_samples(log_step, samples)
     return value
 
 
