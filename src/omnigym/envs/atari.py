@@ -113,7 +113,9 @@ def make_atari_vec(env_id: str, num_envs: int, backend: str, seed: int | None, o
                                               screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
         if options.fire_reset and "FIRE" in env.unwrapped.get_action_meanings():
             env = FireReset(env)
-        return gym.wrappers.FrameStackObservation(env, options.frame_stack)
+        # black frames before the first, as the ale backend (and SB3's VecFrameStack) stack them,
+        # so that every backend gives the same observations (tests/test_references.py)
+        return gym.wrappers.FrameStackObservation(env, options.frame_stack, padding_type="zero")
 
     vector_cls = gym.vector.AsyncVectorEnv if backend == "async" else gym.vector.SyncVectorEnv
     fns = video.env_fns(make, num_envs, {}) if video is not None else [make] * num_envs
