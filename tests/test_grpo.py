@@ -226,3 +226,25 @@ def test_bad_new_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, mess
     err = capsys.readouterr().err.strip()
     assert err.startswith("omnigym: error:") and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_an_interrupted_warm_up_leaves_no_run_behind(tmp_path, monkeypatch):
+    """Ctrl-C (or an error) in the warm-up stage, before GRPO's first checkpoint: the stage and
+    the run directory it made are gone, so the same command starts afresh."""
+    from omnigym.pipelines import grpo_warmup
+
+    original, calls = grpo_warmup.warm_up_loss, {"n": 0}
+
+    def interrupted(model, batch, step):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(model, batch, step)
+
+    monkeypatch.setattr(grpo_warmup, "warm_up_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        grpo.train(small(tmp_path / "run"))
+    assert calls["n"] == 3 and not (tmp_path / "run").exists()
+    monkeypatch.undo()
+    grpo.train(small(tmp_path / "run", steps=1))
+    assert len(metrics(tmp_path / "run" / "stages" / "warmup")) == 20

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import shutil
 from pathlib import Path
 
 from omnigym.backends import make_backend
@@ -29,7 +30,7 @@ from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
-from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
 from omnigym.models.tokens import batch_logprobs, local_batch
 from omnigym.optim import adamw
 from omnigym.pipelines.stages import export_model_folder, finished_stage
@@ -59,21 +60,30 @@ def warm_up(cfg, run, env, correct, train_set: list[dict]) -> Path:
     if finished_stage(stage, settings(cfg)):
         run.say(f"warm-up: reusing {stage}")
         return stage / "model"
-    made = not stage.parent.exists()
+    # a misspelt --model, a broken template or an impossible --max-new-tokens: one line, nothing written
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+                                                  cfg.device)
+    check_context(policy, cfg.max_new_tokens)
+    made_run_dir, made = not run.dir.exists(), not stage.parent.exists()
     run.made_stages = run.made_stages or made  # a run that fails before its first checkpoint removes them
     run.say(f"warm-up: supervised steps on demonstrations until validation accuracy {cfg.sft_target_accuracy} "
             f"(at most {cfg.sft_steps}) -> {stage}")
-    if is_main_process():
-        stage.mkdir(parents=True, exist_ok=True)
-        (stage / "config.json").unlink(missing_ok=True)  # unfinished until the model folder is whole
-    barrier()
-    train_warm_up(cfg, stage, env, correct, train_set)
+    try:
+        if is_main_process():
+            stage.mkdir(parents=True, exist_ok=True)
+            (stage / "config.json").unlink(missing_ok=True)  # unfinished until the model folder is whole
+        barrier()
+        train_warm_up(cfg, stage, env, correct, train_set, policy, tokenizer)
+    except BaseException:  # an error or Ctrl-C in the stage: what this process made goes
+        if made and is_main_process():
+            shutil.rmtree(stage.parent, ignore_errors=True)
+            if made_run_dir:
+                shutil.rmtree(run.dir, ignore_errors=True)
+        raise
     return stage / "model"
 
 
-def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict]) -> None:
-    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
-                                                  cfg.device)
+def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy, tokenizer) -> None:
     # vLLM would hold a second copy of the model on the GPU beside GRPO's: the warm-up's few
     # greedy evaluations run on the in-process sampler instead.
     engine = make_engine(policy, tokenizer, "auto" if cfg.engine == "vllm" else cfg.engine)
