@@ -8,8 +8,10 @@ be picklable (module-level functions or objects, no lambdas), so that they can b
 to another process; any state they need travels with the example or the object, never in
 a module-global cache.
 
-The registry itself (``register_reward``, ``per_sample``, ``checked``) is ``base.py``, which the
-built-in rewards import; this package adds the lookup and the weighted sum on top of it.
+The registry of your rewards (``register_reward``), ``per_sample`` and ``checked`` are ``base.py``;
+this package adds the lookup and the weighted sum on top of it. The built-in rewards are a
+table here (``builtin_rewards``), made afresh for each lookup: what one holds (the code
+sandbox, reasoning-gym's scorers) belongs to that reward object, not to the process.
 
 ``WeightedSum({"math": 1.0, "format": 0.1})`` is the weighted sum of several rewards and
 also reports each part, so each can be logged as its own metric (``reward/math``, ...).
@@ -25,14 +27,28 @@ from omnigym.errors import OmnigymError
 from omnigym.rewards.base import REWARDS, Reward, checked, per_sample, register_reward
 from omnigym.user_code import call_user_code, import_object, import_reference, is_reference
 
-__all__ = ["REWARDS", "Reward", "WeightedSum", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
+__all__ = ["REWARDS", "Reward", "WeightedSum", "builtin_rewards", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
            "register_reward", "scored_with_parts"]
 
+def builtin_rewards() -> dict[str, Reward]:
+    """The rewards omnigym ships, by name, made afresh (their modules are imported here, on
+    first use: code.py reads its harness, reasoning_gym.py needs its package)."""
+    from omnigym.rewards import code, gold, reasoning_gym, text
+
+    return {"format": per_sample(text.format_reward), "math": per_sample(text.math_reward),
+            "keyword": per_sample(text.keyword_reward), "length": per_sample(text.length_reward),
+            "code": per_sample(code.CodeScore(graded=False)), "code_graded": per_sample(code.CodeScore(graded=True)),
+            "reasoning_gym": per_sample(reasoning_gym.ReasoningGymScore()),
+            "gold_vowels": per_sample(gold.gold_vowels)}
+
+
 def get_reward(name: str) -> Reward:
-    """A registered reward, or ``module:name`` from your own code: a reward the module
-    registers under ``name`` on import, or the module's batched reward object ``name``;
+    """A built-in or registered reward, or ``module:name`` from your own code: a reward the
+    module registers under ``name`` on import, or the module's batched reward object ``name``;
     ``rm:RUN_DIR`` is a reward model trained by ``omnigym train rm``."""
-    _load_builtins()
+    builtins = builtin_rewards()
+    if name in builtins:
+        return builtins[name]
     if name in REWARDS:
         return REWARDS[name]
     if name.startswith("rm:"):  # a trained reward model: rm:RUN_DIR
@@ -45,7 +61,8 @@ def get_reward(name: str) -> Reward:
         if not callable(reward):
             raise OmnigymError(f"reward {name} is not callable; a reward is (completions, examples) -> tensor")
         return reward
-    raise OmnigymError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}, or module:name of your own")
+    raise OmnigymError(f"unknown reward {name!r}; known: {', '.join(sorted({*builtins, *REWARDS}))}, "
+                       "or module:name of your own")
 
 
 class WeightedSum:
@@ -113,6 +130,3 @@ def parse_weights(spec: str) -> WeightedSum:
             raise OmnigymError(f"--rewards: the weight of {name} must be a finite number, got {weight}")
     return WeightedSum(weights)
 
-
-def _load_builtins() -> None:
-    from omnigym.rewards import code, gold, reasoning_gym, text  # noqa: F401  (registration happens on import)
