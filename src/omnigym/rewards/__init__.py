@@ -24,10 +24,10 @@ from typing import Sequence
 import torch
 
 from omnigym.errors import OmnigymError
-from omnigym.rewards.base import REWARDS, Reward, checked, per_sample, register_reward
+from omnigym.rewards.base import REWARDS, CallableReward, Reward, as_reward, checked, per_sample, register_reward
 from omnigym.user_code import call_user_code, import_object, import_reference, is_reference
 
-__all__ = ["REWARDS", "Reward", "WeightedSum", "builtin_rewards", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
+__all__ = ["REWARDS", "CallableReward", "Reward", "WeightedSum", "as_reward", "builtin_rewards", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
            "register_reward", "scored_with_parts"]
 
 def builtin_rewards() -> dict[str, Reward]:
@@ -65,22 +65,30 @@ def get_reward(name: str) -> Reward:
                        "or module:name of your own")
 
 
-class WeightedSum:
+class WeightedSum(Reward):
     """``sum_i weight_i * reward_i``; ``components`` gives each reward's own values."""
 
     def __init__(self, weights: dict[str, float]):
         self.weights = dict(weights)
-        self.parts = {name: get_reward(name) for name in self.weights}
+        self.parts = {name: as_reward(get_reward(name), name) for name in self.weights}
+        self.label = ",".join(f"{name}:{weight}" for name, weight in self.weights.items())
 
     def components(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, torch.Tensor]:
         return {name: checked(name, call_user_code(f"reward {name}", reward, completions, examples), len(completions))
                 for name, reward in self.parts.items()}
 
+    def score(self, completions: Sequence[str], examples: Sequence[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        parts = self.components(completions, examples)
+        return self.total(parts), parts
+
+    def accuracy(self) -> Reward:
+        """The first part alone: ``math`` in ``math:1.0,format:0.1``."""
+        return WeightedSum({next(iter(self.weights)): 1.0})
+
     def to(self, device: str) -> "WeightedSum":
         """Run the parts that hold a model (``rm:``) on ``device``."""
         for part in self.parts.values():
-            if hasattr(part, "device"):
-                part.device = device
+            part.to(device)
         return self
 
     def total(self, components: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -96,20 +104,14 @@ class WeightedSum:
 
 def scored_with_parts(reward, completions: Sequence[str],
                       examples: Sequence[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(totals, parts)``: a ``WeightedSum`` reports each reward's own values beside the total
-    (logged as ``reward/<name>``); any other reward is its total alone, ``parts`` empty."""
-    if isinstance(reward, WeightedSum):
-        parts = reward.components(completions, examples)
-        return reward.total(parts), parts
-    return checked("of the env", call_user_code("the env's reward", reward, completions, examples), len(completions)), {}
+    """``(totals, parts)`` of any reward (``Reward.score``; a plain callable is the env's reward)."""
+    return as_reward(reward, "of the env").score(completions, examples)
 
 
-def leading_part(reward):
-    """The reward that decides correctness: a weighted sum's first part (math in
-    math:1.0,format:0.1), or the reward itself."""
-    if isinstance(reward, WeightedSum):
-        return WeightedSum({next(iter(reward.weights)): 1.0})
-    return reward
+def leading_part(reward) -> Reward:
+    """The reward that decides correctness (``Reward.accuracy``): a weighted sum's first part
+    (math in math:1.0,format:0.1), or the reward itself."""
+    return as_reward(reward, "of the env").accuracy()
 
 
 def parse_weights(spec: str) -> WeightedSum:
