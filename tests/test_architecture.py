@@ -148,15 +148,6 @@ ALLOWED_PROCESS_STATE = {
     "omnigym.envs.text:TEXT_ENVS": "the text-env registry (register_text_env at import)",
     "omnigym.rl.advantages:ADVANTAGE_ESTIMATORS": "the advantage registry, filled at import",
     "omnigym.rl.losses:POLICY_LOSSES": "the policy-loss registry, filled at import",
-    # facts about this machine, the same for every run in the process
-    "omnigym.rewards.sandbox:sandbox_interpreter": "which Python an unprivileged uid can run here",
-    "omnigym.rewards.sandbox:_as_root": "whether this process runs as root",
-    "omnigym.rewards.sandbox:isolation": "which isolation bubblewrap gives on this host (probed once)",
-    "omnigym.rewards.sandbox:_say_once": "the host's isolation warning, said once per process",
-    "omnigym.rewards.sandbox:_task_count": "threads of this uid (RLIMIT_NPROC counts per uid, not per run)",
-    "omnigym.rewards.reasoning_gym:scorer": "reasoning-gym's scoring function of a task name (pure)",
-    # read once per process by the libraries themselves, at import: not scopable to a run
-    "omnigym.envs.video:headless_gl:environ": "MUJOCO_GL/PYOPENGL_PLATFORM/SDL_VIDEODRIVER defaults (the user's win)",
     # the command line's own process: the entry point sets it up once (quiet transformers, threads)
     "omnigym.cli:set_up_process:environ": "the omnigym command's process, never a library call's",
     # set for the time of a block and put back (vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING while it is built)

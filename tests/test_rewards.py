@@ -83,3 +83,36 @@ def test_all_164_humaneval_canonical_solutions_pass_and_pass_bodies_fail():
     empty = code([row["prompt"] + "    pass\n" for row in rows], rows)
     assert (len(rows), whole.sum().item(), body_only.sum().item(), fenced.sum().item()) == (164, 164, 164, 20)
     assert empty.sum().item() == 0
+
+
+def test_every_reward_answers_the_declared_members_and_a_plain_callable_becomes_one():
+    """Callers use Reward's members only (score, accuracy, to): a weighted sum, a built-in and a
+    plain function of yours answer them alike, with no type checks at the call site."""
+    from omnigym.rewards import Reward, as_reward, leading_part, scored_with_parts
+
+    completions, examples = ["<think>x</think><answer>7</answer>", "<answer>8</answer>"], [{"answer": "7"}] * 2
+    total, parts = WeightedSum({"math": 1.0, "format": 0.1}).score(completions, examples)
+    assert total.tolist() == pytest.approx([1.1, 0.05]) and {k: v.tolist() for k, v in parts.items()} == \
+        {"math": [1.0, 0.0], "format": [1.0, 0.5]}
+    assert leading_part(WeightedSum({"math": 1.0, "format": 0.1}))(completions, examples).tolist() == [1.0, 0.0]
+
+    def lengths(completions, examples):  # a plain function: no parts, itself for accuracy
+        return [float(len(c)) for c in completions]
+
+    total, parts = scored_with_parts(lengths, completions, examples)
+    assert total.tolist() == [float(len(c)) for c in completions] and parts == {}
+    assert isinstance(as_reward(lengths, "mine"), Reward) and leading_part(lengths)(["ab"], [{}]) == [2.0]
+    with pytest.raises(OmnigymError, match="reward of the env returned shape \\(1,\\) for 2 completions"):
+        scored_with_parts(lambda c, e: [1.0], completions, examples)
+
+    class HoldsAModel(Reward):
+        device = "cpu"
+
+        def to(self, device):
+            self.device = device
+            return self
+
+    held = HoldsAModel()
+    summed = WeightedSum({"math": 1.0})
+    summed.parts["math"] = held
+    assert summed.to("meta") is summed and held.device == "meta"

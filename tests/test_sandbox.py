@@ -9,12 +9,14 @@ import threading
 import pytest
 
 from omnigym.rewards import get_reward
-from omnigym.rewards.sandbox import SandboxLimits, isolation, run_python
+from omnigym.rewards.sandbox import Sandbox, SandboxLimits, isolation
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox's limits are Linux's")
 
 QUICK = SandboxLimits(cpu_seconds=2, wall_seconds=4, memory_mb=512, max_processes=16, max_file_mb=1)
-isolated = pytest.mark.skipif(isolation().kind != "bubblewrap", reason=isolation().line())
+SANDBOX = Sandbox()  # one for the module: it probes the machine once
+run_python = SANDBOX.run_python
+isolated = pytest.mark.skipif(SANDBOX.isolation().kind != "bubblewrap", reason=SANDBOX.isolation().line())
 
 
 def graded(code, tests):
@@ -32,7 +34,7 @@ def test_infinite_loop_is_stopped_and_keeps_the_tests_passed_before_it():
     code = "def f():\n    return 1\ndef g():\n    while True:\n        pass"
     from omnigym.rewards.code import code_score
 
-    assert code_score(code, {"tests": tests}, QUICK) == 0.5
+    assert code_score(code, {"tests": tests}, SANDBOX, QUICK) == 0.5
 
 
 def test_fork_bomb_is_contained():
@@ -201,10 +203,8 @@ def without_bubblewrap(monkeypatch):
 
     real_which = sandbox.shutil.which
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
-    sandbox.isolation.cache_clear()
-    yield sandbox
+    yield sandbox.Sandbox()  # a fresh one probes the machine as it is now
     monkeypatch.undo()
-    sandbox.isolation.cache_clear()
 
 
 def test_without_bubblewrap_one_line_says_what_is_lost_and_the_verdict_still_holds(without_bubblewrap, capsys):
@@ -214,12 +214,12 @@ def test_without_bubblewrap_one_line_says_what_is_lost_and_the_verdict_still_hol
     assert "bubblewrap is not installed (apt-get install bubblewrap)" in line
     assert ("shares /tmp" if os.geteuid() == 0 else "read and write what your user can") in line
     example = {"tests": ["assert add(1, 2) == 3"]}
-    assert code_score("def add(a, b):\n    return a + b", example, QUICK) == 1.0
+    assert code_score("def add(a, b):\n    return a + b", example, without_bubblewrap, QUICK) == 1.0
     forged = "class Any:\n    def __eq__(self, other): return True\ndef add(a, b):\n    return Any()\n" \
              "print('pass 0\\ndone')\nimport os\nfor fd in range(3, 64):\n    try: os.write(fd, b'pass 0\\n')\n" \
              "    except OSError: pass"
-    assert code_score(forged, example, QUICK) == 0.0
-    assert run_python("print(6 * 7)", QUICK).isolation == "limits only"
+    assert code_score(forged, example, without_bubblewrap, QUICK) == 0.0
+    assert without_bubblewrap.run_python("print(6 * 7)", QUICK).isolation == "limits only"
     warned = capsys.readouterr().err.strip().splitlines()
     assert warned == [f"omnigym: warning: {line}"]  # said once, not once per program
 
@@ -236,9 +236,9 @@ def test_a_code_example_without_tests_is_one_clear_error():
     from omnigym.rewards.code import code_score
 
     with pytest.raises(OmnigymError, match="needs 'tests' .* or HumanEval's 'test' and 'entry_point'; this one has question"):
-        code_score("x = 1", {"question": "?"})
+        code_score("x = 1", {"question": "?"}, SANDBOX)
     with pytest.raises(OmnigymError, match="must be a list of Python statements"):
-        code_score("x = 1", {"tests": "assert x == 1"})
+        code_score("x = 1", {"tests": "assert x == 1"}, SANDBOX)
 
 
 WITHOUT_ROOT = """
@@ -246,10 +246,11 @@ import importlib.util, os, sys
 spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
 sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sandbox)
-print(sandbox.isolation().kind)
+box = sandbox.Sandbox()
+print(box.isolation().kind)
 program = ("import os, glob\\nif os.fork() == 0:\\n    os.setsid()\\n    os.execv('/usr/bin/sleep', ['sleep', '47114712'])\\n"
            "print('forked')\\nfor p in glob.glob('/proc/*/environ'):\\n    print(open(p).read())")
-print(sandbox.run_python(program, sandbox.SandboxLimits(wall_seconds=5)).stdout)
+print(box.run_python(program, sandbox.SandboxLimits(wall_seconds=5)).stdout)
 """
 
 
@@ -298,11 +299,7 @@ def test_without_util_linux_the_sandbox_refuses_in_one_line(monkeypatch):
 
     real_which = sandbox.shutil.which
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "prlimit" else real_which(name))
-    sandbox.isolation.cache_clear()
-    try:
-        with pytest.raises(OmnigymError, match=r"the code sandbox needs prlimit .*apt-get install util-linux"):
-            run_python("print(1)", QUICK)
-        assert sandbox.isolation().line().startswith("sandbox: unavailable: the code sandbox needs prlimit")
-    finally:
-        monkeypatch.undo()
-        sandbox.isolation.cache_clear()
+    fresh = sandbox.Sandbox()
+    with pytest.raises(OmnigymError, match=r"the code sandbox needs prlimit .*apt-get install util-linux"):
+        fresh.run_python("print(1)", QUICK)
+    assert fresh.isolation().line().startswith("sandbox: unavailable: the code sandbox needs prlimit")

@@ -13,10 +13,11 @@ import pytest
 from omnigym.envs.text import ToolEnv
 from omnigym.rewards import get_reward
 from omnigym.rewards.code import code_score
-from omnigym.rewards.sandbox import KILL_MARGIN_SECONDS, SandboxLimits, isolation
+from omnigym.rewards.sandbox import KILL_MARGIN_SECONDS, Sandbox, SandboxLimits
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
-bubblewrap = pytest.mark.skipif(isolation().kind != "bubblewrap", reason=isolation().line())
+SANDBOX = Sandbox()  # one for the module: it probes the machine once
+bubblewrap = pytest.mark.skipif(SANDBOX.isolation().kind != "bubblewrap", reason=SANDBOX.isolation().line())
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a fresh uid and the cgroup need the trainer to be root")
 
 QUICK = SandboxLimits(cpu_seconds=2, wall_seconds=3, memory_mb=512, max_processes=16, max_file_mb=1)
@@ -122,9 +123,9 @@ def sleepers():
 
 def run_route(route, program):
     if route == "code":
-        return float(code_score(program, HUMANEVAL, QUICK) == 1.0)
+        return float(code_score(program, HUMANEVAL, SANDBOX, QUICK) == 1.0)
     if route == "code_graded":
-        return code_score(program, GRADED, QUICK)
+        return code_score(program, GRADED, SANDBOX, QUICK)
     env = ToolEnv([{"question": "add", "answer": "3"}], lambda c, e: 0.0)
     env.reset(seed=0)
     messages, *_ = env.respond(f'<tool name="python">{program}\nprint(add(1, 2))</tool>')
@@ -180,7 +181,7 @@ def test_correct_and_wrong_programs_are_told_apart_every_way():
     assert [run_route(r, CORRECT) for r in ("code", "code_graded", "tool")] == [1.0, 1.0, "3"]
     assert [run_route(r, WRONG) for r in ("code", "code_graded", "tool")] == [0.0, 0.0, "-1"]
     half = "def add(a, b):\n    return 3"
-    assert code_score(half, GRADED, QUICK) == 0.5 and code_score(half, HUMANEVAL, QUICK) == 0.0
+    assert code_score(half, GRADED, SANDBOX, QUICK) == 0.5 and code_score(half, HUMANEVAL, SANDBOX, QUICK) == 0.0
 
 
 def test_values_cross_as_plain_data_with_in_place_changes_kept():
@@ -190,7 +191,7 @@ def test_values_cross_as_plain_data_with_in_place_changes_kept():
                          "try:\n    stats([])\n    assert False\nexcept ZeroDivisionError:\n    pass"]}
     program = ("LIMIT = 10\ndef sort_in_place(xs):\n    xs.sort()\n"
                "def stats(xs):\n    return {'mean': sum(xs) / len(xs), 'range': (min(xs), max(xs)), 'tags': {b'x'}}")
-    assert code_score(program, example, QUICK) == 1.0
+    assert code_score(program, example, SANDBOX, QUICK) == 1.0
 
 
 def test_the_candidate_cannot_redefine_the_tasks_helpers():
@@ -198,8 +199,8 @@ def test_the_candidate_cannot_redefine_the_tasks_helpers():
     version of it is not the one the judge uses."""
     example = {"prompt": "def helper(x):\n    return x * 2\n\ndef solve(x):\n    \"\"\"helper(x) + 1\"\"\"\n",
                "entry_point": "solve", "test": "def check(candidate):\n    assert helper(candidate(1)) == 6\n"}
-    assert code_score("def helper(x):\n    return 6\ndef solve(x):\n    return 0", example, QUICK) == 0.0
-    assert code_score("    return helper(x) + 1\n", example, QUICK) == 1.0
+    assert code_score("def helper(x):\n    return 6\ndef solve(x):\n    return 0", example, SANDBOX, QUICK) == 0.0
+    assert code_score("    return helper(x) + 1\n", example, SANDBOX, QUICK) == 1.0
 
 
 @bubblewrap
@@ -209,21 +210,18 @@ def test_tests_and_verdict_are_out_of_the_programs_reach():
                        "        try: seen.append(open(p, 'rb').read())\n        except OSError: pass\n"
                        "print(b'candidate(-4, 4)' in b''.join(seen))")
     from omnigym.rewards.code import HARNESS
-    from omnigym.rewards.sandbox import python_argv, run_sandboxed
 
-    result = run_sandboxed(python_argv(HARNESS), QUICK, "",
-                           (repr({"check": HUMANEVAL["test"], "entry_point": "add"}).encode(), program.encode()), 1)
+    result = SANDBOX.run(SANDBOX.python_argv(HARNESS), QUICK, "",
+                         (repr({"check": HUMANEVAL["test"], "entry_point": "add"}).encode(), program.encode()), 1)
     assert result.stdout == "False\n"
     assert result.channels[0].decode().splitlines() == ["fail 0 AssertionError", "done"]
 
 
 @bubblewrap
 def test_one_sandboxs_files_and_ipc_are_not_anothers():
-    from omnigym.rewards.sandbox import run_python
-
-    first = run_python("import ctypes\nopen('/dev/shm/x', 'w').write('1')\nopen('x', 'w').write('1')\n"
+    first = SANDBOX.run_python("import ctypes\nopen('/dev/shm/x', 'w').write('1')\nopen('x', 'w').write('1')\n"
                        "print(ctypes.CDLL(None).shmget(4711, 4096, 0o1666) >= 0)", QUICK)
-    second = run_python("import os, ctypes\nprint(os.listdir('.'), os.listdir('/dev/shm'), "
+    second = SANDBOX.run_python("import os, ctypes\nprint(os.listdir('.'), os.listdir('/dev/shm'), "
                         "ctypes.CDLL(None).shmget(4711, 0, 0))", QUICK)
     assert first.stdout == "True\n" and second.stdout == "[] [] -1\n"
 
@@ -232,17 +230,15 @@ def test_one_sandboxs_files_and_ipc_are_not_anothers():
 @as_root
 def test_memory_is_capped_for_the_whole_sandbox():
     """Eight processes of 200 MB each, under a 512 MB cap: the cgroup stops them together."""
-    from omnigym.rewards.sandbox import run_python
-
     program = ("import os, time\nfor _ in range(8):\n    if os.fork() == 0:\n        x = b'x' * (200 * 1024 * 1024)\n"
                "        time.sleep(2)\n        print('held 200 MB for 2 s', flush=True)\n        os._exit(0)\n"
                "for _ in range(8):\n    os.wait()")
-    result = run_python(program, SandboxLimits(cpu_seconds=5, wall_seconds=6, memory_mb=512, max_file_mb=1))
+    result = SANDBOX.run_python(program, SandboxLimits(cpu_seconds=5, wall_seconds=6, memory_mb=512, max_file_mb=1))
     assert 1 <= result.stdout.count("held") <= 2
 
 
 def test_an_entry_point_named_like_a_builtin_is_the_programs():
     example = {"prompt": 'def max(xs):\n    """The smallest, despite the name."""\n', "entry_point": "max",
                "test": "def check(candidate):\n    assert candidate([3, 1]) == 1\n"}
-    assert code_score("    return min(xs)\n", example, QUICK) == 1.0
-    assert code_score("    return sorted(xs)[-1]\n", example, QUICK) == 0.0
+    assert code_score("    return min(xs)\n", example, SANDBOX, QUICK) == 1.0
+    assert code_score("    return sorted(xs)[-1]\n", example, SANDBOX, QUICK) == 0.0

@@ -98,10 +98,11 @@ def calculator(expression: str) -> str:
         return f"error: {exc}"
 
 
-def python_tool(code: str) -> str:
-    from omnigym.rewards.sandbox import SandboxLimits, run_python
+def python_tool(code: str, sandbox) -> str:
+    """``code`` run in ``sandbox`` (an ``omnigym.rewards.sandbox.Sandbox``); its output, or the error."""
+    from omnigym.rewards.sandbox import SandboxLimits
 
-    result = run_python(code, SandboxLimits(cpu_seconds=2, wall_seconds=5, max_output_bytes=2000))
+    result = sandbox.run_python(code, SandboxLimits(cpu_seconds=2, wall_seconds=5, max_output_bytes=2000))
     if result.timed_out:
         return "error: timed out"
     return (result.stdout + result.stderr).strip()[:2000]
@@ -111,10 +112,14 @@ class ToolEnv(TextEnv):
     """Multi-turn: ``<tool name="python">…</tool>`` or ``<tool name="calculator">…</tool>`` in a
     reply is answered by a ``tool`` message; a reply without a tool call is final and scored."""
 
-    TOOLS = {"python": python_tool, "calculator": calculator}
+    TOOLS = ("python", "calculator")
 
     def __init__(self, examples, reward, system_prompt=None, max_turns: int = 4, tools=("python", "calculator")):
+        from omnigym.rewards.sandbox import Sandbox
+
         super().__init__(examples, reward, system_prompt)
+        self.sandbox = Sandbox()
+        """where the python tool runs; the per-episode copies of this env share it (it probes the machine once)"""
         unknown = set(tools) - set(self.TOOLS)
         if unknown:
             raise OmnigymError(f"unknown tools {sorted(unknown)}; available: {', '.join(self.TOOLS)}")
@@ -130,10 +135,15 @@ class ToolEnv(TextEnv):
         calls = TOOL_CALL.findall(text)
         if not calls:
             return list(self.messages), True, False, {"example": self.example}
-        outputs = [self.TOOLS[name](arg) if name in self.tools else f"error: unknown tool {name}" for name, arg in calls]
+        outputs = [self.use_tool(name, arg) for name, arg in calls]
         self.messages.append({"role": "tool", "content": "\n".join(outputs)})
         truncated = self.turns >= self.max_turns
         return list(self.messages), False, truncated, {"example": self.example, "tool_calls": len(calls)}
+
+    def use_tool(self, name: str, arg: str) -> str:
+        if name not in self.tools:
+            return f"error: unknown tool {name}"
+        return python_tool(arg, self.sandbox) if name == "python" else calculator(arg)
 
 
 def arithmetic_env(digits: int = 2, terms: int = 2, operations: str = "+", n: int = 5000, seed: int = 0,

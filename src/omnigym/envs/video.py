@@ -9,11 +9,13 @@ other envs cost nothing extra, and a frame is drawn only while an episode is rec
 What crosses the seam: ``make_vec(..., video_dir=...)`` calls ``recording()`` (checks, backend
 fallback, one test frame) and builds its env fns with ``Recording.env_fns``; the algorithms
 call ``training_video_dir(cfg, algo)`` for the folder. MuJoCo on a server without a display
-renders through EGL: ``MUJOCO_GL=egl`` is set here, when unset, before mujoco is imported.
+renders through EGL: ``MUJOCO_GL=egl`` is set, when unset, while env 0 is made (mujoco is
+imported then) and while it renders, and put back after (``headless_gl``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -62,15 +64,29 @@ def check_video_support() -> None:
         raise missing_extra("moviepy", "video")
 
 
-def headless_gl() -> None:
-    """MuJoCo renders offscreen through EGL unless the user chose a backend (MUJOCO_GL); pygame
-    (classic control) draws into memory, and without a display it is told so, instead of
-    printing an error about XDG_RUNTIME_DIR."""
+def headless_gl():
+    """A block in which MuJoCo renders offscreen through EGL unless the user chose a backend
+    (MUJOCO_GL; mujoco reads it when imported), and pygame (classic control, which reads
+    SDL_VIDEODRIVER when it starts drawing) draws into memory without a display, instead of
+    printing an error about XDG_RUNTIME_DIR. The environment is as it was after the block."""
+    from omnigym.process import environment
+
+    values = {}
     if "MUJOCO_GL" not in os.environ:
-        os.environ["MUJOCO_GL"] = "egl"
-        os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        values["MUJOCO_GL"] = "egl"
+        if "PYOPENGL_PLATFORM" not in os.environ:
+            values["PYOPENGL_PLATFORM"] = "egl"
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY") and "SDL_VIDEODRIVER" not in os.environ:
+        values["SDL_VIDEODRIVER"] = "dummy"
+    return environment(values)
+
+
+class HeadlessRender(gym.Wrapper):
+    """Draws each frame inside ``headless_gl`` (what RecordVideo records goes through it)."""
+
+    def render(self):
+        with headless_gl():
+            return self.env.render()
 
 
 class RecordEpisodes(gym.wrappers.RecordVideo):
@@ -108,12 +124,15 @@ class Recording:
     render_kwargs: dict = field(default_factory=lambda: {"render_mode": "rgb_array"})
 
     def wrap(self, env: gym.Env) -> gym.Env:
-        return RecordEpisodes(env, self.folder, episode_trigger=self.trigger, name_prefix=self.prefix)
+        return RecordEpisodes(HeadlessRender(env), self.folder, episode_trigger=self.trigger, name_prefix=self.prefix)
+
+    def make_first(self, make: Callable[..., gym.Env], env_kwargs: dict) -> gym.Env:
+        with headless_gl():  # a MuJoCo env imports mujoco here, in this process or the async worker's
+            return self.wrap(make(**self.render_kwargs, **env_kwargs))
 
     def env_fns(self, make: Callable[..., gym.Env], num_envs: int, env_kwargs: dict) -> list:
         """``make(**kwargs)`` builds one env; the first one renders and records."""
-        first = lambda: self.wrap(make(**self.render_kwargs, **env_kwargs))  # noqa: E731
-        return [first] + [lambda: make(**env_kwargs)] * (num_envs - 1)
+        return [functools.partial(self.make_first, make, env_kwargs)] + [lambda: make(**env_kwargs)] * (num_envs - 1)
 
 
 def free_prefix(folder: str, base: str) -> str:
@@ -143,9 +162,9 @@ def recording(env, backend: str, video_dir: str, trigger=None, prefix: str = "rl
             print(f"--capture-video: the {auto} backend cannot render one env for video; {env} runs on --backend sync",
                   file=sys.stderr)
         backend = "sync"
-    headless_gl()
     video = Recording(str(video_dir), trigger or training_schedule, free_prefix(str(video_dir), prefix))
-    check_render(env, env_kwargs or {})
+    with headless_gl():
+        check_render(env, env_kwargs or {})
     return video, backend
 
 

@@ -8,8 +8,10 @@ be picklable (module-level functions or objects, no lambdas), so that they can b
 to another process; any state they need travels with the example or the object, never in
 a module-global cache.
 
-The registry itself (``register_reward``, ``per_sample``, ``checked``) is ``base.py``, which the
-built-in rewards import; this package adds the lookup and the weighted sum on top of it.
+The registry of your rewards (``register_reward``), ``per_sample`` and ``checked`` are ``base.py``;
+this package adds the lookup and the weighted sum on top of it. The built-in rewards are a
+table here (``builtin_rewards``), made afresh for each lookup: what one holds (the code
+sandbox, reasoning-gym's scorers) belongs to that reward object, not to the process.
 
 ``WeightedSum({"math": 1.0, "format": 0.1})`` is the weighted sum of several rewards and
 also reports each part, so each can be logged as its own metric (``reward/math``, ...).
@@ -22,17 +24,31 @@ from typing import Sequence
 import torch
 
 from omnigym.errors import OmnigymError
-from omnigym.rewards.base import REWARDS, Reward, checked, per_sample, register_reward
+from omnigym.rewards.base import REWARDS, CallableReward, Reward, as_reward, checked, per_sample, register_reward
 from omnigym.user_code import call_user_code, import_object, import_reference, is_reference
 
-__all__ = ["REWARDS", "Reward", "WeightedSum", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
+__all__ = ["REWARDS", "CallableReward", "Reward", "WeightedSum", "as_reward", "builtin_rewards", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
            "register_reward", "scored_with_parts"]
 
+def builtin_rewards() -> dict[str, Reward]:
+    """The rewards omnigym ships, by name, made afresh (their modules are imported here, on
+    first use: code.py reads its harness, reasoning_gym.py needs its package)."""
+    from omnigym.rewards import code, gold, reasoning_gym, text
+
+    return {"format": per_sample(text.format_reward), "math": per_sample(text.math_reward),
+            "keyword": per_sample(text.keyword_reward), "length": per_sample(text.length_reward),
+            "code": per_sample(code.CodeScore(graded=False)), "code_graded": per_sample(code.CodeScore(graded=True)),
+            "reasoning_gym": per_sample(reasoning_gym.ReasoningGymScore()),
+            "gold_vowels": per_sample(gold.gold_vowels)}
+
+
 def get_reward(name: str) -> Reward:
-    """A registered reward, or ``module:name`` from your own code: a reward the module
-    registers under ``name`` on import, or the module's batched reward object ``name``;
+    """A built-in or registered reward, or ``module:name`` from your own code: a reward the
+    module registers under ``name`` on import, or the module's batched reward object ``name``;
     ``rm:RUN_DIR`` is a reward model trained by ``omnigym train rm``."""
-    _load_builtins()
+    builtins = builtin_rewards()
+    if name in builtins:
+        return builtins[name]
     if name in REWARDS:
         return REWARDS[name]
     if name.startswith("rm:"):  # a trained reward model: rm:RUN_DIR
@@ -45,25 +61,34 @@ def get_reward(name: str) -> Reward:
         if not callable(reward):
             raise OmnigymError(f"reward {name} is not callable; a reward is (completions, examples) -> tensor")
         return reward
-    raise OmnigymError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}, or module:name of your own")
+    raise OmnigymError(f"unknown reward {name!r}; known: {', '.join(sorted({*builtins, *REWARDS}))}, "
+                       "or module:name of your own")
 
 
-class WeightedSum:
+class WeightedSum(Reward):
     """``sum_i weight_i * reward_i``; ``components`` gives each reward's own values."""
 
     def __init__(self, weights: dict[str, float]):
         self.weights = dict(weights)
-        self.parts = {name: get_reward(name) for name in self.weights}
+        self.parts = {name: as_reward(get_reward(name), name) for name in self.weights}
+        self.label = ",".join(f"{name}:{weight}" for name, weight in self.weights.items())
 
     def components(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, torch.Tensor]:
         return {name: checked(name, call_user_code(f"reward {name}", reward, completions, examples), len(completions))
                 for name, reward in self.parts.items()}
 
+    def score(self, completions: Sequence[str], examples: Sequence[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        parts = self.components(completions, examples)
+        return self.total(parts), parts
+
+    def accuracy(self) -> Reward:
+        """The first part alone: ``math`` in ``math:1.0,format:0.1``."""
+        return WeightedSum({next(iter(self.weights)): 1.0})
+
     def to(self, device: str) -> "WeightedSum":
         """Run the parts that hold a model (``rm:``) on ``device``."""
         for part in self.parts.values():
-            if hasattr(part, "device"):
-                part.device = device
+            part.to(device)
         return self
 
     def total(self, components: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -79,20 +104,14 @@ class WeightedSum:
 
 def scored_with_parts(reward, completions: Sequence[str],
                       examples: Sequence[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(totals, parts)``: a ``WeightedSum`` reports each reward's own values beside the total
-    (logged as ``reward/<name>``); any other reward is its total alone, ``parts`` empty."""
-    if isinstance(reward, WeightedSum):
-        parts = reward.components(completions, examples)
-        return reward.total(parts), parts
-    return checked("of the env", call_user_code("the env's reward", reward, completions, examples), len(completions)), {}
+    """``(totals, parts)`` of any reward (``Reward.score``; a plain callable is the env's reward)."""
+    return as_reward(reward, "of the env").score(completions, examples)
 
 
-def leading_part(reward):
-    """The reward that decides correctness: a weighted sum's first part (math in
-    math:1.0,format:0.1), or the reward itself."""
-    if isinstance(reward, WeightedSum):
-        return WeightedSum({next(iter(reward.weights)): 1.0})
-    return reward
+def leading_part(reward) -> Reward:
+    """The reward that decides correctness (``Reward.accuracy``): a weighted sum's first part
+    (math in math:1.0,format:0.1), or the reward itself."""
+    return as_reward(reward, "of the env").accuracy()
 
 
 def parse_weights(spec: str) -> WeightedSum:
@@ -113,6 +132,3 @@ def parse_weights(spec: str) -> WeightedSum:
             raise OmnigymError(f"--rewards: the weight of {name} must be a finite number, got {weight}")
     return WeightedSum(weights)
 
-
-def _load_builtins() -> None:
-    from omnigym.rewards import code, gold, reasoning_gym, text  # noqa: F401  (registration happens on import)

@@ -7,9 +7,59 @@ from typing import Callable, Sequence
 import torch
 
 from omnigym.errors import OmnigymError
+from omnigym.user_code import call_user_code
 
-Reward = Callable[[Sequence[str], Sequence[dict]], torch.Tensor]
-REWARDS: dict[str, Reward] = {}
+class Reward:
+    """The reward seam: what every reward declares, and all that callers use of one.
+
+    - ``reward(completions, examples) -> Tensor[B]``: one float per completion (float64);
+    - ``reward.score(completions, examples) -> (Tensor[B], {name: Tensor[B]})``: the score
+      checked (one finite float per completion; an error in your code is one line) and the
+      named parts it adds up, logged as ``reward/<name>`` (none for a reward of one part);
+    - ``reward.accuracy() -> Reward``: the reward that says whether an answer is right
+      (scores >= 1): a weighted sum's first part, else the reward itself;
+    - ``reward.to(device) -> Reward``: where a reward that holds a model runs (others ignore it).
+
+    A subclass implements ``__call__``; any other callable becomes a ``Reward`` by ``as_reward``."""
+
+    label = "reward"
+    """names the reward in errors (``reward <label> returned ...``)"""
+
+    def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score(self, completions: Sequence[str], examples: Sequence[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        values = call_user_code(f"reward {self.label}", self, completions, examples)
+        return checked(self.label, values, len(completions)), {}
+
+    def accuracy(self) -> "Reward":
+        return self
+
+    def to(self, device: str) -> "Reward":
+        return self
+
+
+class CallableReward(Reward):
+    """A callable of your own, ``(completions, examples) -> values``, as a ``Reward``."""
+
+    def __init__(self, fn: Callable, label: str):
+        self.fn, self.label = fn, label
+
+    def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:
+        return self.fn(completions, examples)
+
+
+def as_reward(reward, label: str) -> Reward:
+    """``reward`` itself when it is a ``Reward``, else the callable wrapped as one (``label``
+    names it in errors)."""
+    if isinstance(reward, Reward):
+        return reward
+    if not callable(reward):
+        raise OmnigymError(f"reward {label} is not callable; a reward is (completions, examples) -> tensor")
+    return CallableReward(reward, label)
+
+
+REWARDS: dict[str, Callable] = {}
 
 
 def register_reward(name: str):
@@ -20,11 +70,12 @@ def register_reward(name: str):
     return wrap
 
 
-class per_sample:
+class per_sample(Reward):
     """A batched reward from ``fn(completion, example) -> float`` (values kept in float64)."""
 
     def __init__(self, fn: Callable[[str, dict], float]):
         self.fn = fn
+        self.label = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = fn.__doc__
 
     def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:

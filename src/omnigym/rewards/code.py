@@ -18,8 +18,7 @@ import re
 from pathlib import Path
 
 from omnigym.errors import OmnigymError
-from omnigym.rewards.base import per_sample, register_reward
-from omnigym.rewards.sandbox import SandboxLimits, python_argv, run_sandboxed
+from omnigym.rewards.sandbox import Sandbox, SandboxLimits
 
 FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 HARNESS = (Path(__file__).with_name("judge_harness.py")).read_text()
@@ -50,8 +49,8 @@ def _defines(code: str, name: str) -> bool:
                for node in tree.body)
 
 
-def judge(completion: str, example: dict, limits: SandboxLimits | None = None) -> tuple[int, int]:
-    """(tests passed, tests) for one completion."""
+def judge(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> tuple[int, int]:
+    """(tests passed, tests) for one completion, run in ``sandbox``."""
     if "tests" in example:
         tests = example["tests"]
         if not isinstance(tests, (list, tuple)) or not all(isinstance(t, str) for t in tests):
@@ -67,8 +66,7 @@ def judge(completion: str, example: dict, limits: SandboxLimits | None = None) -
         tests = ["check"]
         job = {"check": example["test"], "entry_point": example["entry_point"], "prelude": example.get("prompt", "")}
     program = candidate_program(completion, example)
-    result = run_sandboxed(python_argv(HARNESS), limits, "",
-                           (repr(job).encode(), program.encode()), writable=1)
+    result = sandbox.run(sandbox.python_argv(HARNESS), limits, "", (repr(job).encode(), program.encode()), writable=1)
     return _count_passed(result.channels[0], len(tests)), len(tests)
 
 
@@ -85,20 +83,20 @@ def _count_passed(verdict: bytes, tests: int) -> int:
     return passed
 
 
-def code_score(completion: str, example: dict, limits: SandboxLimits | None = None) -> float:
-    passed, total = judge(completion, example, limits)
+def code_score(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> float:
+    """The fraction of the example's tests that pass (0 for an example with none)."""
+    passed, total = judge(completion, example, sandbox, limits)
     return passed / total if total else 0.0
 
 
-def code_reward(completion: str, example: dict) -> float:
-    """1 if the program passes all its tests (binary), else 0."""
-    return float(code_score(completion, example) == 1.0)
+class CodeScore:
+    """``(completion, example) -> float`` for ``per_sample``: 1 if the program passes all its
+    tests, else 0 (``graded``: the fraction that pass), judged in the sandbox it holds."""
 
+    def __init__(self, graded: bool, sandbox: Sandbox | None = None):
+        self.graded, self.sandbox = graded, sandbox or Sandbox()
+        self.__name__ = "code_graded" if graded else "code"
 
-def code_graded_reward(completion: str, example: dict) -> float:
-    """Fraction of the tests that pass."""
-    return code_score(completion, example)
-
-
-register_reward("code")(per_sample(code_reward))
-register_reward("code_graded")(per_sample(code_graded_reward))
+    def __call__(self, completion: str, example: dict) -> float:
+        score = code_score(completion, example, self.sandbox)
+        return score if self.graded else float(score == 1.0)

@@ -5,8 +5,6 @@ that learns from preference pairs never sees it."""
 
 from __future__ import annotations
 
-from omnigym.rewards.base import per_sample, register_reward
-
 VOWELS = frozenset("aeiou")
 
 
@@ -16,8 +14,6 @@ def gold_reward(reply: str) -> float:
     return sum(c in VOWELS for c in letters) / len(letters) if letters else 0.0
 
 
-@register_reward("gold_vowels")
-@per_sample
 def gold_vowels(completion: str, example: dict) -> float:
     """The synthetic world's gold reward: the vowel fraction of the reply's letters."""
     return gold_reward(completion)

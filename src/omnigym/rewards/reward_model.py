@@ -16,6 +16,7 @@ import torch
 
 from omnigym.errors import OmnigymError
 from omnigym.models.scalar_head import pair_scores, read_reward_info, reward_model_folder
+from omnigym.rewards.base import Reward
 
 PREFIX = "rm:"
 
@@ -29,8 +30,9 @@ def prompt_of(example: dict):
     return prompt
 
 
-class RewardModelScorer:
+class RewardModelScorer(Reward):
     def __init__(self, given: str, device: str = "cpu", batch_size: int = 32):
+        self.label = PREFIX + given
         self.folder = reward_model_folder(given)
         self.info = read_reward_info(self.folder)
         self.device, self.batch_size = device, batch_size
@@ -38,6 +40,13 @@ class RewardModelScorer:
 
     def __getstate__(self):
         return {**self.__dict__, "_model": None, "_tokenizer": None}
+
+    def to(self, device: str) -> "RewardModelScorer":
+        """Score on ``device`` (the weights load there on the first call)."""
+        self.device = device
+        if self._model is not None:
+            self._model.to(device)
+        return self
 
     def _load(self):
         if self._model is None:

@@ -23,11 +23,14 @@ descriptors. The trainer never opens a path the program could have written.
 
 Without bwrap (or where the kernel refuses it user namespaces) the program runs with the
 limits only: ``isolation().lost`` says what that gives up, and ``omnigym list`` shows it.
+
+What is learnt about the machine (the interpreter the sandbox may run, the isolation it gets,
+the warning said once, the count of the user's processes) is kept on a ``Sandbox`` object,
+not in this process: whoever runs programs (the code reward, the tool env) holds one.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import select
@@ -91,7 +94,6 @@ def _world_runnable(path: str) -> bool:
         parent = os.path.dirname(parent)
 
 
-@functools.cache
 def sandbox_interpreter() -> str:
     """The trainer's Python if an unprivileged uid may run it, else a system Python (the
     programs need only the standard library)."""
@@ -103,18 +105,7 @@ def sandbox_interpreter() -> str:
     return os.path.realpath(runnable[0] if runnable else sys.executable)
 
 
-def python_argv(source: str) -> list[str]:
-    """The sandbox's interpreter running ``source``: isolated mode, no site (stdlib only)."""
-    return [sandbox_interpreter(), "-I", "-S", "-c", source]
-
-
-@functools.cache
-def _as_root() -> bool:
-    return os.geteuid() == 0 and _world_runnable(sandbox_interpreter())
-
-
-def _bwrap_args(limits: SandboxLimits) -> list[str]:
-    python = sandbox_interpreter()
+def _bwrap_args(limits: SandboxLimits, python: str) -> list[str]:
     prefix = os.path.dirname(os.path.dirname(python))
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
@@ -198,7 +189,7 @@ def _cgroup_parents(memory: str, pids: str) -> list[tuple[str, list[tuple[str, s
     return found if len(found) == 2 else []
 
 
-def _launcher(uid: int | None, limits: SandboxLimits, cgroup: _Cgroup) -> list[str]:
+def _launcher(uid: int | None, limits: SandboxLimits, cgroup: _Cgroup, user_tasks: int) -> list[str]:
     """The programs that put the sandbox in its cgroup, drop to its uid and set its limits,
     each exec-ing the next: util-linux's ``setpriv`` and ``prlimit``, so the trainer can
     spawn without running Python between fork and exec (which costs ~25 ms in a process
@@ -208,7 +199,7 @@ def _launcher(uid: int | None, limits: SandboxLimits, cgroup: _Cgroup) -> list[s
     mb = 1024 * 1024
     # RLIMIT_NPROC counts every task of the real uid: a fresh uid's are the sandbox's alone,
     # but without root they include the user's own (a desktop has hundreds), so allow those.
-    processes = limits.max_processes + (0 if uid is not None else _tasks_of_my_uid())
+    processes = limits.max_processes + (0 if uid is not None else user_tasks)
     limit = ["prlimit", f"--cpu={limits.cpu_seconds}", f"--as={limits.memory_mb * mb}",
              f"--nproc={processes}", f"--fsize={limits.max_file_mb * mb}", "--nofile=64", "--core=0", "--"]
     return ["sh", "-c", join + 'exec "$@"', "sh"] + drop + limit
@@ -224,122 +215,149 @@ def _check_platform() -> None:
         raise OmnigymError(f"the code sandbox needs {' and '.join(missing)} (Debian/Ubuntu: apt-get install util-linux)")
 
 
-_task_count = (0.0, 0)
+def _tasks_of_uid(uid: int) -> int:
+    """Threads of all processes of ``uid`` (what RLIMIT_NPROC counts); a scan of /proc costs a few ms."""
+    tasks = 0
+    for status in os.listdir("/proc"):
+        if status.isdigit():
+            try:
+                fields = dict(line.split(":", 1) for line in open(f"/proc/{status}/status") if ":" in line)
+            except OSError:
+                continue
+            if fields.get("Uid", "").split()[:1] == [str(uid)]:
+                tasks += int(fields.get("Threads", "1"))
+    return tasks
 
 
-def _tasks_of_my_uid() -> int:
-    """Threads of all processes of this uid (what RLIMIT_NPROC counts), re-counted at most
-    every 5 s (a scan of /proc costs a few ms)."""
-    import time
+class Sandbox:
+    """Where untrusted programs run. It learns about the machine once, on first use (the
+    interpreter, running as root or not, the isolation, probed with a real program) and
+    keeps it here, with the warning it says once and the user's process count (re-counted
+    at most every 5 s); a copy sent to another process (pickled) learns again there."""
 
-    global _task_count
-    if time.monotonic() - _task_count[0] > 5:
-        uid, tasks = str(os.getuid()), 0
-        for status in os.listdir("/proc"):
-            if status.isdigit():
-                try:
-                    fields = dict(line.split(":", 1) for line in open(f"/proc/{status}/status") if ":" in line)
-                except OSError:
-                    continue
-                if fields.get("Uid", "").split()[:1] == [uid]:
-                    tasks += int(fields.get("Threads", "1"))
-        _task_count = (time.monotonic(), tasks)
-    return _task_count[1]
+    def __init__(self):
+        self._interpreter: str | None = None
+        self._isolation: Isolation | None = None
+        self._warned = False
+        self._tasks_counted = (float("-inf"), 0)
 
+    def __getstate__(self):
+        return {**self.__dict__, **Sandbox().__dict__}
 
-@functools.cache
-def isolation() -> Isolation:
-    """Which isolation a sandboxed program gets here, tried once with a real program."""
-    from omnigym.errors import OmnigymError
+    @property
+    def interpreter(self) -> str:
+        if self._interpreter is None:
+            self._interpreter = sandbox_interpreter()
+        return self._interpreter
 
-    try:
+    def python_argv(self, source: str) -> list[str]:
+        """The sandbox's interpreter running ``source``: isolated mode, no site (stdlib only)."""
+        return [self.interpreter, "-I", "-S", "-c", source]
+
+    def as_root(self) -> bool:
+        return os.geteuid() == 0 and _world_runnable(self.interpreter)
+
+    def isolation(self) -> Isolation:
+        """Which isolation a sandboxed program gets here, tried once with a real program."""
+        if self._isolation is None:
+            self._isolation = self._probe()
+        return self._isolation
+
+    def _probe(self) -> Isolation:
+        from omnigym.errors import OmnigymError
+
+        try:
+            _check_platform()
+        except OmnigymError as exc:
+            return Isolation("unavailable", f"sandbox: unavailable: {exc}")
+        if self.as_root():
+            lost = ("it runs as a fresh uid but shares /tmp, /dev/shm, the network, SysV IPC and the process "
+                    "table with the host, and memory is capped per process only")
+        else:
+            lost = ("it can read and write what your user can, reach the network, see your processes "
+                    "(and /proc/PID/environ) and leave daemons behind")
+        if not shutil.which("bwrap"):
+            return Isolation("limits only", "sandbox: resource limits only, bubblewrap is not installed "
+                             "(apt-get install bubblewrap)", lost)
+        probe = self._run(self.python_argv("print('ok')"), SandboxLimits(), "", (), True)
+        if probe.stdout.strip() != "ok":
+            why = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+            return Isolation("limits only", f"sandbox: resource limits only: bubblewrap failed here ({why})", lost)
+        uid = "a fresh unprivileged uid" if self.as_root() else "your uid mapped into a user namespace"
+        cap = "memory and processes capped for the whole sandbox (cgroup)" if _cgroup_parents("1", "1") \
+            else "memory capped per process"
+        return Isolation("bubblewrap", f"sandbox: bubblewrap: read-only /usr, private capped tmpfs, no network, "
+                         f"own PID/IPC/UTS/user namespaces, {uid}, {cap}")
+
+    def run(self, argv: list[str], limits: SandboxLimits | None = None, stdin: str = "",
+            readable: tuple[bytes, ...] = (), writable: int = 0) -> SandboxResult:
+        """Run ``argv`` (an interpreter command line) in the sandbox. Each of ``readable`` is
+        handed to it as an open descriptor on an unnamed file holding those bytes, then
+        ``writable`` descriptors on empty unnamed files; their numbers are appended to ``argv``
+        in that order, and what it wrote to the writable ones comes back in ``channels``."""
+        limits = limits or SandboxLimits()
         _check_platform()
-    except OmnigymError as exc:
-        return Isolation("unavailable", f"sandbox: unavailable: {exc}")
-    if _as_root():
-        lost = ("it runs as a fresh uid but shares /tmp, /dev/shm, the network, SysV IPC and the process "
-                "table with the host, and memory is capped per process only")
-    else:
-        lost = ("it can read and write what your user can, reach the network, see your processes "
-                "(and /proc/PID/environ) and leave daemons behind")
-    if not shutil.which("bwrap"):
-        return Isolation("limits only", "sandbox: resource limits only, bubblewrap is not installed "
-                         "(apt-get install bubblewrap)", lost)
-    probe = _run(python_argv("print('ok')"), SandboxLimits(), "", (), True)
-    if probe.stdout.strip() != "ok":
-        why = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-        return Isolation("limits only", f"sandbox: resource limits only: bubblewrap failed here ({why})", lost)
-    uid = "a fresh unprivileged uid" if _as_root() else "your uid mapped into a user namespace"
-    cap = "memory and processes capped for the whole sandbox (cgroup)" if _cgroup_parents("1", "1") \
-        else "memory capped per process"
-    return Isolation("bubblewrap", f"sandbox: bubblewrap: read-only /usr, private capped tmpfs, no network, "
-                     f"own PID/IPC/UTS/user namespaces, {uid}, {cap}")
+        use_bwrap = self.isolation().kind == "bubblewrap"
+        if not use_bwrap and not self._warned:
+            print(f"omnigym: warning: {self.isolation().line()}", file=sys.stderr)
+            self._warned = True
+        return self._run(argv, limits, stdin, readable, use_bwrap, writable)
 
+    def run_python(self, code: str, limits: SandboxLimits | None = None, stdin: str = "") -> SandboxResult:
+        """Run ``code`` as a script (``__main__``) and return its output."""
+        runner = ("import os, sys\nfd = int(sys.argv[1])\nsource = os.read(fd, 1 << 26).decode()\nos.close(fd)\n"
+                  "del fd, os, sys\nexec(compile(source, 'main.py', 'exec'), {'__name__': '__main__'})")
+        return self.run(self.python_argv(runner), limits, stdin, (code.encode(),))
 
-def run_sandboxed(argv: list[str], limits: SandboxLimits | None = None, stdin: str = "",
-                  readable: tuple[bytes, ...] = (), writable: int = 0) -> SandboxResult:
-    """Run ``argv`` (an interpreter command line) in the sandbox. Each of ``readable`` is
-    handed to it as an open descriptor on an unnamed file holding those bytes, then
-    ``writable`` descriptors on empty unnamed files; their numbers are appended to ``argv``
-    in that order, and what it wrote to the writable ones comes back in ``channels``."""
-    limits = limits or SandboxLimits()
-    _check_platform()
-    use_bwrap = isolation().kind == "bubblewrap"
-    if not use_bwrap:
-        _say_once(isolation().line())
-    return _run(argv, limits, stdin, readable, use_bwrap, writable)
+    def _user_tasks(self) -> int:
+        import time
 
+        if time.monotonic() - self._tasks_counted[0] > 5:
+            self._tasks_counted = (time.monotonic(), _tasks_of_uid(os.getuid()))
+        return self._tasks_counted[1]
 
-@functools.cache
-def _say_once(line: str) -> None:
-    print(f"omnigym: warning: {line}", file=sys.stderr)
+    def _run(self, argv, limits, stdin, readable, use_bwrap, writable=0) -> SandboxResult:
+        root = self.as_root()
+        uid = 3_000_000 + random.SystemRandom().randrange(1_000_000) if root else None
+        cgroup = _Cgroup(limits) if root else _Cgroup(None)
+        workdir = None if use_bwrap else tempfile.mkdtemp(prefix="omnigym-sandbox-")
+        files = []
+        try:
+            if workdir and uid is not None:
+                os.chown(workdir, uid, uid)
+            for data in readable:
+                files.append(tempfile.TemporaryFile())
+                files[-1].write(data)
+                files[-1].seek(0)
+            channels = [tempfile.TemporaryFile() for _ in range(writable)]
+            files += channels
+            fds = tuple(f.fileno() for f in files)
+            info = tempfile.TemporaryFile()  # bwrap writes the sandbox's first process's pid here
+            files.append(info)
+            home = "/tmp" if use_bwrap else workdir
+            env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+            bwrap = _bwrap_args(limits, self.interpreter) + ["--info-fd", str(info.fileno())] if use_bwrap else []
+            command = _launcher(uid, limits, cgroup, 0 if root else self._user_tasks()) + bwrap + list(argv) \
+                + [str(fd) for fd in fds]
+            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+                proc = subprocess.Popen(command, cwd=workdir or "/", env=env, stdin=subprocess.PIPE if stdin else
+                                        subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True, pass_fds=fds + (info.fileno(),),
+                                        start_new_session=True)
+                timed_out = not _wait(proc, stdin.encode(), limits.wall_seconds)
+                _kill_all(proc, None if use_bwrap else uid, _sandbox_init(info) if use_bwrap else None)
+                return SandboxResult(None if timed_out else proc.returncode, _read_capped(out, limits),
+                                     _read_capped(err, limits), timed_out, "bubblewrap" if use_bwrap else "limits only",
+                                     [_read_bytes(c, limits) for c in channels])
+        finally:
+            for f in files:
+                f.close()
+            cgroup.remove()
+            if workdir:
+                _remove_tree(workdir)
 
-
-def run_python(code: str, limits: SandboxLimits | None = None, stdin: str = "") -> SandboxResult:
-    """Run ``code`` as a script (``__main__``) and return its output."""
-    runner = ("import os, sys\nfd = int(sys.argv[1])\nsource = os.read(fd, 1 << 26).decode()\nos.close(fd)\n"
-              "del fd, os, sys\nexec(compile(source, 'main.py', 'exec'), {'__name__': '__main__'})")
-    return run_sandboxed(python_argv(runner), limits, stdin, (code.encode(),))
-
-
-def _run(argv, limits, stdin, readable, use_bwrap, writable=0) -> SandboxResult:
-    root = _as_root()
-    uid = 3_000_000 + random.SystemRandom().randrange(1_000_000) if root else None
-    cgroup = _Cgroup(limits) if root else _Cgroup(None)
-    workdir = None if use_bwrap else tempfile.mkdtemp(prefix="omnigym-sandbox-")
-    files = []
-    try:
-        if workdir and uid is not None:
-            os.chown(workdir, uid, uid)
-        for data in readable:
-            files.append(tempfile.TemporaryFile())
-            files[-1].write(data)
-            files[-1].seek(0)
-        channels = [tempfile.TemporaryFile() for _ in range(writable)]
-        files += channels
-        fds = tuple(f.fileno() for f in files)
-        info = tempfile.TemporaryFile()  # bwrap writes the sandbox's first process's pid here
-        files.append(info)
-        home = "/tmp" if use_bwrap else workdir
-        env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
-        bwrap = _bwrap_args(limits) + ["--info-fd", str(info.fileno())] if use_bwrap else []
-        command = _launcher(uid, limits, cgroup) + bwrap + list(argv) \
-            + [str(fd) for fd in fds]
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(command, cwd=workdir or "/", env=env, stdin=subprocess.PIPE if stdin else
-                                    subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True, pass_fds=fds + (info.fileno(),),
-                                    start_new_session=True)
-            timed_out = not _wait(proc, stdin.encode(), limits.wall_seconds)
-            _kill_all(proc, None if use_bwrap else uid, _sandbox_init(info) if use_bwrap else None)
-            return SandboxResult(None if timed_out else proc.returncode, _read_capped(out, limits),
-                                 _read_capped(err, limits), timed_out, "bubblewrap" if use_bwrap else "limits only",
-                                 [_read_bytes(c, limits) for c in channels])
-    finally:
-        for f in files:
-            f.close()
-        cgroup.remove()
-        if workdir:
-            _remove_tree(workdir)
+def isolation() -> Isolation:
+    """The isolation a fresh ``Sandbox`` gets here (probed now): for reports (``omnigym list``)."""
+    return Sandbox().isolation()
 
 
 def _wait(proc: subprocess.Popen, stdin: bytes, seconds: float) -> bool:

@@ -1,10 +1,9 @@
-"""Rewards on text: format tags, math answers, keywords, length."""
+"""Rewards on text: format tags, math answers, keywords, length (per-completion functions;
+``registry.py`` names them)."""
 
 from __future__ import annotations
 
 import re
-
-from omnigym.rewards.base import per_sample, register_reward
 
 THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -72,8 +71,3 @@ def length_reward(completion: str, example: dict) -> float:
     limit = example.get("max_chars", 512)
     return max(0.0, min(1.0, 2.0 - len(completion) / limit))
 
-
-register_reward("format")(per_sample(format_reward))
-register_reward("math")(per_sample(math_reward))
-register_reward("keyword")(per_sample(keyword_reward))
-register_reward("length")(per_sample(length_reward))
