@@ -68,3 +68,44 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
 def test_save_leaves_no_temporary_file(tmp_path):
     save_checkpoint(tmp_path / "checkpoint.pt", {"a": 1})
     assert os.listdir(tmp_path) == ["checkpoint.pt"]
+
+
+def _train_until(run_dir, extra, ready):
+    """``omnigym train ppo`` in a process of its own, returned once ``ready()`` holds."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "omnigym", "train", "ppo", "--total-timesteps", "2000000", "--run-dir",
+               str(run_dir), "--no-progress", "--no-plot", "--no-tensorboard", *extra]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(0.05)
+    return process
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_after_a_checkpoint_say_how_to_continue(tmp_path, signum):
+    """A scheduler's SIGTERM (or a closed terminal's SIGHUP) is handled as Ctrl-C: one line
+    that says how to continue, the shell's exit code for the signal, and the run resumes."""
+    run = tmp_path / "run"
+    process = _train_until(run, ["--checkpoint-every", "2048"], lambda: (run / "checkpoint.pt").exists())
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"omnigym: stopped by {signal.Signals(signum).name}; "
+                                                   f"continue with: omnigym train ppo --resume {run}"), err
+    done = subprocess.run([sys.executable, "-m", "omnigym", "train", "ppo", "--resume", str(run),
+                           "--total-timesteps", "8192", "--no-progress"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+
+
+def test_sigterm_before_the_first_checkpoint_puts_the_run_directory_back(tmp_path):
+    run = tmp_path / "run"
+    process = _train_until(run, ["--checkpoint-every", "10000000"], lambda: (run / "metrics.jsonl").exists())
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "omnigym: stopped by SIGTERM; no checkpoint was written yet" in err and len(err.strip().splitlines()) == 1
+    assert not run.exists()

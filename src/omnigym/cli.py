@@ -7,6 +7,7 @@ flag has a type, a default and a help line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -202,8 +203,47 @@ def set_up_process() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a scheduler, ``timeout``, systemd, a closed terminal): handled as
+    Ctrl-C is, so a run without a checkpoint is put back and one with says how to continue."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_signals_as_interrupts():
+    """In the command's main thread: SIGTERM and SIGHUP raise ``Stopped`` while the command
+    runs (where nobody else handles them), and the previous handlers come back afterwards."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    with stop_signals_as_interrupts():
+        return run_command(argv)
+
+
+def run_command(argv: list[str]) -> int:
     set_up_process()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -241,9 +281,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # a --ray-trainer run says where it stands (exc.where)
         run = call.run
         where = run.state_line() if run else "the run had not started; nothing was written"
+        if isinstance(exc, Stopped):  # the shell's code for a process its signal ended: 128 + the signal
+            name = signal_name(exc.signum)
+            print(f"omnigym: stopped by {name}; {getattr(exc, 'where', None) or where}", file=sys.stderr)
+            return 128 + exc.signum
         print(f"omnigym: interrupted; {getattr(exc, 'where', None) or where}", file=sys.stderr)
         return 130
     return 0
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
 
 
 if __name__ == "__main__":
