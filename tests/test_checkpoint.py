@@ -109,3 +109,13 @@ def test_sigterm_before_the_first_checkpoint_puts_the_run_directory_back(tmp_pat
     assert process.returncode == 128 + signal.SIGTERM, err
     assert "omnigym: stopped by SIGTERM; no checkpoint was written yet" in err and len(err.strip().splitlines()) == 1
     assert not run.exists()
+
+
+def test_checkpoint_every_counts_from_zero():
+    """PPO's first update counts fewer env steps than its batch (246 of 256 on CartPole):
+    a negative previous step made every run checkpoint at its first update."""
+    from omnigym.track.progress import crossed_multiple
+
+    assert not crossed_multiple(246, 246 - 256, 10**8)
+    assert crossed_multiple(512, 256, 512) and not crossed_multiple(511, 255, 512)
+    assert not crossed_multiple(10**6, 0, 0)  # 0: never

@@ -67,5 +67,8 @@ class Laps:
 
 
 def crossed_multiple(step: int, previous_step: int, every: int) -> bool:
-    """Did the step count pass a multiple of ``every`` (0 means never) since ``previous_step``?"""
-    return every > 0 and step // every > previous_step // every
+    """Did the step count pass a multiple of ``every`` (0 means never) since ``previous_step``?
+    A previous step below 0 counts as 0: PPO's first update counts fewer env steps than its
+    batch (autoreset steps are not steps), and -10 // every is -1, which checkpointed every
+    run at its first update whatever --checkpoint-every said."""
+    return every > 0 and step // every > max(previous_step, 0) // every
