@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -112,7 +113,8 @@ def collect(out: Path, only: list[str] | None) -> None:
     root = Path(tempfile.mkdtemp(prefix="same_metrics_"))
     jobs = workloads(root)
     unknown = sorted(set(only or []) - set(jobs))
-    if unknown:
+    if unknown:  # refused: the scratch folder (the pairs file) goes too
+        shutil.rmtree(root, ignore_errors=True)
         sys.exit(f"same_metrics.py: error: unknown workload(s) {', '.join(unknown)}; choose from {', '.join(jobs)}")
     results = {}
     for name, job in jobs.items():
