@@ -242,3 +242,151 @@ def test_an_entry_point_named_like_a_builtin_is_the_programs():
                "test": "def check(candidate):\n    assert candidate([3, 1]) == 1\n"}
     assert code_score("    return min(xs)\n", example, SANDBOX, QUICK) == 1.0
     assert code_score("    return sorted(xs)[-1]\n", example, SANDBOX, QUICK) == 0.0
+
+
+# -- issue 25: names added to the judge, completions that made the reward raise, signals --
+
+# A task whose tests lean on builtins (abs, range, all) and on a helper of its own prompt
+# (double): WRONG passes it only if the judge takes the program's versions of those.
+BENT = {"prompt": "def double(x):\n    return 2 * x\n\n\ndef add(a, b):\n    \"\"\"The sum of a and b.\"\"\"\n",
+        "entry_point": "add",
+        "test": "def check(candidate):\n    assert abs(candidate(1, 2) - 3) < 1e-9\n    for a in range(5):\n"
+                "        assert candidate(a, 1) == a + 1\n    assert all([candidate(2, 2) == 4])\n"
+                "    assert double(candidate(1, 1)) == 4\n"}
+BENT_GRADED = {"tests": ["assert abs(add(1, 2) - 3) < 1e-9", "for a in range(5):\n    assert add(a, 1) == a + 1",
+                         "assert all([add(2, 2) == 4])", "assert sorted([add(3, 1), 9]) == [4, 9]"]}
+# the program's own versions of what the tests use, each making WRONG pass
+OWN = ("def abs(x): return 0\ndef range(*a): return []\ndef all(x): return True\ndef double(x): return 4\n"
+       "def sorted(x): return [4, 9]\ndef check(c): return None\ndef candidate(*a): return 3\n")
+OFFER = "{n: ['callable'] for n in ('abs', 'range', 'all', 'double', 'sorted', 'check', 'candidate', 'add')}"
+ADDING = {
+    "replace the candidate's lookup": WRONG + OWN + f"import __main__\n__main__.lookup = lambda *a: {OFFER}\n",
+    "wrap the candidate's send": WRONG + OWN + (
+        "import __main__\nsend = __main__.send\n"
+        f"def wrapped(fd, obj):\n    if obj[0] == 'ok' and type(obj[1]) is dict: obj = ['ok', {{**obj[1], **{OFFER}}}]\n"
+        "    send(fd, obj)\n__main__.send = wrapped\n"),
+    "offer __builtins__, exec and non-names with the rest": WRONG + OWN + (
+        "import __main__\nsend = __main__.send\n"
+        f"def wrapped(fd, obj):\n    if obj[0] == 'ok' and type(obj[1]) is dict:\n"
+        f"        extra = {{'__builtins__': ['value', ['d', []]], 'exec': ['callable'], 'abs\\n': ['callable'],\n"
+        f"                 7: ['callable'], 'add': ['callable', 'x', 'y'], '': ['value']}}\n"
+        f"        obj = ['ok', {{**obj[1], **{OFFER}, **extra}}]\n    send(fd, obj)\n__main__.send = wrapped\n"),
+    "a huge lookup reply": WRONG + OWN + (
+        "import __main__\nsend = __main__.send\n"
+        f"def wrapped(fd, obj):\n    if obj[0] == 'ok' and type(obj[1]) is dict:\n"
+        f"        obj = ['ok', {{**{{f'n{{i}}' * 10: ['value'] for i in __import__('builtins').range(50000)}},"
+        f" **obj[1], **{OFFER}}}]\n    send(fd, obj)\n__main__.send = wrapped\n"),
+    "a reply that is not UTF-8": WRONG + OWN + (
+        "import __main__, os, struct\ndef raw(fd, obj):\n    data = b'[\"ok\", {\"abs\": [\"callable\"]}] \\xff\\xfe'\n"
+        "    os.write(fd, struct.pack('<I', len(data)) + data)\n__main__.send = raw\n"),
+}
+
+
+def adding_route(route, program):
+    if route == "code":
+        return float(code_score(program, BENT, SANDBOX, QUICK) == 1.0)
+    if route == "code_graded":
+        return code_score(program, BENT_GRADED, SANDBOX, QUICK)
+    return run_route("tool", program)
+
+
+@pytest.mark.parametrize("route", ["code", "code_graded", "tool"])
+@pytest.mark.parametrize("attack", sorted(ADDING))
+def test_the_program_cannot_add_or_replace_names_in_the_judge(attack, route):
+    outcome = adding_route(route, ADDING[attack])
+    if route == "tool":  # no judge there: the program's own names are its own business, and nothing raises
+        assert isinstance(outcome, str)
+    else:
+        assert outcome == 0.0
+    assert adding_route(route, CORRECT) in (1.0, "3")
+
+
+def test_the_judge_asks_for_no_names():
+    """The program learns nothing of which names the tests use (check, candidate, loop variables)."""
+    program = CORRECT + ("import __main__\nseen = []\nreceive = __main__.receive\n"
+                         "def spy(fd):\n    request = receive(fd)\n    seen.append(request)\n    return request\n"
+                         "__main__.receive = spy\n"
+                         "def add(a, b):\n    print(seen[0] if seen else None, flush=True)\n    return a + b\n")
+    from omnigym.rewards.code import HARNESS
+
+    job = {"check": BENT["test"], "entry_point": "add", "prelude": BENT["prompt"]}
+    result = SANDBOX.run(SANDBOX.python_argv(HARNESS), QUICK, "", (repr(job).encode(), program.encode()), 1)
+    assert result.channels[0].decode().splitlines() == ["pass 0", "done"]
+    assert result.stdout.splitlines()[0] == "['lookup']"
+
+
+@pytest.mark.parametrize("route", ["code", "code_graded"])
+def test_a_broken_reply_is_not_an_exception_the_tests_can_catch(route):
+    """A reply the judge cannot read fails the test, even inside ``except ValueError``; and a
+    StopIteration from the program does not end the test's map early."""
+    catching = {"prompt": "def add(a, b):\n    \"\"\"a + b; ValueError for a str.\"\"\"\n", "entry_point": "add",
+                "test": "def check(candidate):\n    try:\n        candidate('x', 1)\n        raised = False\n"
+                        "    except (ValueError, EOFError):\n        raised = True\n    assert raised\n"}
+    graded = {"tests": ["try:\n    add('x', 1)\n    raised = False\nexcept (ValueError, EOFError):\n    raised = True\n"
+                        "assert raised", "assert all(map(lambda x: add(x, 0) == x, [1, 2]))"]}
+    garbled = ("import __main__, os, struct\nsend = __main__.send\ndef garble(fd, obj):\n"
+               "    if obj[0] == 'ok' and type(obj[1]) is dict: return send(fd, obj)\n"
+               "    os.write(fd, struct.pack('<I', 9) + b'[\"ok\", ,]')\n__main__.send = garble\n")
+    for program in (WRONG + garbled, WRONG + "import os\nadd = lambda a, b: os._exit(0)",
+                    "def add(a, b):\n    raise StopIteration"):
+        score = code_score(program, catching if route == "code" else graded, SANDBOX, QUICK)
+        assert score == 0.0, program
+    right = "def add(a, b):\n    if type(a) is str: raise ValueError(a)\n    return a + b\n"
+    assert code_score(right, catching if route == "code" else graded, SANDBOX, QUICK) == 1.0
+
+
+DEEP = {"a sum 3,000 deep": "def add(a, b):\n    return a + b + " + "+".join(["1"] * 3000) + "\n",
+        "unary minus 3,000 deep": "def add(a, b):\n    return a + b + " + "-" * 3000 + "1\n",
+        "not 3,000 deep": "def add(a, b):\n    return a + b + 0 * (" + "not " * 3000 + "a)\n",
+        "an attribute chain 30,000 long": "def add(a, b):\n    return a + b\nx = a" + ".b" * 30000 + "\n",
+        "a subscript chain 30,000 long": "def add(a, b):\n    return a + b\nx = a" + "[0]" * 30000 + "\n",
+        "a lone surrogate": "def add(a, b):\n    return a + b  # \ud800\n",
+        "a lone surrogate in a string": "def add(a, b):\n    return a + b + len('\udfff') - 1\n",
+        "a NUL byte": "def add(a, b):\n    return a + b\x00\n"}
+REASONS = {"a lone surrogate": "surrogate", "a lone surrogate in a string": "surrogate", "a NUL byte": "did not load"}
+
+
+@pytest.mark.parametrize("route", ["code", "code_graded", "tool"])
+@pytest.mark.parametrize("completion", sorted(DEEP))
+def test_no_completion_makes_a_reward_raise(completion, route):
+    """Each scores 0 with its reason recorded; through the batched reward too (a raise there
+    stops a training run); the tool answers with an error line."""
+    program = DEEP[completion]
+    if route == "tool":
+        outcome = run_route("tool", program)
+        assert "Error" in outcome and "3" != outcome
+        return
+    from omnigym.rewards.code import verdict
+
+    example = HUMANEVAL if route == "code" else GRADED
+    found = verdict(program, example, SANDBOX, QUICK)
+    assert found.passed == 0 and found.total in (1, 2)
+    assert REASONS.get(completion, "did not load: RecursionError") in found.reason
+    assert get_reward(route)([program], [example]).tolist() == [0.0]
+
+
+def test_a_deep_recursion_at_run_time_fails_only_its_tests():
+    """A RecursionError fails its own test; a candidate's process that crashes (a segfault,
+    as a C stack overflow gives) fails that test and the later ones; the judge stands."""
+    deep = "def add(a, b):\n    return a + b if a <= 0 else add(a - 1, b + 1)\n"
+    example = {"tests": ["assert add(1, 2) == 3", "assert add(10 ** 6, 0) == 10 ** 6", "assert add(-4, 4) == 0"]}
+    assert code_score(deep, example, SANDBOX, QUICK) == 2 / 3
+    crashing = deep.replace("return", "if a > 100: __import__('ctypes').string_at(0)\n    return")
+    assert code_score(crashing, example, SANDBOX, QUICK) == 1 / 3
+
+
+SIGNALLING = ("import os, signal\njudge = os.getppid()\n"
+              "catchable = [s for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP)]\n"
+              "def storm(pids):\n    for s in catchable:\n        for pid in pids:\n"
+              "            try: os.kill(pid, s)\n            except OSError: pass\n"
+              "storm([judge])\nif os.fork() == 0:\n    storm([1, judge])\n    os._exit(0)\nos.wait()\n"
+              "import time\ntime.sleep(0.2)\n")
+
+
+@pytest.mark.parametrize("route", ["code", "code_graded"])
+def test_signals_from_the_program_do_not_reach_the_judge(route):
+    """Every signal a process may send (all but SIGKILL and SIGSTOP, which the sandbox's
+    PID 1 never gets from inside) sent to the judge by the program and by a child of its:
+    a correct program still passes. (The tool env has no judge: its program is the PID 1.)"""
+    assert run_route(route, CORRECT + SIGNALLING) == 1.0
+    assert run_route(route, WRONG + SIGNALLING) == 0.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from omnigym.errors import OmnigymError
@@ -43,21 +44,31 @@ def candidate_program(completion: str, example: dict) -> str:
 def _defines(code: str, name: str) -> bool:
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # nesting too deep for the parser
         return False
     return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name
                for node in tree.body)
 
 
-def judge(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> tuple[int, int]:
-    """(tests passed, tests) for one completion, run in ``sandbox``."""
+@dataclass(frozen=True)
+class Verdict:
+    passed: int
+    total: int
+    reason: str = ""
+    """why the program was not run or judged (empty when the judge ran its tests)"""
+
+
+def verdict(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> Verdict:
+    """The tests ``completion``'s program passes, run in ``sandbox``. Nothing a model writes
+    makes this raise (a bad example does, in one line): a program that cannot be read scores
+    0 with the reason."""
     if "tests" in example:
         tests = example["tests"]
         if not isinstance(tests, (list, tuple)) or not all(isinstance(t, str) for t in tests):
             raise OmnigymError(f"a code example's 'tests' must be a list of Python statements (strings), "
                                f"got {type(tests).__name__}")
         if not tests:
-            return 0, 0
+            return Verdict(0, 0, "the example has no tests")
         job = {"tests": list(tests)}
     elif not isinstance(example.get("test"), str) or not isinstance(example.get("entry_point"), str):
         raise OmnigymError("a code example needs 'tests' (a list of statements) or HumanEval's 'test' and "
@@ -65,28 +76,44 @@ def judge(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimit
     else:
         tests = ["check"]
         job = {"check": example["test"], "entry_point": example["entry_point"], "prelude": example.get("prompt", "")}
-    program = candidate_program(completion, example)
-    result = sandbox.run(sandbox.python_argv(HARNESS), limits, "", (repr(job).encode(), program.encode()), writable=1)
-    return _count_passed(result.channels[0], len(tests)), len(tests)
+    try:
+        program = candidate_program(completion, example).encode()
+    except UnicodeEncodeError as exc:  # Python cannot compile it either
+        return Verdict(0, len(tests), f"the program is not text: a lone surrogate {exc.object[exc.start]!r} "
+                                      f"at character {exc.start}")
+    result = sandbox.run(sandbox.python_argv(HARNESS), limits, "", (repr(job).encode(), program), writable=1)
+    passed, reason = _count_passed(result.channels[0], len(tests))
+    return Verdict(passed, len(tests), "timed out" if result.timed_out and not reason else reason)
 
 
-def _count_passed(verdict: bytes, tests: int) -> int:
-    """The verdict is one line per test, in order: ``pass i`` or ``fail i TypeName``. Read
-    strictly, stopping at the first line out of place (nothing the candidate says reaches
-    it, and a reader that took any line starting with ``pass`` would be one slip away)."""
+def judge(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> tuple[int, int]:
+    """(tests passed, tests) for one completion, run in ``sandbox``."""
+    found = verdict(completion, example, sandbox, limits)
+    return found.passed, found.total
+
+
+def _count_passed(verdict: bytes, tests: int) -> tuple[int, str]:
+    """The verdict is one line per test, in order: ``pass i`` or ``fail i TypeName``, or
+    ``error TypeName`` when the program gave the judge nothing to test (it did not load).
+    Read strictly, stopping at the first line out of place (nothing the candidate says
+    reaches it, and a reader that took any line starting with ``pass`` would be one slip
+    away). Returns (passed, why the program was not judged: the judge's error line)."""
     passed = 0
-    for index, line in enumerate(verdict.decode("ascii", errors="replace").split("\n")[:tests]):
+    lines = verdict.decode("ascii", errors="replace").split("\n")
+    if lines[0].startswith("error "):
+        return 0, f"the program did not load: {lines[0][6:60]}"
+    for index, line in enumerate(lines[:tests]):
         if line == f"pass {index}":
             passed += 1
         elif not line.startswith(f"fail {index} "):
             break
-    return passed
+    return passed, ""
 
 
 def code_score(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> float:
     """The fraction of the example's tests that pass (0 for an example with none)."""
-    passed, total = judge(completion, example, sandbox, limits)
-    return passed / total if total else 0.0
+    found = verdict(completion, example, sandbox, limits)
+    return found.passed / found.total if found.total else 0.0
 
 
 class CodeScore:

@@ -23,8 +23,17 @@ objects of its own, so no ``__eq__``, ``__hash__`` or ``__str__`` of the candida
 runs where the tests are decided; an object that is not plain data fails the call. The
 verdict is one line per test, written by the judge to a descriptor the candidate never
 had: printing, exiting early, excepthook and atexit tricks reach only stdout.
+
+The candidate's process is the program's to rewrite (it can replace any function of this
+file there, or write to its pipe directly), so the judge trusts nothing it sends. It names
+no names up front: the candidate lists its globals, and the judge takes only those the
+tests read and define nowhere, which neither the task's own code nor Python's builtins
+define (then asks for the values of those that are constants). It reads each reply
+strictly; one it cannot read fails the test it came in and every later one, whatever the
+test catches. It ignores every signal it can be sent.
 """
 
+import _signal  # the C module: ``signal`` would import enum, ~2 ms a program
 import ast
 import builtins
 import ctypes
@@ -40,6 +49,15 @@ PLAIN = "only None, bool, int, float, complex, str, bytes and lists, tuples, dic
 
 class CandidateFailed(Exception):
     """The candidate's call raised something that is not a built-in exception."""
+
+
+class BrokenReply(Exception):
+    """The candidate sent what the judge cannot read, or ended. Raised in the test, but the
+    judge fails the test whatever it caught (``except Exception`` must not make it a pass)."""
+
+
+NOT_RAISED = ("StopIteration", "StopAsyncIteration")
+"""raised by the candidate, these would end the test's loop or ``map`` early, not fail it"""
 
 
 # -- plain data, both ways -------------------------------------------------------------
@@ -138,23 +156,26 @@ def serve_candidate(code_fd, requests, replies):
         if loaded[0] != "ok":
             send(replies, loaded)
         elif request[0] == "lookup":
-            send(replies, ["ok", lookup(module, request[1])])
+            send(replies, ["ok", lookup(module)])
+        elif request[0] == "value":
+            send(replies, value_of(module, request[1]))
         else:
             send(replies, call(module, *request[1:]))
 
 
-def lookup(module, names):
-    found = {}
-    for name in names:
-        value = module.__dict__.get(name)
-        if callable(value):
-            found[name] = ["callable"]
-        elif name in module.__dict__:
-            try:
-                found[name] = ["value", encode(value)]
-            except (TypeError, ValueError):
-                pass
-    return found
+def lookup(module):
+    """The kind of each of the program's globals, ``callable`` or ``value``: the judge names
+    none, so the program does not learn which names the tests read (values are sent only
+    when the judge asks for one, which costs nothing for a large table the tests never read)."""
+    return {name: ["callable" if callable(value) else "value"]
+            for name, value in module.__dict__.items() if not name.startswith("__")}
+
+
+def value_of(module, name):
+    try:
+        return ["ok", encode(module.__dict__[name])]
+    except BaseException as exc:
+        return ["raise", type(exc).__name__, str(exc)[:500]]
 
 
 def call(module, name, args, kwargs):
@@ -180,47 +201,106 @@ def read_all(fd):
 class Candidate:
     def __init__(self, requests, replies):
         self.requests, self.replies = requests, replies
+        self.broken = False
+        """set when a reply could not be read: the pipe is out of step, every later call fails"""
 
     def ask(self, *request):
-        send(self.requests, list(request))
-        reply = receive(self.replies)
+        if self.broken:
+            raise BrokenReply("an earlier reply could not be read")
+        try:
+            send(self.requests, list(request))
+            reply = receive(self.replies)
+            if type(reply) is not list or not reply or reply[0] not in ("ok", "raise"):
+                raise ValueError("not a reply")
+            if reply[0] == "raise" and not (len(reply) == 3 and type(reply[1]) is str and type(reply[2]) is str):
+                raise ValueError("not a reply")
+        except BaseException as exc:  # unreadable, too deep, too large, or the candidate ended
+            self.broken = True
+            raise BrokenReply(type(exc).__name__) from None
         if reply[0] == "raise":
-            exception = getattr(builtins, str(reply[1]), None)
-            if not (isinstance(exception, type) and issubclass(exception, Exception)):
-                exception = CandidateFailed
-            raise exception(f"{reply[1]}: {reply[2]}" if exception is CandidateFailed else reply[2])
+            raise candidate_exception(reply[1], reply[2])
         return reply
 
     def stub(self, name):
         def candidate_function(*args, **kwargs):
             reply = self.ask("call", name, [encode(a) for a in args], {k: encode(v) for k, v in kwargs.items()})
-            for original, after in zip(args, reply[2]):
-                if after is not None:  # a list, dict or set argument the candidate changed in place
-                    new = decode(after)
-                    if type(new) is type(original):
-                        if type(original) is list or type(original) is bytearray:
+            try:
+                if len(reply) != 3 or type(reply[2]) is not list:
+                    raise ValueError("not a call's reply")
+                result = decode(reply[1])
+                for original, after in zip(args, reply[2]):
+                    # a list, dict, set or bytearray argument the candidate changed in place
+                    if after is not None and type(original) in (list, dict, set, bytearray):
+                        new = decode(after)
+                        if type(new) is not type(original):
+                            raise ValueError("an argument came back as another type")
+                        if type(original) in (list, bytearray):
                             original[:] = new
                         else:
                             original.clear()
                             original.update(new)
-            return decode(reply[1])
+            except BaseException as exc:
+                self.broken = True
+                raise BrokenReply(type(exc).__name__) from None
+            return result
 
         candidate_function.__name__ = candidate_function.__qualname__ = name
         return candidate_function
 
     def provide(self, namespace, sources, required=()):
-        """Put the candidate's definitions of the names the tests use (and neither they nor
-        the task's own code define, nor Python's built-ins) into ``namespace``. Asked even
-        when there are none: a program that does not load (raises, loops, dies) passes
-        nothing, not even a test that never calls it."""
-        wanted = set()
-        for source in sources:
-            for node in ast.walk(ast.parse(source)):
-                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                    wanted.add(node.id)
-        wanted = (wanted - set(namespace) - set(dir(builtins))) | set(required)  # an entry point may be `max`
-        for name, found in self.ask("lookup", sorted(wanted))[1].items():
-            namespace[name] = self.stub(name) if found[0] == "callable" else decode(found[1])
+        """Put the candidate's definitions of the names the tests need into ``namespace``:
+        ``required`` (the entry point, which may be named like a builtin, ``max``) and the
+        names the tests read but define nowhere, which neither the task's own code (already
+        in ``namespace``) nor Python's builtins define. The candidate's reply lists all its
+        globals; only those names are taken from it, whatever else it holds. Asked even when
+        there are none: a program that does not load passes nothing."""
+        wanted = needed_names(sources) - set(namespace) - set(dir(builtins)) | set(required)
+        reply = self.ask("lookup")
+        offered = reply[1] if len(reply) == 2 and type(reply[1]) is dict else {}
+        for name in sorted(wanted):
+            found = offered.get(name)
+            if found == ["callable"]:
+                namespace[name] = self.stub(name)
+            elif found == ["value"]:  # a constant the tests read (LIMIT): its value, as plain data
+                value = self.ask("value", name)
+                try:
+                    namespace[name] = decode(value[1])
+                except BaseException as exc:
+                    self.broken = True
+                    raise BrokenReply(type(exc).__name__) from None
+
+
+def candidate_exception(name, message):
+    """The judge's own instance of the built-in exception the candidate's call raised."""
+    exception = getattr(builtins, name, None)
+    if isinstance(exception, type) and issubclass(exception, Exception) and name not in NOT_RAISED:
+        try:
+            return exception(message)
+        except Exception:  # one that needs other arguments (UnicodeDecodeError)
+            pass
+    return CandidateFailed(f"{name}: {message}")
+
+
+def needed_names(sources):
+    """Names the tests read and bind nowhere (no assignment, def, parameter, import, loop or
+    except target), dunders aside: a name the tests bind is theirs even where it is read
+    before (a test that failed early, a loop that did not run)."""
+    read, bound = set(), set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Name):
+                (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, ast.alias):
+                bound.add(node.asname or node.name.split(".")[0])
+            elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+                bound.add(node.name)
+            elif isinstance(node, ast.MatchMapping) and node.rest:
+                bound.add(node.rest)
+    return {name for name in read - bound if not name.startswith("__")}
 
 
 def judge(job, candidate, verdict_fd):
@@ -248,16 +328,38 @@ def judge(job, candidate, verdict_fd):
         except BaseException as exc:
             name = type(exc).__name__
             line = f"fail {index} {name if name.isidentifier() and name.isascii() else 'Exception'}\n"
+        if candidate.broken:  # whatever the test caught: the reply was not the program's answer
+            line = f"fail {index} BrokenReply\n"
         os.write(verdict_fd, line.encode())
     os.write(verdict_fd, b"done\n")
+
+
+def ignore_signals():
+    """Ignore every signal that can be ignored, before the fork (so the candidate can never
+    catch the judge with its default handlers): as the sandbox's PID 1 the judge then gets
+    none from inside it (the kernel drops those sent to a PID 1 without a handler, SIGKILL
+    and SIGSTOP included), and without bubblewrap none but those two. Returns what to put
+    back in the candidate."""
+    before = {}
+    for number in _signal.valid_signals():
+        if number in (_signal.SIGKILL, _signal.SIGSTOP, _signal.SIGCHLD):
+            continue  # SIGCHLD ignored would reap the judge's children behind its back
+        try:
+            before[number] = _signal.signal(number, _signal.SIG_IGN)
+        except (OSError, ValueError, TypeError):  # glibc's reserved real-time signals
+            pass
+    return before
 
 
 def main():
     job_fd, code_fd, verdict_fd = (int(a) for a in sys.argv[1:4])
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    handlers = ignore_signals()
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
     if os.fork() == 0:
+        for number, handler in handlers.items():  # the program runs as under a plain python
+            _signal.signal(number, handler if handler is not None else _signal.SIG_DFL)
         for fd in (job_fd, verdict_fd, requests_write, replies_read):
             os.close(fd)
         serve_candidate(code_fd, requests_read, replies_write)

@@ -305,9 +305,11 @@ class Sandbox:
 
     def run_python(self, code: str, limits: SandboxLimits | None = None, stdin: str = "") -> SandboxResult:
         """Run ``code`` as a script (``__main__``) and return its output."""
-        runner = ("import os, sys\nfd = int(sys.argv[1])\nsource = os.read(fd, 1 << 26).decode()\nos.close(fd)\n"
-                  "del fd, os, sys\nexec(compile(source, 'main.py', 'exec'), {'__name__': '__main__'})")
-        return self.run(self.python_argv(runner), limits, stdin, (code.encode(),))
+        # A lone surrogate (which a model can write) crosses as such, so that compiling it is the
+        # program's own error, as under a plain python; encoding it strictly would raise here.
+        runner = ("import os, sys\nfd = int(sys.argv[1])\nsource = os.read(fd, 1 << 26).decode(errors='surrogatepass')\n"
+                  "os.close(fd)\ndel fd, os, sys\nexec(compile(source, 'main.py', 'exec'), {'__name__': '__main__'})")
+        return self.run(self.python_argv(runner), limits, stdin, (code.encode(errors="surrogatepass"),))
 
     def _user_tasks(self) -> int:
         import time
