@@ -12,7 +12,7 @@ generated tasks) is judged three ways, alternating, in one run:
 The trainer process has torch imported, as in training (spawning from a large process is
 part of the cost). Run on a quiet machine; prints seconds per program and the ratios.
 
-    python bench/sandbox_overhead.py [--reps 3] [--before /tmp/old/src]
+    python bench/sandbox_overhead.py [--reps 3] [--before /tmp/old/src] [--humaneval PATH]
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ print(json.dumps({"seconds": time.perf_counter() - start, "passed": float(scores
 """
 
 
-def programs() -> tuple[str, list[dict]]:
-    if HUMANEVAL.exists():
-        with gzip.open(HUMANEVAL, "rt") as f:
+def programs(data: Path = HUMANEVAL) -> tuple[str, list[dict]]:
+    if data.exists():
+        with gzip.open(data, "rt") as f:
             return "HumanEval (164 canonical solutions)", [json.loads(line) for line in f]
     rows = [{"prompt": f"def f{i}(x):\n", "canonical_solution": f"    return x * {i} + 1\n", "entry_point": f"f{i}",
              "test": f"def check(candidate):\n    assert candidate(2) == {2 * i + 1}\n    assert candidate(0) == 1\n"}
@@ -73,8 +73,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--before", help="another checkout's src directory to compare with")
+    parser.add_argument("--humaneval", type=Path, default=HUMANEVAL, help="HumanEval.jsonl.gz (from a worktree "
+                        "the default ../shared is not beside it)")
     args = parser.parse_args()
-    name, rows = programs()
+    name, rows = programs(args.humaneval)
     here = str(Path(__file__).resolve().parents[1] / "src")
     from omnigym.rewards.sandbox import isolation
 
