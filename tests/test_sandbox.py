@@ -303,3 +303,16 @@ def test_without_util_linux_the_sandbox_refuses_in_one_line(monkeypatch):
     with pytest.raises(OmnigymError, match=r"the code sandbox needs prlimit .*apt-get install util-linux"):
         fresh.run_python("print(1)", QUICK)
     assert fresh.isolation().line().startswith("sandbox: unavailable: the code sandbox needs prlimit")
+
+
+def test_without_bubblewrap_the_judge_ignores_signals_and_takes_only_the_names_it_needs(without_bubblewrap):
+    """There the judge is not a PID 1 the kernel shields: it ignores the signals itself."""
+    from omnigym.rewards.code import code_score
+
+    example = {"tests": ["assert add(1, 2) == 3", "for a in range(3):\n    assert add(a, 1) == a + 1"]}
+    signalling = ("import os, signal\nfor s in signal.Signals:\n    if s not in (signal.SIGKILL, signal.SIGSTOP):\n"
+                  "        os.kill(os.getppid(), s)\n")  # the judge only: pid 1 here is the host's
+    assert code_score("def add(a, b):\n    return a + b\n" + signalling, example, without_bubblewrap, QUICK) == 1.0
+    offering = ("def add(a, b):\n    return a - b\ndef range(*a): return []\nimport __main__\n"
+                "__main__.lookup = lambda *a: {'add': ['callable'], 'range': ['callable']}\n")
+    assert code_score(offering, example, without_bubblewrap, QUICK) == 0.0
