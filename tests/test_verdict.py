@@ -343,7 +343,7 @@ DEEP = {"a sum 3,000 deep": "def add(a, b):\n    return a + b + " + "+".join(["1
         "a lone surrogate": "def add(a, b):\n    return a + b  # \ud800\n",
         "a lone surrogate in a string": "def add(a, b):\n    return a + b + len('\udfff') - 1\n",
         "a NUL byte": "def add(a, b):\n    return a + b\x00\n"}
-REASONS = {"a lone surrogate": "surrogate", "a lone surrogate in a string": "surrogate", "a NUL byte": "did not load"}
+REASONS = {"a lone surrogate": "surrogate", "a lone surrogate in a string": "surrogate", "a NUL byte": "no test ran"}
 
 
 @pytest.mark.parametrize("route", ["code", "code_graded", "tool"])
@@ -361,7 +361,7 @@ def test_no_completion_makes_a_reward_raise(completion, route):
     example = HUMANEVAL if route == "code" else GRADED
     found = verdict(program, example, SANDBOX, QUICK)
     assert found.passed == 0 and found.total in (1, 2)
-    assert REASONS.get(completion, "did not load: RecursionError") in found.reason
+    assert REASONS.get(completion, "no test ran: RecursionError") in found.reason
     assert get_reward(route)([program], [example]).tolist() == [0.0]
 
 

@@ -101,7 +101,7 @@ def _count_passed(verdict: bytes, tests: int) -> tuple[int, str]:
     passed = 0
     lines = verdict.decode("ascii", errors="replace").split("\n")
     if lines[0].startswith("error "):
-        return 0, f"the program did not load: {lines[0][6:60]}"
+        return 0, f"no test ran: {lines[0][6:60]} (the program did not load, or the judge could not read it)"
     for index, line in enumerate(lines[:tests]):
         if line == f"pass {index}":
             passed += 1
