@@ -33,11 +33,11 @@ strictly; one it cannot read fails the test it came in and every later one, what
 test catches. It ignores every signal it can be sent.
 """
 
-import _signal  # the C module: ``signal`` would import enum, ~2 ms a program
 import ast
 import builtins
 import ctypes
 import os
+import signal
 import struct
 import sys
 
@@ -335,17 +335,17 @@ def judge(job, candidate, verdict_fd):
 
 
 def ignore_signals():
-    """Ignore every signal that can be ignored, before the fork (so the candidate can never
-    catch the judge with its default handlers): as the sandbox's PID 1 the judge then gets
-    none from inside it (the kernel drops those sent to a PID 1 without a handler, SIGKILL
-    and SIGSTOP included), and without bubblewrap none but those two. Returns what to put
-    back in the candidate."""
+    """Ignore every signal that can be ignored, before the fork (so there is no moment when
+    the candidate exists and the judge still has Python's SIGINT handler): as the sandbox's
+    PID 1 the judge then gets no signal from inside it (the kernel drops those sent to a
+    PID 1 without a handler, SIGKILL and SIGSTOP included), and without bubblewrap none but
+    those two. Returns the handlers to put back in the candidate."""
     before = {}
-    for number in _signal.valid_signals():
-        if number in (_signal.SIGKILL, _signal.SIGSTOP, _signal.SIGCHLD):
-            continue  # SIGCHLD ignored would reap the judge's children behind its back
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            continue  # the first two cannot be ignored; SIGCHLD does nothing by default already
         try:
-            before[number] = _signal.signal(number, _signal.SIG_IGN)
+            before[number] = signal.signal(number, signal.SIG_IGN)
         except (OSError, ValueError, TypeError):  # glibc's reserved real-time signals
             pass
     return before
@@ -359,7 +359,7 @@ def main():
     replies_read, replies_write = os.pipe()
     if os.fork() == 0:
         for number, handler in handlers.items():  # the program runs as under a plain python
-            _signal.signal(number, handler if handler is not None else _signal.SIG_DFL)
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
         for fd in (job_fd, verdict_fd, requests_write, replies_read):
             os.close(fd)
         serve_candidate(code_fd, requests_read, replies_write)
