@@ -17,9 +17,10 @@ from omnigym.errors import OmnigymError
 from omnigym.track.files import METRICS_NAME, load_config_dict, read_metrics
 from omnigym.track.run_dir import STAGES_FOLDER
 
-# A run's main metric when none is named: the first of these it logged (control runs, then
-# GRPO/RM/DPO accuracy, RLHF's gold reward or RM score, SFT's held-out loss, text REINFORCE).
-MAIN_METRICS = ("charts/episodic_return", "eval/accuracy", "eval/gold_reward", "eval/rm_score", "eval/loss",
+# A run's main metric when none is named: the first of these it logged, the one its own
+# curve.png draws (control runs; the demos' gold reward (DPO, RLHF); GRPO/RM/DPO accuracy;
+# RLHF's RM score; SFT's held-out loss; text REINFORCE's reward).
+MAIN_METRICS = ("charts/episodic_return", "eval/gold_reward", "eval/accuracy", "eval/rm_score", "eval/loss",
                 "reward/mean")
 # Drawn under the main metric when the run logged it: a language run's reward beside its accuracy.
 COMPANION = "reward/mean"
