@@ -62,10 +62,17 @@ def default_metrics(runs: dict[Path, list[dict]]) -> tuple[str, ...]:
 
 
 def stages_of(run_dir: Path) -> list[tuple[str, list[dict]]]:
-    """The run's stages with a metrics log, in the order they ran (their logs' ages)."""
+    """The run's stages with a metrics log, in the order they ran (their logs' ages). A log
+    that cannot be read is left out: the run's own curve is still drawn."""
     folder = run_dir / STAGES_FOLDER
     logs = sorted(folder.glob(f"*/{METRICS_NAME}"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-    return [(log.parent.name, read_metrics(log.parent)) for log in logs]
+    stages = []
+    for log in logs:
+        try:
+            stages.append((log.parent.name, read_metrics(log.parent)))
+        except OmnigymError:
+            continue
+    return stages
 
 
 def _draw(ax, steps: np.ndarray, values: np.ndarray, **style) -> None:
