@@ -97,8 +97,8 @@ def test_a_finished_runs_curve_png_has_accuracy_and_reward(tmp_path):
 
 def test_a_damaged_stage_log_leaves_the_stage_out_of_the_curve(tmp_path):
     run = grpo_run(tmp_path)
-    with open(run / "stages" / "warmup" / "metrics.jsonl", "a") as log:
-        log.write('{"global_step": 41, "sft/lo')  # a half-written last line
+    log = run / "stages" / "warmup" / "metrics.jsonl"
+    log.write_text('{"global_step": 1, "sft/lo\n' + log.read_text())  # damaged at its first line
     accuracy, _ = figure([run]).axes
     steps, _ = lines(accuracy)["grpo arithmetic"]
     assert list(lines(accuracy)) == ["grpo arithmetic"] and steps.tolist() == [1, 21, 41]
