@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
 # The versions the test suite last passed with (every dependency but torch and its CUDA
-# packages, so a GPU user's own torch stays): set-up installs them, `make upgrade` moves them.
+# packages: triton, nvidia-*, cuda-*; so a GPU user's own torch stays): set-up installs them,
+# `make upgrade` moves them.
 # Each pin holds for the Python it was tested on (a marker on each line); on another Python pip
 # resolves freely, and set-up says so.
 CONSTRAINTS := constraints.txt
@@ -45,17 +46,18 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 # Re-resolve every dependency to its newest release in a scratch venv, run the whole suite
 # there, and rewrite constraints.txt only when it passes (a failing upgrade leaves the pins and
 # .venv as they were, and the scratch venv to look into). The next `make setup` installs the
-# new pins into .venv. TORCH=... tries another torch the same way.
+# new pins into .venv. TORCH=... tries another torch the same way; it is named again in the
+# upgrade, or the eager upgrade would replace the CPU wheel with PyPI's newest (CUDA) torch.
 UPGRADE_VENV := .venv-upgrade
 upgrade:
 	rm -rf $(UPGRADE_VENV)
 	$(PY) -m venv $(UPGRADE_VENV)
 	$(UPGRADE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(UPGRADE_VENV)/bin/pip install -q "$(TORCH)"
-	$(UPGRADE_VENV)/bin/pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(UPGRADE_VENV)/bin/pip install -q --upgrade --upgrade-strategy eager -e ".[dev]" "$(TORCH)"
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(UPGRADE_VENV)/bin/python -m pytest -q -n auto --dist worksteal tests
 	{ echo "# make upgrade, $$(date -u +%Y-%m-%d): the versions the test suite passed with (torch: see the Makefile)"; \
-	  $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-)[^=]*==' | grep -v '^-e ' | \
+	  $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-|cuda-)[^=]*==' | grep -v '^-e ' | \
 	  sed "s/$$/ ; python_version == \"$(call PYVERSION,$(UPGRADE_VENV)/bin/python)\"/"; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	rm -rf $(UPGRADE_VENV)
