@@ -5,7 +5,15 @@ BIN := $(VENV)/bin
 # CPU wheel of torch; a GPU user installs their own torch into .venv first (see README).
 TORCH ?= torch==2.13.0
 
-.PHONY: setup sandbox render demo demo-grpo test test-quick bench clean smollm2
+# The versions the test suite last passed with (every dependency but torch and its CUDA
+# packages: triton, nvidia-*, cuda-*; so a GPU user's own torch stays): set-up installs them,
+# `make upgrade` moves them.
+# Each pin holds for the Python it was tested on (a marker on each line); on another Python pip
+# resolves freely, and set-up says so.
+CONSTRAINTS := constraints.txt
+PYVERSION = $$($(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+
+.PHONY: setup sandbox render demo demo-grpo test test-quick bench clean smollm2 upgrade
 setup: $(VENV)/.installed sandbox render
 
 # The code sandbox's isolation is bubblewrap's: installed when missing where we may (root
@@ -26,12 +34,34 @@ render:
 	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libegl-mesa0 libgl1-mesa-dri >/dev/null 2>&1; }; }; } || \
 	  echo "note: EGL is not installed (sudo apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri): MuJoCo videos need it on a machine without a display (docs/video.md)"
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[dev]"
+	@grep -q "python_version == \"$(call PYVERSION,$(BIN)/python)\"" $(CONSTRAINTS) || \
+	  echo "note: $(CONSTRAINTS) pins versions tested on another Python; on Python $(call PYVERSION,$(BIN)/python) pip chose the newest (make upgrade tests and pins them)"
 	touch $@
+
+# Re-resolve every dependency to its newest release in a scratch venv, run the whole suite
+# there, and rewrite constraints.txt only when it passes (a failing upgrade leaves the pins and
+# .venv as they were, and the scratch venv to look into). The next `make setup` installs the
+# new pins into .venv. TORCH=... tries another torch the same way; it is named again in the
+# upgrade, or the eager upgrade would replace the CPU wheel with PyPI's newest (CUDA) torch.
+UPGRADE_VENV := .venv-upgrade
+upgrade:
+	rm -rf $(UPGRADE_VENV)
+	$(PY) -m venv $(UPGRADE_VENV)
+	$(UPGRADE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(UPGRADE_VENV)/bin/pip install -q "$(TORCH)"
+	$(UPGRADE_VENV)/bin/pip install -q --upgrade --upgrade-strategy eager -e ".[dev]" "$(TORCH)"
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(UPGRADE_VENV)/bin/python -m pytest -q -n auto --dist worksteal tests
+	{ echo "# make upgrade, $$(date -u +%Y-%m-%d): the versions the test suite passed with (torch: see the Makefile)"; \
+	  $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-|cuda-)[^=]*==' | grep -v '^-e ' | \
+	  sed "s/$$/ ; python_version == \"$(call PYVERSION,$(UPGRADE_VENV)/bin/python)\"/"; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf $(UPGRADE_VENV)
+	@echo "$(CONSTRAINTS) rewritten (git diff $(CONSTRAINTS) shows what moved); make setup installs it into $(VENV)"
 
 demo: setup
 	$(BIN)/omnigym train ppo
@@ -65,4 +95,4 @@ smollm2: $(VENV)/.installed
 	else $(BIN)/omnigym import-gguf --out $(SMOLLM2); fi
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(UPGRADE_VENV) runs

@@ -248,3 +248,13 @@ def test_an_interrupted_warm_up_leaves_no_run_behind(tmp_path, monkeypatch):
     monkeypatch.undo()
     grpo.train(small(tmp_path / "run", steps=1))
     assert len(metrics(tmp_path / "run" / "stages" / "warmup")) == 20
+
+
+def test_a_warm_up_that_reaches_its_target_early_says_so_in_a_line_and_its_metrics(tmp_path, capsys):
+    grpo.train(small(tmp_path / "run", sft_target_accuracy=0.0, steps=1))  # any accuracy reaches 0: stop at step 10
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warm-up: stopped")]
+    warm_up = metrics(tmp_path / "run" / "stages" / "warmup")
+    assert len(warm_up) == 10 and warm_up[-1]["sft/target_reached"] == 1
+    assert said == [f"warm-up: stopped at step 10 of --sft-steps 20: validation accuracy "
+                    f"{warm_up[-1]['sft/val_accuracy']:.3f} reached --sft-target-accuracy 0.0 (a higher target, or "
+                    "one above 1, runs more steps)"]

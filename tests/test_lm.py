@@ -120,3 +120,36 @@ def test_episodes_cut_off_by_the_turn_limit_score_zero(tiny):
     assert (looping.info["truncated"], looping.info["turns"], looping.reward) == (True, 2, 0.0)
     assert answered.reward == pytest.approx(1.05)
     assert trajectories.reward_parts() == pytest.approx({"math": 0.5, "format": 0.25})
+
+
+def test_language_forward_and_generation_use_no_deprecated_transformers_api(tiny, caplog):
+    """transformers renamed ``past_key_values`` to ``cache`` and warns on every call made with
+    the old name (a FutureWarning, and a logged warning for ``output.past_key_values``): the
+    old name goes away in a later version, so our calls must use the name the installed
+    version declares. Warnings are errors here, so any deprecated call we make fails."""
+    import logging
+    import warnings
+
+    import torch
+
+    from omnigym.models.tokens import completion_logprobs, make_batch, make_completion_batch, token_logprobs
+
+    tokenizer, model = load_tokenizer(tiny), load_model(tiny)
+    header = list(range(4, 16))  # a shared header (a context level of its own), then distinct prompts
+    prompts = [header + [20, 21], header + [22], header + [20, 21], header + [23, 24, 25]]
+    completions = [[30, 31, 32], [33], [34, 35], [36, 37, 38, 39]]
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        batch = make_completion_batch(prompts, completions, tokenizer.pad_token_id)
+        assert batch.packed is not None and len(batch.context) == 2
+        packed = completion_logprobs(model, batch)
+        batch.packed = None  # the padded-rows path
+        unpacked = completion_logprobs(model, batch)
+        HFEngine(model, tokenizer).generate([[4, 65, 24]], 2, SamplingParams(max_new_tokens=4))
+    assert not [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    full = token_logprobs(model, make_batch(list(zip(prompts, completions)), tokenizer.pad_token_id))
+    for i, (p, c) in enumerate(zip(prompts, completions)):  # the numbers did not change with the name
+        expected = full[i, len(p) - 1:len(p) - 1 + len(c)]
+        assert torch.allclose(packed[i, :len(c)], expected, atol=1e-5)
+        assert torch.allclose(unpacked[i, :len(c)], expected, atol=1e-5)

@@ -156,12 +156,15 @@ def evaluate(argv: list[str]) -> None:
 def plot(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds).")
     parser.add_argument("run_dirs", nargs="+")
-    parser.add_argument("--out", default="runs/plot.png")
-    parser.add_argument("--metric", default="charts/episodic_return")
+    parser.add_argument("--out", default="runs/plot.png", help="the image to write (default: %(default)s)")
+    parser.add_argument("--metric", action="append",
+                        help="a name from the runs' metrics.jsonl, e.g. eval/accuracy; repeat it for one panel each "
+                             "(default: the runs' main metric, charts/episodic_return for control runs, and "
+                             "reward/mean below it where logged); a name no run logged lists the ones they did")
     args = parser.parse_args(argv)
     from omnigym.track.plot import plot_runs
 
-    print(plot_runs(args.run_dirs, args.out, metric=args.metric))
+    print(plot_runs(args.run_dirs, args.out, metric=args.metric))  # None: each kind of run's own
 
 
 def convert_gguf(argv: list[str]) -> None:

@@ -261,6 +261,17 @@ def make_completion_batch(prompts: list[list[int]], completions: list[list[int]]
     return batch.to(device)
 
 
+def cache_name() -> str:
+    """The keyword (and output field) a transformers model takes its KV cache by. transformers
+    5.x renamed ``past_key_values`` to ``cache``, warns on every call made with the old name and
+    drops it in 5.40; the versions before the rename (down to our lower bound, 4.51) know only
+    the old name. Asked of the output class, not of the version number, so a release that
+    renames in between is read right too."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    return "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
 def shared_prefix_forward(module, batch: CompletionBatch, read):
     """``read(output, targets)`` at every reply position of ``batch``, ``[B, C]``: ``module``'s
     output (a causal LM's ``.logits``, a backbone's ``.last_hidden_state``) turned into one
@@ -268,25 +279,27 @@ def shared_prefix_forward(module, batch: CompletionBatch, read):
     tree to the replies that read them; packed replies run in fewer rows and are read back
     into the batch's layout (after ``read``, so a vocabulary-wide output is never copied)."""
     cache, seen = None, None  # seen: which context tokens so far are real, per row
+    name = cache_name()
     for level in batch.context:
         if cache is not None:
             cache.batch_select_indices(level.parents)
             seen = seen[level.parents]
         seen = level.mask if seen is None else torch.cat([seen, level.mask], 1)
-        cache = module(input_ids=level.ids, attention_mask=seen, position_ids=level.position_ids,
-                       past_key_values=cache, use_cache=True).past_key_values
+        output = module(input_ids=level.ids, attention_mask=seen, position_ids=level.position_ids,
+                        use_cache=True, **{name: cache})
+        cache = getattr(output, name)
     packed = batch.packed
     # flash-attention kernels take no 4-D mask: their models run the padded rows
     if packed is None or (getattr(module.config, "_attn_implementation", None) or "sdpa") not in ("sdpa", "eager"):
         cache.batch_select_indices(batch.rows)
         attention = torch.cat([seen[batch.rows], batch.attention], 1)
         output = module(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
-                        past_key_values=cache, use_cache=True)
+                        use_cache=True, **{name: cache})
         return read(output, batch.targets)
     cache.batch_select_indices(packed.rows)
     context = seen[packed.rows].bool()[:, None, None, :].expand(-1, 1, packed.block.shape[2], -1)
     output = module(input_ids=packed.input_ids, attention_mask=torch.cat([context, packed.block], -1),
-                    position_ids=packed.position_ids, past_key_values=cache, use_cache=True)
+                    position_ids=packed.position_ids, use_cache=True, **{name: cache})
     return read(output, packed.targets).flatten(0, 1)[packed.index]
 
 

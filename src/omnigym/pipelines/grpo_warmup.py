@@ -73,17 +73,22 @@ def warm_up(cfg, run, env, correct, train_set: list[dict]) -> Path:
             stage.mkdir(parents=True, exist_ok=True)
             (stage / "config.json").unlink(missing_ok=True)  # unfinished until the model folder is whole
         barrier()
-        train_warm_up(cfg, stage, env, correct, train_set, policy, tokenizer)
+        step, reached = train_warm_up(cfg, stage, env, correct, train_set, policy, tokenizer)
     except BaseException:  # an error or Ctrl-C in the stage: what this process made goes
         if made and is_main_process():
             shutil.rmtree(stage.parent, ignore_errors=True)
             if made_run_dir:
                 shutil.rmtree(run.dir, ignore_errors=True)
         raise
+    if step < cfg.sft_steps:  # said only in --help otherwise: a --sft-steps 150 that ran 50 looks like a bug
+        run.say(f"warm-up: stopped at step {step} of --sft-steps {cfg.sft_steps}: validation accuracy {reached:.3f} "
+                f"reached --sft-target-accuracy {cfg.sft_target_accuracy} (a higher target, or one above 1, runs "
+                "more steps)")
     return stage / "model"
 
 
-def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy, tokenizer) -> None:
+def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy, tokenizer) -> tuple[int, float]:
+    """Trains the stage; returns the steps it ran and its last validation accuracy."""
     # vLLM would hold a second copy of the model on the GPU beside GRPO's: the warm-up's few
     # greedy evaluations run on the in-process sampler instead.
     engine = make_engine(policy, tokenizer, "auto" if cfg.engine == "vllm" else cfg.engine)
@@ -105,6 +110,8 @@ def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy,
         if step % cfg.sft_eval_every == 0 or step == cfg.sft_steps:
             metrics["sft/val_accuracy"] = accuracy(judge, tokenizer, validation)  # its sampler reads the policy itself
             done = metrics["sft/val_accuracy"] >= cfg.sft_target_accuracy or step == cfg.sft_steps
+            if metrics["sft/val_accuracy"] >= cfg.sft_target_accuracy:
+                metrics["sft/target_reached"] = 1  # why the stage ended: a program reads it here
         if log is not None:
             log.log(step, metrics)
         progress.update(step, sft_loss=metrics["sft/loss"])
@@ -116,6 +123,7 @@ def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy,
         export_model_folder(whole, tokenizer, stage / "model")
         (stage / "config.json").write_text(json.dumps(settings(cfg), indent=1))  # last: the stage is finished
     barrier()  # the other processes load the folder the first one wrote
+    return step, metrics["sft/val_accuracy"]
 
 
 def warm_up_loss(model, batch, step: int):

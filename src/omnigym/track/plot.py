@@ -1,4 +1,10 @@
-"""Learning-curve PNGs: one run, or several seeds of several configurations overlaid."""
+"""Learning-curve PNGs: one run, or several seeds of several configurations overlaid.
+
+Only logged points are drawn: a curve starts at its first logged step (a PPO return at the
+first finished episode, an accuracy at the first evaluation) and never runs past its last.
+One run's stages (``RUN/stages/NAME``, e.g. GRPO's supervised warm-up) are drawn before the
+run's own steps, as phases of their own, where they logged the panel's metric.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,22 @@ from pathlib import Path
 import numpy as np
 
 from omnigym.errors import OmnigymError
-from omnigym.track.files import load_config_dict, read_metrics
+from omnigym.track.files import METRICS_NAME, load_config_dict, read_metrics
+from omnigym.track.run_dir import STAGES_FOLDER
+
+# A run's main metric when none is named: the first of these it logged, the one its own
+# curve.png draws (control runs; the demos' gold reward (DPO, RLHF); GRPO/RM/DPO accuracy;
+# RLHF's RM score; SFT's held-out loss; text REINFORCE's reward).
+MAIN_METRICS = ("charts/episodic_return", "eval/gold_reward", "eval/accuracy", "eval/rm_score", "eval/loss",
+                "reward/mean")
+# Drawn under the main metric when the run logged it: a language run's reward beside its accuracy.
+COMPANION = "reward/mean"
+# What a stage logged in place of a panel's metric: the warm-up's accuracy is measured on
+# problems from the training split (its label says so), the run's on held-out ones.
+STAGE_METRICS = (("eval/accuracy", "sft/val_accuracy"),)
+# Below this many points a curve shows its points as markers: sparse evaluations read as
+# measurements, not as a line.
+MARKERS_UP_TO = 60
 
 
 def _label(run_dir: Path) -> str:
@@ -16,41 +37,172 @@ def _label(run_dir: Path) -> str:
     return f"{cfg.get('algo', '?')} {cfg.get('env_id', cfg.get('task', ''))}".strip()
 
 
-def plot_runs(run_dirs, out, metric: str = "charts/episodic_return", points: int = 200) -> Path:
-    """Overlay runs; runs with the same algorithm and env are seeds of one curve, drawn as
-    their mean with a min-max band, interpolated onto a common step grid."""
-    # A Figure drawn on the Agg canvas directly: no pyplot, so no process-wide backend switch.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _series(rows: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray] | None:
+    points = [(r["global_step"], r[metric]) for r in rows if isinstance(r.get(metric), (int, float))]
+    if not points:
+        return None
+    steps, values = np.array(points, dtype=float).T
+    return steps, values
 
-    groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
-    for run_dir in map(Path, run_dirs):
-        rows = [r for r in read_metrics(run_dir) if metric in r]
-        if rows:
-            groups[_label(run_dir)].append((np.array([r["global_step"] for r in rows]), np.array([r[metric] for r in rows])))
-    if not groups:
-        raise OmnigymError(f"no run among {', '.join(map(str, run_dirs))} logged {metric!r}")
 
-    fig = Figure(figsize=(7, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for label, curves in groups.items():
-        grid = np.linspace(0, min(steps[-1] for steps, _ in curves), points)
-        ys = np.stack([np.interp(grid, steps, values) for steps, values in curves])
-        ax.plot(grid, ys.mean(0), label=f"{label} ({len(curves)} run{'s' if len(curves) > 1 else ''})")
-        if len(curves) > 1:
-            ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25)
-    ax.set_xlabel("global step")
-    ax.set_ylabel(metric)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+def logged_metrics(runs: dict[Path, list[dict]]) -> list[str]:
+    """Every numeric metric any of ``runs`` logged, sorted."""
+    return sorted({k for rows in runs.values() for r in rows for k, v in r.items()
+                   if k != "global_step" and isinstance(v, (int, float))})
+
+
+def default_metrics(runs: dict[Path, list[dict]]) -> tuple[str, ...]:
+    """The runs' main metric (the first of ``MAIN_METRICS`` any logged) and their reward below it."""
+    have = set(logged_metrics(runs))
+    main = next((m for m in MAIN_METRICS if m in have), None)
+    if main is None:
+        raise OmnigymError(f"no run among {', '.join(map(str, runs))} logged a metric to plot by default "
+                           f"({', '.join(MAIN_METRICS)}); name one with --metric: {', '.join(sorted(have)) or 'none'}")
+    return (main, COMPANION) if COMPANION in have and main != COMPANION else (main,)
+
+
+def stages_of(run_dir: Path) -> list[tuple[str, list[dict]]]:
+    """The run's stages with a metrics log, in the order they ran (their logs' ages). A log
+    that cannot be read is left out: the run's own curve is still drawn."""
+    folder = run_dir / STAGES_FOLDER
+    logs = sorted(folder.glob(f"*/{METRICS_NAME}"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+    stages = []
+    for log in logs:
+        try:
+            stages.append((log.parent.name, read_metrics(log.parent)))
+        except OmnigymError:
+            continue
+    return stages
+
+
+def _draw(ax, steps: np.ndarray, values: np.ndarray, **style) -> None:
+    ax.plot(steps, values, marker="o" if len(steps) <= MARKERS_UP_TO else None, markersize=3, **style)
+
+
+def _draw_group(ax, label: str, curves: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Seeds of one configuration: their mean and min-max band on the steps they logged, where
+    all of them have data (no curve is extended before its first or past its last point)."""
+    name = f"{label} ({len(curves)} run{'s' if len(curves) > 1 else ''})"
+    if len(curves) == 1:
+        _draw(ax, *curves[0], label=name)
+        return
+    start, end = max(s[0] for s, _ in curves), min(s[-1] for s, _ in curves)
+    grid = np.unique(np.concatenate([s[(s >= start) & (s <= end)] for s, _ in curves]))
+    if grid.size == 0:  # the runs' logged steps do not overlap: each is drawn as it is
+        for i, curve in enumerate(curves):
+            _draw(ax, *curve, label=name if i == 0 else None, alpha=0.7)
+        return
+    ys = np.stack([np.interp(grid, *_increasing(steps, values)) for steps, values in curves])
+    line = ax.plot(grid, ys.mean(0), marker="o" if grid.size <= MARKERS_UP_TO else None, markersize=3, label=name)[0]
+    ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25, color=line.get_color())
+
+
+def _increasing(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One value per step (several episodes can end at one step: their mean), for np.interp."""
+    unique, inverse = np.unique(steps, return_inverse=True)
+    return unique, np.bincount(inverse, weights=values) / np.bincount(inverse)
+
+
+def _stage_metric(rows: list[dict], metric: str) -> str | None:
+    """What a stage logged for ``metric``: the metric itself, or its stage equivalent."""
+    if _series(rows, metric) is not None:
+        return metric
+    other = dict(STAGE_METRICS).get(metric)
+    return other if other and _series(rows, other) is not None else None
+
+
+def phases_of(stages, metrics) -> list[tuple[str, float, list[dict]]]:
+    """The stages that logged one of ``metrics``, each with the step it starts at on the
+    plot's x axis (stages back to back from 0; the run's own steps after the last)."""
+    phases, offset = [], 0.0
+    for name, rows in stages:
+        length = max((r["global_step"] for r in rows), default=0)
+        if length and any(_stage_metric(rows, m) for m in metrics):
+            phases.append((name, offset, rows))
+            offset += length
+    return phases
+
+
+def _draw_single_run(ax, run_dir: Path, rows: list[dict], metric: str, phases) -> None:
+    """One run and, before its steps, its stages (``phases_of``), each a shaded phase."""
+    for i, (name, start, stage_rows) in enumerate(phases):
+        end = start + max(r["global_step"] for r in stage_rows)
+        ax.axvspan(start, end, color="tab:gray", alpha=0.15 if i % 2 == 0 else 0.07, lw=0)
+        stage_metric = _stage_metric(stage_rows, metric)
+        if stage_metric:
+            note = "" if stage_metric == metric else f": {stage_metric}, on training-split problems"
+            steps, values = _series(stage_rows, stage_metric)
+            _draw(ax, steps + start, values, color="tab:gray", label=f"{name}{note}")
+    offset = phases[-1][1] + max(r["global_step"] for r in phases[-1][2]) if phases else 0.0
+    if phases:
+        ax.axvline(offset, color="tab:gray", lw=0.8, ls="--")
+    series = _series(rows, metric)
+    if series is not None:
+        _draw(ax, series[0] + offset, series[1], color="tab:blue", label=_label(run_dir))
+
+
+def plot_runs(run_dirs, out, metric: str | tuple[str, ...] | list[str] | None = None) -> Path:
+    """``figure(run_dirs, metric)`` written to ``out``, an image file."""
     out = Path(out)
     if not str(out) or out.is_dir() or not out.suffix:
         raise OmnigymError(f"--out {str(out)!r} must name an image file, e.g. runs/plot.png")
+    fig = figure(run_dirs, metric)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
     except (OSError, ValueError) as exc:  # an unwritable place, or a suffix matplotlib cannot write
         raise OmnigymError(f"cannot write the plot to {out}: {getattr(exc, 'strerror', None) or exc}") from None
     return out
+
+
+def figure(run_dirs, metric: str | tuple[str, ...] | list[str] | None = None):
+    """Overlay runs; runs with the same algorithm and env are seeds of one curve, drawn as
+    their mean with a min-max band. ``metric``: one name or several (one panel each; the first
+    must have been logged, a further one no run logged is left out); None draws the runs' main
+    metric (``MAIN_METRICS``) and their reward under it. One run is drawn with its stages (a
+    warm-up) as phases before its own steps. A matplotlib Figure."""
+    # A Figure drawn on the Agg canvas directly: no pyplot, so no process-wide backend switch.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    runs = {Path(d): read_metrics(d) for d in run_dirs}
+    metrics = default_metrics(runs) if metric is None else (metric,) if isinstance(metric, str) else tuple(metric)
+    missing = [m for m in metrics if not any(_series(rows, m) is not None for rows in runs.values())]
+    if metrics[0] in missing:
+        raise OmnigymError(f"no run among {', '.join(map(str, run_dirs))} logged {metrics[0]!r}; they logged: "
+                           f"{', '.join(logged_metrics(runs)) or 'nothing'}")
+    metrics = tuple(m for m in metrics if m not in missing)  # a further panel no run logged is left out
+
+    fig = Figure(figsize=(7, 3 + 2.2 * len(metrics)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    xlabel = "global step"
+    if len(runs) == 1:
+        (run_dir, rows), = runs.items()
+        phases = phases_of(stages_of(run_dir), metrics)
+        if phases:  # the stages' own steps first, then the run's, on one axis
+            algo = load_config_dict(run_dir).get("algo", "run")
+            xlabel = f"step: {', then '.join(name for name, *_ in phases)} (shaded), then {algo} (after the dashed line)"
+    for ax, name in zip(axes, metrics):
+        if len(runs) == 1:
+            _draw_single_run(ax, run_dir, rows, name, phases)
+        else:
+            groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+            for run_dir, rows in runs.items():
+                series = _series(rows, name)
+                if series is not None:
+                    groups[_label(run_dir)].append(series)
+            for label, curves in groups.items():
+                _draw_group(ax, label, curves)
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if len(runs) == 1 and phases:  # each phase named above the top panel, where no curve or legend is
+        end = phases[-1][1] + max(r["global_step"] for r in phases[-1][2])
+        names = [(name, (start + start + max(r["global_step"] for r in rows)) / 2) for name, start, rows in phases]
+        for name, middle in names + [(algo, (end + axes[0].get_xlim()[1]) / 2)]:
+            axes[0].text(middle, 1.01, name, transform=axes[0].get_xaxis_transform(), ha="center", va="bottom",
+                         fontsize=9, color="dimgray")
+    axes[-1].set_xlabel(xlabel)
+    fig.tight_layout()
+    return fig

@@ -3,6 +3,7 @@ a notebook's captured output) a plain line every ``line_every`` seconds."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -21,25 +22,41 @@ class ProgressBar:
                                   console=console, disable=not self.bar, transient=False)
         self._task = self._progress.add_task(description, total=total, completed=start, stats="")
         self._last = 0.0
+        self._completed, self._stats = start, {}
         self._start, self._last_line = time.monotonic(), time.monotonic()
         if self.bar:
             self._progress.start()
 
     def update(self, completed: int, **stats) -> None:
+        """``stats`` that are None or NaN are not measured yet (an accuracy before the first
+        evaluation): the last measured value stays on the line, and none is shown before it."""
         now = time.monotonic()
-        text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
+        self._completed = completed
+        self._stats.update({k: v for k, v in stats.items() if v is not None and not (isinstance(v, float) and math.isnan(v))})
         if self.lines and now - self._last_line >= self.line_every:
             self._last_line = now
-            print(f"{self.description}: {completed}/{self.total} ({100 * completed / max(self.total, 1):.0f}%) "
-                  f"{text}  [{now - self._start:.0f} s]", file=sys.stderr, flush=True)
+            self._print_line(now)
         if not self.bar or now - self._last < 0.2:
             return
         self._last = now
-        self._progress.update(self._task, completed=completed, stats=text)
+        self._progress.update(self._task, completed=completed, stats=self._text())
 
     def close(self) -> None:
+        """The work is done: the last step counted is the total (a stage that reached its
+        target early has nothing still to come), and the line says so at 100%."""
+        self.total = max(self._completed, 1)
+        if self.lines:
+            self._print_line(time.monotonic())
         if self.bar:
+            self._progress.update(self._task, total=self.total, completed=self._completed, stats=self._text())
             self._progress.stop()
+
+    def _text(self) -> str:
+        return "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in self._stats.items())
+
+    def _print_line(self, now: float) -> None:
+        print(f"{self.description}: {self._completed}/{self.total} ({100 * self._completed / max(self.total, 1):.0f}%) "
+              f"{self._text()}  [{now - self._start:.0f} s]", file=sys.stderr, flush=True)
 
 
 class Clock:

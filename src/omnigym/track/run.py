@@ -190,7 +190,8 @@ class Run:
         self.last_checkpoint = counters
         self._directory.commit()
 
-    def close(self, plot: bool = True, metric: str = "charts/episodic_return") -> Path | None:
+    def close(self, plot: bool = True, metric: str | tuple[str, ...] = "charts/episodic_return") -> Path | None:
+        """``metric``: the curve's metric, or several (one panel each, the first the main one)."""
         if self._call is not None and self._call.run is self:
             self._call.run = None  # finished: nothing for the caller to undo or report
         if not self.writer:
@@ -202,8 +203,9 @@ class Run:
         from omnigym.track.files import read_metrics
         from omnigym.track.plot import plot_runs
 
-        if not any(metric in row for row in read_metrics(self.dir)):  # a short run that ended no episode
-            self.say(f"no learning curve: the run logged no {metric} (no episode ended)")
+        main = metric if isinstance(metric, str) else metric[0]
+        if not any(main in row for row in read_metrics(self.dir)):  # a short run that ended no episode
+            self.say(f"no learning curve: the run logged no {main} (no episode ended)")
             return None
         return plot_runs([self.dir], self.dir / "curve.png", metric=metric)
 

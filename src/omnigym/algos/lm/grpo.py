@@ -330,7 +330,8 @@ def finish_lm(run: Run, cfg) -> dict:
         return {"run_dir": str(run.dir)}
     logged = read_metrics(run.dir)
     rows = [r for r in logged if "eval/accuracy" in r]
-    plot_path = run.close(plot=cfg.plot and bool(rows), metric="eval/accuracy")
+    # accuracy, and the reward GRPO learns from below it (curve.png; the warm-up drawn first)
+    plot_path = run.close(plot=cfg.plot and bool(rows), metric=("eval/accuracy", "reward/mean"))
     before, after = (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if rows else (float("nan"),) * 2
     run.say(f"run: {run.dir}",
             f"held-out accuracy before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)")
