@@ -121,6 +121,17 @@ def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
         path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
+    if (path / "config.json").is_file() and (path / "metrics.jsonl").is_file() and not (path / "model").is_dir():
+        # an omnigym run whose final model/ was never written whole (it stopped, or the disk filled, at the end)
+        from omnigym.algos import ALGORITHMS, get_algorithm
+        from omnigym.track.files import load_config_dict
+
+        algo = load_config_dict(path).get("algo")
+        if algo in ALGORITHMS and get_algorithm(algo).CONFIG.FINAL_MODEL:
+            raise OmnigymError(f"--model {name_or_path}: the run has no finished model (its model/ was not written "
+                               f"whole); finish it with: omnigym train {algo} --resume {name_or_path}")
+        raise OmnigymError(f"--model {name_or_path}: a {algo} run writes no model folder; give a model folder, "
+                           "a hub id, or the directory of a finished sft, dpo, rm or rlhf run")
     looks_like_path = name_or_path.startswith(("/", ".", "~")) or path.exists()
     if looks_like_path and not path.is_dir():
         raise OmnigymError(f"--model {name_or_path}: no such folder; give a folder saved with save_pretrained, "

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from omnigym.errors import OmnigymError
-from omnigym.track.files import load_config_dict, read_metrics
+from omnigym.track.files import as_disk_fault, load_config_dict, read_metrics
 
 
 def _label(run_dir: Path) -> str:
@@ -52,5 +52,7 @@ def plot_runs(run_dirs, out, metric: str = "charts/episodic_return", points: int
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
     except (OSError, ValueError) as exc:  # an unwritable place, or a suffix matplotlib cannot write
+        if as_disk_fault(exc, out) is not None:  # a full disk: the caller says what to do next
+            raise as_disk_fault(exc, out) from None
         raise OmnigymError(f"cannot write the plot to {out}: {getattr(exc, 'strerror', None) or exc}") from None
     return out
