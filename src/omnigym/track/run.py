@@ -40,7 +40,7 @@ from pathlib import Path
 from omnigym.distributed import broadcast, is_main_process
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
-from omnigym.track.files import CONFIG_NAME, WRITE_FAULTS, DiskFault, describe, write_atomically
+from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, write_atomically
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import save_model_folder
 from omnigym.track.resume import checked_run_dir
@@ -146,8 +146,8 @@ class Run:
                     self.metrics.load_state_dict(self.saved["components"]["metrics"])
         except OSError as exc:
             self.abandon()
-            if exc.errno in WRITE_FAULTS:
-                raise DiskFault(self.dir, WRITE_FAULTS[exc.errno], self._after_fault()) from None
+            if as_disk_fault(exc, self.dir) is not None:  # the directory itself could not be made
+                raise as_disk_fault(exc, self.dir).then(self._after_fault()) from None
             raise OmnigymError(f"cannot write to run directory {self.dir}: {exc.strerror}; "
                                "choose another --run-dir") from None
         except BaseException:
