@@ -14,15 +14,16 @@ import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 
 from omnigym.errors import OmnigymError
 
 CONFIG_NAME = "config.json"
 METRICS_NAME = "metrics.jsonl"
 
-WRITE_FAULTS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-                errno.EIO: "input/output error", errno.EFBIG: "file too large (a file size limit)",
-                errno.EROFS: "the file system is read-only"}
+WRITE_FAULTS = MappingProxyType({errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                                 errno.EIO: "input/output error", errno.EFBIG: "file too large (a file size limit)",
+                                 errno.EROFS: "the file system is read-only"})
 """The errors of a write that the user fixes outside omnigym (free space, raise a quota, fix
 the disk); any other OSError is a bug and keeps its traceback."""
 
