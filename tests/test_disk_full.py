@@ -251,7 +251,7 @@ def test_a_full_disk_at_tensorboard_events_says_so_in_one_line_and_resumes(disk,
 
     def flush(self):
         if (run / "checkpoint.pt").exists() and not disk.full and starts_a_page(
-                disk, self.path, self._file.tell() - self.path.stat().st_size):
+                disk, self.path, len(self._pending.getvalue())):
             disk.fill()
         return original(self)
 

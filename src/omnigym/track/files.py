@@ -68,6 +68,15 @@ def write_fault(path):
         raise fault from None
 
 
+def write_all(file, data: bytes) -> None:
+    """``data`` to an unbuffered file (``open(..., buffering=0)``), looping over short writes.
+    Unbuffered, so that bytes a failed write could not place are not kept in a buffer that a
+    later close or garbage collection would write after the run resumed."""
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view):]
+
+
 def write_atomically(path, data: bytes) -> None:
     """``data`` in ``path``, whole or not at all: written beside it, then renamed over it, so a
     full disk leaves the old file (a resumed run's config.json) as it was, and no temporary."""

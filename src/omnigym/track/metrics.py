@@ -14,6 +14,7 @@ printed a thread traceback and surfaced only at some later call.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from omnigym.errors import OmnigymError
-from omnigym.track.files import METRICS_NAME, DiskFault, as_disk_fault, write_fault
+from omnigym.track.files import METRICS_NAME, DiskFault, as_disk_fault, write_all, write_fault
 
 SAMPLES_NAME = "samples.jsonl"
 
@@ -41,9 +42,10 @@ class EventsFile:
         # SummaryWriter's name, with nanoseconds in place of its process-wide counter
         self.path = run_dir / (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}."
                                f"{time.time_ns() % 10**9}")
+        self._pending = io.BytesIO()  # the records of one step, written in one go by flush
+        self._records = RecordWriter(self._pending)
         with write_fault(self.path):
-            self._file = open(self.path, "xb")
-            self._records = RecordWriter(self._file)
+            self._file = open(self.path, "xb", buffering=0)
             self._add(Event(wall_time=now, step=purge_step or 0, file_version="brain.Event:2"))
             if purge_step is not None:  # TensorBoard hides the points at and after it written earlier
                 self._add(Event(wall_time=now, step=purge_step, session_log=SessionLog(status=SessionLog.START)))
@@ -55,19 +57,20 @@ class EventsFile:
     def add_scalars(self, step: int, values: dict) -> None:
         from torch.utils.tensorboard.summary import scalar
 
-        with write_fault(self.path):
-            for name, value in values.items():
-                self._add(self._event(wall_time=time.time(), step=step, summary=scalar(name, value)))
+        for name, value in values.items():  # into memory: flush writes them
+            self._add(self._event(wall_time=time.time(), step=step, summary=scalar(name, value)))
 
     def add_text(self, tag: str, text: str, step: int) -> None:
         from torch.utils.tensorboard.summary import text as text_summary
 
-        with write_fault(self.path):
-            self._add(self._event(wall_time=time.time(), step=step, summary=text_summary(tag, text)))
+        self._add(self._event(wall_time=time.time(), step=step, summary=text_summary(tag, text)))
 
     def flush(self) -> None:
+        data = self._pending.getvalue()
+        self._pending.seek(0)
+        self._pending.truncate()  # a step whose write failed is dropped here, not written later
         with write_fault(self.path):
-            self._file.flush()
+            write_all(self._file, data)
 
     def close(self) -> None:
         with write_fault(self.path):
@@ -83,7 +86,7 @@ class MetricsLog:
     def __init__(self, run_dir: Path, config_dict: dict, append: bool, tensorboard: bool = True, wandb: bool = False):
         self.dir = run_dir
         with write_fault(run_dir / METRICS_NAME):
-            self._file = open(run_dir / METRICS_NAME, "ab" if append else "wb")
+            self._file = open(run_dir / METRICS_NAME, "ab" if append else "wb", buffering=0)
         self._samples = None  # samples.jsonl, opened by the first log_samples
         self._samples_mode = "ab" if append else "wb"
         self._use_tensorboard, self._tb, self._purge_step = tensorboard, None, None
@@ -114,8 +117,7 @@ class MetricsLog:
     def log(self, step: int, metrics: dict) -> None:
         clean, line = self.row(step, metrics)
         with write_fault(self.dir / METRICS_NAME):
-            self._file.write(line)
-            self._file.flush()
+            write_all(self._file, line)
         self._last_step = step
         if self._use_tensorboard:
             board = self._board()
@@ -129,10 +131,8 @@ class MetricsLog:
         one table per step in TensorBoard's text tab."""
         with write_fault(self.dir / SAMPLES_NAME):
             if self._samples is None:
-                self._samples = open(self.dir / SAMPLES_NAME, self._samples_mode)
-            for row in rows:
-                self._samples.write((json.dumps({"global_step": step, **row}) + "\n").encode())
-            self._samples.flush()
+                self._samples = open(self.dir / SAMPLES_NAME, self._samples_mode, buffering=0)
+            write_all(self._samples, "".join(json.dumps({"global_step": step, **row}) + "\n" for row in rows).encode())
         if self._use_tensorboard and rows:
             columns = list(rows[0])
             cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
