@@ -378,12 +378,16 @@ def test_a_full_disk_in_grpos_warm_up_puts_the_run_back(disk, capsys, monkeypatc
     assert not run.exists()
 
 
-def test_a_full_disk_while_dpo_saves_its_model_resumes_to_the_same_model(tmp_path, disk, capsys, monkeypatch):
+@pytest.mark.parametrize("algo", ["dpo", "rm"])
+def test_a_full_disk_while_dpo_or_rm_saves_its_model_resumes_to_the_same_model(tmp_path, disk, capsys, monkeypatch,
+                                                                              algo):
+    import random
+
     from safetensors.torch import load_file
 
     from omnigym.tasks.gold_world import label_pairs, prompts, reply
+    from omnigym.track import model_folder
     from omnigym.track import run as run_module
-    import random
 
     rng = random.Random(0)
     pairs = tmp_path / "pairs.jsonl"
@@ -392,15 +396,18 @@ def test_a_full_disk_while_dpo_saves_its_model_resumes_to_the_same_model(tmp_pat
     flags = ["--data", str(pairs), "--eval-size", "40", "--steps", "4", "--batch-size", "8", "--eval-every", "2",
              "--checkpoint-every", "2", "--no-progress", "--no-plot", "--no-tensorboard"]
     whole = tmp_path / "whole"
-    assert main(["train", "dpo", "--run-dir", str(whole), *flags]) == 0
+    assert main(["train", algo, "--run-dir", str(whole), *flags]) == 0
     run = disk.root / "run"
-    fill_at(monkeypatch, disk, run_module, "save_model_folder", leave=16_384)
-    line = the_line(capsys, disk, ["train", "dpo", "--run-dir", str(run), *flags])
+    fill_at(monkeypatch, disk, run_module, "save_model_folder", leave=16_384)  # dpo: Run.export_model
+    fill_at(monkeypatch, disk, model_folder, "save_model_folder", leave=16_384)  # rm: its reward model folder
+    line = the_line(capsys, disk, ["train", algo, "--run-dir", str(run), *flags])
     monkeypatch.undo()
-    assert f"cannot write {run / 'model'}: " in line and f"--resume {run}" in line
+    assert f"cannot write {run / 'model'}: " in line and f"continue with: omnigym train {algo} --resume {run}" in line
     assert not (run / "model").exists() and no_temporaries(run) == []
-    disk.free()
-    assert main(["train", "dpo", "--resume", str(run), *flags]) == 0
+    assert main(["train", algo, "--resume", str(run), *flags]) == 0
     assert rows(run) == rows(whole)
     saved, expected = load_file(run / "model" / "model.safetensors"), load_file(whole / "model" / "model.safetensors")
-    assert all(torch.equal(saved[k], expected[k]) for k in expected)
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in expected)
+    if algo == "rm":  # the marker that makes the folder a reward model, with the run's held-out accuracy
+        marker = "omnigym_reward.json"
+        assert (run / "model" / marker).read_text() == (whole / "model" / marker).read_text()
