@@ -231,7 +231,9 @@ class Run:
                 return plot_runs([self.dir], curve, metric=metric)
         except DiskFault as fault:  # the run itself is whole; only its picture is missing
             curve.unlink(missing_ok=True)
-            raise fault.then(f"draw it with: omnigym plot {self.dir} --out {curve}  (the run itself finished)") from None
+            which = "" if metric == "charts/episodic_return" else f" --metric {metric}"
+            raise fault.then(f"draw it with: omnigym plot {self.dir} --out {curve}{which}  (the run itself finished)"
+                             ) from None
 
     def abandon(self) -> None:
         """After a failure or Ctrl-C before this process wrote a checkpoint, put the
