@@ -274,7 +274,10 @@ def run_command(argv: list[str]) -> int:
             raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
     except OmnigymError as exc:
         run = call.run
-        where = f" [{run.state_line()}]" if run and run.last_checkpoint else ""
+        from omnigym.track.files import DiskFault
+
+        # a full disk's line says where the run stands itself
+        where = f" [{run.state_line()}]" if run and run.last_checkpoint and not isinstance(exc, DiskFault) else ""
         if os.environ.get("RANK", "0") == "0":  # under torchrun every process finds it; the first says it
             print(f"omnigym: error: {exc}{where}", file=sys.stderr)
         return 2

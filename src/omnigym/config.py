@@ -119,6 +119,8 @@ class RunConfig:
     BUDGET: ClassVar[tuple[str, str] | None] = None
     """(the flag that sets the run's length, the checkpoint counter it is compared with): a resumed
     run must have steps left"""
+    FINAL_MODEL: ClassVar[bool] = False
+    """the run ends by writing ``model/`` (language runs): it is finished only once that folder is whole"""
 
     def check(self) -> None:
         """Refuse values no run can use. Subclasses add their own ranges after this."""

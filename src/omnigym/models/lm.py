@@ -121,6 +121,8 @@ def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
         path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
+    if (path / "metrics.jsonl").is_file() and not (path / "model").is_dir():
+        refuse_run_without_model(path, name_or_path)
     looks_like_path = name_or_path.startswith(("/", ".", "~")) or path.exists()
     if looks_like_path and not path.is_dir():
         raise OmnigymError(f"--model {name_or_path}: no such folder; give a folder saved with save_pretrained, "
@@ -129,6 +131,27 @@ def resolve_model(name_or_path: str) -> str:
         raise OmnigymError(f"--model {name_or_path} has no config.json; give a folder saved with save_pretrained, "
                            "or the directory of a finished omnigym run")
     return str(path) if looks_like_path else name_or_path
+
+
+def refuse_run_without_model(path: Path, given: str) -> None:
+    """``path`` is an omnigym run directory with no ``model/``: one line saying why, instead of a
+    tokenizer traceback from reading the run's own config.json as a model's."""
+    import json
+
+    try:
+        algo = json.loads((path / "config.json").read_text()).get("algo")
+    except (OSError, ValueError, AttributeError):  # not a run's config: let the loader judge the folder
+        return
+    if algo is None:
+        return
+    from omnigym.algos import ALGORITHMS, get_algorithm
+
+    if algo in ALGORITHMS and get_algorithm(algo).CONFIG.FINAL_MODEL:
+        # it stopped, or the disk filled, while writing its final model/
+        raise OmnigymError(f"--model {given}: the run has no finished model (its model/ was not written whole); "
+                           f"finish it with: omnigym train {algo} --resume {given}")
+    raise OmnigymError(f"--model {given}: a {algo} run writes no model folder; give a model folder, a hub id, "
+                       "or the directory of a finished sft, dpo, rm or rlhf run")
 
 
 def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: str | None = None,

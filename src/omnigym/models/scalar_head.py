@@ -108,11 +108,10 @@ def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
 def save_reward_model(folder: Path, model, tokenizer, info: dict) -> None:
     """The reward model as a plain Hugging Face folder (LoRA merged in) with its marker file."""
-    folder.mkdir(parents=True, exist_ok=True)
+    from omnigym.track.model_folder import save_model_folder
+
     plain = _unwrapped(model.merge_and_unload()) if hasattr(model, "merge_and_unload") else model
-    plain.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    (folder / MARKER).write_text(json.dumps(info, indent=2))
+    save_model_folder(plain, tokenizer, folder, {MARKER: json.dumps(info, indent=2)})  # whole or absent
 
 
 def reward_model_folder(given: str) -> Path:

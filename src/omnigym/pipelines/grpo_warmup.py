@@ -38,6 +38,7 @@ from omnigym.rl.losses import check_finite, nll_loss
 from omnigym.tasks.sft_data import to_sequence
 from omnigym.track.progress import ProgressBar
 from omnigym.track.metrics import MetricsLog
+from omnigym.track.files import write_atomically
 from omnigym.track.run import STAGES_FOLDER
 
 STAGE = "warmup"
@@ -121,7 +122,7 @@ def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy,
     whole = trainer.full_model()  # every process takes part (FSDP2 gathers); the first gets it
     if whole is not None:
         export_model_folder(whole, tokenizer, stage / "model")
-        (stage / "config.json").write_text(json.dumps(settings(cfg), indent=1))  # last: the stage is finished
+        write_atomically(stage / "config.json", json.dumps(settings(cfg), indent=1).encode())  # last: finished
     barrier()  # the other processes load the folder the first one wrote
     return step, metrics["sft/val_accuracy"]
 

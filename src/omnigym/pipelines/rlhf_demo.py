@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnigym.track.files import load_config_dict
+from omnigym.track.files import DiskFault, load_config_dict, write_atomically
 from omnigym.track.run import MODEL_FOLDER, STAGES_FOLDER, Run
 
 SFT_STEPS = 120
@@ -71,6 +71,12 @@ def prepare(cfg, run: Run, reward_model: bool) -> Stages:
             rm = get_algorithm("rm")
             rm.train(rm.CONFIG(data=str(stages.pairs), model=str(stages.sft), run_dir=str(stages.reward_model), steps=RM_STEPS,
                                overwrite=stages.reward_model.exists(), **common))
+    except DiskFault as fault:  # a stage's own "--resume" advice is void: its folder goes with this run's
+        if made:
+            shutil.rmtree(root, ignore_errors=True)
+            if run.dir.is_dir() and not any(run.dir.iterdir()):
+                run.dir.rmdir()
+        raise fault.then("run the command again") from None
     except BaseException:
         if made:
             shutil.rmtree(root, ignore_errors=True)
@@ -121,6 +127,5 @@ def write_gold_pairs(sft_dir: Path, out: Path, seed: int, device: str) -> None:
     replies = [tuple(tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in group) for group in samples]
     pairs = label_pairs(rows, replies)
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_suffix(".tmp")
-    temporary.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
-    temporary.rename(out)  # whole or absent: a reused pairs file is never half-written
+    # whole or absent: a reused pairs file is never half-written
+    write_atomically(out, "".join(json.dumps(pair) + "\n" for pair in pairs).encode())

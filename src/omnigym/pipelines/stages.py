@@ -8,10 +8,10 @@ is never mistaken for a finished one.
 
 from __future__ import annotations
 
-import copy
 import json
-import shutil
 from pathlib import Path
+
+from omnigym.track.model_folder import save_model_folder
 
 
 def finished_stage(stage: Path, settings: dict) -> bool:
@@ -24,12 +24,6 @@ def finished_stage(stage: Path, settings: dict) -> bool:
 
 
 def export_model_folder(model, tokenizer, folder: Path) -> Path:
-    """``model`` (LoRA merged into a copy) and ``tokenizer`` as a Hugging Face folder, whole or absent."""
-    plain = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    plain.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
-    return folder
+    """``model`` (LoRA merged into a copy) and ``tokenizer`` as a Hugging Face folder, whole or
+    absent: the same writer as a run's own ``model/`` (``Run.export_model``)."""
+    return save_model_folder(model, tokenizer, folder)

@@ -18,23 +18,56 @@ import numpy as np
 import torch
 
 from omnigym.errors import OmnigymError
+from omnigym.track.files import write_fault
 
 CHECKPOINT_NAME = "checkpoint.pt"
+
+
+class _SeenWrites:
+    """The file torch.save writes to, keeping the OSError of a failed write: torch reports it
+    as a RuntimeError ("unexpected pos") that no longer says the disk was full."""
+
+    def __init__(self, file):
+        self._file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._file.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
     """Write to a temporary file beside ``path``, fsync it, then rename over ``path``.
 
     ``os.replace`` is atomic on POSIX, so a reader sees the old file or the new one, never
-    half of one.
+    half of one. A write that fails (a full disk) raises a ``DiskFault`` naming ``path`` and
+    removes the temporary file; the previous checkpoint is untouched.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with write_fault(path):
+            with open(tmp, "wb") as f:
+                seen = _SeenWrites(f)
+                try:
+                    torch.save(state, seen)
+                except RuntimeError as exc:
+                    raise (seen.error or exc) from None
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    except BaseException:  # whatever stopped the write (a full disk, Ctrl-C): no half file is left
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

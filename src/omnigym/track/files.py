@@ -1,15 +1,96 @@
-"""The files of a run directory that other tools read: ``config.json`` and ``metrics.jsonl``."""
+"""The files of a run directory that other tools read (``config.json`` and ``metrics.jsonl``),
+and what a failed write says.
+
+A write that fails because the disk is full (or the quota is used up, or the device fails)
+is not a bug: ``write_fault`` turns it into one ``DiskFault`` line naming the file, and
+``write_atomically`` writes a small file whole or not at all.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 
 from omnigym.errors import OmnigymError
 
 CONFIG_NAME = "config.json"
 METRICS_NAME = "metrics.jsonl"
+
+WRITE_FAULTS = MappingProxyType({errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                                 errno.EIO: "input/output error", errno.EFBIG: "file too large (a file size limit)",
+                                 errno.EROFS: "the file system is read-only"})
+"""The errors of a write that the user fixes outside omnigym (free space, raise a quota, fix
+the disk); any other OSError is a bug and keeps its traceback."""
+
+
+class DiskFault(OmnigymError):
+    """A file of the run could not be written; ``path`` names it, ``then`` says what to do once
+    there is space again (``Run`` says it from where the run stands: resume, or start again)."""
+
+    def __init__(self, path, reason: str, then: str = "run the command again"):
+        super().__init__(f"cannot write {path}: {reason}; free some space, then {then}")
+        self.path, self.reason = Path(path), reason
+
+    def then(self, then: str) -> DiskFault:
+        return DiskFault(self.path, self.reason, then)
+
+
+def as_disk_fault(exc: BaseException, path) -> DiskFault | None:
+    """``exc`` as the one line of a failed write of ``path``, or None when it is no such failure.
+    torch.save reports a failed write as a RuntimeError ("unexpected pos", "file write failed")
+    with the errno lost: callers that catch one pass the OSError their file saw instead.
+    safetensors (Rust) raises a ``SafetensorError`` whose text ends in Rust's "(os error 28)"."""
+    if isinstance(exc, DiskFault):
+        return exc
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code is None and isinstance(exc, Exception):
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        code = int(found.group(1)) if found else None
+    if code in WRITE_FAULTS:
+        return DiskFault(path, f"{WRITE_FAULTS[code]} ({errno.errorcode[code]})")
+    return None
+
+
+@contextmanager
+def write_fault(path):
+    """Inside the block, a failed write (``WRITE_FAULTS``) raises a ``DiskFault`` naming ``path``."""
+    try:
+        yield
+    except Exception as exc:
+        fault = as_disk_fault(exc, path)
+        if fault is None:
+            raise
+        raise fault from None
+
+
+def write_all(file, data: bytes) -> None:
+    """``data`` to an unbuffered file (``open(..., buffering=0)``), looping over short writes.
+    Unbuffered, so that bytes a failed write could not place are not kept in a buffer that a
+    later close or garbage collection would write after the run resumed."""
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view):]
+
+
+def write_atomically(path, data: bytes) -> None:
+    """``data`` in ``path``, whole or not at all: written beside it, then renamed over it, so a
+    full disk leaves the old file (a resumed run's config.json) as it was, and no temporary."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with write_fault(path):
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def describe(value) -> str:

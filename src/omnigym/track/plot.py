@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from omnigym.errors import OmnigymError
-from omnigym.track.files import METRICS_NAME, load_config_dict, read_metrics
+from omnigym.track.files import METRICS_NAME, as_disk_fault, load_config_dict, read_metrics
 from omnigym.track.run_dir import STAGES_FOLDER
 
 # A run's main metric when none is named: the first of these it logged, the one its own
@@ -151,6 +151,8 @@ def plot_runs(run_dirs, out, metric: str | tuple[str, ...] | list[str] | None = 
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
     except (OSError, ValueError) as exc:  # an unwritable place, or a suffix matplotlib cannot write
+        if as_disk_fault(exc, out) is not None:  # a full disk: the caller says what to do next
+            raise as_disk_fault(exc, out) from None
         raise OmnigymError(f"cannot write the plot to {out}: {getattr(exc, 'strerror', None) or exc}") from None
     return out
 

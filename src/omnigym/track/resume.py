@@ -15,7 +15,8 @@ from pathlib import Path
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import METRICS_NAME, describe, load_config_dict
-from omnigym.track.run_dir import check_writable, default_run_dir, is_run_dir
+from omnigym.track.model_folder import complete_model
+from omnigym.track.run_dir import MODEL_FOLDER, check_writable, default_run_dir, is_run_dir
 
 
 def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[Path, dict | None]:
@@ -47,13 +48,19 @@ def check_saved_state(cfg, run_dir: Path, saved: dict) -> None:
     if cfg.BUDGET:
         flag_name, counter = cfg.BUDGET
         done, goal = saved["counters"].get(counter, 0), getattr(cfg, flag_name)
-        if done >= goal:
+        if done >= goal and not unsaved_model(cfg, run_dir):
             raise OmnigymError(f"{run_dir} is already at {counter} {done} of --{flag_name.replace('_', '-')} {goal}; "
                                f"give a larger --{flag_name.replace('_', '-')} to continue it")
     log, offset = run_dir / METRICS_NAME, saved["components"]["metrics"]["offset"]
     if not log.is_file() or log.stat().st_size < offset:
         raise OmnigymError(f"{log} is missing or shorter than when the checkpoint was written; put it back "
                            "(a resumed run's log continues it), or start a new run")
+
+
+def unsaved_model(cfg, run_dir: Path) -> bool:
+    """The run trained all its steps but its final ``model/`` was never written whole (the disk
+    filled, or it was stopped, while saving it): resuming it saves the model again."""
+    return cfg.FINAL_MODEL and not complete_model(run_dir / MODEL_FOLDER)
 
 
 def check_resumable(cfg, algo: str, saved_config: dict) -> None:

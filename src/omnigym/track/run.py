@@ -40,8 +40,9 @@ from pathlib import Path
 from omnigym.distributed import broadcast, is_main_process
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
-from omnigym.track.files import CONFIG_NAME, describe
+from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, write_atomically
 from omnigym.track.metrics import MetricsLog
+from omnigym.track.model_folder import save_model_folder
 from omnigym.track.resume import checked_run_dir
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
 
@@ -134,15 +135,19 @@ class Run:
         if self._call is not None:
             self._call.run = self
         try:
-            self._directory.open()
-            config_dict = self.config_dict()
-            (self.dir / CONFIG_NAME).write_text(json.dumps(config_dict, indent=2, default=describe))
-            self.metrics = MetricsLog(self.dir, config_dict, append=self.saved is not None,
-                                      tensorboard=self.cfg.tensorboard, wandb=self.cfg.wandb)
-            if self.saved:
-                self.metrics.load_state_dict(self.saved["components"]["metrics"])
+            with self.disk_faults():
+                self._directory.open()
+                config_dict = self.config_dict()
+                # whole or not at all: a resumed run's config.json stays as it was on a full disk
+                write_atomically(self.dir / CONFIG_NAME, json.dumps(config_dict, indent=2, default=describe).encode())
+                self.metrics = MetricsLog(self.dir, config_dict, append=self.saved is not None,
+                                          tensorboard=self.cfg.tensorboard, wandb=self.cfg.wandb)
+                if self.saved:
+                    self.metrics.load_state_dict(self.saved["components"]["metrics"])
         except OSError as exc:
             self.abandon()
+            if as_disk_fault(exc, self.dir) is not None:  # the directory itself could not be made
+                raise as_disk_fault(exc, self.dir).then(self._after_fault()) from None
             raise OmnigymError(f"cannot write to run directory {self.dir}: {exc.strerror}; "
                                "choose another --run-dir") from None
         except BaseException:
@@ -158,26 +163,39 @@ class Run:
             raise OmnigymError(f"the checkpoint in {self.dir} does not fit this run's settings ({detail}); "
                                "resume with the settings in its config.json, or start a new run") from None
 
+    def _after_fault(self) -> str:
+        """What to do about a failed write once there is space again, from where the run stands."""
+        if self.last_checkpoint is None:
+            return f"start the run again ({self.dir} is put back as it was before the start)"
+        return self.state_line()
+
+    @contextmanager
+    def disk_faults(self):
+        """A write of this run that fails (a full disk) says what to do next (``_after_fault``)."""
+        try:
+            yield
+        except DiskFault as fault:
+            raise fault.then(self._after_fault()) from None
+
     def log(self, step: int, metrics: dict) -> None:
         if self.writer:
-            self.metrics.log(step, metrics)
+            with self.disk_faults():
+                self.metrics.log(step, metrics)
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         if self.writer:
-            self.metrics.log_samples(step, rows)
+            with self.disk_faults():
+                self.metrics.log_samples(step, rows)
 
     def export_model(self, model, tokenizer) -> Path:
         """The trained model as a Hugging Face folder, ``model/`` in the run (LoRA merged into a
-        copy), so that ``--model RUN_DIR`` starts the next stage from it."""
-        import copy
-
+        copy), so that ``--model RUN_DIR`` starts the next stage from it. Written whole or not at
+        all (``model_folder.py``): a run is finished only once its ``model/`` exists."""
         folder = self.dir / MODEL_FOLDER
         if not self.writer:
             return folder
-        plain = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
-        plain.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        return folder
+        with self.disk_faults():
+            return save_model_folder(model, tokenizer, folder)
 
     def save(self, components: dict, **counters) -> None:
         if not self.writer:  # its part in gathering sharded state, nothing written
@@ -186,7 +204,8 @@ class Run:
                     component.state_dict()
             self.last_checkpoint = counters
             return
-        self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
+        with self.disk_faults():
+            self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
         self.last_checkpoint = counters
         self._directory.commit()
 
@@ -196,18 +215,27 @@ class Run:
             self._call.run = None  # finished: nothing for the caller to undo or report
         if not self.writer:
             return None
-        self.metrics.close()
+        with self.disk_faults():
+            self.metrics.close()
         self._directory.drop_replaced()
         if not plot:
             return None
-        from omnigym.track.files import read_metrics
+        from omnigym.track.files import read_metrics, write_fault
         from omnigym.track.plot import plot_runs
 
         main = metric if isinstance(metric, str) else metric[0]
         if not any(main in row for row in read_metrics(self.dir)):  # a short run that ended no episode
             self.say(f"no learning curve: the run logged no {main} (no episode ended)")
             return None
-        return plot_runs([self.dir], self.dir / "curve.png", metric=metric)
+        curve = self.dir / "curve.png"
+        try:
+            with write_fault(curve):
+                return plot_runs([self.dir], curve, metric=metric)
+        except DiskFault as fault:  # the run itself is whole; only its picture is missing
+            curve.unlink(missing_ok=True)
+            which = "" if metric == "charts/episodic_return" else f" --metric {metric}"
+            raise fault.then(f"draw it with: omnigym plot {self.dir} --out {curve}{which}  (the run itself finished)"
+                             ) from None
 
     def abandon(self) -> None:
         """After a failure or Ctrl-C before this process wrote a checkpoint, put the
@@ -217,7 +245,10 @@ class Run:
         if self._directory.committed or not self.writer:
             return  # the run has a checkpoint of this process; the CLI says how to continue
         if self.metrics is not None:
-            self.metrics.close()
+            try:
+                self.metrics.close()
+            except OmnigymError:  # a full disk: what the log still held is lost with the run anyway
+                pass
         self._directory.roll_back(remove_stages=self.made_stages)
 
     def say(self, *lines: str) -> None:

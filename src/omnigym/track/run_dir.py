@@ -18,16 +18,20 @@ from pathlib import Path
 
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import CHECKPOINT_NAME
-from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe
+from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, write_atomically
 from omnigym.track.metrics import SAMPLES_NAME
+from omnigym.track.model_folder import PARTIAL_SUFFIX, REPLACED_SUFFIX
 
 MODEL_FOLDER = "model"
 STAGES_FOLDER = "stages"
 RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", "curve.png", SAMPLES_NAME,
-             MODEL_FOLDER, "videos")
+             MODEL_FOLDER, "videos", CONFIG_NAME + ".tmp", MODEL_FOLDER + PARTIAL_SUFFIX, MODEL_FOLDER + REPLACED_SUFFIX)
 """What a run writes (besides TensorBoard's events files); ``--overwrite`` removes exactly these.
 ``videos/`` holds ``--capture-video``'s and ``omnigym eval --video``'s videos (envs/video.py).
-``model/`` is the trained model as a Hugging Face folder (language runs). ``stages/`` holds the
+``model/`` is the trained model as a Hugging Face folder (language runs), written as
+``model.partial/`` and renamed when whole (``model_folder.py``; ``model.replaced/`` is the one it
+replaces, for the moment of the swap); the ``.tmp`` files are those of atomic writes that a kill
+interrupted. ``stages/`` holds the
 finished runs a demo pipeline made on the way (``omnigym train rlhf`` with no flags); they are
 reused by ``--overwrite`` and removed by ``abandon`` only when this process made them."""
 EVENTS_GLOB = "events.out.tfevents.*"
@@ -79,7 +83,9 @@ class RunDirectory:
         for events in set(self.path.glob(EVENTS_GLOB)) - self._events_before:
             events.unlink()
         if self._resumed_log_offset is not None:
-            (self.path / CONFIG_NAME).write_bytes(self._config_before)
+            config = self.path / CONFIG_NAME
+            if not config.is_file() or config.read_bytes() != self._config_before:  # a full disk allows no rewrite
+                write_atomically(config, self._config_before)
             with open(self.path / METRICS_NAME, "r+b") as log:
                 log.truncate(self._resumed_log_offset)
             return

@@ -73,6 +73,7 @@ class DPOConfig(LanguageModelConfig):
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("data", "split", "eval_size", "max_length", "loss",
                                                        "precompute_ref")
     BUDGET = ("steps", "step")
+    FINAL_MODEL = True
 
     def check(self) -> None:
         super().check()

@@ -105,6 +105,7 @@ class RLHFConfig(RolloutRuntimeConfig, LanguageModelConfig):
                                                        "max_prompt_length", "eval_prompts", "runtime", "max_staleness",
                                                        "num_generators")
     BUDGET = ("steps", "step")
+    FINAL_MODEL = True
 
     def check(self) -> None:
         super().check()

@@ -56,6 +56,7 @@ class RMConfig(LanguageModelConfig):
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("data", "split", "eval_size", "max_length", "use_margin")
     BUDGET = ("steps", "step")
+    FINAL_MODEL = True
 
     def check(self) -> None:
         super().check()
@@ -87,7 +88,7 @@ def train(cfg: RMConfig) -> dict:
         model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
-    step = run.begin(components).get("step", 0)
+    step = start_step = run.begin(components).get("step", 0)
 
     def scores(model, pairs) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen, rejected) scores; a pair's prompt runs once for both replies."""
@@ -143,11 +144,16 @@ def train(cfg: RMConfig) -> dict:
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             run.save(components, step=step)
     progress.close()
+    if step == start_step:  # resumed at its last step only to write model/ (the save had failed): the figures are logged
+        from omnigym.track.files import read_metrics
+
+        final = [row for row in read_metrics(run.dir) if "eval/accuracy" in row][-1]
     whole = trainer.full_model()  # None in the other processes of a data-parallel run
     if whole is not None:
-        save_reward_model(run.dir / "model", whole, tokenizer,
-                          {"base_model": base_model, "conversational": conversational, "max_length": cfg.max_length,
-                           "heldout_accuracy": final["eval/accuracy"]})
+        with run.disk_faults():
+            save_reward_model(run.dir / "model", whole, tokenizer,
+                              {"base_model": base_model, "conversational": conversational,
+                               "max_length": cfg.max_length, "heldout_accuracy": final["eval/accuracy"]})
     plot_path = run.close(plot=cfg.plot, metric="eval/accuracy")
     before = f"{first['eval/accuracy']:.3f} -> " if first else ""
     run.say(f"run: {run.dir}",

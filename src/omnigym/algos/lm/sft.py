@@ -54,6 +54,7 @@ class SFTConfig(LanguageModelConfig):
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("data", "split", "eval_size", "max_length",
                                              "completion_only", "packing")
     BUDGET = ("steps", "step")
+    FINAL_MODEL = True
 
     def check(self) -> None:
         super().check()

@@ -1,0 +1,53 @@
+"""A trained model as a Hugging Face folder (``model/`` of a language run, a pipeline stage's
+model), written whole or not at all.
+
+The folder is written under a temporary name beside it (``model.partial``) and renamed into
+place only once every file is written, so a ``model/`` that exists is complete: a run whose
+final save failed (a full disk, a kill) has none, is not finished, and ``--resume`` saves it
+again. What crosses this module: a model (LoRA merged into a copy), its tokenizer, the folder
+and any extra small files (the reward model's marker); out comes the folder, or a
+``DiskFault`` naming it.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+from omnigym.track.files import write_fault
+
+PARTIAL_SUFFIX = ".partial"
+REPLACED_SUFFIX = ".replaced"
+
+
+def save_model_folder(model, tokenizer, folder: Path, extra_files: dict[str, str] | None = None) -> Path:
+    """``model`` and ``tokenizer`` (and ``extra_files``, name -> text) in ``folder``, whole or absent;
+    a folder already there is replaced only by a complete one."""
+    folder = Path(folder)
+    plain = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    partial = folder.with_name(folder.name + PARTIAL_SUFFIX)
+    replaced = folder.with_name(folder.name + REPLACED_SUFFIX)
+    try:
+        with write_fault(folder):
+            shutil.rmtree(partial, ignore_errors=True)
+            plain.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
+            for name, text in (extra_files or {}).items():
+                (partial / name).write_text(text)
+            if folder.exists():  # set aside first: a rename cannot replace a folder that holds files
+                shutil.rmtree(replaced, ignore_errors=True)
+                folder.rename(replaced)
+            partial.rename(folder)
+            shutil.rmtree(replaced, ignore_errors=True)
+    except BaseException:  # a full disk, Ctrl-C: no half folder is left, and a model folder set aside comes back
+        shutil.rmtree(partial, ignore_errors=True)
+        if replaced.exists() and not folder.exists():
+            replaced.rename(folder)
+        raise
+    return folder
+
+
+def complete_model(folder: Path) -> bool:
+    """``folder`` is a model this module wrote whole (or a folder saved by hand with its config)."""
+    return (Path(folder) / "config.json").is_file()
