@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -136,6 +137,12 @@ class RunConfig:
         require(not (self.resume and self.overwrite), "--resume continues a run and --overwrite replaces it; "
                                                       "give one of them")
         check_device(self.device)
+
+    @classmethod
+    def unknown_settings(cls, values: dict) -> dict:
+        """The keys of a saved config.json this config has no field for (``track/run.py`` keeps
+        them when a resume rewrites the file; a method so that the run need not import this module)."""
+        return unknown_settings(cls, values)
 
     def apply_preset(self, given: set[str] | None = None) -> tuple["RunConfig", str | None]:
         """The config a run trains with, and the line that says what a preset filled in (None:
@@ -333,12 +340,62 @@ def renamed_flags(argv: list[str], config_cls) -> list[str]:
     return renamed
 
 
-def config_from_dict(cls, values: dict):
-    """A config of class ``cls`` from a saved ``config.json`` (unknown keys are ignored; a key
-    saved under its old name, ``RENAMED_FLAGS``, is read as today's)."""
+def config_from_dict(cls, values: dict, source: str = "config.json"):
+    """A config of class ``cls`` from a saved ``config.json`` (``source`` names it in errors),
+    checked as the command line checks its flags: each value's type (typeguard, tyro's own
+    checker) and range (``cfg.check()``), and the settings a checkpoint is made for
+    (``RESUME_FIXED``) present. One line naming the key and the file otherwise. A key saved under
+    its old name (``RENAMED_FLAGS``) is read as today's; keys this version does not know are
+    left out here (``unknown_settings`` names them)."""
+    values = renamed_keys(cls, values)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for name in cls.RESUME_FIXED:  # a default would silently stand in for what the run was made with
+        require(name not in names or name in values, f"{source} has no {name!r}; the run was made with a value "
+                                                     f"for {flag(name)} and its checkpoint only fits that value: put "
+                                                     "it back, or start a new run")
+    known = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names}
+    hints = typing.get_type_hints(cls)
+    for name, value in known.items():
+        check_saved_type(name, value, hints[name], source)
+    cfg = cls(**known)
+    # The ranges every run checks, on the settings alone: where this process runs (device,
+    # launcher, W&B) is the current command's to say, not the saved file's.
+    placement = {f.name: f.default for f in dataclasses.fields(cls)
+                 if f.name in ("device", "wandb", "resume", "overwrite", "training_backend", "deepspeed_config")}
+    try:
+        dataclasses.replace(cfg, **placement).check()
+    except OmnigymError as exc:
+        raise OmnigymError(f"{source}: {exc}") from None
+    return cfg
+
+
+def check_saved_type(name: str, value, annotation, source: str) -> None:
+    import typeguard
+
+    # JSON has no int/bool distinction that Python keeps: True is an int to isinstance
+    wrong_bool = isinstance(value, bool) and annotation in (int, float, int | None, float | None)
+    try:
+        # every element of a tuple, not typeguard's default of the first one only
+        typeguard.check_type(value, annotation, collection_check_strategy=typeguard.CollectionCheckStrategy.ALL_ITEMS)
+    except typeguard.TypeCheckError:
+        wrong_bool = True
+    if wrong_bool:
+        shown = list(value) if isinstance(value, tuple) else value
+        kind = annotation.__name__ if isinstance(annotation, type) and not typing.get_args(annotation) else str(annotation)
+        raise OmnigymError(f"{source}: {name!r} must be {kind}, got {shown!r} (edit the file, or start a new run)")
+
+
+def renamed_keys(cls, values: dict) -> dict:
     names = {f.name for f in dataclasses.fields(cls)}
     values = dict(values)
     for old, new in RENAMED_FLAGS:
         if old in values and old not in names:
             values.setdefault(new, values.pop(old))
-    return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names})
+    return values
+
+
+def unknown_settings(cls, values: dict) -> dict:
+    """The keys of a saved config.json that ``cls`` has no field for (a newer version's
+    settings, or another algorithm's), besides ``algo``."""
+    names = {f.name for f in dataclasses.fields(cls)} | {"algo"}
+    return {k: v for k, v in renamed_keys(cls, values).items() if k not in names}
