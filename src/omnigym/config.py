@@ -117,6 +117,8 @@ class RunConfig:
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = ("seed",)
     """settings a resumed run must keep: its checkpoint only fits them (track/resume.py refuses a change)"""
+    SAVED_REQUIRED: ClassVar[tuple[str, ...]] = ()
+    """settings a saved config.json must hold (``config_from_dict``): what the run is about"""
     BUDGET: ClassVar[tuple[str, str] | None] = None
     """(the flag that sets the run's length, the checkpoint counter it is compared with): a resumed
     run must have steps left"""
@@ -203,6 +205,7 @@ class ControlConfig(RunConfig):
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden",
                                                                        "frame_stack")
+    SAVED_REQUIRED = ("env_id",)
     BUDGET = ("total_timesteps", "global_step")
     PRESETS: ClassVar[dict[str, tuple[str, dict]]] = {}
     """family -> (where the figures come from, {field: value}); each algorithm has its own"""
@@ -265,6 +268,7 @@ class LanguageModelConfig(RunConfig):
     and batch sizes are used, so leave those out of it"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("model", "lora_r")
+    SAVED_REQUIRED = ("model",)
 
     def check(self) -> None:
         super().check()
@@ -340,19 +344,24 @@ def renamed_flags(argv: list[str], config_cls) -> list[str]:
     return renamed
 
 
-def config_from_dict(cls, values: dict, source: str = "config.json"):
-    """A config of class ``cls`` from a saved ``config.json`` (``source`` names it in errors),
-    checked as the command line checks its flags: each value's type (typeguard, tyro's own
-    checker) and range (``cfg.check()``), and the settings a checkpoint is made for
-    (``RESUME_FIXED``) present. One line naming the key and the file otherwise. A key saved under
-    its old name (``RENAMED_FLAGS``) is read as today's; keys this version does not know are
-    left out here (``unknown_settings`` names them)."""
+def config_from_dict(cls, values: dict, saved_file: str | None = None):
+    """A config of class ``cls`` from a saved ``config.json``, checked as the command line checks
+    its flags: each value's type (typeguard, tyro's own checker) and range (``cfg.check()``); one
+    line naming the key (and ``saved_file``) otherwise. Values read from a file (``saved_file``
+    given) must also hold what the run is about (``SAVED_REQUIRED``, its data); a dict from
+    Python takes defaults for what it leaves out. A key saved under its old name
+    (``RENAMED_FLAGS``) is read as today's; keys this version does not know are left out here
+    (``unknown_settings`` names them)."""
     values = renamed_keys(cls, values)
     names = {f.name for f in dataclasses.fields(cls)}
-    for name in cls.RESUME_FIXED:  # a default would silently stand in for what the run was made with
-        require(name not in names or name in values, f"{source} has no {name!r}; the run was made with a value "
-                                                     f"for {flag(name)} and its checkpoint only fits that value: put "
-                                                     "it back, or start a new run")
+    source = saved_file or "the saved config"
+    # What the run is about (its env, its model, its data) has no default that could stand in for
+    # it: eval would play CartPole with a HalfCheetah policy. Other missing keys take their defaults,
+    # as a config.json written before the setting existed needs (a checkpoint that does not fit
+    # them is refused when it is restored).
+    for name in (cls.SAVED_REQUIRED + tuple(n for n in ("data", "task") if n in names)) if saved_file else ():
+        require(name in values, f"{source} has no {name!r}; the run was made with a value for {flag(name)} "
+                                "that its checkpoint needs: put it back, or start a new run")
     known = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names}
     hints = typing.get_type_hints(cls)
     for name, value in known.items():
