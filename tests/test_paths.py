@@ -65,3 +65,50 @@ def test_a_damaged_model_folder_is_one_line_naming_it(tiny_model, tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--model {given}" in err[0] and word in err[0], err
     assert snapshot(tmp_path) == before
+
+
+SFT = ["train", "sft", "--batch-size", "4", "--eval-size", "5", "--eval-every", "100", "--checkpoint-every", "1",
+       "--no-progress", "--no-plot", "--no-tensorboard"]
+
+
+def write_rows(path, answer="4"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"prompt": f"{i}+2=", "completion": answer}) + "\n" for i in range(30)))
+
+
+def steps(run):
+    return [json.loads(line)["global_step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_started_with_a_relative_data_path_resumes_from_anywhere(tmp_path, monkeypatch, capsys):
+    """What identifies the data is the file's content (size and SHA-256, kept in config.json with
+    its absolute path), not how its path was spelled: the run resumes from another folder, with
+    the absolute path, and with a copy of the file elsewhere; other data is refused."""
+    write_rows(tmp_path / "a" / "rows.jsonl")
+    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "a")
+    assert main([*SFT, "--data", "rows.jsonl", "--steps", "1", "--run-dir", str(run)]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["data"] == str(tmp_path / "a" / "rows.jsonl")
+
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["train", "sft", "--resume", str(run), "--steps", "2"]) == 0
+    assert main(["train", "sft", "--resume", str(run), "--steps", "3", "--data", str(tmp_path / "a" / "rows.jsonl")]) == 0
+    assert main(["train", "sft", "--resume", str(run), "--steps", "4", "--data", "../a/rows.jsonl"]) == 0
+    (tmp_path / "a" / "rows.jsonl").rename(tmp_path / "b" / "moved.jsonl")  # the data moved too
+    capsys.readouterr()
+    assert main(["train", "sft", "--resume", str(run), "--steps", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--data {tmp_path / 'a' / 'rows.jsonl'}, which is not there any more" in err[0], err
+    assert main(["train", "sft", "--resume", str(run), "--steps", "5", "--data", "moved.jsonl"]) == 0
+    assert steps(run)[-1] == 5
+    assert json.loads((run / "config.json").read_text())["data"] == str(tmp_path / "b" / "moved.jsonl")
+
+    write_rows(tmp_path / "b" / "other.jsonl", answer="5")
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "sft", "--resume", str(run), "--steps", "6", "--data", "other.jsonl"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was made with other data" in err[0] and "other.jsonl" in err[0], err
+    assert snapshot(run) == before

@@ -49,6 +49,11 @@ def train(argv: list[str], call) -> dict:
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
         default = resumed_defaults(argv, config_cls)
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
+    if default is not None:  # before the algorithm reads its data: the run's own, found where it is now
+        from omnigym.track.files import load_config_dict
+        from omnigym.track.resume import check_data
+
+        check_data(cfg, load_config_dict(cfg.resume))
     # A preset (control runs) never overrides these; a resumed run's values are all its own.
     call.given_flags = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
     return module.train(cfg, call=call)

@@ -63,7 +63,10 @@ def check_resumable(cfg, algo: str, saved_config: dict) -> None:
     if made_by != algo:
         raise OmnigymError(f"{cfg.resume} is a {made_by} run; continue it with: "
                            f"omnigym train {made_by} --resume {cfg.resume}")
+    check_data(cfg, saved_config)
     for name in cfg.RESUME_FIXED:
+        if name in data_flags(cfg):
+            continue  # compared by content (check_data), not by how the path is spelled
         now, then = getattr(cfg, name, None), saved_config.get(name)
         now = json.loads(json.dumps(now, default=describe))
         if then is not None and now != then:
@@ -72,3 +75,71 @@ def check_resumable(cfg, algo: str, saved_config: dict) -> None:
 
             raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}, not "
                                f"{shown(now)}; its checkpoint only fits its own setting (leave the flag out to keep it)")
+
+
+DATA_FILES_KEY = "data_files"
+"""config.json's record of the data files a language run trains on: {flag: {size, sha256}}"""
+DATA_SUFFIXES = (".jsonl", ".json", ".gz")
+
+
+def data_flags(cfg) -> tuple[str, ...]:
+    """The flags of ``cfg`` that may name a data file (``--data``; GRPO's ``--task``)."""
+    return tuple(name for name in ("data", "task") if isinstance(getattr(cfg, name, None), str))
+
+
+def data_file(value: str) -> Path | None:
+    """The file a data flag names, when it names one (not a built-in set or a hub id)."""
+    path = Path(value).expanduser()
+    return path if value.endswith(DATA_SUFFIXES) and path.is_file() else None
+
+
+def fingerprint(path: Path) -> dict:
+    """What identifies a data file wherever it lies: its size and SHA-256."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def recorded_data(cfg) -> tuple[dict, dict]:
+    """What config.json records of a run's data files: each flag's absolute path (so a resume
+    from another folder finds it) and, under ``DATA_FILES_KEY``, its fingerprint (so the same
+    data is recognised under any path, after it moved)."""
+    paths, prints = {}, {}
+    for name in data_flags(cfg):
+        path = data_file(getattr(cfg, name))
+        if path is not None:
+            paths[name] = str(path.resolve())
+            prints[name] = fingerprint(path)
+    return paths, prints
+
+
+def check_data(cfg, saved_config: dict) -> None:
+    """A resumed language run trains on the data it was made with: the same file under any
+    spelling of its path, or a copy of it elsewhere (same size and SHA-256); a file that is
+    gone, or other data, is refused in one line."""
+    recorded = saved_config.get(DATA_FILES_KEY) if isinstance(saved_config.get(DATA_FILES_KEY), dict) else {}
+    for name in data_flags(cfg):
+        now, then = getattr(cfg, name), saved_config.get(name)
+        if then is None:
+            continue
+        shown = f"--{name}"
+        known = recorded.get(name)
+        if now == then:
+            if known and data_file(now) is None:
+                raise OmnigymError(f"{cfg.resume} was made with {shown} {then}, which is not there any more; give "
+                                   f"{shown} PATH where the same file is now (it is recognised by its content)")
+            continue
+        path = data_file(now)
+        if path is not None and known:
+            if fingerprint(path) == known:
+                continue
+            raise OmnigymError(f"{cfg.resume} was made with other data: {shown} {then} ({known['size']} bytes, "
+                               f"sha256 {known['sha256'][:12]}), not {now}; its checkpoint only fits its own data")
+        if path is not None and data_file(str(then)) is not None and path.samefile(then):
+            continue  # a run from before fingerprints: the same file under another spelling
+        raise OmnigymError(f"{cfg.resume} was made with {shown} {then}, not {now}; its checkpoint only fits its own "
+                           "data (leave the flag out to keep it)")

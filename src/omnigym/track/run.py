@@ -42,7 +42,7 @@ from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, describe, load_config_dict
 from omnigym.track.metrics import MetricsLog
-from omnigym.track.resume import checked_run_dir
+from omnigym.track.resume import DATA_FILES_KEY, checked_run_dir, recorded_data
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
 
 __all__ = ["MODEL_FOLDER", "STAGES_FOLDER", "Run", "TrainCall", "current_call", "decided_run_dir", "start_run",
@@ -125,7 +125,9 @@ class Run:
         writes to (decided by ``start_run`` when the user named none)."""
         values = dataclasses.asdict(self.cfg)
         values["run_dir"] = str(self.dir)
-        return {"algo": self.algo, **self.kept_settings, **values}
+        paths, prints = recorded_data(self.cfg)  # data files: absolute paths and their fingerprints
+        extra = {DATA_FILES_KEY: prints} if prints else {}
+        return {"algo": self.algo, **self.kept_settings, **values, **paths, **extra}
 
     def begin(self, components: dict) -> dict:
         """Restore the checkpoint into ``components`` when resuming, then write the run's
