@@ -2,6 +2,7 @@
 refused in one line naming the flag and the estimate, quickly and with nothing written; every
 default and preset fits."""
 
+import json
 import time
 
 import pytest
@@ -71,3 +72,35 @@ def test_every_default_and_preset_fits_a_16_gb_machine(algo, env_id):
 def test_available_memory_is_read_here():
     free = resources.available_memory()
     assert free is None or 0 < free < 1 << 50
+
+
+def write_pairs(path):
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i)}) + "\n"
+                            for i in range(40)))
+
+
+@pytest.mark.parametrize("argv, free", [
+    (["train", "sft", "--batch-size", "100000000"], GB // 4),
+    (["train", "dpo", "--data", "pairs.jsonl", "--eval-size", "5", "--batch-size", "100000000"], GB // 1024),
+    (["train", "rm", "--data", "pairs.jsonl", "--eval-size", "5", "--batch-size", "100000000"], GB // 1024),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_language_batch_that_cannot_fit_is_refused_before_the_first_step(tmp_path, monkeypatch, capsys, argv, free):
+    """SFT's --batch-size 100000000 took every training example in one step: 3.5 GB and
+    minutes on the tiny model, before anything said so."""
+    monkeypatch.chdir(tmp_path)
+    write_pairs(tmp_path / "pairs.jsonl")
+    monkeypatch.setattr(resources, "available_memory", lambda: free)
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--batch-size 100000000 needs about" in err[0] and "is free here" in err[0], err
+    assert snapshot(tmp_path) == before
+
+
+def test_the_default_language_batches_fit():
+    class SmolLM2:  # SmolLM2-135M's config (docs/real_model.md)
+        vocab_size, hidden_size, num_hidden_layers, num_attention_heads = 49152, 576, 30, 9
+
+    # SFT's default batch at its longest, and RM's (a scalar head, no logits) with pairs of 128 tokens
+    assert resources.language_batch_bytes(16, 256, SmolLM2) < 8 * GB
+    assert resources.language_batch_bytes(2 * 32, 128, SmolLM2, logits=False) < 8 * GB

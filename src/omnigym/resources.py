@@ -130,3 +130,26 @@ def buffer_needs(cfg, family: str | None, observation_space, action_space) -> di
 def check_buffers(cfg, family: str | None, observation_space, action_space, available: int | None = None) -> None:
     check_fits(buffer_needs(cfg, family, observation_space, action_space),
                available_memory() if available is None else available)
+
+
+def language_batch_bytes(rows: int, tokens: int, model_config, logits: bool = True) -> int:
+    """One training step of a language model on ``rows`` sequences of up to ``tokens`` tokens:
+    the logits and their log-softmax (float32, 8 bytes a vocabulary entry), and what each layer
+    keeps for the backward pass (about 34 bytes of the hidden size a token, Korthikanti et al.
+    2022, and the attention scores, 4 bytes a head and key); ``logits`` False: a scalar head (a
+    reward model) has none. An estimate on the low side: a
+    batch refused by it would not have fitted."""
+    vocab = getattr(model_config, "vocab_size", None) or 32_000
+    hidden = getattr(model_config, "hidden_size", None) or 1024
+    layers = getattr(model_config, "num_hidden_layers", None) or 12
+    heads = getattr(model_config, "num_attention_heads", None) or 16
+    per_token = (8 * vocab if logits else 0) + layers * (34 * hidden + 4 * heads * tokens)
+    return rows * tokens * per_token
+
+
+def check_language_batch(flag: str, rows: int, tokens: int, model_config, logits: bool = True,
+                         available: int | None = None) -> None:
+    """Before the first step: the batch a step takes (``rows`` is what it draws, at most the
+    training set) fits in the memory free here, else one line naming ``flag``."""
+    check_fits({"batch": (flag, language_batch_bytes(rows, tokens, model_config, logits))},
+               available_memory() if available is None else available)
