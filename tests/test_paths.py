@@ -112,3 +112,23 @@ def test_a_run_started_with_a_relative_data_path_resumes_from_anywhere(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "was made with other data" in err[0] and "other.jsonl" in err[0], err
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "rlhf", "--model", "MODEL", "--reward-model", "RM", "--data", "prompts.jsonl"],
+    ["train", "grpo", "--rewards", "rm:RM:1.0"],
+], ids=["rlhf --reward-model", "grpo --rewards rm:"])
+def test_a_damaged_reward_model_is_one_line_naming_it(tiny_model, tmp_path, monkeypatch, capsys, argv):
+    from omnigym.models.scalar_head import MARKER
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model, tmp_path / "rm" / "model")
+    (tmp_path / "rm" / "model" / MARKER).write_text("{}")
+    truncate_weights(tmp_path / "rm" / "model")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(20)))
+    argv = [str(tiny_model) if a == "MODEL" else "rm" if a == "RM" else a.replace("RM", "rm") for a in argv]
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rm:rm: " in err[0] and "model.safetensors is damaged or incomplete" in err[0], err
+    assert snapshot(tmp_path) == before
