@@ -89,7 +89,8 @@ def test_a_run_started_with_a_relative_data_path_resumes_from_anywhere(tmp_path,
     monkeypatch.chdir(tmp_path / "a")
     assert main([*SFT, "--data", "rows.jsonl", "--steps", "1", "--run-dir", str(run)]) == 0
     saved = json.loads((run / "config.json").read_text())
-    assert saved["data"] == str(tmp_path / "a" / "rows.jsonl")
+    assert saved["data"] == "rows.jsonl"  # as typed; where it is and what it holds beside it
+    assert saved["data_files"]["data"]["path"] == str(tmp_path / "a" / "rows.jsonl")
 
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "b")
@@ -100,10 +101,11 @@ def test_a_run_started_with_a_relative_data_path_resumes_from_anywhere(tmp_path,
     capsys.readouterr()
     assert main(["train", "sft", "--resume", str(run), "--steps", "5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"--data {tmp_path / 'a' / 'rows.jsonl'}, which is not there any more" in err[0], err
+    assert len(err) == 1 and f"({tmp_path / 'a' / 'rows.jsonl'}), which is not there any more" in err[0], err
     assert main(["train", "sft", "--resume", str(run), "--steps", "5", "--data", "moved.jsonl"]) == 0
     assert steps(run)[-1] == 5
-    assert json.loads((run / "config.json").read_text())["data"] == str(tmp_path / "b" / "moved.jsonl")
+    assert json.loads((run / "config.json").read_text())["data_files"]["data"]["path"] == str(tmp_path / "b" /
+                                                                                            "moved.jsonl")
 
     write_rows(tmp_path / "b" / "other.jsonl", answer="5")
     before = snapshot(run)

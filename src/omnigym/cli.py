@@ -51,9 +51,9 @@ def train(argv: list[str], call) -> dict:
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
     if default is not None:  # before the algorithm reads its data: the run's own, found where it is now
         from omnigym.track.files import load_config_dict
-        from omnigym.track.resume import check_data
+        from omnigym.track.resume import resolve_data
 
-        check_data(cfg, load_config_dict(cfg.resume))
+        cfg = dataclasses.replace(cfg, **resolve_data(cfg, load_config_dict(cfg.resume)))
     # A preset (control runs) never overrides these; a resumed run's values are all its own.
     call.given_flags = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
     return module.train(cfg, call=call)

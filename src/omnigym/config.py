@@ -390,7 +390,8 @@ def check_saved_type(name: str, value, annotation, source: str) -> None:
         wrong_bool = True
     if wrong_bool:
         shown = list(value) if isinstance(value, tuple) else value
-        kind = annotation.__name__ if isinstance(annotation, type) and not typing.get_args(annotation) else str(annotation)
+        plain = isinstance(annotation, type) and not typing.get_args(annotation)
+        kind = annotation.__name__ if plain else str(annotation)
         raise OmnigymError(f"{source}: {name!r} must be {kind}, got {shown!r} (edit the file, or start a new run)")
 
 

@@ -104,42 +104,57 @@ def fingerprint(path: Path) -> dict:
     return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
-def recorded_data(cfg) -> tuple[dict, dict]:
-    """What config.json records of a run's data files: each flag's absolute path (so a resume
-    from another folder finds it) and, under ``DATA_FILES_KEY``, its fingerprint (so the same
-    data is recognised under any path, after it moved)."""
-    paths, prints = {}, {}
+def recorded_data(cfg) -> dict:
+    """What config.json records of a run's data files, beside the flags as typed: for each, its
+    absolute path (so a resume from another folder finds it) and fingerprint (so the same data
+    is recognised under any path, after it moved)."""
+    recorded = {}
     for name in data_flags(cfg):
         path = data_file(getattr(cfg, name))
         if path is not None:
-            paths[name] = str(path.resolve())
-            prints[name] = fingerprint(path)
-    return paths, prints
+            recorded[name] = {"path": str(path.resolve()), **fingerprint(path)}
+    return recorded
 
 
-def check_data(cfg, saved_config: dict) -> None:
-    """A resumed language run trains on the data it was made with: the same file under any
-    spelling of its path, or a copy of it elsewhere (same size and SHA-256); a file that is
-    gone, or other data, is refused in one line."""
+def resolve_data(cfg, saved_config: dict) -> dict:
+    """Where a resumed language run's data is now: {flag: path} for each data flag whose value,
+    as given or as saved, does not name the run's own file from here but its recorded absolute
+    path does (a run started with a relative path, resumed from another folder). The same file
+    under any spelling, or a copy of it elsewhere (same size and SHA-256), is the run's data; a
+    file that is gone, or other data, is refused in one line."""
     recorded = saved_config.get(DATA_FILES_KEY) if isinstance(saved_config.get(DATA_FILES_KEY), dict) else {}
+    found = {}
     for name in data_flags(cfg):
-        now, then = getattr(cfg, name), saved_config.get(name)
+        now, then, known = getattr(cfg, name), saved_config.get(name), recorded.get(name)
         if then is None:
             continue
         shown = f"--{name}"
-        known = recorded.get(name)
-        if now == then:
-            if known and data_file(now) is None:
-                raise OmnigymError(f"{cfg.resume} was made with {shown} {then}, which is not there any more; give "
-                                   f"{shown} PATH where the same file is now (it is recognised by its content)")
-            continue
         path = data_file(now)
-        if path is not None and known:
-            if fingerprint(path) == known:
+        if isinstance(known, dict) and {"path", "size", "sha256"} <= set(known):
+            same = {k: known[k] for k in ("size", "sha256")}
+            if path is not None and fingerprint(path) == same:
                 continue
-            raise OmnigymError(f"{cfg.resume} was made with other data: {shown} {then} ({known['size']} bytes, "
-                               f"sha256 {known['sha256'][:12]}), not {now}; its checkpoint only fits its own data")
-        if path is not None and data_file(str(then)) is not None and path.samefile(then):
-            continue  # a run from before fingerprints: the same file under another spelling
+            if now == then:  # the saved value: where the run's file was recorded is the place to look
+                there = data_file(known["path"])
+                if there is not None and fingerprint(there) == same:
+                    found[name] = str(there)
+                    continue
+                raise OmnigymError(f"{cfg.resume} was made with {shown} {then} ({known['path']}), which is not there "
+                                   f"any more; give {shown} PATH where the same file is now (it is recognised by its "
+                                   "content)")
+            raise OmnigymError(f"{cfg.resume} was made with other data: {shown} {then} ({known['size']} bytes, sha256 "
+                               f"{known['sha256'][:12]}), not {now}; its checkpoint only fits its own data")
+        if now == then or (path is not None and data_file(str(then)) is not None and path.samefile(then)):
+            continue  # a run from before fingerprints: the same value, or the same file under another spelling
         raise OmnigymError(f"{cfg.resume} was made with {shown} {then}, not {now}; its checkpoint only fits its own "
                            "data (leave the flag out to keep it)")
+    return found
+
+
+def check_data(cfg, saved_config: dict) -> None:
+    """``resolve_data`` for a config that cannot be changed any more (a run from Python)."""
+    elsewhere = resolve_data(cfg, saved_config)
+    if elsewhere:
+        name, path = next(iter(elsewhere.items()))
+        raise OmnigymError(f"{cfg.resume} was made with --{name} {saved_config.get(name)}, which is {path} (not the "
+                           f"{getattr(cfg, name)} seen from here); give {name}={path!r}")

@@ -125,9 +125,9 @@ class Run:
         writes to (decided by ``start_run`` when the user named none)."""
         values = dataclasses.asdict(self.cfg)
         values["run_dir"] = str(self.dir)
-        paths, prints = recorded_data(self.cfg)  # data files: absolute paths and their fingerprints
-        extra = {DATA_FILES_KEY: prints} if prints else {}
-        return {"algo": self.algo, **self.kept_settings, **values, **paths, **extra}
+        data_files = recorded_data(self.cfg)  # absolute paths and fingerprints (track/resume.py)
+        extra = {DATA_FILES_KEY: data_files} if data_files else {}
+        return {"algo": self.algo, **self.kept_settings, **values, **extra}
 
     def begin(self, components: dict) -> dict:
         """Restore the checkpoint into ``components`` when resuming, then write the run's
