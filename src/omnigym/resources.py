@@ -1,4 +1,4 @@
-"""What a control run will allocate, estimated before it allocates, against the memory free here.
+"""What a run will allocate, estimated before it allocates, against the memory free here.
 
 A run that cannot fit is refused in one line naming the flag that asks for the most and the
 estimate, before a single env or buffer exists: ``--num-envs 100000`` used to sit silent for
@@ -7,9 +7,11 @@ it has filled (numpy's zeros are only paid for when written). The figures are es
 generous enough that a run refused would not have fitted, close enough that every default and
 preset fits a machine that can run it.
 
-Two checks, because what an observation costs is known only once an env exists:
-``check_envs`` before the vector env is made (the envs themselves), ``check_buffers`` after it
-and before the algorithm builds its rollout storage, replay memory and networks.
+Control runs get two checks, because what an observation costs is known only once an env
+exists: ``check_envs`` before the vector env is made (the envs themselves), ``check_buffers``
+after it and before the algorithm builds its rollout storage, replay memory and networks.
+Language runs (SFT, DPO, RM) get ``check_language_batch`` once the model and data are loaded,
+before the first step.
 """
 
 from __future__ import annotations
