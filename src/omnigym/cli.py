@@ -49,6 +49,11 @@ def train(argv: list[str], call) -> dict:
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
         default = resumed_defaults(argv, config_cls)
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
+    if default is not None:  # before the algorithm reads its data: the run's own, found where it is now
+        from omnigym.track.files import load_config_dict
+        from omnigym.track.resume import resolve_data
+
+        cfg = dataclasses.replace(cfg, **resolve_data(cfg, load_config_dict(cfg.resume)))
     # A preset (control runs) never overrides these; a resumed run's values are all its own.
     call.given_flags = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
     return module.train(cfg, call=call)
@@ -100,8 +105,11 @@ def resumed_defaults(argv: list[str], config_cls):
     run lives now comes from --resume, not from the saved config (the run may have moved)."""
     import dataclasses
 
-    from omnigym.config import config_from_dict
-    from omnigym.track.files import load_config_dict
+    from pathlib import Path
+
+    from omnigym.algos import check_foreign_settings
+    from omnigym.config import config_from_dict, unknown_settings
+    from omnigym.track.files import CONFIG_NAME, load_config_dict
 
     i = next(i for i, a in enumerate(argv) if a.startswith("--resume"))
     run_dir = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
@@ -113,9 +121,11 @@ def resumed_defaults(argv: list[str], config_cls):
                            f"omnigym train {values.get('algo')} --resume {run_dir}")
     placement = {f.name: f.default for f in dataclasses.fields(config_cls)
                  if f.name in ("training_backend", "deepspeed_config")}
+    source = str(Path(run_dir) / CONFIG_NAME)
+    check_foreign_settings(argv[0], unknown_settings(config_cls, values), source)
     # how many processes train it is this command's to say: a data-parallel run resumes in one
-    return dataclasses.replace(config_from_dict(config_cls, values), run_dir=None, resume=None, overwrite=False,
-                               **placement)
+    return dataclasses.replace(config_from_dict(config_cls, values, source), run_dir=None, resume=None,
+                               overwrite=False, **placement)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -116,6 +117,8 @@ class RunConfig:
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = ("seed",)
     """settings a resumed run must keep: its checkpoint only fits them (track/resume.py refuses a change)"""
+    SAVED_REQUIRED: ClassVar[tuple[str, ...]] = ()
+    """settings a saved config.json must hold (``config_from_dict``): what the run is about"""
     BUDGET: ClassVar[tuple[str, str] | None] = None
     """(the flag that sets the run's length, the checkpoint counter it is compared with): a resumed
     run must have steps left"""
@@ -138,6 +141,12 @@ class RunConfig:
         require(not (self.resume and self.overwrite), "--resume continues a run and --overwrite replaces it; "
                                                       "give one of them")
         check_device(self.device)
+
+    @classmethod
+    def unknown_settings(cls, values: dict) -> dict:
+        """The keys of a saved config.json this config has no field for (``track/run.py`` keeps
+        them when a resume rewrites the file; a method so that the run need not import this module)."""
+        return unknown_settings(cls, values)
 
     def apply_preset(self, given: set[str] | None = None) -> tuple["RunConfig", str | None]:
         """The config a run trains with, and the line that says what a preset filled in (None:
@@ -198,6 +207,7 @@ class ControlConfig(RunConfig):
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden",
                                                                        "frame_stack")
+    SAVED_REQUIRED = ("env_id",)
     BUDGET = ("total_timesteps", "global_step")
     PRESETS: ClassVar[dict[str, tuple[str, dict]]] = {}
     """family -> (where the figures come from, {field: value}); each algorithm has its own"""
@@ -260,6 +270,7 @@ class LanguageModelConfig(RunConfig):
     and batch sizes are used, so leave those out of it"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("model", "lora_r")
+    SAVED_REQUIRED = ("model",)
 
     def check(self) -> None:
         super().check()
@@ -335,12 +346,68 @@ def renamed_flags(argv: list[str], config_cls) -> list[str]:
     return renamed
 
 
-def config_from_dict(cls, values: dict):
-    """A config of class ``cls`` from a saved ``config.json`` (unknown keys are ignored; a key
-    saved under its old name, ``RENAMED_FLAGS``, is read as today's)."""
+def config_from_dict(cls, values: dict, saved_file: str | None = None):
+    """A config of class ``cls`` from a saved ``config.json``, checked as the command line checks
+    its flags: each value's type (typeguard, tyro's own checker) and range (``cfg.check()``); one
+    line naming the key (and ``saved_file``) otherwise. Values read from a file (``saved_file``
+    given) must also hold what the run is about (``SAVED_REQUIRED``, its data); a dict from
+    Python takes defaults for what it leaves out. A key saved under its old name
+    (``RENAMED_FLAGS``) is read as today's; keys this version does not know are left out here
+    (``unknown_settings`` names them)."""
+    values = renamed_keys(cls, values)
+    names = {f.name for f in dataclasses.fields(cls)}
+    source = saved_file or "the saved config"
+    # What the run is about (its env, its model, its data) has no default that could stand in for
+    # it: eval would play CartPole with a HalfCheetah policy. Other missing keys take their defaults,
+    # as a config.json written before the setting existed needs (a checkpoint that does not fit
+    # them is refused when it is restored).
+    for name in (cls.SAVED_REQUIRED + tuple(n for n in ("data", "task") if n in names)) if saved_file else ():
+        require(name in values, f"{source} has no {name!r}; the run was made with a value for {flag(name)} "
+                                "that its checkpoint needs: put it back, or start a new run")
+    known = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names}
+    hints = typing.get_type_hints(cls)
+    for name, value in known.items():
+        check_saved_type(name, value, hints[name], source)
+    cfg = cls(**known)
+    # The ranges every run checks, on the settings alone: where this process runs (device,
+    # launcher, W&B) is the current command's to say, not the saved file's.
+    placement = {f.name: f.default for f in dataclasses.fields(cls)
+                 if f.name in ("device", "wandb", "resume", "overwrite", "training_backend", "deepspeed_config")}
+    try:
+        dataclasses.replace(cfg, **placement).check()
+    except OmnigymError as exc:
+        raise OmnigymError(f"{source}: {exc}") from None
+    return cfg
+
+
+def check_saved_type(name: str, value, annotation, source: str) -> None:
+    import typeguard
+
+    # JSON has no int/bool distinction that Python keeps: True is an int to isinstance
+    wrong_bool = isinstance(value, bool) and annotation in (int, float, int | None, float | None)
+    try:
+        # every element of a tuple, not typeguard's default of the first one only
+        typeguard.check_type(value, annotation, collection_check_strategy=typeguard.CollectionCheckStrategy.ALL_ITEMS)
+    except typeguard.TypeCheckError:
+        wrong_bool = True
+    if wrong_bool:
+        shown = list(value) if isinstance(value, tuple) else value
+        plain = isinstance(annotation, type) and not typing.get_args(annotation)
+        kind = annotation.__name__ if plain else str(annotation)
+        raise OmnigymError(f"{source}: {name!r} must be {kind}, got {shown!r} (edit the file, or start a new run)")
+
+
+def renamed_keys(cls, values: dict) -> dict:
     names = {f.name for f in dataclasses.fields(cls)}
     values = dict(values)
     for old, new in RENAMED_FLAGS:
         if old in values and old not in names:
             values.setdefault(new, values.pop(old))
-    return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in names})
+    return values
+
+
+def unknown_settings(cls, values: dict) -> dict:
+    """The keys of a saved config.json that ``cls`` has no field for (a newer version's
+    settings, or another algorithm's), besides ``algo``."""
+    names = {f.name for f in dataclasses.fields(cls)} | {"algo", "data_files"}  # data_files: track/resume.py
+    return {k: v for k, v in renamed_keys(cls, values).items() if k not in names}

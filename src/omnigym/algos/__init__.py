@@ -7,6 +7,7 @@ No algorithm imports another; what they share lives in the seams (rl/, envs/, tr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from omnigym.errors import OmnigymError
@@ -34,6 +35,18 @@ def get_algorithm(name: str):
 
 def config_class(module) -> type:
     return module.CONFIG
+
+
+def check_foreign_settings(algo: str, unknown: dict, source: str) -> None:
+    """A saved config.json's keys that ``algo`` does not know but another algorithm does were
+    edited in or copied from another run: refused in one line. Keys no algorithm knows here
+    are a newer version's, and are kept (``track/run.py``)."""
+    for key in unknown:
+        owners = [name for name in ALGORITHMS if name != algo
+                  and key in {f.name for f in dataclasses.fields(config_class(get_algorithm(name)))}]
+        if owners:
+            raise OmnigymError(f"{source}: {key!r} is a setting of {', '.join(owners)}, not of {algo}; remove it "
+                               "from the file (or check its 'algo')")
 
 
 def __getattr__(name: str):

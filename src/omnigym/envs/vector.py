@@ -65,8 +65,17 @@ def make_run_envs(cfg, algo: str) -> tuple[gym.vector.VectorEnv, LearningSignal]
     changed = [flag for flag in AtariOptions.FLAGS if getattr(options, flag) != getattr(AtariOptions(), flag)]
     if changed and not atari:
         raise OmnigymError(f"--{changed[0].replace('_', '-')} is Atari preprocessing; {cfg.env_id} is not an Atari game")
+    from omnigym.resources import check_buffers, check_envs
+
+    family = env_family(cfg.env_id)
+    check_envs(cfg, family)  # before thousands of envs are made, not after
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
                     video_dir=training_video_dir(cfg, algo), atari=options)
+    try:  # the rollout storage and replay memory, sized by what an observation turned out to cost
+        check_buffers(cfg, family, envs.single_observation_space, envs.single_action_space)
+    except OmnigymError:
+        envs.close()
+        raise
     if cfg.backend == "auto" and atari and not cfg.capture_video:
         print(f"env: {cfg.env_id} x {cfg.num_envs} on the ale backend (ale-py's C++ vector env, the fastest here)",
               flush=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from omnigym.algos import config_class, get_algorithm
-from omnigym.config import config_from_dict
+from omnigym.algos import check_foreign_settings, config_class, get_algorithm
+from omnigym.config import config_from_dict, unknown_settings
 from omnigym.envs.atari import AtariOptions, is_atari
 from omnigym.envs.cursor import ActionMasks
 from omnigym.envs.vector import make_vec
@@ -13,7 +13,7 @@ from omnigym.envs.video import every_episode
 from omnigym.errors import OmnigymError
 from omnigym.process import run_scope
 from omnigym.track.checkpoint import Checkpointer
-from omnigym.track.files import load_config_dict
+from omnigym.track.files import CONFIG_NAME, load_config_dict
 
 
 MAX_EPISODE_STEPS = 1_000_000
@@ -33,7 +33,9 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
     module = get_algorithm(values.get("algo", "?"))
     if not hasattr(module, "load_policy"):
         raise OmnigymError(f"omnigym eval does not support {values['algo']} runs; their eval metrics are in metrics.jsonl")
-    cfg = config_from_dict(config_class(module), values)
+    source = os.path.join(run_dir, CONFIG_NAME)
+    check_foreign_settings(values["algo"], unknown_settings(config_class(module), values), source)
+    cfg = config_from_dict(config_class(module), values, source)
     saved = Checkpointer(run_dir).load()
     env = env if env is not None else cfg.env_id
     if isinstance(env, str) and env.startswith("<"):  # config.json holds a repr: a lambda or an env object

@@ -60,8 +60,12 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_cha
     transformers = _transformers()
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
-    except OSError as exc:
-        raise OmnigymError(f"cannot load a tokenizer from {name_or_path!r}: {str(exc).splitlines()[0]}") from None
+    except LOAD_ERRORS as exc:
+        raise LoadFailed(f"cannot load a tokenizer from {name_or_path}: {first_line(exc)}") from None
+    except Exception as exc:  # the tokenizers library raises a bare Exception on a damaged tokenizer.json
+        if type(exc) is not Exception:
+            raise
+        raise LoadFailed(f"cannot load a tokenizer from {name_or_path}: {first_line(exc)}") from None
     if chat_template:
         tokenizer.chat_template = read_chat_template(chat_template)
     if need_chat_template and not getattr(tokenizer, "chat_template", None):
@@ -76,14 +80,23 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_cha
     return tokenizer
 
 
+class LoadFailed(OmnigymError):
+    """transformers could not load a folder that passed ``check_model_folder``; the caller says
+    which flag named it"""
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str = "float32", device: str = "cpu"):
     transformers = _transformers()
     import torch
 
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
-    except OSError as exc:
-        raise OmnigymError(f"cannot load a model from {name_or_path!r}: {str(exc).splitlines()[0]}") from None
+    except LOAD_ERRORS as exc:
+        raise LoadFailed(f"cannot load a model from {name_or_path}: {first_line(exc)}") from None
     model.to(device)
     if lora is not None and lora.r > 0:
         try:
@@ -130,6 +143,8 @@ def resolve_model(name_or_path: str) -> str:
     if looks_like_path and not (path / "config.json").exists():
         raise OmnigymError(f"--model {name_or_path} has no config.json; give a folder saved with save_pretrained, "
                            "or the directory of a finished omnigym run")
+    if looks_like_path:
+        check_model_folder(f"--model {name_or_path}", path)
     return str(path) if looks_like_path else name_or_path
 
 
@@ -154,12 +169,54 @@ def refuse_run_without_model(path: Path, given: str) -> None:
                        "or the directory of a finished sft, dpo, rm or rlhf run")
 
 
+LOAD_ERRORS = (OSError, ValueError, TypeError, KeyError, RuntimeError, AttributeError)
+"""what transformers and tokenizers raise on a folder they cannot read (a JSONDecodeError is a
+ValueError); turned into one line naming the folder"""
+
+
+def check_model_folder(label: str, path: Path) -> None:
+    """A local model folder is whole before anything loads from it: a model config, weights, and
+    safetensors files whose header covers them (a copy cut short raises deep in transformers)."""
+    import json
+
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise OmnigymError(f"{label}: {config_file} cannot be read ({type(exc).__name__}); "
+                           "save or copy the model again") from None
+    if isinstance(config, dict) and "algo" in config:
+        raise OmnigymError(f"{label}: {config_file} is an omnigym run's config, not a model's; give the "
+                           "directory of a finished sft, rm, dpo or rlhf run (it holds model/)")
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise OmnigymError(f"{label}: {config_file} is not a model config (no model_type); give a folder "
+                           "saved with save_pretrained")
+    weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")) + sorted(path.glob("*.index.json"))
+    if not weights:
+        raise OmnigymError(f"{label}: {path} has no weights (model.safetensors or pytorch_model.bin); "
+                           "save or copy the model again")
+    from safetensors import safe_open
+
+    for file in weights:
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(str(file), framework="pt"):  # reads the header only
+                    pass
+            except Exception as exc:  # safetensors' own SafetensorError, or an OSError
+                detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise OmnigymError(f"{label}: {file} is damaged or incomplete ({detail}); "
+                                   "save or copy the model again") from None
+
+
 def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: str | None = None,
                               lora: LoraSettings | None = None, device: str = "cpu", need_chat_template: bool = True):
     """The model and tokenizer of ``--model`` (``model_folder`` says what it may name)."""
     with model_folder(name_or_path, seed) as source:
-        tokenizer = load_tokenizer(source, chat_template, need_chat_template)  # first: the cheaper failure
-        return load_model(source, lora, device=device), tokenizer
+        try:
+            tokenizer = load_tokenizer(source, chat_template, need_chat_template)  # first: the cheaper failure
+            return load_model(source, lora, device=device), tokenizer
+        except LoadFailed as exc:
+            raise OmnigymError(f"--model {name_or_path}: {exc}") from None
 
 
 def check_context(model, max_new_tokens: int) -> None:

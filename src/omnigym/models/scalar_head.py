@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from omnigym.errors import OmnigymError, missing_extra
+from omnigym.models.lm import LOAD_ERRORS, check_model_folder, first_line
 from omnigym.models.tokens import make_completion_batch, make_sequence_batch, shared_prefix_forward
 
 MARKER = "omnigym_reward.json"
@@ -38,8 +39,8 @@ def load_scalar_model(name_or_path: str, pad_token_id: int, lora_r: int = 0, dev
     try:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1,
                                                                                 dtype=torch.float32)
-    except (OSError, ValueError) as exc:
-        raise OmnigymError(f"cannot load {name_or_path!r} with a scalar head: {str(exc).splitlines()[0]}") from None
+    except LOAD_ERRORS as exc:
+        raise OmnigymError(f"cannot load {name_or_path!r} with a scalar head: {first_line(exc)}") from None
     model.config.pad_token_id = pad_token_id
     score = head(model)  # refuses a model class without a ``score`` layer now, not at the first batch
     if zero_head:
@@ -120,6 +121,7 @@ def reward_model_folder(given: str) -> Path:
     path = Path(given).expanduser()
     for candidate in (path / "model", path):
         if (candidate / MARKER).is_file() and (candidate / "config.json").is_file():
+            check_model_folder(f"rm:{given}", candidate)
             return candidate
     if not path.exists():
         raise OmnigymError(f"rm:{given}: no such folder; give the run directory of `omnigym train rm`")

@@ -16,9 +16,16 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise OmnigymError(f"no such file: {path}")
+    if path.is_dir():
+        raise OmnigymError(f"{path} is a folder, not a JSON lines file; give the .jsonl file itself "
+                           "(a dataset folder is read by --data when its name has no .jsonl)")
     opener = gzip.open if path.suffix == ".gz" else open
     rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
+    try:
+        f = opener(path, "rt", encoding="utf-8")
+    except OSError as exc:  # no permission, a broken link
+        raise OmnigymError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    with f:
         try:
             lines = list(f)
         except (UnicodeDecodeError, OSError, EOFError) as exc:

@@ -182,6 +182,11 @@ def read_pairs(source: str, split: str, seed: int, eval_size: int, tokenizer, ma
     return rows, heldout, training, conversational
 
 
+def longest_pair(pairs: list[Pair]) -> int:
+    """Tokens of the longest prompt + reply among ``pairs`` (1 when there are none)."""
+    return max((len(p.prompt) + max(len(p.chosen), len(p.rejected)) for p in pairs), default=1)
+
+
 def pair_sequences(pairs: list[Pair]) -> list[tuple[list[int], list[int]]]:
     """Every pair's prompt + chosen, then every pair's prompt + rejected, as SFT-style
     (ids, trained) sequences: the trained tokens are the reply's."""

@@ -70,7 +70,10 @@ def check_resumable(cfg, algo: str, saved_config: dict) -> None:
     if made_by != algo:
         raise OmnigymError(f"{cfg.resume} is a {made_by} run; continue it with: "
                            f"omnigym train {made_by} --resume {cfg.resume}")
+    check_data(cfg, saved_config)
     for name in cfg.RESUME_FIXED:
+        if name in data_flags(cfg):
+            continue  # compared by content (check_data), not by how the path is spelled
         now, then = getattr(cfg, name, None), saved_config.get(name)
         now = json.loads(json.dumps(now, default=describe))
         if then is not None and now != then:
@@ -79,3 +82,86 @@ def check_resumable(cfg, algo: str, saved_config: dict) -> None:
 
             raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}, not "
                                f"{shown(now)}; its checkpoint only fits its own setting (leave the flag out to keep it)")
+
+
+DATA_FILES_KEY = "data_files"
+"""config.json's record of the data files a language run trains on: {flag: {size, sha256}}"""
+DATA_SUFFIXES = (".jsonl", ".json", ".gz")
+
+
+def data_flags(cfg) -> tuple[str, ...]:
+    """The flags of ``cfg`` that may name a data file (``--data``; GRPO's ``--task``)."""
+    return tuple(name for name in ("data", "task") if isinstance(getattr(cfg, name, None), str))
+
+
+def data_file(value: str) -> Path | None:
+    """The file a data flag names, when it names one (not a built-in set or a hub id)."""
+    path = Path(value).expanduser()
+    return path if value.endswith(DATA_SUFFIXES) and path.is_file() else None
+
+
+def fingerprint(path: Path) -> dict:
+    """What identifies a data file wherever it lies: its size and SHA-256."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def recorded_data(cfg) -> dict:
+    """What config.json records of a run's data files, beside the flags as typed: for each, its
+    absolute path (so a resume from another folder finds it) and fingerprint (so the same data
+    is recognised under any path, after it moved)."""
+    recorded = {}
+    for name in data_flags(cfg):
+        path = data_file(getattr(cfg, name))
+        if path is not None:
+            recorded[name] = {"path": str(path.resolve()), **fingerprint(path)}
+    return recorded
+
+
+def resolve_data(cfg, saved_config: dict) -> dict:
+    """Where a resumed language run's data is now: {flag: path} for each data flag whose value,
+    as given or as saved, does not name the run's own file from here but its recorded absolute
+    path does (a run started with a relative path, resumed from another folder). The same file
+    under any spelling, or a copy of it elsewhere (same size and SHA-256), is the run's data; a
+    file that is gone, or other data, is refused in one line."""
+    recorded = saved_config.get(DATA_FILES_KEY) if isinstance(saved_config.get(DATA_FILES_KEY), dict) else {}
+    found = {}
+    for name in data_flags(cfg):
+        now, then, known = getattr(cfg, name), saved_config.get(name), recorded.get(name)
+        if then is None:
+            continue
+        shown = f"--{name}"
+        path = data_file(now)
+        if isinstance(known, dict) and {"path", "size", "sha256"} <= set(known):
+            same = {k: known[k] for k in ("size", "sha256")}
+            if path is not None and fingerprint(path) == same:
+                continue
+            if now == then:  # the saved value: where the run's file was recorded is the place to look
+                there = data_file(known["path"])
+                if there is not None and fingerprint(there) == same:
+                    found[name] = str(there)
+                    continue
+                raise OmnigymError(f"{cfg.resume} was made with {shown} {then} ({known['path']}), which is not there "
+                                   f"any more; give {shown} PATH where the same file is now (it is recognised by its "
+                                   "content)")
+            raise OmnigymError(f"{cfg.resume} was made with other data: {shown} {then} ({known['size']} bytes, sha256 "
+                               f"{known['sha256'][:12]}), not {now}; its checkpoint only fits its own data")
+        if now == then or (path is not None and data_file(str(then)) is not None and path.samefile(then)):
+            continue  # a run from before fingerprints: the same value, or the same file under another spelling
+        raise OmnigymError(f"{cfg.resume} was made with {shown} {then}, not {now}; its checkpoint only fits its own "
+                           "data (leave the flag out to keep it)")
+    return found
+
+
+def check_data(cfg, saved_config: dict) -> None:
+    """``resolve_data`` for a config that cannot be changed any more (a run from Python)."""
+    elsewhere = resolve_data(cfg, saved_config)
+    if elsewhere:
+        name, path = next(iter(elsewhere.items()))
+        raise OmnigymError(f"{cfg.resume} was made with --{name} {saved_config.get(name)}, which is {path} (not the "
+                           f"{getattr(cfg, name)} seen from here); give {name}={path!r}")

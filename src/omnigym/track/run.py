@@ -40,10 +40,10 @@ from pathlib import Path
 from omnigym.distributed import broadcast, is_main_process
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
-from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, write_atomically
+from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, load_config_dict, write_atomically
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import save_model_folder
-from omnigym.track.resume import checked_run_dir
+from omnigym.track.resume import DATA_FILES_KEY, checked_run_dir, recorded_data
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
 
 __all__ = ["MODEL_FOLDER", "STAGES_FOLDER", "Run", "TrainCall", "current_call", "decided_run_dir", "start_run",
@@ -115,6 +115,8 @@ class Run:
         self._call = call
         self.made_stages = False
         """set by a demo pipeline that created ``stages/`` for this run (``abandon`` removes it)"""
+        self.kept_settings: dict = {}
+        """a resumed run's saved settings this version does not know (a newer version's): kept in config.json"""
         self.writer = is_main_process()
         """False in the other processes of a data-parallel run: they read the checkpoint and
         take part in gathering it, and write nothing"""
@@ -124,7 +126,9 @@ class Run:
         writes to (decided by ``start_run`` when the user named none)."""
         values = dataclasses.asdict(self.cfg)
         values["run_dir"] = str(self.dir)
-        return {"algo": self.algo, **values}
+        data_files = recorded_data(self.cfg)  # absolute paths and fingerprints (track/resume.py)
+        extra = {DATA_FILES_KEY: data_files} if data_files else {}
+        return {"algo": self.algo, **self.kept_settings, **values, **extra}
 
     def begin(self, components: dict) -> dict:
         """Restore the checkpoint into ``components`` when resuming, then write the run's
@@ -134,6 +138,8 @@ class Run:
             return counters
         if self._call is not None:
             self._call.run = self
+        if self.saved:
+            self.kept_settings = self.cfg.unknown_settings(load_config_dict(self.dir))
         try:
             with self.disk_faults():
                 self._directory.open()
@@ -144,6 +150,9 @@ class Run:
                                           tensorboard=self.cfg.tensorboard, wandb=self.cfg.wandb)
                 if self.saved:
                     self.metrics.load_state_dict(self.saved["components"]["metrics"])
+            if self.kept_settings:
+                print(f"omnigym: note: {self.dir / CONFIG_NAME} has settings this version does not know, kept as "
+                      f"they are and not used: {', '.join(self.kept_settings)}", file=sys.stderr)
         except OSError as exc:
             self.abandon()
             if as_disk_fault(exc, self.dir) is not None:  # the directory itself could not be made

@@ -34,8 +34,9 @@ from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
 from omnigym.rl.losses import PREFERENCE_LOSSES, check_finite, preference_loss
-from omnigym.tasks.preference_data import pair_sequences, read_pairs
+from omnigym.tasks.preference_data import longest_pair, pair_sequences, read_pairs
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.resources import check_language_batch
 from omnigym.track.run import start_run
 
 
@@ -106,6 +107,8 @@ def train(cfg: DPOConfig) -> dict:
     policy, tokenizer = load_policy_and_tokenizer(start, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)
     rows, heldout, training, _ = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)
+    check_language_batch(f"--batch-size {cfg.batch_size}", 2 * min(cfg.batch_size, max(len(training.pairs), 1)),
+                         longest_pair(training.pairs), policy.config)  # a pair's chosen and rejected replies
     reference = FrozenReference(policy)
     engine = make_engine(policy, tokenizer)
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)

@@ -27,8 +27,9 @@ from omnigym.evaluation.text import SAMPLES_SHOWN
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rl.losses import bradley_terry, check_finite
-from omnigym.tasks.preference_data import read_pairs
+from omnigym.tasks.preference_data import longest_pair, read_pairs
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.resources import check_language_batch
 from omnigym.track.run import start_run
 
 
@@ -86,6 +87,9 @@ def train(cfg: RMConfig) -> dict:
         rows, heldout, training, conversational = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer,
                                                              cfg.max_length)
         model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
+    check_language_batch(f"--batch-size {cfg.batch_size}", 2 * min(cfg.batch_size, max(len(training.pairs), 1)),
+                         longest_pair(training.pairs), model.config,  # a pair's chosen and rejected replies
+                         logits=False)
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
     step = start_step = run.begin(components).get("step", 0)

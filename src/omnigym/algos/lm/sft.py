@@ -27,6 +27,7 @@ from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite, nll_loss
 from omnigym.tasks.sft_data import pack, read_sft_rows, tokenize_rows
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.resources import check_language_batch
 from omnigym.track.run import start_run
 
 
@@ -85,6 +86,8 @@ def train(cfg: SFTConfig) -> dict:
     training = tokenize_rows(rows[cfg.eval_size:], tokenizer, None if cfg.packing else cfg.max_length,
                              cfg.completion_only, "training ")
     examples = pack(training.sequences, cfg.max_length) if cfg.packing else training.sequences
+    check_language_batch(f"--batch-size {cfg.batch_size}", min(cfg.batch_size, max(len(examples), 1)),
+                         max((len(ids) for ids, _ in examples), default=1), model.config)
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
     step = run.begin(components).get("step", 0)

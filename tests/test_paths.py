@@ -1,0 +1,136 @@
+"""Paths that are not what they claim: a folder named like a data file, a damaged model
+folder. Each gets one line naming the path, exit code 2, and nothing written."""
+
+import json
+import shutil
+
+import pytest
+
+from omnigym.cli import main
+from test_bad_input import snapshot
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "sft", "--data", "x.jsonl"],
+    ["train", "dpo", "--data", "x.jsonl"],
+    ["train", "rm", "--data", "x.jsonl"],
+    ["train", "rlhf", "--data", "x.jsonl"],
+    ["train", "grpo", "--task", "x.jsonl"],
+    ["train", "grpo", "--task", "gsm8k:x.jsonl"],
+    ["train", "grpo", "--task", "humaneval:x.jsonl"],
+], ids=" ".join)
+def test_a_folder_given_as_a_data_file_is_one_line(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.jsonl").mkdir()
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "x.jsonl is a folder, not a JSON lines file" in err[0], err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from omnigym.models.lm import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def truncate_weights(folder):
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+DAMAGE = {
+    "truncated weights": (truncate_weights, "model.safetensors"),
+    "no weights": (lambda folder: (folder / "model.safetensors").unlink(), "no weights"),
+    "an omnigym run config": (lambda folder: (folder / "config.json").write_text(json.dumps({"algo": "ppo"})),
+                              "config.json"),
+    "config not JSON": (lambda folder: (folder / "config.json").write_text("{oops"), "config.json"),
+    "broken tokenizer": (lambda folder: (folder / "tokenizer.json").write_text("{oops"), "tokenizer"),
+}
+
+
+@pytest.mark.parametrize("as_run_dir", [False, True], ids=["folder", "run-dir"])
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_model_folder_is_one_line_naming_it(tiny_model, tmp_path, monkeypatch, capsys, damage, as_run_dir):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "run" / "model" if as_run_dir else tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    spoil, word = DAMAGE[damage]
+    spoil(folder)
+    given = folder.parent if as_run_dir else folder
+    before = snapshot(tmp_path)
+    assert main(["train", "sft", "--model", str(given), "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--model {given}" in err[0] and word in err[0], err
+    assert snapshot(tmp_path) == before
+
+
+SFT = ["train", "sft", "--batch-size", "4", "--eval-size", "5", "--eval-every", "100", "--checkpoint-every", "1",
+       "--no-progress", "--no-plot", "--no-tensorboard"]
+
+
+def write_rows(path, answer="4"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"prompt": f"{i}+2=", "completion": answer}) + "\n" for i in range(30)))
+
+
+def steps(run):
+    return [json.loads(line)["global_step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_started_with_a_relative_data_path_resumes_from_anywhere(tmp_path, monkeypatch, capsys):
+    """What identifies the data is the file's content (size and SHA-256, kept in config.json with
+    its absolute path), not how its path was spelled: the run resumes from another folder, with
+    the absolute path, and with a copy of the file elsewhere; other data is refused."""
+    write_rows(tmp_path / "a" / "rows.jsonl")
+    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "a")
+    assert main([*SFT, "--data", "rows.jsonl", "--steps", "1", "--run-dir", str(run)]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["data"] == "rows.jsonl"  # as typed; where it is and what it holds beside it
+    assert saved["data_files"]["data"]["path"] == str(tmp_path / "a" / "rows.jsonl")
+
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["train", "sft", "--resume", str(run), "--steps", "2"]) == 0
+    assert main(["train", "sft", "--resume", str(run), "--steps", "3", "--data", str(tmp_path / "a" / "rows.jsonl")]) == 0
+    assert main(["train", "sft", "--resume", str(run), "--steps", "4", "--data", "../a/rows.jsonl"]) == 0
+    (tmp_path / "a" / "rows.jsonl").rename(tmp_path / "b" / "moved.jsonl")  # the data moved too
+    capsys.readouterr()
+    assert main(["train", "sft", "--resume", str(run), "--steps", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"({tmp_path / 'a' / 'rows.jsonl'}), which is not there any more" in err[0], err
+    assert main(["train", "sft", "--resume", str(run), "--steps", "5", "--data", "moved.jsonl"]) == 0
+    assert steps(run)[-1] == 5
+    assert json.loads((run / "config.json").read_text())["data_files"]["data"]["path"] == str(tmp_path / "b" /
+                                                                                            "moved.jsonl")
+
+    write_rows(tmp_path / "b" / "other.jsonl", answer="5")
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "sft", "--resume", str(run), "--steps", "6", "--data", "other.jsonl"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was made with other data" in err[0] and "other.jsonl" in err[0], err
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "rlhf", "--model", "MODEL", "--reward-model", "RM", "--data", "prompts.jsonl"],
+    ["train", "grpo", "--rewards", "rm:RM:1.0"],
+], ids=["rlhf --reward-model", "grpo --rewards rm:"])
+def test_a_damaged_reward_model_is_one_line_naming_it(tiny_model, tmp_path, monkeypatch, capsys, argv):
+    from omnigym.models.scalar_head import MARKER
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model, tmp_path / "rm" / "model")
+    (tmp_path / "rm" / "model" / MARKER).write_text("{}")
+    truncate_weights(tmp_path / "rm" / "model")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(20)))
+    argv = [str(tiny_model) if a == "MODEL" else "rm" if a == "RM" else a.replace("RM", "rm") for a in argv]
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rm:rm: " in err[0] and "model.safetensors is damaged or incomplete" in err[0], err
+    assert snapshot(tmp_path) == before
