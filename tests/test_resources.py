@@ -104,3 +104,16 @@ def test_the_default_language_batches_fit():
     # SFT's default batch at its longest, and RM's (a scalar head, no logits) with pairs of 128 tokens
     assert resources.language_batch_bytes(16, 256, SmolLM2) < 8 * GB
     assert resources.language_batch_bytes(2 * 32, 128, SmolLM2, logits=False) < 8 * GB
+
+
+def test_a_large_run_that_fits_says_so_in_one_line_before_it_is_made(capsys):
+    """--num-envs 100000 fits a machine with 22 GB free, and building it takes minutes: it used
+    to pass in silence. A part over SAID_ABOVE is named with its estimate; a small run says nothing."""
+    from omnigym.algos import config_class, get_algorithm
+
+    cfg = config_class(get_algorithm("ppo"))(env_id="CartPole-v1", num_envs=100_000)
+    resources.check_envs(cfg, None, available=64 * GB)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("omnigym: note: --num-envs 100000 takes about 6.1 GB"), err
+    resources.check_envs(config_class(get_algorithm("ppo"))(env_id="CartPole-v1"), None, available=64 * GB)
+    assert capsys.readouterr().err == ""

@@ -16,6 +16,7 @@ before the first step.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,9 @@ PROCESS_BYTES = 40 * MB
 """what each env of ``--backend async`` adds: a Python process of its own"""
 FREE_SHARE = 0.9
 """of the memory free now, what a run may plan to use (the rest for everything not counted)"""
+SAID_ABOVE = 1 * GB
+"""a part that fits but is this large is said in one line before it is made: building 100,000
+envs takes minutes, which used to pass in silence"""
 
 
 def available_memory() -> int | None:
@@ -69,10 +73,14 @@ def check_fits(needs: dict[str, tuple[str, int]], available: int | None) -> None
     """``needs``: part -> (the flags that size it, bytes). Refuses in one line when the sum is
     more than the memory free here allows, naming the largest part's flags."""
     total = sum(size for _, size in needs.values())
-    if available is None or total <= FREE_SHARE * available:
-        return
     _, (flags, _) = max(needs.items(), key=lambda item: item[1][1])
     detail = ", ".join(f"{name} {shown(size)}" for name, (_, size) in needs.items() if size >= MB)
+    if available is None or total <= FREE_SHARE * available:
+        if total >= SAID_ABOVE:
+            free = f" of the {shown(available)} free here" if available is not None else ""
+            print(f"omnigym: note: {flags} takes about {shown(total)}{free} ({detail}); making it may take a while",
+                  file=sys.stderr, flush=True)
+        return
     names = " or ".join(word for word in flags.split() if word.startswith("--"))
     raise OmnigymError(f"{flags} needs about {shown(total)} of memory in all ({detail}) and {shown(available)} is "
                        f"free here; give a smaller {names}")
