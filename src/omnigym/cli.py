@@ -141,9 +141,19 @@ def evaluate(argv: list[str]) -> None:
     from omnigym.envs.video import VIDEO_FOLDER
     from omnigym.evaluation.control import evaluate_run
 
+    from omnigym.track.lock import RunLock
+
     video_dir = args.video_dir or (str(Path(args.run_dir) / VIDEO_FOLDER / "eval") if args.video else None)
     before = set(Path(video_dir).glob("*.mp4")) if video_dir else set()
-    returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed, video_dir=video_dir)
+    # Videos written into the run directory make eval one of its writers: not while it trains.
+    lock = RunLock(Path(args.run_dir))
+    writes_in_run = video_dir is not None and Path(args.run_dir).resolve() in Path(video_dir).resolve().parents
+    if writes_in_run and Path(args.run_dir).is_dir():
+        lock.acquire()
+    try:
+        returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed, video_dir=video_dir)
+    finally:
+        lock.release()
     import numpy as np
 
     print(f"{len(returns)} episodes: mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} "

@@ -41,6 +41,7 @@ from omnigym.distributed import broadcast, is_main_process
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, describe
+from omnigym.track.lock import RunLock
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.resume import checked_run_dir
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
@@ -65,6 +66,14 @@ class TrainCall:
     run: Run | None = None
     """the run once it has begun writing, until it closes: ``scoped_run`` undoes it on a failure,
     the CLI says where it stands"""
+    lock: RunLock | None = None
+    """the run directory's lock, from ``start_run`` until the run closes: ``scoped_run`` lets it go
+    however ``train()`` ends"""
+
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def run_dir_for(self, cfg, algo: str, label) -> str:
         """The directory this call's run writes to, deciding (and keeping) a new name when the
@@ -102,8 +111,10 @@ def decided_run_dir(cfg, algo: str, label) -> str:
 
 class Run:
     def __init__(self, run_dir: Path, algo: str, cfg, saved: dict | None, replace: bool = False,
-                 call: TrainCall | None = None):
+                 call: TrainCall | None = None, lock: RunLock | None = None):
         self.dir, self.algo, self.cfg = run_dir, algo, cfg
+        self.lock = lock
+        """this process's lock on the directory (``start_run``), let go when the run closes or is abandoned"""
         self.saved = saved
         """the loaded checkpoint when resuming, else None"""
         self.checkpointer = Checkpointer(run_dir)
@@ -195,28 +206,40 @@ class Run:
             self._call.run = None  # finished: nothing for the caller to undo or report
         if not self.writer:
             return None
-        self.metrics.close()
-        self._directory.drop_replaced()
-        if not plot:
-            return None
-        from omnigym.track.files import read_metrics
-        from omnigym.track.plot import plot_runs
+        try:
+            self.metrics.close()
+            self._directory.drop_replaced()
+            if not plot:
+                return None
+            from omnigym.track.files import read_metrics
+            from omnigym.track.plot import plot_runs
 
-        if not any(metric in row for row in read_metrics(self.dir)):  # a short run that ended no episode
-            self.say(f"no learning curve: the run logged no {metric} (no episode ended)")
-            return None
-        return plot_runs([self.dir], self.dir / "curve.png", metric=metric)
+            if not any(metric in row for row in read_metrics(self.dir)):  # a short run that ended no episode
+                self.say(f"no learning curve: the run logged no {metric} (no episode ended)")
+                return None
+            return plot_runs([self.dir], self.dir / "curve.png", metric=metric)
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+        if self._call is not None and self._call.lock is self.lock:
+            self._call.lock = None
 
     def abandon(self) -> None:
         """After a failure or Ctrl-C before this process wrote a checkpoint, put the
         directory back as it was: a resumed run gets its config.json and its log up to the
         checkpoint back; a new run's files and the folders it made go, and a run it was
         replacing (``--overwrite``) comes back."""
-        if self._directory.committed or not self.writer:
-            return  # the run has a checkpoint of this process; the CLI says how to continue
-        if self.metrics is not None:
-            self.metrics.close()
-        self._directory.roll_back(remove_stages=self.made_stages)
+        try:
+            if self._directory.committed or not self.writer:
+                return  # the run has a checkpoint of this process; the CLI says how to continue
+            if self.metrics is not None:
+                self.metrics.close()
+            self._directory.roll_back(remove_stages=self.made_stages)
+        finally:
+            self._release_lock()  # after the roll-back: nobody else sees the directory half put back
 
     def say(self, *lines: str) -> None:
         """The closing lines a person reads (stderr, so stdout stays the episode stream)."""
@@ -244,13 +267,30 @@ def start_run(cfg, algo: str, label) -> Run:
         if "refused" in told:
             raise OmnigymError(told["refused"])
         run_dir = Path(told["run_dir"])
-        return Run(run_dir, algo, cfg, Checkpointer(run_dir).load() if cfg.resume else None, call=call)
+        return Run(run_dir, algo, cfg, Checkpointer(run_dir).load() if told.get("resumed") else None, call=call)
+    # One process per run directory: the lock comes before the checks (a run being written is
+    # refused as in use, not judged half-made) and before anything is written; a new directory
+    # is made for it (removed again if the run does not start). GRPO's warm-up and the RLHF
+    # demo's stages, written before ``begin``, are under it too.
+    lock = RunLock(Path(call.run_dir_for(cfg, algo, label)))
     try:
+        locked = lock.acquire(create=not cfg.resume)
         run_dir, saved = checked_run_dir(cfg, algo, label, decided=call.run_dir)
-    except OmnigymError as refusal:
-        broadcast({"refused": str(refusal)})
+        if not locked and Path(run_dir).is_dir():  # the checks passed, yet no file can be made in it
+            raise OmnigymError(f"cannot write to run directory {run_dir}; choose another --run-dir")
+    except BaseException as refusal:
+        lock.release()
+        if isinstance(refusal, OmnigymError):
+            broadcast({"refused": str(refusal)})
         raise
-    call.run_dir = broadcast({"run_dir": str(run_dir)})["run_dir"]  # the caller learns where the run writes
+    call.lock = lock if locked else None
+    restart = bool(cfg.resume) and saved is None  # resume.py's restarts(): killed before its first checkpoint
+    if restart:
+        print(f"{run_dir} has no checkpoint (its process stopped before writing the first one): "
+              "starting it again from step 0 with its config", file=sys.stderr, flush=True)
+    # the caller learns where the run writes; the other processes, whether there is a checkpoint to load
+    call.run_dir = broadcast({"run_dir": str(run_dir), "resumed": saved is not None})["run_dir"]
     if call.preset_line:  # the control preset applied (config.py's apply_preset)
         print(call.preset_line, flush=True)
-    return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir), call=call)
+    return Run(run_dir, algo, cfg, saved, replace=(cfg.overwrite or restart) and is_run_dir(run_dir), call=call,
+               lock=call.lock)
