@@ -58,6 +58,13 @@ elif hook == "model":  # stop in the final model's save: the weights written, th
     def save_pretrained(self, *args, **kwargs):
         stop_here()
     PreTrainedTokenizerBase.save_pretrained = save_pretrained
+elif hook == "entered":  # say when main() has begun (its signal handling is on from here)
+    import omnigym.cli
+    set_up = omnigym.cli.set_up_process
+    def set_up_process():
+        open(marker, "w").close()
+        set_up()
+    omnigym.cli.set_up_process = set_up_process
 
 from omnigym.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -277,3 +284,25 @@ def test_lock_file_does_not_make_a_run_and_a_refused_start_leaves_nothing(tmp_pa
 
     bad = finish(["train", "ppo", "--num-envs", "0", "--run-dir", str(tmp_path / "never" / "run")])
     assert bad.returncode == 2 and not (tmp_path / "never").exists()
+
+
+# --- Ctrl-C and SIGTERM while the command is still importing ---------------------------------
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_signal_during_the_first_imports_is_one_line(tmp_path, name):
+    """The first ~0.6 s of a command import torch; a Ctrl-C there printed a KeyboardInterrupt
+    traceback. Sent at several moments after main() begins: one line, the signal's exit code,
+    nothing written."""
+    code = 130 if name == "SIGINT" else 128 + signal.SIGTERM
+    for delay in (0.0, 0.05, 0.15, 0.3, 0.6):
+        run, marker = tmp_path / f"run{delay}", tmp_path / f"entered{delay}"
+        process = start(["train", "ppo", "--total-timesteps", "100000", "--run-dir", str(run), *QUIET],
+                        FAULT_HOOK="entered", FAULT_MARKER=str(marker))
+        wait_for(process, marker.exists)
+        time.sleep(delay)
+        process.send_signal(signal.Signals[name])
+        _, err = process.communicate(timeout=60)
+        lines = err.strip().splitlines()
+        assert process.returncode == code and len(lines) == 1 and "Traceback" not in err, (delay, err)
+        assert lines[0].startswith("omnigym: interrupted; " if name == "SIGINT" else "omnigym: stopped by SIGTERM; ")
+        assert not run.exists()

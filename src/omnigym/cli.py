@@ -249,8 +249,11 @@ def stop_signals_as_interrupts():
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with stop_signals_as_interrupts():
-        return run_command(argv)
+    try:
+        with stop_signals_as_interrupts():
+            return run_command(argv)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside run_command's own handling: nothing started
+        return interrupted(exc, None)
 
 
 def run_command(argv: list[str]) -> int:
@@ -261,10 +264,13 @@ def run_command(argv: list[str]) -> int:
             print("omnigym: error: name a command: train, eval, plot or list", file=sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    from omnigym.track.run import TrainCall
-
-    call = TrainCall()  # this command's run: the error and interrupt lines say where it stands
+    call = None
     try:
+        # inside the try: this import takes torch (most of the first ~0.6 s), and a Ctrl-C
+        # during it is one line like any other, not a KeyboardInterrupt traceback
+        from omnigym.track.run import TrainCall
+
+        call = TrainCall()  # this command's run: the error and interrupt lines say where it stands
         if command == "train":
             train(rest, call)
         elif command == "eval":
@@ -280,7 +286,7 @@ def run_command(argv: list[str]) -> int:
         else:
             raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
     except OmnigymError as exc:
-        run = call.run
+        run = call.run if call else None
         where = f" [{run.state_line()}]" if run and run.last_checkpoint else ""
         if os.environ.get("RANK", "0") == "0":  # under torchrun every process finds it; the first says it
             print(f"omnigym: error: {exc}{where}", file=sys.stderr)
@@ -288,16 +294,20 @@ def run_command(argv: list[str]) -> int:
     except BrokenPipeError:  # stdout closed early (omnigym ... | head): nothing more to say
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt as exc:  # a --ray-trainer run says where it stands (exc.where)
-        run = call.run
-        where = run.state_line() if run else "the run had not started; nothing was written"
-        if isinstance(exc, Stopped):  # the shell's code for a process its signal ended: 128 + the signal
-            name = signal_name(exc.signum)
-            print(f"omnigym: stopped by {name}; {getattr(exc, 'where', None) or where}", file=sys.stderr)
-            return 128 + exc.signum
-        print(f"omnigym: interrupted; {getattr(exc, 'where', None) or where}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return interrupted(exc, call.run if call else None)
     return 0
+
+
+def interrupted(exc: KeyboardInterrupt, run) -> int:
+    """Ctrl-C, SIGTERM or SIGHUP: one line saying where ``run`` stands (a --ray-trainer run
+    says it in ``exc.where``), and the shell's exit code for the signal (128 + its number)."""
+    where = getattr(exc, "where", None) or (run.state_line() if run else "the run had not started; nothing was written")
+    if isinstance(exc, Stopped):
+        print(f"omnigym: stopped by {signal_name(exc.signum)}; {where}", file=sys.stderr)
+        return 128 + exc.signum
+    print(f"omnigym: interrupted; {where}", file=sys.stderr)
+    return 130
 
 
 def signal_name(signum: int) -> str:
