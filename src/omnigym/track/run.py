@@ -197,7 +197,11 @@ class Run:
                     component.state_dict()
             self.last_checkpoint = counters
             return
-        self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
+        try:
+            self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
+        except BaseException:  # SIGTERM or Ctrl-C mid-write: the previous checkpoint stands, no half file beside it
+            self.checkpointer.path.with_name(self.checkpointer.path.name + ".tmp").unlink(missing_ok=True)
+            raise
         self.last_checkpoint = counters
         self._directory.commit()
 
