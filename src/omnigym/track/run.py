@@ -197,13 +197,26 @@ class Run:
                     component.state_dict()
             self.last_checkpoint = counters
             return
+        before = self._checkpoint_on_disk()
         try:
             self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
-        except BaseException:  # SIGTERM or Ctrl-C mid-write: the previous checkpoint stands, no half file beside it
-            self.checkpointer.path.with_name(self.checkpointer.path.name + ".tmp").unlink(missing_ok=True)
-            raise
-        self.last_checkpoint = counters
-        self._directory.commit()
+        finally:
+            # A SIGTERM or Ctrl-C can land anywhere in the save: what counts is the disk. Renamed
+            # into place, the new checkpoint is the run's (so it is not rolled back, and the
+            # message names it); else the previous one stands, and no half file stays beside it.
+            if self._checkpoint_on_disk() != before:
+                self.last_checkpoint = counters
+                self._directory.commit()
+            else:
+                self.checkpointer.path.with_name(self.checkpointer.path.name + ".tmp").unlink(missing_ok=True)
+
+    def _checkpoint_on_disk(self) -> tuple | None:
+        """Which file ``checkpoint.pt`` is (a rename over it makes another), None before the first."""
+        try:
+            found = self.checkpointer.path.stat()
+        except FileNotFoundError:
+            return None
+        return found.st_ino, found.st_dev, found.st_mtime_ns
 
     def close(self, plot: bool = True, metric: str = "charts/episodic_return") -> Path | None:
         if self._call is not None and self._call.run is self:
