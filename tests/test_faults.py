@@ -337,3 +337,24 @@ def test_signal_during_the_first_imports_is_one_line(tmp_path, name):
         assert process.returncode == code and len(lines) == 1 and "Traceback" not in err, (delay, err)
         assert lines[0].startswith("omnigym: interrupted; " if name == "SIGINT" else "omnigym: stopped by SIGTERM; ")
         assert not run.exists()
+
+
+@pytest.mark.slow
+def test_a_language_run_is_locked_during_its_warm_up_stage(tmp_path):
+    """GRPO's warm-up writes RUN/stages/warmup before the run itself begins: the lock covers it,
+    and a SIGTERM there puts the directory back (nothing to resume yet)."""
+    run = tmp_path / "run"
+    grpo = ["train", "grpo", "--model", "tiny", "--sft-steps", "100000", "--sft-target-accuracy", "1.1",
+            "--sft-eval-every", "100000", "--eval-size", "4", "--run-dir", str(run), *QUIET]
+    holder = start(grpo)
+    try:
+        wait_for(holder, (run / "stages" / "warmup" / "metrics.jsonl").exists)
+        refused_line(finish(grpo), holder.pid, run)
+        refused_line(finish([*grpo, "--overwrite"]), holder.pid, run)
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        _, err = holder.communicate(timeout=60)
+    said = [line for line in err.splitlines() if line.startswith("omnigym:")]
+    assert holder.returncode == 128 + signal.SIGTERM and said == ["omnigym: stopped by SIGTERM; the run had not "
+                                                                  "started; nothing was written"], err
+    assert not run.exists()
