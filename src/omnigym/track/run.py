@@ -123,6 +123,8 @@ class Run:
         """the counters of the newest checkpoint on disk (None before the first)"""
         self._directory = RunDirectory(run_dir, saved["components"]["metrics"]["offset"] if saved else None, replace)
         self._call = call
+        self._saving: tuple | None = None
+        """(the checkpoint file before it, the counters) while a save is under way"""
         self.made_stages = False
         """set by a demo pipeline that created ``stages/`` for this run (``abandon`` removes it)"""
         self.writer = is_main_process()
@@ -197,18 +199,26 @@ class Run:
                     component.state_dict()
             self.last_checkpoint = counters
             return
-        before = self._checkpoint_on_disk()
+        self._saving = (self._checkpoint_on_disk(), counters)
         try:
             self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
         finally:
-            # A SIGTERM or Ctrl-C can land anywhere in the save: what counts is the disk. Renamed
-            # into place, the new checkpoint is the run's (so it is not rolled back, and the
-            # message names it); else the previous one stands, and no half file stays beside it.
-            if self._checkpoint_on_disk() != before:
-                self.last_checkpoint = counters
-                self._directory.commit()
-            else:
-                self.checkpointer.path.with_name(self.checkpointer.path.name + ".tmp").unlink(missing_ok=True)
+            self._settle_save()
+
+    def _settle_save(self) -> None:
+        """A SIGTERM or Ctrl-C can land anywhere in a save, this very method included (``abandon``
+        settles again then): what counts is the disk. Renamed into place, the new checkpoint is
+        the run's (it is not rolled back, and the message names it); else the previous one
+        stands, and no half file stays beside it."""
+        if self._saving is None:
+            return
+        before, counters = self._saving
+        if self._checkpoint_on_disk() != before:
+            self.last_checkpoint = counters
+            self._directory.commit()
+        else:
+            self.checkpointer.path.with_name(self.checkpointer.path.name + ".tmp").unlink(missing_ok=True)
+        self._saving = None
 
     def _checkpoint_on_disk(self) -> tuple | None:
         """Which file ``checkpoint.pt`` is (a rename over it makes another), None before the first."""
@@ -250,6 +260,8 @@ class Run:
         checkpoint back; a new run's files and the folders it made go, and a run it was
         replacing (``--overwrite``) comes back."""
         try:
+            if self.writer:
+                self._settle_save()  # a save the signal cut short may have put its checkpoint in place
             if self._directory.committed or not self.writer:
                 return  # the run has a checkpoint of this process; the CLI says how to continue
             if self.metrics is not None:
