@@ -5,7 +5,8 @@ A run starts in two steps, so that a start that fails leaves the disk as it was:
 - ``start_run(cfg, algo, label)`` decides the directory and checks it (``resume.py``: a new
   or empty directory; an existing run only with ``--resume`` or ``--overwrite``; on
   ``--resume`` a run of the same algorithm, made with the settings the checkpoint needs) and
-  loads the checkpoint. It writes nothing.
+  loads the checkpoint. It writes nothing but the directory's lock (``lock.py``: one process
+  per run directory), which goes again, with a directory made for it, when the run does not start.
 - ``run.begin(components)``, once the algorithm has built everything, restores the
   checkpoint into the components (when resuming), and only then creates the directory
   (``run_dir.py``'s transaction), writes ``config.json`` and opens the metrics log
