@@ -142,11 +142,6 @@ def metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(("perf/", "time/"))} for row in rows]
 
 
-def listing(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} \
-        if path.exists() else {}
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """Each algorithm's run never interrupted, made once: its metrics and how many checkpoints it wrote."""
