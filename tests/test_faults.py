@@ -165,8 +165,9 @@ FAST = {("ppo", "SIGKILL", "checkpoint-write"), ("ppo", "SIGTERM", "before-first
         ("ppo", "SIGKILL", "before-first-checkpoint"),
         ("ppo", "SIGTERM", "mid-run"), ("ppo", "SIGTERM", "first-checkpoint-renamed")}
 """the cases run without ``-m slow``; the rest are marked slow"""
-MODEL_SAVE_XFAIL = pytest.mark.xfail(strict=True, raises=AssertionError, reason="needs h-disk's atomic model/: a run killed while saving "
-                                                         "model/ counts as finished with a partial model")
+MODEL_SAVE_XFAIL = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                     reason="needs h-disk's atomic model/: a run killed while saving model/ counts as "
+                                            "finished with a partial model")
 
 
 def cases() -> list:
