@@ -33,10 +33,16 @@ def test_unwritable_run_dir(capsys, tmp_path):
     assert line.endswith("choose another --run-dir")
 
 
-def test_resume_without_checkpoint(capsys, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
-    line = error_line(capsys, ["train", "ppo", "--resume", str(tmp_path)])
-    assert line == f"omnigym: error: no checkpoint at {tmp_path / 'checkpoint.pt'}; a run writes one every --checkpoint-every steps"
+def test_resume_without_checkpoint_starts_the_run_again(capsys, tmp_path):
+    """A run killed (SIGKILL, out of memory) before its first checkpoint has nothing to resume;
+    --resume starts it again from step 0 with its config, instead of 'no checkpoint' while a
+    new run there was told to --resume (tests/test_faults.py kills real runs so)."""
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1", "total_timesteps": 256,
+                                                      "num_envs": 2, "num_steps": 128, "plot": False}))
+    assert main(["train", "ppo", "--resume", str(tmp_path), "--no-progress", "--no-tensorboard"]) == 0
+    assert "has no checkpoint (its process stopped before writing the first one): starting it again from step 0" \
+        in capsys.readouterr().err
+    assert (tmp_path / "checkpoint.pt").exists() and len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 1
 
 
 def test_eval_on_corrupt_checkpoint(capsys, tmp_path):

@@ -151,9 +151,19 @@ def evaluate(argv: list[str]) -> None:
     from omnigym.envs.video import VIDEO_FOLDER
     from omnigym.evaluation.control import evaluate_run
 
+    from omnigym.track.lock import RunLock
+
     video_dir = args.video_dir or (str(Path(args.run_dir) / VIDEO_FOLDER / "eval") if args.video else None)
     before = set(Path(video_dir).glob("*.mp4")) if video_dir else set()
-    returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed, video_dir=video_dir)
+    # Videos written into the run directory make eval one of its writers: not while it trains.
+    lock = RunLock(Path(args.run_dir))
+    writes_in_run = video_dir is not None and Path(args.run_dir).resolve() in Path(video_dir).resolve().parents
+    if writes_in_run and Path(args.run_dir).is_dir():
+        lock.acquire()
+    try:
+        returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed, video_dir=video_dir)
+    finally:
+        lock.release()
     import numpy as np
 
     print(f"{len(returns)} episodes: mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} "
@@ -252,8 +262,11 @@ def stop_signals_as_interrupts():
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with stop_signals_as_interrupts():
-        return run_command(argv)
+    try:
+        with stop_signals_as_interrupts():
+            return run_command(argv)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside run_command's own handling: nothing started
+        return interrupted(exc, None)
 
 
 def run_command(argv: list[str]) -> int:
@@ -264,10 +277,13 @@ def run_command(argv: list[str]) -> int:
             print("omnigym: error: name a command: train, eval, plot or list", file=sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    from omnigym.track.run import TrainCall
-
-    call = TrainCall()  # this command's run: the error and interrupt lines say where it stands
+    call = None
     try:
+        # inside the try: this import takes torch (most of the first ~0.6 s), and a Ctrl-C
+        # during it is one line like any other, not a KeyboardInterrupt traceback
+        from omnigym.track.run import TrainCall
+
+        call = TrainCall()  # this command's run: the error and interrupt lines say where it stands
         if command == "train":
             train(rest, call)
         elif command == "eval":
@@ -283,7 +299,7 @@ def run_command(argv: list[str]) -> int:
         else:
             raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
     except OmnigymError as exc:
-        run = call.run
+        run = call.run if call else None
         from omnigym.track.files import DiskFault
 
         # a full disk's line says where the run stands itself
@@ -294,16 +310,20 @@ def run_command(argv: list[str]) -> int:
     except BrokenPipeError:  # stdout closed early (omnigym ... | head): nothing more to say
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt as exc:  # a --ray-trainer run says where it stands (exc.where)
-        run = call.run
-        where = run.state_line() if run else "the run had not started; nothing was written"
-        if isinstance(exc, Stopped):  # the shell's code for a process its signal ended: 128 + the signal
-            name = signal_name(exc.signum)
-            print(f"omnigym: stopped by {name}; {getattr(exc, 'where', None) or where}", file=sys.stderr)
-            return 128 + exc.signum
-        print(f"omnigym: interrupted; {getattr(exc, 'where', None) or where}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return interrupted(exc, call.run if call else None)
     return 0
+
+
+def interrupted(exc: KeyboardInterrupt, run) -> int:
+    """Ctrl-C, SIGTERM or SIGHUP: one line saying where ``run`` stands (a --ray-trainer run
+    says it in ``exc.where``), and the shell's exit code for the signal (128 + its number)."""
+    where = getattr(exc, "where", None) or (run.state_line() if run else "the run had not started; nothing was written")
+    if isinstance(exc, Stopped):
+        print(f"omnigym: stopped by {signal_name(exc.signum)}; {where}", file=sys.stderr)
+        return 128 + exc.signum
+    print(f"omnigym: interrupted; {where}", file=sys.stderr)
+    return 130
 
 
 def signal_name(signum: int) -> str:

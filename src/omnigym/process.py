@@ -96,5 +96,7 @@ def scoped_run(train):
                     if call.run is not None:
                         call.run.abandon()
                     raise
+                finally:  # the run directory's lock goes however train() ends (start_run took it)
+                    call.release_lock()
 
     return wrapper

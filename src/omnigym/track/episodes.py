@@ -55,10 +55,14 @@ class EpisodeStats:
         return float(np.mean(self.recent)) if self.recent else float("nan")
 
     def state_dict(self) -> dict:
-        return {"recent": list(self.recent), "maxlen": self.recent.maxlen}
+        # the episodes not yet drained into a metric line too: a checkpoint between two log lines
+        # (SAC, DQN: --log-every and --checkpoint-every differ) must not lose them on resume
+        return {"recent": list(self.recent), "maxlen": self.recent.maxlen, "returns": list(self._returns),
+                "lengths": list(self._lengths)}
 
     def load_state_dict(self, state: dict) -> None:
         self.recent = deque(state["recent"], maxlen=state["maxlen"])
+        self._returns, self._lengths = list(state.get("returns", [])), list(state.get("lengths", []))
 
 
 def close_control_run(run, stats: EpisodeStats, plot: bool, global_step: int) -> dict:

@@ -16,6 +16,7 @@ from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
+from omnigym.track.lock import LOCK_NAME
 from omnigym.track.run_dir import MODEL_FOLDER, check_writable, default_run_dir, is_run_dir
 
 
@@ -28,6 +29,8 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         if cfg.run_dir and Path(cfg.run_dir).resolve() != run_dir.resolve():
             raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
         check_resumable(cfg, algo, load_config_dict(run_dir))
+        if restarts(run_dir):
+            return run_dir, None
         saved = Checkpointer(run_dir).load()
         check_saved_state(cfg, run_dir, saved)
     else:
@@ -37,10 +40,19 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         if run_dir.is_dir() and is_run_dir(run_dir) and not cfg.overwrite:
             raise OmnigymError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
                                "or replace it with --overwrite")
-        if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
+        if run_dir.is_dir() and not is_run_dir(run_dir) and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)
     return run_dir, saved
+
+
+def restarts(run_dir: Path) -> bool:
+    """A run whose process was killed (SIGKILL, the OOM killer, a power cut) before its first
+    checkpoint: its config.json and first metrics are there, no checkpoint and no model. Nothing
+    can be resumed from it, and it cannot have been undone as a run stopped by a signal is:
+    ``--resume`` starts it again from step 0, with its own config (its files are set aside
+    until the new start's first checkpoint, as ``--overwrite`` does)."""
+    return not Checkpointer(run_dir).exists() and not (run_dir / MODEL_FOLDER).exists()
 
 
 def check_saved_state(cfg, run_dir: Path, saved: dict) -> None:

@@ -5,7 +5,8 @@ A run starts in two steps, so that a start that fails leaves the disk as it was:
 - ``start_run(cfg, algo, label)`` decides the directory and checks it (``resume.py``: a new
   or empty directory; an existing run only with ``--resume`` or ``--overwrite``; on
   ``--resume`` a run of the same algorithm, made with the settings the checkpoint needs) and
-  loads the checkpoint. It writes nothing.
+  loads the checkpoint. It writes nothing but the directory's lock (``lock.py``: one process
+  per run directory), which goes again, with a directory made for it, when the run does not start.
 - ``run.begin(components)``, once the algorithm has built everything, restores the
   checkpoint into the components (when resuming), and only then creates the directory
   (``run_dir.py``'s transaction), writes ``config.json`` and opens the metrics log
@@ -41,6 +42,7 @@ from omnigym.distributed import broadcast, is_main_process
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, load_config_dict, write_atomically
+from omnigym.track.lock import RunLock
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import save_model_folder
 from omnigym.track.resume import DATA_FILES_KEY, checked_run_dir, recorded_data
@@ -66,6 +68,14 @@ class TrainCall:
     run: Run | None = None
     """the run once it has begun writing, until it closes: ``scoped_run`` undoes it on a failure,
     the CLI says where it stands"""
+    lock: RunLock | None = None
+    """the run directory's lock, from ``start_run`` until the run closes: ``scoped_run`` lets it go
+    however ``train()`` ends"""
+
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def run_dir_for(self, cfg, algo: str, label) -> str:
         """The directory this call's run writes to, deciding (and keeping) a new name when the
@@ -103,8 +113,10 @@ def decided_run_dir(cfg, algo: str, label) -> str:
 
 class Run:
     def __init__(self, run_dir: Path, algo: str, cfg, saved: dict | None, replace: bool = False,
-                 call: TrainCall | None = None):
+                 call: TrainCall | None = None, lock: RunLock | None = None):
         self.dir, self.algo, self.cfg = run_dir, algo, cfg
+        self.lock = lock
+        """this process's lock on the directory (``start_run``), let go when the run closes or is abandoned"""
         self.saved = saved
         """the loaded checkpoint when resuming, else None"""
         self.checkpointer = Checkpointer(run_dir)
@@ -113,6 +125,8 @@ class Run:
         """the counters of the newest checkpoint on disk (None before the first)"""
         self._directory = RunDirectory(run_dir, saved["components"]["metrics"]["offset"] if saved else None, replace)
         self._call = call
+        self._saving: tuple | None = None
+        """(the checkpoint file before it, the counters) while a save is under way"""
         self.made_stages = False
         """set by a demo pipeline that created ``stages/`` for this run (``abandon`` removes it)"""
         self.kept_settings: dict = {}
@@ -213,10 +227,35 @@ class Run:
                     component.state_dict()
             self.last_checkpoint = counters
             return
-        with self.disk_faults():
-            self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
-        self.last_checkpoint = counters
-        self._directory.commit()
+        self._saving = (self._checkpoint_on_disk(), counters)
+        try:
+            with self.disk_faults():
+                self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
+        finally:
+            self._settle_save()
+
+    def _settle_save(self) -> None:
+        """A SIGTERM or Ctrl-C can land anywhere in a save, this very method included (``abandon``
+        settles again then): what counts is the disk. Renamed into place, the new checkpoint is
+        the run's (it is not rolled back, and the message names it); else the previous one
+        stands, and no half file stays beside it."""
+        if self._saving is None:
+            return
+        before, counters = self._saving
+        if self._checkpoint_on_disk() != before:
+            self.last_checkpoint = counters
+            self._directory.commit()
+        else:
+            self.checkpointer.path.with_name(self.checkpointer.path.name + ".tmp").unlink(missing_ok=True)
+        self._saving = None
+
+    def _checkpoint_on_disk(self) -> tuple | None:
+        """Which file ``checkpoint.pt`` is (a rename over it makes another), None before the first."""
+        try:
+            found = self.checkpointer.path.stat()
+        except FileNotFoundError:
+            return None
+        return found.st_ino, found.st_dev, found.st_mtime_ns
 
     def close(self, plot: bool = True, metric: str | tuple[str, ...] = "charts/episodic_return") -> Path | None:
         """``metric``: the curve's metric, or several (one panel each, the first the main one)."""
@@ -224,41 +263,55 @@ class Run:
             self._call.run = None  # finished: nothing for the caller to undo or report
         if not self.writer:
             return None
-        with self.disk_faults():
-            self.metrics.close()
-        self._directory.drop_replaced()
-        if not plot:
-            return None
-        from omnigym.track.files import read_metrics, write_fault
-        from omnigym.track.plot import plot_runs
-
-        main = metric if isinstance(metric, str) else metric[0]
-        if not any(main in row for row in read_metrics(self.dir)):  # a short run that ended no episode
-            self.say(f"no learning curve: the run logged no {main} (no episode ended)")
-            return None
-        curve = self.dir / "curve.png"
         try:
-            with write_fault(curve):
-                return plot_runs([self.dir], curve, metric=metric)
-        except DiskFault as fault:  # the run itself is whole; only its picture is missing
-            curve.unlink(missing_ok=True)
-            which = "" if metric == "charts/episodic_return" else f" --metric {metric}"
-            raise fault.then(f"draw it with: omnigym plot {self.dir} --out {curve}{which}  (the run itself finished)"
-                             ) from None
+            with self.disk_faults():
+                self.metrics.close()
+            self._directory.drop_replaced()
+            if not plot:
+                return None
+            from omnigym.track.files import read_metrics, write_fault
+            from omnigym.track.plot import plot_runs
+
+            main = metric if isinstance(metric, str) else metric[0]
+            if not any(main in row for row in read_metrics(self.dir)):  # a short run that ended no episode
+                self.say(f"no learning curve: the run logged no {main} (no episode ended)")
+                return None
+            curve = self.dir / "curve.png"
+            try:
+                with write_fault(curve):
+                    return plot_runs([self.dir], curve, metric=metric)
+            except DiskFault as fault:  # the run itself is whole; only its picture is missing
+                curve.unlink(missing_ok=True)
+                which = "" if metric == "charts/episodic_return" else f" --metric {metric}"
+                raise fault.then(f"draw it with: omnigym plot {self.dir} --out {curve}{which}  "
+                                 "(the run itself finished)") from None
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+        if self._call is not None and self._call.lock is self.lock:
+            self._call.lock = None
 
     def abandon(self) -> None:
         """After a failure or Ctrl-C before this process wrote a checkpoint, put the
         directory back as it was: a resumed run gets its config.json and its log up to the
         checkpoint back; a new run's files and the folders it made go, and a run it was
         replacing (``--overwrite``) comes back."""
-        if self._directory.committed or not self.writer:
-            return  # the run has a checkpoint of this process; the CLI says how to continue
-        if self.metrics is not None:
-            try:
-                self.metrics.close()
-            except OmnigymError:  # a full disk: what the log still held is lost with the run anyway
-                pass
-        self._directory.roll_back(remove_stages=self.made_stages)
+        try:
+            if self.writer:
+                self._settle_save()  # a save the signal cut short may have put its checkpoint in place
+            if self._directory.committed or not self.writer:
+                return  # the run has a checkpoint of this process; the CLI says how to continue
+            if self.metrics is not None:
+                try:
+                    self.metrics.close()
+                except OmnigymError:  # a full disk: what the log still held is lost with the run anyway
+                    pass
+            self._directory.roll_back(remove_stages=self.made_stages)
+        finally:
+            self._release_lock()  # after the roll-back: nobody else sees the directory half put back
 
     def say(self, *lines: str) -> None:
         """The closing lines a person reads (stderr, so stdout stays the episode stream)."""
@@ -286,13 +339,30 @@ def start_run(cfg, algo: str, label) -> Run:
         if "refused" in told:
             raise OmnigymError(told["refused"])
         run_dir = Path(told["run_dir"])
-        return Run(run_dir, algo, cfg, Checkpointer(run_dir).load() if cfg.resume else None, call=call)
+        return Run(run_dir, algo, cfg, Checkpointer(run_dir).load() if told.get("resumed") else None, call=call)
+    # One process per run directory: the lock comes before the checks (a run being written is
+    # refused as in use, not judged half-made) and before anything is written; a new directory
+    # is made for it (removed again if the run does not start). GRPO's warm-up and the RLHF
+    # demo's stages, written before ``begin``, are under it too.
+    lock = RunLock(Path(call.run_dir_for(cfg, algo, label)))
     try:
+        locked = lock.acquire(create=not cfg.resume)
         run_dir, saved = checked_run_dir(cfg, algo, label, decided=call.run_dir)
-    except OmnigymError as refusal:
-        broadcast({"refused": str(refusal)})
+        if not locked and Path(run_dir).is_dir():  # the checks passed, yet no file can be made in it
+            raise OmnigymError(f"cannot write to run directory {run_dir}; choose another --run-dir")
+    except BaseException as refusal:
+        lock.release()
+        if isinstance(refusal, OmnigymError):
+            broadcast({"refused": str(refusal)})
         raise
-    call.run_dir = broadcast({"run_dir": str(run_dir)})["run_dir"]  # the caller learns where the run writes
+    call.lock = lock if locked else None
+    restart = bool(cfg.resume) and saved is None  # resume.py's restarts(): killed before its first checkpoint
+    if restart:
+        print(f"{run_dir} has no checkpoint (its process stopped before writing the first one): "
+              "starting it again from step 0 with its config", file=sys.stderr, flush=True)
+    # the caller learns where the run writes; the other processes, whether there is a checkpoint to load
+    call.run_dir = broadcast({"run_dir": str(run_dir), "resumed": saved is not None})["run_dir"]
     if call.preset_line:  # the control preset applied (config.py's apply_preset)
         print(call.preset_line, flush=True)
-    return Run(run_dir, algo, cfg, saved, replace=cfg.overwrite and is_run_dir(run_dir), call=call)
+    return Run(run_dir, algo, cfg, saved, replace=(cfg.overwrite or restart) and is_run_dir(run_dir), call=call,
+               lock=call.lock)
