@@ -453,3 +453,15 @@ def test_without_bubblewrap_or_root_the_program_cannot_read_the_tests_or_write_t
     assert attack["isolation"] == correct["isolation"] == "limits only"
     assert attack["stdout"] == "tests not seen\n" and attack["passed"] == 0
     assert correct["passed"] == 2
+
+
+def test_a_calculator_call_cannot_stall_the_trainer():
+    """The calculator runs in the trainer, not the sandbox: a tower of powers, each exponent
+    within its bound, took 21 s here (one level more: hours and gigabytes)."""
+    env = ToolEnv([{"question": "q", "answer": "1"}], lambda c, e: 0.0)
+    env.reset(seed=0)
+    start = time.monotonic()
+    messages, *_ = env.respond('<tool name="calculator">(((9**64)**64)**64)**64</tool>')
+    assert time.monotonic() - start < 1.0
+    assert messages[-1]["content"].startswith("error: ")
+    assert env.use_tool("calculator", "(2**64)**64 - (2**64)**64 + 2**64") == str(2 ** 64)
