@@ -465,3 +465,23 @@ def test_a_calculator_call_cannot_stall_the_trainer():
     assert time.monotonic() - start < 1.0
     assert messages[-1]["content"].startswith("error: ")
     assert env.use_tool("calculator", "(2**64)**64 - (2**64)**64 + 2**64") == str(2 ** 64)
+
+
+@as_root
+def test_without_bubblewrap_a_program_leaves_nothing_for_the_next_in_shared_temp_dirs(monkeypatch):
+    """As root without bubblewrap, /tmp and /dev/shm are the host's: a correct program left
+    its code there and a wrong one ran it (1.0). What a sandbox's uid owns there goes with it."""
+    import omnigym.rewards.sandbox as sandbox
+
+    which = sandbox.shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "bwrap" else which(name))
+    box = Sandbox()
+    leave = "".join(f"open('{d}/{MARK}share', 'w').write({CORRECT!r})\n" for d in ("/tmp", "/dev/shm"))
+    run = "".join(f"try: exec(open('{d}/{MARK}share').read())\nexcept OSError: pass\n" for d in ("/tmp", "/dev/shm"))
+    try:
+        assert code_score(CORRECT + leave, GRADED, box, QUICK) == 1.0
+        assert glob.glob(f"/tmp/{MARK}*") + glob.glob(f"/dev/shm/{MARK}*") == []
+        assert code_score(WRONG + run, GRADED, box, QUICK) == 0.0
+    finally:
+        for path in glob.glob(f"/tmp/{MARK}*") + glob.glob(f"/dev/shm/{MARK}*"):
+            os.remove(path)

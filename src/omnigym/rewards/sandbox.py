@@ -367,6 +367,8 @@ class Sandbox:
             cgroup.remove()
             if workdir:
                 _remove_tree(workdir)
+                if uid is not None:
+                    _remove_owned(uid)
 
 def isolation() -> Isolation:
     """The isolation a fresh ``Sandbox`` gets here (probed now): for reports (``omnigym list``)."""
@@ -479,6 +481,30 @@ def _kill_all(proc: subprocess.Popen, uid: int | None, sandbox_init: int | None)
 def _read_capped(file, limits: SandboxLimits) -> str:
     file.seek(0)
     return file.read(limits.max_output_bytes).decode("utf-8", errors="replace")
+
+
+SHARED_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+"""world-writable: without bubblewrap a program's files there outlive it, for the next to run"""
+
+
+def _remove_owned(uid: int) -> None:
+    """Remove what the sandbox's (fresh, now dead) uid left at the top of the shared temp dirs:
+    it can write nowhere deeper but in what it made there."""
+    for parent in SHARED_TEMP_DIRS:
+        try:
+            entries = list(os.scandir(parent))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    _remove_tree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
 
 
 def _remove_tree(path: str) -> None:
