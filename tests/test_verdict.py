@@ -390,3 +390,98 @@ def test_signals_from_the_program_do_not_reach_the_judge(route):
     a correct program still passes. (The tool env has no judge: its program is the PID 1.)"""
     assert run_route(route, CORRECT + SIGNALLING) == 1.0
     assert run_route(route, WRONG + SIGNALLING) == 0.0
+
+
+# -- without bubblewrap and without root: the program runs as the trainer's own user ----
+
+AS_THE_TRAINERS_USER = '''
+import json, sys, types
+src = sys.argv[1]
+# the sandbox and the verdict only (the package's __init__ imports torch, which the
+# interpreter this uid may run need not have)
+for name in ("omnigym", "omnigym.rewards"):
+    package = types.ModuleType(name)
+    package.__path__ = [src + "/" + name.replace(".", "/")]
+    sys.modules[name] = package
+sys.path.insert(0, src)
+import omnigym.rewards.sandbox as sandbox
+from omnigym.rewards.code import HARNESS, _count_passed
+
+which = sandbox.shutil.which
+sandbox.shutil.which = lambda name: None if name == "bwrap" else which(name)
+box = sandbox.Sandbox()
+job = {"tests": ["assert add(1, 2) == 3", "assert add(-4, 4) == 0"]}
+limits = sandbox.SandboxLimits(cpu_seconds=2, wall_seconds=3, memory_mb=512, max_processes=16, max_file_mb=1)
+result = box.run(box.python_argv(HARNESS), limits, "", (repr(job).encode(), sys.argv[2].encode()), 1)
+print(json.dumps({"isolation": result.isolation, "passed": _count_passed(result.channels[0], 2)[0],
+                  "stdout": result.stdout}))
+'''
+# The trainer is the judge's parent: its descriptors (the tests, the verdict) are under
+# /proc/<trainer>/fd, which a process of the same user may open. A daemon waits for the
+# judge's verdict and writes a pass over it.
+THROUGH_THE_TRAINER = WRONG + (
+    "import os, time\nstat = open(f'/proc/{os.getppid()}/stat').read().rsplit(')', 1)[1].split()\n"
+    "trainer = f'/proc/{stat[1]}/fd/'\nseen, targets = [], []\n"
+    "for fd in os.listdir(trainer):\n    try: seen.append(open(trainer + fd, 'rb').read())\n    except OSError: pass\n"
+    "    try: targets.append(os.open(trainer + fd, os.O_RDWR))\n    except OSError: pass\n"
+    "print('TESTS-SEEN' if b'add(-4, 4)' in b''.join(seen) else 'tests not seen', flush=True)\n"
+    "if os.fork() == 0:\n    os.setsid()\n    end = time.monotonic() + 2\n    while time.monotonic() < end:\n"
+    "        for fd in targets:\n            if b'done' in os.pread(fd, 100, 0):\n"
+    "                os.pwrite(fd, b'pass 0\\npass 1\\ndone\\n'.ljust(48, b'\\n'), 0)\n"
+    "        time.sleep(0.001)\n    os._exit(0)\n")
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and not __import__("shutil").which("setpriv"), reason="needs setpriv")
+def test_without_bubblewrap_or_root_the_program_cannot_read_the_tests_or_write_the_verdict():
+    """Run as a user without root (as root: as nobody, through setpriv), with the limits only:
+    the tests and the verdict are not among the descriptors of the trainer's that its
+    programs can open."""
+    import json
+    import subprocess
+
+    from omnigym.rewards.sandbox import sandbox_interpreter
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    outcome = []
+    for program in (THROUGH_THE_TRAINER, CORRECT):
+        done = subprocess.run(drop + [sandbox_interpreter(), "-c", AS_THE_TRAINERS_USER, src, program], cwd="/",
+                              capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+        outcome.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    time.sleep(2)  # the attack's daemon (which nothing kills without root or bubblewrap) has ended
+    attack, correct = outcome
+    assert attack["isolation"] == correct["isolation"] == "limits only"
+    assert attack["stdout"] == "tests not seen\n" and attack["passed"] == 0
+    assert correct["passed"] == 2
+
+
+def test_a_calculator_call_cannot_stall_the_trainer():
+    """The calculator runs in the trainer, not the sandbox: a tower of powers, each exponent
+    within its bound, took 21 s here (one level more: hours and gigabytes)."""
+    env = ToolEnv([{"question": "q", "answer": "1"}], lambda c, e: 0.0)
+    env.reset(seed=0)
+    start = time.monotonic()
+    messages, *_ = env.respond('<tool name="calculator">(((9**64)**64)**64)**64</tool>')
+    assert time.monotonic() - start < 1.0
+    assert messages[-1]["content"].startswith("error: ")
+    assert env.use_tool("calculator", "(2**64)**64 - (2**64)**64 + 2**64") == str(2 ** 64)
+
+
+@as_root
+def test_without_bubblewrap_a_program_leaves_nothing_for_the_next_in_shared_temp_dirs(monkeypatch):
+    """As root without bubblewrap, /tmp and /dev/shm are the host's: a correct program left
+    its code there and a wrong one ran it (1.0). What a sandbox's uid owns there goes with it."""
+    import omnigym.rewards.sandbox as sandbox
+
+    which = sandbox.shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "bwrap" else which(name))
+    box = Sandbox()
+    leave = "".join(f"open('{d}/{MARK}share', 'w').write({CORRECT!r})\n" for d in ("/tmp", "/dev/shm"))
+    run = "".join(f"try: exec(open('{d}/{MARK}share').read())\nexcept OSError: pass\n" for d in ("/tmp", "/dev/shm"))
+    try:
+        assert code_score(CORRECT + leave, GRADED, box, QUICK) == 1.0
+        assert glob.glob(f"/tmp/{MARK}*") + glob.glob(f"/dev/shm/{MARK}*") == []
+        assert code_score(WRONG + run, GRADED, box, QUICK) == 0.0
+    finally:
+        for path in glob.glob(f"/tmp/{MARK}*") + glob.glob(f"/dev/shm/{MARK}*"):
+            os.remove(path)

@@ -36,6 +36,7 @@ import random
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -323,7 +324,7 @@ class Sandbox:
         uid = 3_000_000 + random.SystemRandom().randrange(1_000_000) if root else None
         cgroup = _Cgroup(limits) if root else _Cgroup(None)
         workdir = None if use_bwrap else tempfile.mkdtemp(prefix="omnigym-sandbox-")
-        files = []
+        files, ours, info = [], [], None
         try:
             if workdir and uid is not None:
                 os.chown(workdir, uid, uid)
@@ -331,11 +332,14 @@ class Sandbox:
                 files.append(tempfile.TemporaryFile())
                 files[-1].write(data)
                 files[-1].seek(0)
-            channels = [tempfile.TemporaryFile() for _ in range(writable)]
-            files += channels
+            # Each writable channel is a socket pair, not a file: without bubblewrap or root the
+            # program runs as the trainer's user and may open /proc/<trainer>/fd/N, which for a
+            # file (or a pipe) would let it write there; a socket cannot be opened that way.
+            channels = [socket.socketpair() for _ in range(writable)]
+            ours = [mine for mine, _ in channels]
+            files += [theirs for _, theirs in channels]
             fds = tuple(f.fileno() for f in files)
-            info = tempfile.TemporaryFile()  # bwrap writes the sandbox's first process's pid here
-            files.append(info)
+            info = tempfile.TemporaryFile() if use_bwrap else None  # bwrap writes its first process's pid here
             home = "/tmp" if use_bwrap else workdir
             env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
             bwrap = _bwrap_args(limits, self.interpreter) + ["--info-fd", str(info.fileno())] if use_bwrap else []
@@ -343,38 +347,85 @@ class Sandbox:
                 + [str(fd) for fd in fds]
             with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
                 proc = subprocess.Popen(command, cwd=workdir or "/", env=env, stdin=subprocess.PIPE if stdin else
-                                        subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True, pass_fds=fds + (info.fileno(),),
-                                        start_new_session=True)
-                timed_out = not _wait(proc, stdin.encode(), limits.wall_seconds)
-                _kill_all(proc, None if use_bwrap else uid, _sandbox_init(info) if use_bwrap else None)
+                                        subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True,
+                                        pass_fds=fds + ((info.fileno(),) if info else ()), start_new_session=True)
+                # The child has its copies (Popen returns once it has exec'd, long before the
+                # program runs): the trainer's go now, so no program finds the tests or its code
+                # among the trainer's descriptors, and a channel ends when the sandbox's copies do.
+                for f in files:
+                    f.close()
+                received = [bytearray() for _ in ours]
+                timed_out = not _wait(proc, stdin.encode(), limits.wall_seconds, ours, received, limits)
+                _kill_all(proc, None if use_bwrap else uid, _sandbox_init(info) if info else None)
+                _drain(ours, received, limits)
                 return SandboxResult(None if timed_out else proc.returncode, _read_capped(out, limits),
                                      _read_capped(err, limits), timed_out, "bubblewrap" if use_bwrap else "limits only",
-                                     [_read_bytes(c, limits) for c in channels])
+                                     [bytes(r) for r in received])
         finally:
-            for f in files:
+            for f in files + ours + ([info] if info else []):
                 f.close()
             cgroup.remove()
             if workdir:
                 _remove_tree(workdir)
+                if uid is not None:
+                    _remove_owned(uid)
 
 def isolation() -> Isolation:
     """The isolation a fresh ``Sandbox`` gets here (probed now): for reports (``omnigym list``)."""
     return Sandbox().isolation()
 
 
-def _wait(proc: subprocess.Popen, stdin: bytes, seconds: float) -> bool:
-    """Feed stdin and wait for the exit, at most ``seconds``; True if it exited. (A pidfd
-    wakes us at the exit itself: ``Popen.wait(timeout)`` polls with sleeps.)"""
+def _wait(proc: subprocess.Popen, stdin: bytes, seconds: float, channels=(), received=(),
+          limits: SandboxLimits | None = None) -> bool:
+    """Feed stdin, read the channels as they fill (so a writer never blocks on a full socket)
+    and wait for the exit, at most ``seconds``; True if it exited. (A pidfd wakes us at the
+    exit itself: ``Popen.wait(timeout)`` polls with sleeps.)"""
+    import time
+
     if stdin:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
     pidfd = os.pidfd_open(proc.pid)
+    deadline = time.monotonic() + seconds
+    poller = select.poll()  # not select.select: a trainer's descriptors may number past 1024
+    for fd in [pidfd] + [c.fileno() for c in channels]:
+        poller.register(fd, select.POLLIN)
+    kept = dict(zip(channels, received))
+    exited = False
     try:
-        exited = bool(select.select([pidfd], [], [], seconds)[0])
+        while not exited:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready = {fd for fd, _ in poller.poll(left * 1000)}
+            exited = pidfd in ready
+            waiting = [c for c in kept if c.fileno() in ready]
+            for ended in _drain(waiting, [kept[c] for c in waiting], limits):
+                poller.unregister(ended.fileno())
+                del kept[ended]
     finally:
         os.close(pidfd)
     if exited:
         proc.wait()
     return exited
+
+
+def _drain(channels, received, limits) -> list:
+    """Read what is waiting on each channel, keeping up to ``max_output_bytes`` (the rest is
+    read and dropped). Returns the channels whose writers have all gone."""
+    ended = []
+    for channel, kept in zip(channels, received):
+        while True:
+            try:
+                chunk = channel.recv(1 << 16, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                ended.append(channel)
+                break
+            kept += chunk[:max(0, limits.max_output_bytes - len(kept))]
+    return ended
 
 
 def _feed(pipe, data: bytes) -> None:
@@ -427,13 +478,33 @@ def _kill_all(proc: subprocess.Popen, uid: int | None, sandbox_init: int | None)
         pass
 
 
-def _read_bytes(file, limits: SandboxLimits) -> bytes:
-    file.seek(0)
-    return file.read(limits.max_output_bytes)
-
-
 def _read_capped(file, limits: SandboxLimits) -> str:
-    return _read_bytes(file, limits).decode("utf-8", errors="replace")
+    file.seek(0)
+    return file.read(limits.max_output_bytes).decode("utf-8", errors="replace")
+
+
+SHARED_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+"""world-writable: without bubblewrap a program's files there outlive it, for the next to run"""
+
+
+def _remove_owned(uid: int) -> None:
+    """Remove what the sandbox's (fresh, now dead) uid left at the top of the shared temp dirs:
+    it can write nowhere deeper but in what it made there."""
+    for parent in SHARED_TEMP_DIRS:
+        try:
+            entries = list(os.scandir(parent))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    _remove_tree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
 
 
 def _remove_tree(path: str) -> None:
