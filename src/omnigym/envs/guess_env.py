@@ -54,6 +54,17 @@ class GuessEnv(ToolEnv):
     def __init__(self, examples, reward, system_prompt=None, max_turns: int = 8):
         super().__init__(examples, reward, system_prompt, max_turns, tools=())
 
+    def demonstration(self, example: dict) -> list[dict]:
+        """Bisection to the secret, with the env's feedback (GRPO's warm-up)."""
+        low, high, secret, turns = 1, int(example["high"]), int(example["answer"]), []
+        while True:
+            guess = (low + high) // 2
+            turns.append({"role": "assistant", "content": f"<guess>{guess}</guess>"})
+            if guess == secret:
+                return turns
+            turns.append({"role": "user", "content": feedback(guess, secret)})
+            low, high = (guess + 1, high) if secret > guess else (low, guess - 1)
+
     def respond(self, text: str):
         self.turns += 1
         self.messages.append({"role": "assistant", "content": text})
@@ -64,12 +75,16 @@ class GuessEnv(ToolEnv):
             self.example = {**self.example, "turns": self.turns, "max_turns": self.max_turns}
             return list(self.messages), True, False, {"example": self.example}
         if guess is None:
-            feedback = f"Reply with exactly one guess, a whole number from 1 to {high}, like <guess>{(high + 1) // 2}</guess>."
+            reply = f"Reply with exactly one guess, a whole number from 1 to {high}, like <guess>{(high + 1) // 2}</guess>."
         else:
-            feedback = f"{guess} is wrong: the secret is {'higher' if secret > guess else 'lower'}."
-        self.messages.append({"role": "user", "content": feedback})
+            reply = feedback(guess, secret)
+        self.messages.append({"role": "user", "content": reply})
         truncated = self.turns >= self.max_turns
         return list(self.messages), False, truncated, {"example": self.example, "valid_guess": guess is not None}
+
+
+def feedback(guess: int, secret: int) -> str:
+    return f"{guess} is wrong: the secret is {'higher' if secret > guess else 'lower'}."
 
 
 def guess_examples(n: int, seed: int, high: int) -> list[dict]:

@@ -112,6 +112,16 @@ class PythonEnv(ToolEnv):
         self.cells = []  # a new list: the per-episode copies of this env must not share one
         return super().reset(seed, options)
 
+    def demonstration(self, example: dict) -> list[dict] | None:
+        """The example's scripted solution as the turns after the prompt (GRPO's warm-up)."""
+        if "cells" not in example:
+            return None
+        turns = []
+        for cell, output in zip(example["cells"], example["outputs"]):
+            turns += [{"role": "assistant", "content": f'<tool name="python">{cell}</tool>'},
+                      {"role": "tool", "content": output}]
+        return turns + [{"role": "assistant", "content": f"<answer>{example['answer']}</answer>"}]
+
     def use_tool(self, name: str, arg: str) -> str:
         if name not in self.tools:
             return f"error: unknown tool {name}; the tool is python"
@@ -146,17 +156,18 @@ def truncate(text: str, budget: int) -> str:
     """``text`` cut to ``budget`` characters, saying how much was cut."""
     if len(text) <= budget:
         return text
-    return text[:budget] + f"\n... ({len(text) - budget} more characters not shown)"
+    return text[:budget] + f"\n... (output cut at {budget} characters)"
 
 
-def compute_examples(n: int, seed: int) -> list[dict]:
-    """Procedural questions whose answers need code: a product of two 5-6 digit numbers plus a
-    third, or a sum over a generated list. ``cells`` is a two-turn solution (the data, then
-    the computation that uses it): the warm-up's demonstration and the tests' scripted policy."""
+def compute_examples(n: int, seed: int, kinds: tuple[str, ...] = ("product", "list")) -> list[dict]:
+    """Procedural questions whose answers need code: (``product``) two 5-6 digit numbers
+    multiplied, plus a third, or (``list``) a sum over a generated list. ``cells`` is a
+    two-turn solution (the data, then the computation that uses it) and ``outputs`` what each
+    prints: the warm-up's demonstration and the tests' scripted policy."""
     rng = random.Random(seed)
     examples = []
     for _ in range(n):
-        if rng.random() < 0.5:
+        if rng.choice(kinds) == "product":
             a, b, c = rng.randrange(10_000, 1_000_000), rng.randrange(10_000, 1_000_000), rng.randrange(1, 100_000)
             question = f"What is {a} * {b} + {c}?"
             cells = [f"a, b, c = {a}, {b}, {c}", "print(a * b + c)"]
@@ -167,13 +178,21 @@ def compute_examples(n: int, seed: int) -> list[dict]:
             question = f"xs = {xs}. What is the sum of the squares of the numbers in xs that are divisible by {k}?"
             cells = [f"xs = {xs}", f"print(sum(x * x for x in xs if x % {k} == 0))"]
             answer = sum(x * x for x in xs if x % k == 0)
-        examples.append({"question": question, "answer": str(answer), "cells": cells})
+        examples.append({"question": question, "answer": str(answer), "cells": cells,
+                         "outputs": ["(no output)", str(answer)]})
     return examples
 
 
-def python_env(n: int = 5000, seed: int = 0, system_prompt: str | None = SYSTEM_PROMPT, **kwargs) -> PythonEnv:
+def python_env(n: int = 5000, seed: int = 0, kinds: tuple[str, ...] = ("product", "list"),
+               system_prompt: str | None = SYSTEM_PROMPT, **kwargs) -> PythonEnv:
     """``python-v0``: the interpreter env on the procedural compute task, scored by
-    correctness + 0.1 x format."""
+    correctness + 0.1 x format (``kinds=("product",)``: the short questions only, which fit a
+    256-position model such as the tiny one)."""
+    from omnigym.errors import OmnigymError
     from omnigym.rewards import WeightedSum
 
-    return PythonEnv(compute_examples(n, seed), WeightedSum({"math": 1.0, "format": 0.1}), system_prompt, **kwargs)
+    unknown = set(kinds) - {"product", "list"}
+    if not kinds or unknown:
+        raise OmnigymError(f"python-v0 kinds must be product and/or list, got {', '.join(map(str, kinds)) or 'none'}")
+    return PythonEnv(compute_examples(n, seed, tuple(kinds)), WeightedSum({"math": 1.0, "format": 0.1}), system_prompt,
+                     **kwargs)

@@ -71,6 +71,12 @@ class SearchEnv(ToolEnv):
         super().__init__(examples, reward, system_prompt, max_turns, tools=("search",))
         self.index, self.top_k = index, top_k
 
+    def demonstration(self, example: dict) -> list[dict]:
+        """Search with the question, read the passages, answer (GRPO's warm-up)."""
+        return [{"role": "assistant", "content": f'<tool name="search">{example["question"]}</tool>'},
+                {"role": "tool", "content": self.use_tool("search", example["question"])},
+                {"role": "assistant", "content": f"<answer>{example['answer']}</answer>"}]
+
     def use_tool(self, name: str, arg: str) -> str:
         if name not in self.tools:
             return f"error: unknown tool {name}; the tool is search"
