@@ -386,3 +386,16 @@ def test_grpo_trains_through_each_tool_env(tmp_path, monkeypatch, env_id):
     if env_id == "python":  # the sandbox's output of the second cell sits in the trajectory
         assert all(s["reward"] >= 1 for s in samples)
     assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
+
+
+def test_the_docs_example_runs_as_written(capsys):
+    """docs/text_env.md's ```python block of the tool envs, run as a reader would."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "text_env.md").read_text()
+    section = page.split("## Built-in tool envs", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    exec(compile(block, "text_env.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["True", "1.05"] and re.fullmatch(r"50 is wrong: the secret is (higher|lower)\.", lines[2])
