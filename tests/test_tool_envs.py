@@ -399,3 +399,15 @@ def test_the_docs_example_runs_as_written(capsys):
     exec(compile(block, "text_env.md", "exec"), {})
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == ["True", "1.05"] and re.fullmatch(r"50 is wrong: the secret is (higher|lower)\.", lines[2])
+
+
+@pytest.mark.parametrize("env_id", ["python", "search", "guess"])
+def test_max_turns_and_the_system_prompt_reach_the_env(env_id):
+    pytest.importorskip("transformers")
+    from omnigym.algos import grpo
+    from omnigym.tasks import load_task
+
+    cfg = grpo.GRPOConfig(env=env_id, max_turns=3, system_prompt="Be brief.", eval_size=5)
+    env, _ = grpo.task_env(cfg, load_task(grpo.task_spec(cfg), 0, 5))
+    assert type(env).__name__ == {"python": "PythonEnv", "search": "SearchEnv", "guess": "GuessEnv"}[env_id]
+    assert env.max_turns == 3 and env.reset(seed=0)[0][0] == {"role": "system", "content": "Be brief."}
