@@ -215,7 +215,7 @@ def test_grpo_trains_through_the_tool_env(tmp_path, monkeypatch):
     assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
 
 
-@pytest.mark.parametrize("flags, message", [(["--env", "tool"], "--env must be single-turn or tools"),
+@pytest.mark.parametrize("flags, message", [(["--env", "tool"], "--env must be one of single-turn, tools, python, search, guess"),
                                             (["--max-turns", "0"], "--max-turns must be positive, got 0"),
                                             (["--behaviour-cap", "-1"], "--behaviour-cap must be positive"),
                                             (["--advantage", "gea"], "unknown advantage estimator 'gea'")])

@@ -213,6 +213,9 @@ def list_available() -> None:
 
     print("algorithms:   " + ", ".join(ALGORITHMS))
     print("env backends: " + ", ".join(available_backends()))
+    from omnigym.envs.text import TEXT_ENVS
+
+    print("text envs:    " + ", ".join(sorted(TEXT_ENVS)) + "  (grpo --env python|search|guess, or --task ID)")
     print(isolation().line())
 
 

@@ -1,3 +1,13 @@
 from omnigym.envs.vector import BACKENDS, available_backends, make_vec
+from omnigym.envs.text import register_text_env
+# The tool envs live in modules of their own (each subclasses envs/text.py's ToolEnv, so text.py
+# cannot import them); they are registered here, which every import of omnigym.envs.* runs first.
+from omnigym.envs.guess_env import guess_env
+from omnigym.envs.python_env import python_env
+from omnigym.envs.search_env import search_env
+
+register_text_env("python-v0", python_env)
+register_text_env("search-v0", search_env)
+register_text_env("guess-v0", guess_env)
 
 __all__ = ["BACKENDS", "available_backends", "make_vec"]

@@ -140,6 +140,14 @@ def demonstration(env, tokenizer, example: dict) -> list[tuple[list[int], list[i
     then, after the env's real reply to it, the answer (one sequence per model turn)."""
     messages, _ = env.reset(options={"example": example})
     turns = []
+    # a tool env of envs/ scripts its own episode (the calls and the env's replies, not run)
+    scripted = env.demonstration(example) if hasattr(env, "demonstration") else None
+    if scripted:
+        for i, message in enumerate(scripted):
+            if message["role"] == "assistant":
+                turns.append((messages + scripted[:i], message["content"]))
+        return [to_sequence("warm-up", {"prompt": prompt, "completion": [{"role": "assistant", "content": reply}]},
+                            tokenizer, completion_only=True) for prompt, reply in turns]
     if "calculator" in env.tools and "expression" in example:
         call = f'<tool name="calculator">{example["expression"]}</tool>'
         turns.append((messages, call))

@@ -2,7 +2,8 @@
 
 Each step: draw ``prompts_per_step`` prompts, play ``group_size`` episodes of each in the
 text env (``--env single-turn``: one scored reply; ``--env tools``: replies may call a
-Python sandbox or a calculator first), turn each group's rewards into advantages
+Python sandbox or a calculator first; ``--env python``, ``search``, ``guess``: the built-in tool
+envs of ``envs/``, docs/text_env.md), turn each group's rewards into advantages
 (``--advantage``: grpo, dr_grpo, rloo, reinforce_pp), drop groups whose rewards are all
 equal (no signal), then take ``ppo_epochs`` clipped policy steps on the tokens the model
 generated against the stored old log-probs, with a KL penalty to the reference model
@@ -64,10 +65,12 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     """the system message of every episode; default: none for the built-in tiny model, and for any
     other model one that states the answer format the math and format rewards read (give "" for none)"""
     env: str = "single-turn"
-    """single-turn (one reply, scored) or tools (the reply may call <tool name="python"> or
-    <tool name="calculator"> and read the answer, up to --max-turns replies)"""
+    """single-turn (one reply, scored); tools (the reply may call <tool name="python"> or
+    <tool name="calculator"> and read the answer, up to --max-turns replies); python (a Python
+    session kept across turns; its own computation task unless --task is given); search (BM25 over
+    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task"""
     max_turns: int = 4
-    """replies per episode in the tools env"""
+    """replies per episode in a multi-turn env"""
     rewards: str | None = None
     """weighted rewards, name:weight,... (module:name:weight for your own); default: the task env's
     own reward, else math:1.0,format:0.1"""
@@ -121,7 +124,9 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
                          "sft_learning_rate", "eval_size", "eval_every")
         require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
-        require(self.env in ("single-turn", "tools"), f"--env must be single-turn or tools, got {self.env!r}")
+        require(self.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {self.env!r}")
+        require(self.env not in ("search", "guess") or self.task == "arithmetic",
+                f"--env {self.env} brings its own task ({self.env}-v0); leave out --task {self.task}")
         require(self.loss_aggregation in AGGREGATIONS, f"unknown --loss-aggregation {self.loss_aggregation!r}; "
                                                        f"choose one of {', '.join(AGGREGATIONS)}")
         require(self.kl_estimator in ("k1", "k2", "k3"), f"unknown --kl-estimator {self.kl_estimator!r}; "
@@ -129,11 +134,18 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
 
 
 CONFIG = GRPOConfig
+ENVS = ("single-turn", "tools", "python", "search", "guess")
+"""--env: python, search and guess are the registered tool envs python-v0, search-v0, guess-v0"""
 DEFAULT_REWARDS = "math:1.0,format:0.1"
 ANSWER_FORMAT = ("Solve the problem. Think briefly if you need to, then give only the final number inside answer "
                  "tags, like this: <answer>42</answer>")
 """A pretrained model is not told the answer format by anything else: without it an instruct
 model answers in prose, every reward is 0 and every group is skipped."""
+
+
+def task_spec(cfg: GRPOConfig) -> str:
+    """What --task loads: with --env python, search or guess and no --task, that env's own task."""
+    return f"{cfg.env}-v0" if cfg.env in ("python", "search", "guess") and cfg.task == "arithmetic" else cfg.task
 
 
 def task_env(cfg: GRPOConfig, task: Task):
@@ -143,6 +155,15 @@ def task_env(cfg: GRPOConfig, task: Task):
         env.examples = task.train
         if cfg.rewards:
             env.reward = parse_weights(cfg.rewards)
+        if hasattr(env, "max_turns"):  # a multi-turn env plays the turns --max-turns gives
+            env.max_turns = cfg.max_turns
+        if cfg.system_prompt is not None:
+            env.system_prompt = cfg.system_prompt or None
+    elif cfg.env == "python":  # the Python session over a task of your own, scored like the tools env
+        from omnigym.envs.python_env import SYSTEM_PROMPT, PythonEnv
+
+        system = cfg.system_prompt if cfg.system_prompt is not None else SYSTEM_PROMPT
+        env = PythonEnv(task.train, parse_weights(cfg.rewards or DEFAULT_REWARDS), system or None, cfg.max_turns)
     else:
         reward = parse_weights(cfg.rewards or DEFAULT_REWARDS)
         system = cfg.system_prompt if cfg.system_prompt is not None else None if cfg.model == "tiny" else ANSWER_FORMAT
@@ -155,7 +176,7 @@ def task_env(cfg: GRPOConfig, task: Task):
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
     estimator = get_advantage(cfg.advantage)  # a misspelt name: one line before anything is written
-    task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
     if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step or --sft-batch-size")
@@ -229,7 +250,7 @@ def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
     the actor (its weights come from the trainer before it samples). Paths in the flags are
     read from the trainer's working directory."""
     os.chdir(cwd)
-    task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
     env, _ = task_env(cfg, task)
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
@@ -319,7 +340,7 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
                         "losses/approx_kl": stats["approx_kl"].item()})
         if "kl" in stats:
             metrics["kl/mean"] = stats["kl"].item()
-    if cfg.env == "tools":
+    if cfg.env != "single-turn":
         metrics["episode/turns"] = sum(t.info["turns"] for t in items) / len(items)
     return metrics
 
