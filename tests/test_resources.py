@@ -114,6 +114,6 @@ def test_a_large_run_that_fits_says_so_in_one_line_before_it_is_made(capsys):
     cfg = config_class(get_algorithm("ppo"))(env_id="CartPole-v1", num_envs=100_000)
     resources.check_envs(cfg, None, available=64 * GB)
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("omnigym: note: --num-envs 100000 takes about 6.1 GB"), err
+    assert len(err) == 1 and err[0].startswith("omnigym: note: --num-envs 100000 takes about 6.1 GB of the 64.0 GB free here"), err
     resources.check_envs(config_class(get_algorithm("ppo"))(env_id="CartPole-v1"), None, available=64 * GB)
     assert capsys.readouterr().err == ""

@@ -373,11 +373,22 @@ def config_from_dict(cls, values: dict, saved_file: str | None = None):
     # launcher, W&B) is the current command's to say, not the saved file's.
     placement = {f.name: f.default for f in dataclasses.fields(cls)
                  if f.name in ("device", "wandb", "resume", "overwrite", "training_backend", "deepspeed_config")}
+    if "training_backend" in placement and data_parallel_launch():
+        placement["training_backend"] = "ddp"  # a launcher's processes: the launcher check is this command's
     try:
         dataclasses.replace(cfg, **placement).check()
     except OmnigymError as exc:
         raise OmnigymError(f"{source}: {exc}") from None
     return cfg
+
+
+def data_parallel_launch() -> bool:
+    """This process is one of several a launcher (torchrun, deepspeed) started."""
+    import os
+
+    from omnigym.distributed import launched_by_torchrun
+
+    return launched_by_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def check_saved_type(name: str, value, annotation, source: str) -> None:

@@ -76,10 +76,6 @@ def check_fits(needs: dict[str, tuple[str, int]], available: int | None) -> None
     _, (flags, _) = max(needs.items(), key=lambda item: item[1][1])
     detail = ", ".join(f"{name} {shown(size)}" for name, (_, size) in needs.items() if size >= MB)
     if available is None or total <= FREE_SHARE * available:
-        if total >= SAID_ABOVE:
-            free = f" of the {shown(available)} free here" if available is not None else ""
-            print(f"omnigym: note: {flags} takes about {shown(total)}{free} ({detail}); making it may take a while",
-                  file=sys.stderr, flush=True)
         return
     names = " or ".join(word for word in flags.split() if word.startswith("--"))
     raise OmnigymError(f"{flags} needs about {shown(total)} of memory in all ({detail}) and {shown(available)} is "
@@ -93,7 +89,16 @@ def env_needs(cfg, family: str | None) -> dict[str, tuple[str, int]]:
 
 
 def check_envs(cfg, family: str | None, available: int | None = None) -> None:
-    check_fits(env_needs(cfg, family), available_memory() if available is None else available)
+    """Refuses envs that cannot fit; envs that fit but take over ``SAID_ABOVE`` are said in one
+    line, because making them takes minutes (buffers are not: numpy allocates them lazily)."""
+    available = available_memory() if available is None else available
+    needs = env_needs(cfg, family)
+    check_fits(needs, available)
+    (flags, total), = needs.values()
+    if total >= SAID_ABOVE:
+        free = f" of the {shown(available)} free here" if available is not None else ""
+        print(f"omnigym: note: {flags} takes about {shown(total)}{free}; making the envs may take minutes",
+              file=sys.stderr, flush=True)
 
 
 def stored_bytes(space) -> int:

@@ -30,6 +30,11 @@ class _SeenWrites:
     def __init__(self, file):
         self._file, self.error = file, None
 
+    @property
+    def name(self) -> str:
+        """the file's own name, as a file object has one (what a reader of the write sees)"""
+        return self._file.name
+
     def write(self, data) -> int:
         try:
             return self._file.write(data)
