@@ -83,14 +83,15 @@ def reward_of(result) -> tuple[float, dict]:
 
 class AgentEpisodes:
     def __init__(self, fn, engine, tokenizer, params: SamplingParams, timeout: float = 300.0,
-                 model_name: str = "omnigym", context: int | None = None):
+                 model_name: str = "omnigym", context: int | None = None, said: set | None = None):
         """``params``: the reply budget (``max_new_tokens``), the temperature of requests that
-        give none, and ``greedy`` (every request sampled greedily: held-out evaluation)."""
+        give none, and ``greedy`` (every request sampled greedily: held-out evaluation);
+        ``said``: the failure reasons already said (shared by a run's sources, so each is said once)."""
         self.fn, self.engine, self.tokenizer, self.params, self.timeout = fn, engine, tokenizer, params, timeout
         self.model_name, self.context = model_name, context
         self.service: EngineService | None = None
         self.server: AgentServer | None = None
-        self._said: set[str] = set()
+        self._said = said if said is not None else set()
 
     def open(self) -> None:
         """Start the endpoint (and the engine's batching service), if it is not up."""
@@ -194,6 +195,18 @@ class AgentGenerator:
         played = await asyncio.gather(*(one(example, g) for g, example in enumerate(examples)
                                         for _ in range(group_size)))
         return [t for episode in played for t in episode]
+
+
+def agent_generators(cfg, fn, engine, tokenizer, policy) -> tuple[AgentGenerator, AgentGenerator]:
+    """The two Generators of an ``--agent`` run, the sampler and the greedy judge of held-out
+    accuracy: replies of at most ``--max-new-tokens`` (and the model's context), ``--temperature``
+    unless a request gives one."""
+    context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+    said: set = set()
+    return tuple(AgentGenerator(AgentEpisodes(fn, engine, tokenizer, SamplingParams(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy), cfg.agent_timeout,
+        str(cfg.model), context if isinstance(context, int) else None, said), cfg.agent_concurrency)
+        for greedy in (False, True))
 
 
 def agent_metrics(items: list) -> dict:

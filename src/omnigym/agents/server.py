@@ -29,6 +29,7 @@ import asyncio
 import hmac
 import math
 import secrets
+import ssl
 import threading
 import time
 
@@ -70,6 +71,7 @@ class AgentServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner = None
         self._thread: threading.Thread | None = None
+        self._tls = None
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> "AgentServer":
@@ -131,13 +133,18 @@ class AgentServer:
 
     def client(self, episode_id: str, timeout: float | None = None):
         """An ``openai.AsyncOpenAI`` for this episode, carrying the run's token; it never retries
-        (a retried request would be a second sample of the same turn)."""
+        (a retried request would be a second sample of the same turn) and ignores proxy settings
+        (the token goes to loopback, nowhere else)."""
         try:
+            import httpx
             import openai
         except ImportError:
             raise missing_extra("openai", "agents") from None
+        if self._tls is None:  # building one per client cost 60 ms each (certifi's bundle), for a plain-HTTP endpoint
+            self._tls = ssl.create_default_context()
+        http = httpx.AsyncClient(verify=self._tls, trust_env=False, timeout=timeout)
         return openai.AsyncOpenAI(base_url=self.base_url(episode_id), api_key=self.token, max_retries=0,
-                                  timeout=timeout)
+                                  timeout=timeout, http_client=http)
 
     # -- HTTP -------------------------------------------------------------------------------
     def _reply(self, status: int, body: dict):

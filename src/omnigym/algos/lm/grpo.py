@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from omnigym.agents.config import AgentConfig
+from omnigym.agents.episodes import agent_generators, agent_metrics, load_agent
 from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.envs.text import TextEnv, ToolEnv
@@ -50,7 +52,7 @@ from omnigym.track.run import Run, start_run
 
 
 @dataclass
-class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
+class GRPOConfig(AgentConfig, RolloutRuntimeConfig, LanguageModelConfig):
     engine: str = "auto"
     """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv, hf,
     or vllm (the [vllm] extra, a CUDA GPU; docs/vllm.md)"""
@@ -131,6 +133,9 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
                                                        f"choose one of {', '.join(AGGREGATIONS)}")
         require(self.kl_estimator in ("k1", "k2", "k3"), f"unknown --kl-estimator {self.kl_estimator!r}; "
                                                           "choose k1, k2 or k3")
+        self.check_agent()
+        require(not self.agent or (self.rewards is None and self.env == "single-turn"),
+                f"--agent {self.agent} plays its own episodes and returns their reward: leave out --rewards and --env")
 
 
 CONFIG = GRPOConfig
@@ -176,6 +181,7 @@ def task_env(cfg: GRPOConfig, task: Task):
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
     estimator = get_advantage(cfg.advantage)  # a misspelt name: one line before anything is written
+    agent = load_agent(cfg.agent) if cfg.agent else None  # checked (async, (client, example)) before the run starts
     task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
     if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
@@ -189,8 +195,11 @@ def train(cfg: GRPOConfig) -> dict:
                                                   cfg.device)
     check_context(policy, cfg.max_new_tokens)
     engine = make_engine(policy, tokenizer, cfg.engine)
-    sampler = make_generator(cfg, env, engine, tokenizer)  # the episodes GRPO trains on
-    judge = make_generator(cfg, judged_env(env, correct), engine, tokenizer, greedy=True)  # held-out accuracy
+    if agent:  # your agent's episodes, its requests served by this engine; accuracy: held-out reward >= 1, greedy
+        sampler, judge = agent_generators(cfg, agent, engine, tokenizer, policy)
+    else:
+        sampler = make_generator(cfg, env, engine, tokenizer)  # the episodes GRPO trains on
+        judge = make_generator(cfg, judged_env(env, correct), engine, tokenizer, greedy=True)  # held-out accuracy
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
     reference = trainer.frozen_copy() if cfg.beta > 0 else None  # the policy as GRPO starts (--beta 0: none)
     components = {"trainer": trainer}
@@ -270,14 +279,20 @@ def evaluate(run: Run, judge: TextEnvGenerator, policy, tokenizer, examples: lis
 
 def group_advantages(cfg: GRPOConfig, estimator, trajectories) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token advantages ``[episodes, tokens]`` from each group's rewards, and which episodes
-    carry signal (all, or with --skip-equal-groups those of groups whose rewards differ)."""
-    rewards = trajectories.rewards()
+    carry signal (all, or with --skip-equal-groups those of groups whose rewards differ). An
+    episode that failed (``info["error"]``: an --agent that raised or timed out) carries none and
+    is left out of its group's baseline: the group is the episodes that finished."""
+    rewards, group_ids = trajectories.rewards(), trajectories.group_ids()
     masks = padded([t.loss_mask for t in trajectories.items])
-    advantages, _ = estimator(outcome_rewards(rewards, masks), masks, trajectories.group_ids())
-    informative = torch.ones(len(rewards), dtype=torch.bool)
+    valid = torch.tensor([not t.info.get("error") for t in trajectories.items], dtype=torch.bool)
+    advantages = torch.zeros(masks.shape)
+    if valid.any():
+        advantages[valid], _ = estimator(outcome_rewards(rewards[valid], masks[valid]), masks[valid], group_ids[valid])
+    informative = valid.clone()
     if cfg.skip_equal_groups:
-        spread = rewards.reshape(-1, cfg.group_size).std(1) > 0  # groups are adjacent, group_size each
-        informative = spread.repeat_interleave(cfg.group_size)
+        for group in group_ids[valid].unique().tolist():
+            members = valid & (group_ids == group)
+            informative[members] = bool(rewards[members].std() > 0) if members.sum() > 1 else False
     return advantages, informative
 
 
@@ -342,6 +357,8 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
             metrics["kl/mean"] = stats["kl"].item()
     if cfg.env != "single-turn":
         metrics["episode/turns"] = sum(t.info["turns"] for t in items) / len(items)
+    if cfg.agent:
+        metrics.update(agent_metrics(items))
     return metrics
 
 
