@@ -4,9 +4,12 @@ returns no number costs its episode, not the run; a bad --agent is one line, not
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -224,3 +227,38 @@ def test_the_command_line_refuses_a_sync_agent_in_one_line(tmp_path):
                                                 "function: write it as async def run(client, example) (it gets an "
                                                 "openai.AsyncOpenAI client)"]
     assert sorted(os.listdir(tmp_path)) == ["agents_here.py"]
+
+
+SECTION = re.compile(r"\n## Write your own agent\n(.*?)\n## ", re.DOTALL)
+BLOCK = re.compile(r"```(python|jinja|bash)\n(.*?)```", re.DOTALL)
+FILE = re.compile(r"^(?:# file: |\{# file: )(\S+)")
+
+
+@pytest.mark.slow
+def test_the_write_your_own_agent_section_runs_as_written(tmp_path):
+    """docs/agents.md's example, as a user copies it: its files written, its command run."""
+    section = SECTION.search((Path(__file__).parent.parent / "docs" / "agents.md").read_text()).group(1)
+    written, commands = [], []
+    for kind, body in BLOCK.findall(section):
+        name = FILE.match(body)
+        if name:
+            (tmp_path / name.group(1)).write_text(body)
+            written.append(name.group(1))
+        elif kind == "bash":
+            commands += [line for line in body.splitlines() if line.strip()]
+    assert written == ["my_agent.py", "tools.jinja"] and len(commands) == 1
+    agent = (tmp_path / "my_agent.py").read_text()
+    assert "omnigym" not in agent and "import openai" in agent  # the openai package only
+    omnigym = str(Path(sys.executable).parent / "omnigym")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "omnigym"
+        done = subprocess.run([omnigym, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    logged = [r for r in rows(tmp_path / "runs" / "my-agent" / "metrics.jsonl") if "reward/mean" in r]
+    assert len(logged) == 2 and all("reward/correct" in r and "reward/used_tool" in r for r in logged)
+    assert all(r["agent/errors"] == 0 and 1 <= r["agent/turns"] <= 3 for r in logged)
+    samples = rows(tmp_path / "runs" / "my-agent" / "samples.jsonl")
+    assert samples and all(s["transcript"][0]["asked"] == {"role": "user", "content": s["prompt"]} for s in samples)
