@@ -121,12 +121,13 @@ def test_logprobs_are_the_engines(tool_tokenizer):
     assert record.turns[0].finished is False
 
 
-def test_real_engine_tokens_are_recorded_as_sampled(tiny):
-    """The tiny model's own sampler behind the endpoint: the recorded turn is what it made."""
+@pytest.mark.parametrize("kind", ["kv", "hf"])
+def test_real_engine_tokens_are_recorded_as_sampled(tiny, kind):
+    """The tiny model's own samplers behind the endpoint: the recorded turn is what they made."""
     from omnigym.inference import make_engine
 
     policy, tokenizer = tiny
-    engine = make_engine(policy, tokenizer, "auto")
+    engine = make_engine(policy, tokenizer, kind)
     made = []
     generate = engine.generate
 
