@@ -226,6 +226,14 @@ def test_a_bad_agent_is_one_line_and_nothing_written(tmp_path, monkeypatch, caps
     assert sorted(os.listdir(tmp_path)) == before  # no runs/, no run directory
 
 
+def test_agent_runs_train_in_one_process():
+    """Under torchrun, each process would play episodes of its own (timing makes them differ)."""
+    from omnigym.errors import OmnigymError
+
+    with pytest.raises(OmnigymError, match="--agent plays its episodes in one process: use --training-backend local"):
+        grpo.GRPOConfig(agent="a:run", training_backend="ddp").check_agent()
+
+
 def test_the_command_line_refuses_a_sync_agent_in_one_line(tmp_path):
     write(tmp_path, "agents_here.py", BAD_AGENTS)
     done = subprocess.run([sys.executable, "-m", "omnigym", "train", "text_reinforce", "--agent",
