@@ -186,6 +186,25 @@ def test_real_engine_tokens_are_recorded_as_sampled(tiny, kind):
     assert first.choices[0].message.content == tokenizer.decode(made[0].completion_ids, skip_special_tokens=True)
 
 
+def test_token_ids_top_k_and_tool_choice_none(tool_tokenizer):
+    """vLLM's extensions that verifiers' clients send (return_token_ids, top_k through
+    extra_body) are served; tool_choice "none" leaves a tool-call-looking reply as text."""
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
+    engine = ScriptedEngine(tool_tokenizer, [call])
+
+    async def agent(client):
+        return await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1"}],
+                                                    tools=[ADD], tool_choice="none",
+                                                    extra_body={"return_token_ids": True, "top_k": 5})
+
+    reply, record = serve(engine, tool_tokenizer, agent)
+    assert reply.choices[0].message.tool_calls is None and reply.choices[0].message.content == call
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.prompt_token_ids == record.turns[0].prompt_ids
+    assert reply.choices[0].token_ids == record.turns[0].completion_ids
+    assert engine.calls[0][1].top_k == 5
+
+
 def test_a_rewritten_history_starts_a_new_sequence(tool_tokenizer):
     engine = ScriptedEngine(tool_tokenizer, ["one", "two"])
 
