@@ -128,7 +128,7 @@ def test_agents_that_raise_hang_or_return_no_number_cost_their_episode(tmp_path,
             reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
             kind = example["question"].split()[0]
             if kind == "raise":
-                raise ValueError("the tool was down")
+                raise ValueError(f"the tool was down for {example['question']}")  # said once all the same
             if kind == "hang":
                 await asyncio.sleep(3600)
             if kind == "block":  # holds its thread, not an await: the timeout walks away from it
