@@ -333,3 +333,40 @@ def test_which_templates_take_tools(tiny, tool_tokenizer):
         tokenizer = copy.deepcopy(tiny[1])
         tokenizer.chat_template = smollm2.read_text()
         assert not template_takes_tools(tokenizer)
+
+
+def test_a_body_over_the_cap_is_refused_unread(tool_tokenizer):
+    endpoint = Endpoint(ScriptedEngine(tool_tokenizer, []), tool_tokenizer, max_request_bytes=4096)
+    url = endpoint.server.base_url(endpoint.record.episode_id) + "/chat/completions"
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json",
+                                                 "Authorization": f"Bearer {endpoint.server.token}"})
+    try:
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=30)
+        assert caught.value.code == 413 and endpoint.record.turns == []
+    finally:
+        endpoint.close()
+
+
+def test_the_endpoint_modules_touch_no_files_or_processes():
+    """What a request names is never a path: the endpoint's modules call nothing that opens,
+    lists, removes or runs anything (the agent's own code is the user's, docs/agents.md)."""
+    import ast
+    from pathlib import Path
+
+    import omnigym.agents
+
+    forbidden = {"open", "Path", "remove", "unlink", "rmtree", "listdir", "scandir", "walk", "system", "popen",
+                 "run", "Popen", "exec", "eval", "read_text", "write_text", "read_bytes", "write_bytes"}
+    folder = Path(omnigym.agents.__file__).parent
+    for name in ("server.py", "chat.py", "recorder.py"):
+        tree = ast.parse((folder / name).read_text())
+        called = {node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                  for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and isinstance(node.func, (ast.Name, ast.Attribute))}
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names} | {node.module.split(".")[0] for node in ast.walk(tree)
+                                                 if isinstance(node, ast.ImportFrom) and node.module}
+        assert not called & forbidden, (name, called & forbidden)
+        assert not imported & {"os", "shutil", "subprocess", "pathlib"}, name

@@ -59,12 +59,14 @@ def _web():
 
 class AgentServer:
     def __init__(self, service, tokenizer, model_name: str, max_new_tokens: int, context: int | None = None,
-                 temperature: float = 1.0, greedy: bool = False):
+                 temperature: float = 1.0, greedy: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES):
         """``max_new_tokens``: the most a reply may have (a request may ask for fewer);
         ``context``: the model's positions (prompt and reply must fit); ``temperature``: for
-        requests that give none; ``greedy``: every request is sampled greedily (evaluation)."""
+        requests that give none; ``greedy``: every request is sampled greedily (evaluation);
+        ``max_request_bytes``: a larger request body is refused (413) before it is read whole."""
         self.service, self.tokenizer, self.model_name = service, tokenizer, model_name
         self.max_new_tokens, self.context, self.temperature, self.greedy = max_new_tokens, context, temperature, greedy
+        self.max_request_bytes = max_request_bytes
         self.token = secrets.token_urlsafe(32)
         self.takes_tools = template_takes_tools(tokenizer)
         self.port: int | None = None
@@ -84,7 +86,7 @@ class AgentServer:
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             try:
-                app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._middleware(web)])
+                app = web.Application(client_max_size=self.max_request_bytes, middlewares=[self._middleware(web)])
                 app.router.add_post("/episodes/{episode}/v1/chat/completions", self._chat)
                 app.router.add_get("/episodes/{episode}/v1/models", self._models)
                 self._runner = web.AppRunner(app, access_log=None)
