@@ -301,6 +301,24 @@ def test_unservable_requests_get_400_or_404(tool_tokenizer):
         endpoint.close()
 
 
+def test_an_engine_failure_stops_the_run_not_just_the_episode(tool_tokenizer):
+    """The agent sees a 500; the episode's play raises the engine's own error afterwards."""
+    class Broken(ScriptedEngine):
+        def generate(self, prompts, n, params):
+            raise RuntimeError("out of memory")
+
+    async def agent(client, example):
+        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        return 1.0
+
+    episodes = AgentEpisodes(agent, Broken(tool_tokenizer, []), tool_tokenizer, SamplingParams(max_new_tokens=8))
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            asyncio.run(episodes.play({}, 0))
+    finally:
+        episodes.close()
+
+
 def test_a_template_without_tools_refuses_a_request_with_tools(tiny):
     """The tiny model's own template ignores tools=: the request is refused, and the run stops
     in one line rather than train on prompts that never showed the model its tools."""

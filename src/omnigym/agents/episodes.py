@@ -140,6 +140,8 @@ class AgentEpisodes:
             server.close_episode(record.episode_id)  # a request still on its way gets 404
         if record.fatal:
             raise OmnigymError(record.fatal)
+        if record.crash is not None:  # not the agent's doing: the run stops with the engine's own error
+            raise record.crash
         if error is not None:
             reward, parts = 0.0, {}
             self._say_once(kind, error, time.monotonic() - started)

@@ -38,6 +38,8 @@ class EpisodeRecord:
     exchanges: list[Exchange] = field(default_factory=list)
     fatal: str | None = None
     """a request the run cannot serve at all (a chat template without tool support): the run stops"""
+    crash: BaseException | None = None
+    """the server failed serving a request (the engine raised): raised again in the run"""
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -190,6 +190,9 @@ class AgentServer:
             return self._reply(200, await self._complete(record, body))
         except BadRequest as exc:
             return self._reply(400, error_body(str(exc)))
+        except Exception as exc:  # the engine (or omnigym) failed: the run stops with it, not only this episode
+            record.crash = record.crash or exc
+            return self._reply(500, error_body(f"the server failed: {type(exc).__name__}: {exc}", "server_error"))
 
     async def _complete(self, record: EpisodeRecord, body) -> dict:
         messages, tools, params, stop, want_logprobs = self._read(body)
