@@ -4,23 +4,45 @@ Every episode starts from ``env.reset(options={"example": ...})``. Each turn, th
 samples a reply for every episode still running, in one batched call (the first turn
 samples ``group_size`` replies of each distinct prompt, reading each prompt once); each
 env answers with ``respond``; the final replies of the turn are scored together by the
-env's batched reward. What an env adds between turns is rendered by the chat template and
-appended with loss mask 0, so single-turn tasks and multi-turn tool envs train through
-the same code.
+env's batched reward. The envs of one turn answer at the same time, each in a thread (a tool
+may block on a sandboxed program or a search), so a turn waits for the slowest reply, not for
+their sum: the batch-synchronous baseline, ``--rollouts sync``. What an env adds between
+turns is rendered by the chat template and appended with loss mask 0, so single-turn tasks
+and multi-turn tool envs train through the same code.
 """
 
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 
 from omnigym.generators.base import Trajectories, Trajectory
 from omnigym.inference.engine import SamplingParams
 from omnigym.rewards import scored_with_parts
+from omnigym.rl.overlong import overlong_penalty
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def budget_cut(completion_ids: list[int], logprobs: list[float], finished: bool, left: int | None):
+    """A reply cut to the ``left`` tokens an episode's budget allows (None: no budget).
+
+    Cutting after sampling, not asking the engine for fewer tokens, keeps every episode's
+    request the same ``SamplingParams``, so the engine still batches them together."""
+    if left is None or len(completion_ids) <= left:
+        return completion_ids, logprobs, finished
+    return completion_ids[:left], logprobs[:left], False
+
+
+def with_overlong(reward: float, parts: dict, generated: int, limit: int, buffer: int) -> tuple[float, dict]:
+    """An episode's reward and parts with DAPO's overlong penalty added (as part ``overlong``)."""
+    if buffer <= 0:
+        return reward, parts
+    penalty = overlong_penalty(generated, limit, buffer)
+    return reward + penalty, {**parts, "overlong": penalty}
 
 
 class _Episode:
@@ -30,6 +52,8 @@ class _Episode:
         self.mask: list[int] = []
         self.logprobs: list[float] = []
         self.turns, self.truncated, self.done, self.cut_off = 0, False, False, False
+        self.tool_calls = self.tool_errors = 0
+        self.budget_cut = False
         self.reward, self.parts = 0.0, {}
 
     @property
@@ -38,10 +62,15 @@ class _Episode:
 
 
 class TextEnvGenerator:
-    def __init__(self, env, engine, tokenizer, params: SamplingParams, max_turns: int = 8):
+    def __init__(self, env, engine, tokenizer, params: SamplingParams, max_turns: int = 8,
+                 max_episode_tokens: int | None = None, overlong_buffer: int = 0):
         """``env`` is copied for each episode; ``max_turns`` caps an env that never ends (the
-        episode is then truncated with reward 0)."""
+        episode is then truncated with reward 0); ``max_episode_tokens`` caps the tokens an
+        episode generates (a reply is cut there; no final reply by then: truncated, reward 0);
+        ``overlong_buffer``: DAPO's soft overlong penalty over that many tokens before the limit
+        (``max_episode_tokens``, else ``params.max_new_tokens``; ``rl/overlong.py``)."""
         self.env, self.engine, self.tokenizer, self.params, self.max_turns = env, engine, tokenizer, params, max_turns
+        self.max_episode_tokens, self.overlong_buffer = max_episode_tokens, overlong_buffer
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
@@ -61,20 +90,29 @@ class TextEnvGenerator:
                 samples = [s for group in self.engine.generate(prompts, group_size, self.params) for s in group]
             else:
                 samples = [group[0] for group in self.engine.generate([e.tokens for e in running], 1, self.params)]
-            finished, texts = [], []
+            finished, texts, replies, spent = [], [], [], []
             for episode, sample in zip(running, samples):
-                episode.response += sample.completion_ids
-                episode.mask += [1] * len(sample.completion_ids)
-                episode.logprobs += sample.logprobs
+                left = None if self.max_episode_tokens is None else self.max_episode_tokens - sum(episode.mask)
+                ids, logprobs, done = budget_cut(sample.completion_ids, sample.logprobs, sample.finished, left)
+                episode.response += ids
+                episode.mask += [1] * len(ids)
+                episode.logprobs += logprobs
                 episode.turns += 1
-                episode.cut_off |= not sample.finished  # stopped by max_new_tokens, not by the model
-                text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
-                messages, terminated, truncated, _ = episode.env.respond(text)
+                episode.cut_off |= not done  # stopped by max_new_tokens (or the budget), not by the model
+                replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+                spent.append(left is not None and len(ids) >= left)
+            with ThreadPoolExecutor(max_workers=min(32, len(running))) as pool:
+                answers = list(pool.map(lambda e, text: e.env.respond(text), running, replies))
+            for episode, text, out_of_budget, (messages, terminated, truncated, info) in zip(running, replies, spent,
+                                                                                          answers):
+                episode.tool_calls += info.get("tool_calls", 0)
+                episode.tool_errors += info.get("tool_errors", 0)
                 if terminated:
                     finished.append(episode)
                     texts.append(text)
-                elif truncated:
+                elif truncated or out_of_budget:
                     episode.done = episode.truncated = True
+                    episode.budget_cut = out_of_budget and not truncated
                 else:
                     self._append_env_turn(episode, messages)
             self._score(finished, texts)
@@ -83,9 +121,16 @@ class TextEnvGenerator:
                 break
         for episode in running:  # out of turns
             episode.truncated = True
+        for episode in episodes:
+            episode.reward, episode.parts = with_overlong(episode.reward, episode.parts, sum(episode.mask),
+                                                          self.max_episode_tokens or self.params.max_new_tokens,
+                                                          self.overlong_buffer)
         return Trajectories([Trajectory(e.prompt, e.response, e.mask, e.logprobs, e.reward, e.group_id, version,
                                         e.env.example, {"reward_parts": e.parts, "turns": e.turns,
-                                                        "truncated": e.truncated, "cut_off": e.cut_off})
+                                                        "truncated": e.truncated, "cut_off": e.cut_off,
+                                                        "tool_calls": e.tool_calls, "tool_errors": e.tool_errors,
+                                                        "budget_cut": e.budget_cut,
+                                                        "versions": [version if m else -1 for m in e.mask]})
                              for e in episodes])
 
     def _append_env_turn(self, episode: _Episode, messages: list[dict]) -> None:

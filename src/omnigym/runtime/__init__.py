@@ -12,7 +12,8 @@ The contract a language algorithm is written against (``Rollouts`` below)::
 time; none when the trainer's step changed nothing: the version moves alone), as the
 generator and inference-engine seams do.
 
-``sync`` is the single-process loop every algorithm ran before the split, bit for bit.
+``sync`` is the single-process loop every algorithm ran before the split, bit for bit; with
+``--rollouts async`` (GRPO) its episodes run independently instead (``episodes.py``).
 ``ray`` puts ``--num-generators`` generator actors beside the trainer and lets them run up
 to ``--max-staleness`` steps ahead of it (``ray_actors.py``; docs/scale_out.md). PPO's
 control rollouts take the same flags and schedule (``control_workers.py``).
@@ -63,7 +64,8 @@ class RolloutRuntimeConfig:
         return self.ray_trainer
 
     def behaviour_cap_in_effect(self) -> float | None:
-        if self.behaviour_cap is None and self.runtime == "ray" and self.max_staleness > 0:
+        stale = self.runtime == "ray" or getattr(self, "rollouts", "sync") == "async"  # runtime/episodes.py
+        if self.behaviour_cap is None and stale and self.max_staleness > 0:
             return ASYNC_BEHAVIOUR_CAP
         return self.behaviour_cap
 
@@ -78,7 +80,9 @@ class RolloutRuntimeConfig:
         require(self.behaviour_cap is None or self.behaviour_cap > 0,
                 f"--behaviour-cap must be positive (a cap on pi_old / pi_behaviour), got {self.behaviour_cap}")
         if self.runtime == "sync":  # set away from their defaults, they would be silently ignored
-            given = [flag for flag, value, default in (("--max-staleness", self.max_staleness, 1),
+            async_episodes = getattr(self, "rollouts", "sync") == "async"  # reads --max-staleness too
+            given = [flag for flag, value, default in (("--max-staleness", self.max_staleness,
+                                                        self.max_staleness if async_episodes else 1),
                                                        ("--num-generators", self.num_generators, 1),
                                                        ("--sync-timeout", self.sync_timeout, 600.0),
                                                        ("--ray-trainer", self.ray_trainer, False),
@@ -122,6 +126,10 @@ def make_rollouts(cfg: RolloutRuntimeConfig, local_generator, build_generator: C
     """``local_generator`` serves ``sync``; ``build_generator`` (picklable, no arguments) builds
     one in each Ray actor. ``examples_for(step)`` gives the prompts of a step; ``steps`` is the
     run's length (no rollouts are made past it); ``seed`` seeds each actor job's sampling."""
+    if getattr(cfg, "rollouts", "sync") == "async":  # episodes that do not wait for each other
+        from omnigym.runtime.episodes import async_rollouts
+
+        return async_rollouts(cfg, local_generator, examples_for, group_size)
     if cfg.runtime == "sync":
         from omnigym.runtime.sync import SyncRollouts
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import time
 
+from omnigym.runtime.episodes import episode_metrics
+
 
 class SyncRollouts:
     def __init__(self, generator, examples_for, group_size: int):
         self.generator, self.examples_for, self.group_size = generator, examples_for, group_size
         self.samples, self.started = 0, None
+        self._last: dict = {}
 
     def trajectories(self, step: int):
         out = self.generator.generate(self.examples_for(step), self.group_size)
         self.samples += len(out)
+        self._last = episode_metrics(out.items)
         return out
 
     def update_weights(self, named_tensors, version: int) -> None:
@@ -21,7 +25,7 @@ class SyncRollouts:
         self.generator.update_weights(named_tensors, version)
 
     def metrics(self) -> dict:
-        return {"perf/samples_per_second": self.samples / max(time.perf_counter() - self.started, 1e-9)}
+        return {**self._last, "perf/samples_per_second": self.samples / max(time.perf_counter() - self.started, 1e-9)}
 
     def state_dict(self) -> dict:
         return {}
