@@ -27,14 +27,21 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) 
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def budget_cut(completion_ids: list[int], logprobs: list[float], finished: bool, left: int | None):
-    """A reply cut to the ``left`` tokens an episode's budget allows (None: no budget).
+def budget_cut(completion_ids: list[int], logprobs: list[float], left: int | None):
+    """A reply cut to the ``left`` tokens an episode's budget allows (None: no budget), and
+    whether it was cut. A cut reply is unfinished: the episode ends there, truncated, and the
+    env never reads the fragment.
 
     Cutting after sampling, not asking the engine for fewer tokens, keeps every episode's
     request the same ``SamplingParams``, so the engine still batches them together."""
     if left is None or len(completion_ids) <= left:
-        return completion_ids, logprobs, finished
-    return completion_ids[:left], logprobs[:left], False
+        return completion_ids, logprobs, False
+    return completion_ids[:left], logprobs[:left], True
+
+
+def out_of_budget(max_episode_tokens: int | None, generated: int) -> bool:
+    """No token left for another reply."""
+    return max_episode_tokens is not None and generated >= max_episode_tokens
 
 
 def with_overlong(reward: float, parts: dict, generated: int, limit: int, buffer: int) -> tuple[float, dict]:
@@ -90,29 +97,32 @@ class TextEnvGenerator:
                 samples = [s for group in self.engine.generate(prompts, group_size, self.params) for s in group]
             else:
                 samples = [group[0] for group in self.engine.generate([e.tokens for e in running], 1, self.params)]
-            finished, texts, replies, spent = [], [], [], []
+            finished, texts, replies, answering = [], [], [], []
             for episode, sample in zip(running, samples):
                 left = None if self.max_episode_tokens is None else self.max_episode_tokens - sum(episode.mask)
-                ids, logprobs, done = budget_cut(sample.completion_ids, sample.logprobs, sample.finished, left)
+                ids, logprobs, cut = budget_cut(sample.completion_ids, sample.logprobs, left)
                 episode.response += ids
                 episode.mask += [1] * len(ids)
                 episode.logprobs += logprobs
                 episode.turns += 1
-                episode.cut_off |= not done  # stopped by max_new_tokens (or the budget), not by the model
-                replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
-                spent.append(left is not None and len(ids) >= left)
-            with ThreadPoolExecutor(max_workers=min(32, len(running))) as pool:
-                answers = list(pool.map(lambda e, text: e.env.respond(text), running, replies))
-            for episode, text, out_of_budget, (messages, terminated, truncated, info) in zip(running, replies, spent,
-                                                                                          answers):
+                episode.cut_off |= cut or not sample.finished  # stopped by max_new_tokens or the budget
+                if cut:
+                    episode.done = episode.truncated = episode.budget_cut = True
+                else:
+                    answering.append(episode)
+                    replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+            with ThreadPoolExecutor(max_workers=max(1, min(32, len(answering)))) as pool:
+                answers = list(pool.map(lambda e, text: e.env.respond(text), answering, replies))
+            for episode, text, (messages, terminated, truncated, info) in zip(answering, replies, answers):
                 episode.tool_calls += info.get("tool_calls", 0)
                 episode.tool_errors += info.get("tool_errors", 0)
                 if terminated:
                     finished.append(episode)
                     texts.append(text)
-                elif truncated or out_of_budget:
+                elif truncated:
                     episode.done = episode.truncated = True
-                    episode.budget_cut = out_of_budget and not truncated
+                elif out_of_budget(self.max_episode_tokens, sum(episode.mask)):
+                    episode.done = episode.truncated = episode.budget_cut = True
                 else:
                     self._append_env_turn(episode, messages)
             self._score(finished, texts)

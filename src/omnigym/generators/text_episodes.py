@@ -27,7 +27,7 @@ import asyncio
 import copy
 
 from omnigym.generators.base import Trajectory
-from omnigym.generators.text_env import budget_cut, render, with_overlong
+from omnigym.generators.text_env import budget_cut, out_of_budget, render, with_overlong
 from omnigym.generators.turns import Turn, stitch
 from omnigym.inference.engine import SamplingParams
 from omnigym.rewards import scored_with_parts
@@ -67,11 +67,14 @@ class TextEnvEpisodes:
             sample = samples[0]
             used = sum(len(t.completion_ids) for t in turns)
             left = None if self.max_episode_tokens is None else self.max_episode_tokens - used
-            ids, logprobs, finished = budget_cut(sample.completion_ids, sample.logprobs, sample.finished, left)
-            turns.append(Turn(list(tokens), list(ids), list(logprobs), version, finished))
+            ids, logprobs, cut = budget_cut(sample.completion_ids, sample.logprobs, left)
+            turns.append(Turn(list(tokens), list(ids), list(logprobs), version, sample.finished and not cut))
             tokens += ids
             info["turns"] += 1
-            info["cut_off"] |= not finished
+            info["cut_off"] |= cut or not sample.finished
+            if cut:  # the episode's token budget ends it mid-reply: the env never reads the fragment
+                info["truncated"] = info["budget_cut"] = True
+                break
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             messages, terminated, truncated, step_info = await asyncio.to_thread(env.respond, text)
             info["tool_calls"] += step_info.get("tool_calls", 0)
@@ -84,7 +87,7 @@ class TextEnvEpisodes:
             if truncated:
                 info["truncated"] = True
                 break
-            if left is not None and len(ids) >= left:  # the episode's token budget is spent
+            if out_of_budget(self.max_episode_tokens, used + len(ids)):
                 info["truncated"] = info["budget_cut"] = True
                 break
             tokens += inserted_tokens(self.tokenizer, messages, tokens)
