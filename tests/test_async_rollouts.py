@@ -359,3 +359,24 @@ def test_the_math_reward_scores_in_a_worker_thread():
     worker.start()
     worker.join()
     assert scores == [1.0, 0.0]
+
+
+def test_the_scheduling_section_command_runs_as_written(tmp_path):
+    """docs/agents.md's scheduling section: its command, run as a user would."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "agents.md").read_text()
+    section = page.split("## Scheduling: rollouts that don't wait")[1].split("\n## ")[0]
+    commands = [line for block in re.findall(r"```bash\n(.*?)```", section, re.DOTALL) for line in block.splitlines()
+                if line.strip()]
+    assert commands
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "omnigym"
+        done = subprocess.run([sys.executable, "-m", "omnigym", *argv[1:]], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    logged = rows(tmp_path / "runs" / "async-demo")
+    assert len([r for r in logged if "reward/mean" in r]) == 2 and all("rollout/staleness_mean" in r for r in logged)

@@ -42,7 +42,8 @@ class RolloutRuntimeConfig:
     up to --max-staleness steps ahead of the trainer; needs the [ray] extra)"""
     max_staleness: int = 1
     """with --runtime ray: rollouts of step k+1..k+K are generated while step k trains; a sample
-    older than K policy versions is never trained on (0: generate on Ray, but never ahead)"""
+    older than K policy versions is never trained on (0: generate on Ray, but never ahead); with
+    --rollouts async: a group with a token sampled more than K versions before its step is dropped"""
     num_generators: int = 1
     """generator actors with --runtime ray; each step's prompts (a control run's --num-envs) are
     split between them"""
@@ -51,8 +52,8 @@ class RolloutRuntimeConfig:
     the run stops with an error naming it"""
     behaviour_cap: float | None = None
     """truncated importance sampling against the sampler's log-probs, capped here: min(pi_old / mu, C)
-    (default: off with --runtime sync, where the current policy samples; 2.0 with --runtime ray, where
-    a sample may come from a policy up to --max-staleness versions old)"""
+    (default: off with --runtime sync, where the current policy samples; 2.0 with --runtime ray or
+    --rollouts async, where a sample may come from a policy up to --max-staleness versions old)"""
 
     ray_trainer: bool = False
     """with --runtime ray: the trainer runs as a Ray task too (placed by Ray: on a cluster,
