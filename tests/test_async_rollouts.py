@@ -274,7 +274,9 @@ def test_grpo_with_async_rollouts_trains_the_tiny_model(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(grpo, "policy_steps", watched)
-    grpo.train(small(tmp_path / "run", task=letters_task(tmp_path)))
+    cfg = small(tmp_path / "run", task=letters_task(tmp_path))
+    assert cfg.behaviour_cap_in_effect() == 2.0  # stale tokens are weighted by min(pi_old / mu, 2)
+    grpo.train(cfg)
     logged = [r for r in rows(tmp_path / "run") if "reward/mean" in r]
     assert len(logged) == 4
     changed = [n for n in seen["before"] if not torch.equal(seen["before"][n], seen["after"][n])]
@@ -329,6 +331,7 @@ def test_an_async_run_resumes_mid_way(tmp_path, monkeypatch):
     (["--overlong-buffer", "24"], "--overlong-buffer 24 must be less than the limit it comes before (24 tokens)"),
     (["--env", "tools", "--overlong-buffer", "4"], "--overlong-buffer in a multi-turn env needs --max-episode-tokens"),
     (["--max-episode-tokens", "-1"], "--max-episode-tokens must be 0 or more, got -1"),
+    (["--rollouts", "async", "--engine", "vllm"], "it does not run --engine vllm yet"),
 ])
 def test_bad_flag_combinations_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
     from omnigym.cli import main

@@ -97,6 +97,11 @@ class EpisodeScheduleConfig:
                                             f"with --runtime {self.runtime}")
             require(self.max_staleness >= 1, "--rollouts async needs --max-staleness 1 or more (a step trains while "
                                              "the next episodes sample; 0 is --rollouts sync)")
+            # vLLM's engine would be called from the sampler's thread and the trainer's (held-out
+            # evaluation) at once; the in-process engines get a copy of the policy each
+            require(getattr(self, "engine", "auto") != "vllm", "--rollouts async samples in a thread of this "
+                                                             "process with its own copy of the policy; it does not "
+                                                             "run --engine vllm yet (use --engine auto, kv or hf)")
         if self.overlong_buffer:
             limit = self.max_episode_tokens or self.max_new_tokens
             require(multi_turn is False or self.max_episode_tokens > 0,

@@ -16,7 +16,8 @@ class SyncRollouts:
     def trajectories(self, step: int):
         out = self.generator.generate(self.examples_for(step), self.group_size)
         self.samples += len(out)
-        self._last = episode_metrics(out.items)
+        # env episodes (they count turns) get the episode metrics; RLHF's plain replies do not
+        self._last = episode_metrics(out.items) if out.items and "turns" in out.items[0].info else {}
         return out
 
     def update_weights(self, named_tensors, version: int) -> None:
