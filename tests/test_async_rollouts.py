@@ -99,7 +99,7 @@ class VersionedSource:
     """Episodes of example ``wait`` k wait until the policy is k versions newer than when they
     started; each returns one token per version it saw, stamped with it."""
 
-    def __init__(self, short_seconds=0.3):
+    def __init__(self, short_seconds=0.5):
         self.version, self.short_seconds, self.count = 0, short_seconds, 0
 
     def update_weights(self, named_tensors, version):
