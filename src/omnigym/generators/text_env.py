@@ -17,39 +17,14 @@ import copy
 from concurrent.futures import ThreadPoolExecutor
 
 from omnigym.generators.base import Trajectories, Trajectory
+from omnigym.generators.episode_rules import budget_cut, inserted_tokens, out_of_budget, render, with_overlong
+from omnigym.generators.text_episodes import TextEnvEpisodes
+from omnigym.inference import engine_on_own_copy
 from omnigym.inference.engine import SamplingParams
+from omnigym.inference.service import EngineService
 from omnigym.rewards import scored_with_parts
-from omnigym.rl.overlong import overlong_penalty
 
-
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def budget_cut(completion_ids: list[int], logprobs: list[float], left: int | None):
-    """A reply cut to the ``left`` tokens an episode's budget allows (None: no budget), and
-    whether it was cut. A cut reply is unfinished: the episode ends there, truncated, and the
-    env never reads the fragment.
-
-    Cutting after sampling, not asking the engine for fewer tokens, keeps every episode's
-    request the same ``SamplingParams``, so the engine still batches them together."""
-    if left is None or len(completion_ids) <= left:
-        return completion_ids, logprobs, False
-    return completion_ids[:left], logprobs[:left], True
-
-
-def out_of_budget(max_episode_tokens: int | None, generated: int) -> bool:
-    """No token left for another reply."""
-    return max_episode_tokens is not None and generated >= max_episode_tokens
-
-
-def with_overlong(reward: float, parts: dict, generated: int, limit: int, buffer: int) -> tuple[float, dict]:
-    """An episode's reward and parts with DAPO's overlong penalty added (as part ``overlong``)."""
-    if buffer <= 0:
-        return reward, parts
-    penalty = overlong_penalty(generated, limit, buffer)
-    return reward + penalty, {**parts, "overlong": penalty}
+__all__ = ["TextEnvGenerator", "render"]
 
 
 class _Episode:
@@ -81,6 +56,14 @@ class TextEnvGenerator:
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
+
+    def episodes(self) -> TextEnvEpisodes:
+        """The same episodes (env, budgets, penalty) as coroutines that run independently
+        (``--rollouts async``), sampled through an ``EngineService`` on an engine with its own
+        copy of the policy, so that sampling can go on while the trainer changes the original;
+        closing the source closes that service."""
+        return TextEnvEpisodes(self.env, EngineService(engine_on_own_copy(self.engine)), self.tokenizer, self.params,
+                               self.max_turns, self.max_episode_tokens, self.overlong_buffer, owns_service=True)
 
     def generate(self, examples: list[dict], group_size: int) -> Trajectories:
         episodes = []
@@ -145,10 +128,7 @@ class TextEnvGenerator:
 
     def _append_env_turn(self, episode: _Episode, messages: list[dict]) -> None:
         """The env's reply, rendered by the chat template, continues the sequence."""
-        full = render(self.tokenizer, messages)
-        tokens = episode.tokens
-        inserted = full[len(tokens):] if full[:len(tokens)] == tokens else \
-            render(self.tokenizer, messages[-1:], add_generation_prompt=True)
+        inserted = inserted_tokens(self.tokenizer, messages, episode.tokens)
         episode.response += inserted
         episode.mask += [0] * len(inserted)
         episode.logprobs += [0.0] * len(inserted)

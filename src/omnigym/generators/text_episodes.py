@@ -27,7 +27,7 @@ import asyncio
 import copy
 
 from omnigym.generators.base import Trajectory
-from omnigym.generators.text_env import budget_cut, out_of_budget, render, with_overlong
+from omnigym.generators.episode_rules import budget_cut, inserted_tokens, out_of_budget, render, with_overlong
 from omnigym.generators.turns import Turn, stitch
 from omnigym.inference.engine import SamplingParams
 from omnigym.rewards import scored_with_parts
@@ -35,24 +35,22 @@ from omnigym.rewards import scored_with_parts
 
 class TextEnvEpisodes:
     def __init__(self, env, service, tokenizer, params: SamplingParams, max_turns: int = 8,
-                 max_episode_tokens: int | None = None, overlong_buffer: int = 0):
+                 max_episode_tokens: int | None = None, overlong_buffer: int = 0, owns_service: bool = False):
         """``env`` is copied for each episode; ``max_turns`` replies at most (then truncated, reward
         0); ``max_episode_tokens``: generated tokens of the whole episode at most (a reply is cut
         there; an episode that reaches it without a final reply is truncated, reward 0);
         ``overlong_buffer``: DAPO's soft overlong penalty (``rl/overlong.py``), as the
-        batch-synchronous generator applies it."""
+        batch-synchronous generator applies it; ``owns_service``: ``close`` closes ``service``."""
         self.env, self.service, self.tokenizer, self.params = env, service, tokenizer, params
         self.max_turns, self.max_episode_tokens, self.overlong_buffer = max_turns, max_episode_tokens, overlong_buffer
-
-    @classmethod
-    def like(cls, generator, service) -> "TextEnvEpisodes":
-        """The episodes a ``TextEnvGenerator`` plays (its env, budgets and penalty), sampled
-        through ``service`` instead."""
-        return cls(generator.env, service, generator.tokenizer, generator.params, generator.max_turns,
-                   generator.max_episode_tokens, generator.overlong_buffer)
+        self.owns_service = owns_service
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.service.update_weights(named_tensors, version)
+
+    def close(self) -> None:
+        if self.owns_service:
+            self.service.close()
 
     async def play(self, example: dict, group_id: int) -> list[Trajectory]:
         env = copy.copy(self.env)
@@ -105,11 +103,3 @@ class TextEnvEpisodes:
                                   env.example, {**info, "versions": sequence.versions}))
         return out
 
-
-def inserted_tokens(tokenizer, messages: list[dict], tokens: list[int]) -> list[int]:
-    """The env's reply as the chat template renders it after ``tokens`` (the same rule as the
-    batch-synchronous generator's: the rendered history's tail, else the last message alone)."""
-    full = render(tokenizer, messages)
-    if full[:len(tokens)] == tokens:
-        return full[len(tokens):]
-    return render(tokenizer, messages[-1:], add_generation_prompt=True)

@@ -40,7 +40,6 @@ not bit-identical to an uninterrupted one.
 from __future__ import annotations
 
 import asyncio
-import copy
 import math
 import queue
 import threading
@@ -109,19 +108,6 @@ class EpisodeScheduleConfig:
                     "up to; --max-new-tokens bounds one reply only)")
             require(self.overlong_buffer < limit, f"--overlong-buffer {self.overlong_buffer} must be less than the "
                                                   f"limit it comes before ({limit} tokens)")
-
-
-def own_engine(engine):
-    """An engine like ``engine`` on its own copy of the policy, so that it can sample while the
-    trainer changes the original (``update_weights`` then copies the trainer's tensors in).
-    An engine that already holds its own weights (vLLM) is used as it is."""
-    from omnigym.inference.engine import BatchedEngine
-
-    if not isinstance(engine, BatchedEngine):
-        return engine
-    clone = copy.copy(engine)
-    clone.model = copy.deepcopy(engine.model)
-    return clone
 
 
 @dataclass
@@ -309,17 +295,9 @@ def episode_metrics(items: list) -> dict:
 
 
 def async_rollouts(cfg, generator, examples_for, group_size: int) -> AsyncRollouts:
-    """``--rollouts async`` over ``generator``: an episode source as it is (it has ``play``),
-    or a ``TextEnvGenerator``'s episodes played through an ``EngineService`` on a copy of the
-    policy."""
-    from omnigym.generators.text_episodes import TextEnvEpisodes
-    from omnigym.inference.service import EngineService
-
-    if hasattr(generator, "play"):
-        source, close = generator, getattr(generator, "close", None)
-    else:
-        service = EngineService(own_engine(generator.engine))
-        source, close = TextEnvEpisodes.like(generator, service), service.close
+    """``--rollouts async`` over ``generator``: an episode source as it is (it has ``play``), or
+    the source a generator makes of its own episodes (``TextEnvGenerator.episodes``)."""
+    source = generator if hasattr(generator, "play") else generator.episodes()
     per_step = len(examples_for(0))
     return AsyncRollouts(source, examples_for, group_size, per_step, cfg.concurrency or per_step * group_size,
-                         cfg.max_staleness, cfg.dynamic_sampling, cfg.max_refill_factor, close)
+                         cfg.max_staleness, cfg.dynamic_sampling, cfg.max_refill_factor, getattr(source, "close", None))
