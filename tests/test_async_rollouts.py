@@ -403,3 +403,38 @@ def test_grpo_with_async_rollouts_learns(tmp_path):
     assert out["accuracy_before"] == 0.0 and out["accuracy_after"] >= 0.9
     logged = [r for r in rows(tmp_path / "run") if "reward/mean" in r]
     assert sum(r["reward/mean"] for r in logged[-5:]) / 5 > sum(r["reward/mean"] for r in logged[:5]) / 5 + 0.3
+
+
+def test_the_bench_env_is_seeded_and_heavy_tailed(tmp_path):
+    """bench/async_rollouts.py's env: the n-th episode gets the n-th draw of a seeded stream (the
+    two schedules see the same episodes), with the turn and latency tails its docstring states;
+    a bad flag is one line from argparse."""
+    import random
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "bench" / "async_rollouts.py"
+    sys.path.insert(0, str(path.parent))
+    try:
+        import async_rollouts as bench
+    finally:
+        sys.path.remove(str(path.parent))
+
+    def draws(seed, n=4000):
+        env = bench.heavy_tail_env(seed=seed)
+        out = []
+        for _ in range(n):
+            env.reset(options={"example": random.choice(env.examples)})
+            out.append((env.length, tuple(env.latencies)))
+        return out
+
+    first, again, other = draws(0), draws(0), draws(1)
+    assert first == again and first != other
+    turns = [t for t, _ in first]
+    latencies = sorted(x for _, lat in first for x in lat)
+    assert 0.62 < turns.count(1) / len(turns) < 0.70 and 0.10 < turns.count(4) / len(turns) < 0.14
+    assert 0.075 < latencies[len(latencies) // 2] < 0.095 and latencies[int(0.99 * len(latencies))] > 1.2
+    assert max(latencies) <= 3.0
+    done = subprocess.run([sys.executable, str(path), "--steps", "3", "--png", str(tmp_path / "c.png")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(
+        "--steps must be at least 5 (the first two and the last steps are not timed), got 3")
