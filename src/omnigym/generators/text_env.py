@@ -57,7 +57,7 @@ class TextEnvGenerator:
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 
-    def episodes(self) -> TextEnvEpisodes:
+    def episode_source(self) -> TextEnvEpisodes:
         """The same episodes (env, budgets, penalty) as coroutines that run independently
         (``--rollouts async``), sampled through an ``EngineService`` on an engine with its own
         copy of the policy, so that sampling can go on while the trainer changes the original;

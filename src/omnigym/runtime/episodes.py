@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 
 from omnigym.config import require_non_negative, require_positive
-from omnigym.errors import require
+from omnigym.errors import OmnigymError, require
 from omnigym.generators.base import Trajectories
 
 ROLLOUTS = ("sync", "async")
@@ -296,8 +296,14 @@ def episode_metrics(items: list) -> dict:
 
 def async_rollouts(cfg, generator, examples_for, group_size: int) -> AsyncRollouts:
     """``--rollouts async`` over ``generator``: an episode source as it is (it has ``play``), or
-    the source a generator makes of its own episodes (``TextEnvGenerator.episodes``)."""
-    source = generator if hasattr(generator, "play") else generator.episodes()
+    the source a generator makes of its own episodes (``TextEnvGenerator.episode_source``)."""
+    if hasattr(generator, "play"):
+        source = generator
+    elif hasattr(generator, "episode_source"):
+        source = generator.episode_source()
+    else:
+        raise OmnigymError(f"--rollouts async cannot play the episodes of a {type(generator).__name__}; use "
+                           "--rollouts sync")
     per_step = len(examples_for(0))
     return AsyncRollouts(source, examples_for, group_size, per_step, cfg.concurrency or per_step * group_size,
                          cfg.max_staleness, cfg.dynamic_sampling, cfg.max_refill_factor, getattr(source, "close", None))
