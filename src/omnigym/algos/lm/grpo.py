@@ -43,6 +43,7 @@ from omnigym.rewards import WeightedSum, leading_part, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
 from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, ppo_clip
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
+from omnigym.runtime.episodes import EpisodeScheduleConfig
 from omnigym.tasks import Task, load_task
 from omnigym.track.files import read_metrics
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
@@ -50,7 +51,7 @@ from omnigym.track.run import Run, start_run
 
 
 @dataclass
-class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
+class GRPOConfig(EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfig):
     engine: str = "auto"
     """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv, hf,
     or vllm (the [vllm] extra, a CUDA GPU; docs/vllm.md)"""
@@ -113,12 +114,14 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     """GRPO steps between checkpoints (one is always written at the end)"""
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "eval_size", "digits", "terms",
-                                                       "operations", "runtime", "max_staleness", "num_generators")
+                                                       "operations", "runtime", "max_staleness", "num_generators",
+                                                       "rollouts")
     BUDGET = ("steps", "step")
 
     def check(self) -> None:
         super().check()
         self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
+        self.check_episodes(self.prompts_per_step, multi_turn=self.env != "single-turn")
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
@@ -196,8 +199,8 @@ def train(cfg: GRPOConfig) -> dict:
     components = {"trainer": trainer}
     rollouts = make_rollouts(cfg, sampler, functools.partial(remote_generator, cfg, os.getcwd()),
                              functools.partial(examples_for, cfg, task.train), cfg.group_size, cfg.steps, cfg.seed)
-    if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
-        components["rollouts"] = rollouts
+    if cfg.runtime == "ray" or cfg.rollouts == "async":  # ray: the finished rollouts in flight, for an exact
+        components["rollouts"] = rollouts                   # resume; async: where the prompt stream goes on
     loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
                                 behaviour_cap=cfg.behaviour_cap_in_effect())
     with closing(rollouts):  # Ray's actors end with the run, however it ends
@@ -242,7 +245,10 @@ def examples_for(cfg: GRPOConfig, train_set: list[dict], step: int) -> list[dict
 
 def make_generator(cfg: GRPOConfig, env, engine, tokenizer, greedy: bool = False) -> TextEnvGenerator:
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy)
-    return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns)
+    # the held-out judge plays by the same budgets, but without the overlong penalty: it reads correctness
+    return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns,
+                            max_episode_tokens=cfg.max_episode_tokens or None,
+                            overlong_buffer=0 if greedy else cfg.overlong_buffer)
 
 
 def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
