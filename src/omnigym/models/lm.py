@@ -40,8 +40,15 @@ def read_chat_template(given: str) -> str:
     import jinja2
 
     path = Path(given).expanduser()
-    if path.is_file():
-        given = path.read_text()
+    try:
+        is_file = "\n" not in given and path.is_file()
+    except OSError:  # a template longer than a file name can be (ENAMETOOLONG) is not a path
+        is_file = False
+    if is_file:
+        try:
+            given = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OmnigymError(f"--chat-template {given}: cannot be read ({type(exc).__name__})") from None
     elif "{" not in given:
         raise OmnigymError(f"--chat-template {given}: no such file, and not a Jinja template")
     try:
