@@ -68,7 +68,12 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     """single-turn (one reply, scored); tools (the reply may call <tool name="python"> or
     <tool name="calculator"> and read the answer, up to --max-turns replies); python (a Python
     session kept across turns; its own computation task unless --task is given); search (BM25 over
-    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task"""
+    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task;
+    skyrl:NAME (a skyrl-gym env; skyrl:MODULE:NAME for one MODULE registers) or vf:MODULE (a verifiers
+    environment module): the ecosystem's envs, docs/agents.md"""
+    env_args: str | None = None
+    """JSON object for --env skyrl:NAME (the env's env_config, e.g. {"search_url": ...}) or --env vf:MODULE
+    (load_environment's keyword arguments)"""
     max_turns: int = 4
     """replies per episode in a multi-turn env"""
     rewards: str | None = None
@@ -112,7 +117,7 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
 
-    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "eval_size", "digits", "terms",
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "env_args", "eval_size", "digits", "terms",
                                                        "operations", "runtime", "max_staleness", "num_generators")
     BUDGET = ("steps", "step")
 
@@ -124,7 +129,13 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
                          "sft_learning_rate", "eval_size", "eval_every")
         require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
-        require(self.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {self.env!r}")
+        require(self.env in ENVS or self.env.startswith(ECOSYSTEM),
+                f"--env must be one of {', '.join(ENVS)}, got {self.env!r} (or skyrl:NAME, vf:MODULE: "
+                "docs/agents.md)")
+        require(not (self.env.startswith(ECOSYSTEM) and self.rewards),
+                f"--env {self.env} is scored by the env's own rewards; leave out --rewards")
+        require(self.env_args is None or self.env.startswith(ECOSYSTEM),
+                "--env-args is for --env skyrl:NAME or vf:MODULE")
         require(self.env not in ("search", "guess") or self.task == "arithmetic",
                 f"--env {self.env} brings its own task ({self.env}-v0); leave out --task {self.task}")
         require(self.loss_aggregation in AGGREGATIONS, f"unknown --loss-aggregation {self.loss_aggregation!r}; "
@@ -136,6 +147,8 @@ class GRPOConfig(RolloutRuntimeConfig, LanguageModelConfig):
 CONFIG = GRPOConfig
 ENVS = ("single-turn", "tools", "python", "search", "guess")
 """--env: python, search and guess are the registered tool envs python-v0, search-v0, guess-v0"""
+ECOSYSTEM = ("skyrl:", "vf:")
+"""--env prefixes of envs written for another library (envs/skyrl.py, envs/vf.py)"""
 DEFAULT_REWARDS = "math:1.0,format:0.1"
 ANSWER_FORMAT = ("Solve the problem. Think briefly if you need to, then give only the final number inside answer "
                  "tags, like this: <answer>42</answer>")
@@ -146,6 +159,15 @@ model answers in prose, every reward is 0 and every group is skipped."""
 def task_spec(cfg: GRPOConfig) -> str:
     """What --task loads: with --env python, search or guess and no --task, that env's own task."""
     return f"{cfg.env}-v0" if cfg.env in ("python", "search", "guess") and cfg.task == "arithmetic" else cfg.task
+
+
+def grpo_task(cfg: GRPOConfig) -> Task:
+    """What --task loads, and with --env skyrl:NAME the env that comes with it."""
+    if cfg.env.startswith("skyrl:"):
+        from omnigym.envs.skyrl import skyrl_task
+
+        return skyrl_task(cfg, cfg.env.split(":", 1)[1])
+    return load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
 
 
 def task_env(cfg: GRPOConfig, task: Task):
@@ -176,7 +198,7 @@ def task_env(cfg: GRPOConfig, task: Task):
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
     estimator = get_advantage(cfg.advantage)  # a misspelt name: one line before anything is written
-    task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    task = grpo_task(cfg)
     if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step or --sft-batch-size")
@@ -250,7 +272,7 @@ def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
     the actor (its weights come from the trainer before it samples). Paths in the flags are
     read from the trainer's working directory."""
     os.chdir(cwd)
-    task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    task = grpo_task(cfg)
     env, _ = task_env(cfg, task)
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
