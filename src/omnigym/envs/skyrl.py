@@ -40,14 +40,14 @@ from omnigym.envs.text import TextEnv
 from omnigym.errors import OmnigymError
 from omnigym.rewards.base import Reward
 
-REFUSED = {
-    "lcb": "its reward runs the model's program with exec() in a child process of the trainer, outside any sandbox",
-    "text2sql": "its tool and its reward run the model's SQL with sqlite3 in the trainer's process, where ATTACH "
-                "opens any path on the host",
-}
+REFUSED = (
+    ("lcb", "its reward runs the model's program with exec() in a child process of the trainer, outside any sandbox"),
+    ("text2sql", "its tool and its reward run the model's SQL with sqlite3 in the trainer's process, where ATTACH "
+                 "opens any path on the host"),
+)
 """skyrl-gym envs that run model-written code unsandboxed, and why; --env skyrl:NAME refuses them"""
 
-DEMONSTRATIONS = {"gsm8k": "#### {answer}", "gsm8k_multi_turn": "#### {answer}"}
+DEMONSTRATIONS = (("gsm8k", "#### {answer}"), ("gsm8k_multi_turn", "#### {answer}"))
 """the answer format of the shipped envs whose reward reads one reply, for the warm-up's demonstrations"""
 
 
@@ -70,12 +70,13 @@ def resolve(spec: str) -> str:
         from omnigym.user_code import import_reference
 
         _, name = import_reference(spec, "--env skyrl:")
-    if name in REFUSED:
-        raise OmnigymError(f"--env skyrl:{name} is refused: {REFUSED[name]}")
+    refused = dict(REFUSED)
+    if name in refused:
+        raise OmnigymError(f"--env skyrl:{name} is refused: {refused[name]}")
     if name not in gym.registry:
         import difflib
 
-        known = sorted(set(gym.registry) - set(REFUSED))
+        known = sorted(set(gym.registry) - set(refused))
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         hint = f"closest: {', '.join(close)}; " if close else ""
         raise OmnigymError(f"--env skyrl:{name}: no skyrl-gym env of that name ({hint}known: {', '.join(known)}; "
@@ -181,8 +182,9 @@ class SkyrlEnv(TextEnv):
         the prompt), else the answer in the env's format for the single-reply envs that ship."""
         if example.get("demonstration"):
             return example["demonstration"]
-        if self.name in DEMONSTRATIONS:
-            return [{"role": "assistant", "content": DEMONSTRATIONS[self.name].format(answer=example["answer"])}]
+        answer_format = dict(DEMONSTRATIONS).get(self.name)
+        if answer_format:
+            return [{"role": "assistant", "content": answer_format.format(answer=example["answer"])}]
         return None
 
     def __getstate__(self):  # a live skyrl env (sockets, sessions) does not travel; episodes make their own
