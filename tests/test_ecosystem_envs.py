@@ -1,0 +1,366 @@
+"""The ecosystem's envs (envs/skyrl.py: --env skyrl:NAME; envs/vf.py: --env vf:MODULE): an
+episode's messages and reward are what skyrl-gym's and verifiers' own APIs give for the same
+replies, the env's turns are masked in the trajectory, GRPO steps on them, and bad input is
+one line with nothing written. The envs are ones the packages ship or ones written in
+tests/eco_skyrl_toys.py and tests/eco_vf_toys.py."""
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omnigym.errors import OmnigymError
+
+skyrl_gym = pytest.importorskip("skyrl_gym")
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))  # the toy env modules, importable as a user's own modules are
+
+
+def cli(*args, cwd=TESTS, env=None):
+    """``python -m omnigym`` in a fresh process, run from the folder that holds the toy modules."""
+    src = str(TESTS.parent / "src")
+    environ = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "omnigym", *args], cwd=cwd, env=environ, capture_output=True,
+                          text=True, timeout=300)
+
+
+def row(question: str, answer: str, **extra) -> dict:
+    from omnigym.envs.skyrl import as_skyrl_row
+
+    return {**as_skyrl_row({"question": question, "answer": answer}, "x"), **extra}
+
+
+# --- skyrl-gym ---------------------------------------------------------------------------------
+
+def test_a_skyrl_episode_is_what_skyrl_gym_gives_for_the_same_replies():
+    from omnigym.envs.skyrl import SkyrlEnv
+
+    example = row("What is 2 + 5?", "7")
+    replies = ["I think #### 6", "#### 6", "#### 7"]
+    direct = skyrl_gym.make("gsm8k_multi_turn", env_config=None, extras={"reward_spec": example["reward_spec"],
+                                                                          "extra_info": {}})
+    conversation, _ = direct.init(list(example["prompt"]))
+    rewards = []
+    for reply in replies:
+        out = direct.step(reply)
+        conversation += [{"role": "assistant", "content": reply}, *out["observations"]]
+        rewards.append(out["reward"])
+    assert out["done"] and rewards == [0.04, 0.04, 1.0]
+
+    env = SkyrlEnv("gsm8k_multi_turn", [example], max_turns=5)
+    messages, _ = env.reset(options={"example": example})
+    for reply in replies:
+        messages, reward, terminated, truncated, info = env.step(reply)
+    assert messages == conversation and (terminated, truncated) == (True, False)
+    assert info["example"]["step_rewards"] == rewards and reward == pytest.approx(sum(rewards))
+    assert "step_rewards" not in example  # the episode's rewards live in its own copy
+
+
+def test_a_tool_env_of_your_own_turn_by_turn_with_the_observations_masked():
+    pytest.importorskip("transformers")
+    from omnigym.envs.skyrl import SkyrlEnv, resolve
+    from omnigym.generators.text_env import TextEnvGenerator, render
+    from omnigym.inference import make_engine
+    from omnigym.inference.engine import SamplingParams
+    from omnigym.models.lm import load_policy_and_tokenizer
+
+    name = resolve("eco_skyrl_toys:omnigym_calc")
+    assert name == "omnigym_calc"
+    example = row("3+4", "7")
+    env = SkyrlEnv(name, [example], max_turns=4)
+    policy, tokenizer = load_policy_and_tokenizer("tiny", 0)
+    replies = ["<add>3 4</add>", "<answer>7</answer>"]
+    engine = Scripted(make_engine(policy, tokenizer, "auto"), tokenizer, lambda text, j: replies[text.count("<|assistant|>") - 1])
+    (episode,) = TextEnvGenerator(env, engine, tokenizer, SamplingParams(max_new_tokens=16)).generate([example], 1).items
+    assert episode.reward == pytest.approx(1.1) and episode.info["turns"] == 2  # 0.1 for the tool step, 1 for the answer
+    assert episode.example["step_rewards"] == [0.1, 1.0]
+    # the tokens are the chat template's rendering of the conversation skyrl-gym made; the tool's
+    # answer (a user message) is in them with loss mask 0, the model's replies with 1
+    conversation = [*example["prompt"], {"role": "assistant", "content": replies[0]},
+                    {"role": "user", "content": "<result>7</result>"}, {"role": "assistant", "content": replies[1]}]
+    full = render(tokenizer, conversation, add_generation_prompt=False)
+    tokens = episode.prompt_ids + episode.response_ids
+    assert tokens == full[:len(tokens)] and len(full) - len(tokens) <= 2  # the template's closing marker aside
+    generated = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if m],
+                                 skip_special_tokens=True)
+    inserted = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if not m])
+    assert generated == "".join(replies) and "<result>7</result>" in inserted and "<add>" not in inserted
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the sandbox runs on Linux only")
+def test_skyrls_python_tool_runs_in_omnigyms_sandbox(tmp_path):
+    from omnigym.envs.skyrl import SkyrlEnv, _SandboxedPython
+    from omnigym.rewards.sandbox import Sandbox
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host data")
+    example = row("q", "1", max_turns=4)  # searchcode ends at its extras' max_turns, 2 unless given
+    env = SkyrlEnv("searchcode", [example], max_turns=4)
+    env.reset(options={"example": example})
+    python = env.skyrl.tool_groups[1].get_tool("python")
+    assert isinstance(python, _SandboxedPython)
+    out = env.step("<tool><python>print(6 * 7)</python></tool>")[0][-1]
+    assert out == {"role": "user", "content": "42"}
+    if Sandbox().isolation().kind == "bubblewrap":
+        reply = env.step(f"<tool><python>print(open({str(secret)!r}).read())</python></tool>")[0][-1]["content"]
+        assert reply.startswith("Error executing Python code:") and "host data" not in reply
+
+
+class Scripted:
+    """The engine contract, replies from ``policy(rendered prompt, sample index)``."""
+
+    def __init__(self, engine, tokenizer, policy):
+        self.engine, self.tokenizer, self.policy = engine, tokenizer, policy
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    def update_weights(self, named_tensors, version):
+        self.engine.update_weights(named_tensors, version)
+
+    def generate(self, prompts, n, params):
+        from omnigym.inference.engine import Sample
+
+        groups = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+            groups.append([])
+            for j in range(n):
+                ids = self.tokenizer(self.policy(text, j), add_special_tokens=False)["input_ids"]
+                ids.append(self.tokenizer.eos_token_id)
+                groups[-1].append(Sample(list(prompt), ids, [-1.0] * len(ids), True))
+        return groups
+
+
+def test_grpo_trains_in_a_skyrl_env(tmp_path, monkeypatch):
+    """A few GRPO steps through skyrl's multi-turn tool env of the tests: the parameters move,
+    the env's reward is logged, the trajectories with their tool calls are in samples.jsonl."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from omnigym.algos import grpo
+
+    def policy(text, j):  # even samples use the tool then answer; odd ones answer at once, wrong
+        a, b = re.findall(r"\d+", text.split("<|user|>", 1)[1].split("<|end|>", 1)[0])  # "What is 12 + 7?"
+        if j % 2:
+            return "<answer>0</answer>"
+        return f"<add>{a} {b}</add>" if "<result>" not in text else f"<answer>{int(a) + int(b)}</answer>"
+
+    real = grpo.make_engine
+    monkeypatch.setattr(grpo, "make_engine", lambda model, tokenizer, kind: Scripted(real(model, tokenizer, kind),
+                                                                                      tokenizer, policy))
+    seen, original = {}, grpo.policy_steps
+
+    def watched(cfg, trainer, *args, **kwargs):
+        seen.setdefault("before", {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        out = original(cfg, trainer, *args, **kwargs)
+        seen["after"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        return out
+
+    monkeypatch.setattr(grpo, "policy_steps", watched)
+    monkeypatch.chdir(TESTS)
+    grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path), env="skyrl:eco_skyrl_toys:omnigym_calc", sft_steps=0, steps=2,
+                               prompts_per_step=2, group_size=2, eval_size=4, eval_every=1, checkpoint_every=10,
+                               max_new_tokens=16, max_turns=3, progress=False, plot=False, tensorboard=False))
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert len(rows) == 2 and all(r["reward/mean"] == pytest.approx(0.55) for r in rows)  # (1.1 + 0) / 2
+    assert all(r["groups/kept_fraction"] == 1.0 and r["episode/turns"] == 1.5 for r in rows)
+    samples = [json.loads(line) for line in open(tmp_path / "samples.jsonl")]
+    assert samples and all("<add>" in s["completion"] and "<result>" in s["completion"] for s in samples)
+    assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
+
+
+def test_a_skyrl_dataset_file_is_read_as_skyrl_writes_it(tmp_path):
+    from omnigym.algos.lm.grpo import GRPOConfig, grpo_task
+
+    path = tmp_path / "train.jsonl"
+    with open(path, "w") as f:
+        for i in range(12):
+            f.write(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": f"{i}+1"}],
+                                "env_class": "gsm8k", "reward_spec": {"method": "rule", "ground_truth": str(i + 1)},
+                                "extra_info": {"index": i}}) + "\n")
+    task = grpo_task(GRPOConfig(env="skyrl:gsm8k", task=str(path), eval_size=2, sft_steps=0))
+    assert len(task.train) == 10 and len(task.heldout) == 2
+    example = task.train[0]
+    task.env.reset(options={"example": example})
+    assert task.env.step("x")[1:3] == (0, True)
+    task.env.reset(options={"example": example})
+    assert task.env.step(f"#### {example['reward_spec']['ground_truth']}")[1] == 1.0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--env", "skyrl:gsm9k"], "--env skyrl:gsm9k: no skyrl-gym env of that name (closest: gsm8k"),
+    (["--env", "skyrl:lcb"], "--env skyrl:lcb is refused: its reward runs the model's program with exec()"),
+    (["--env", "skyrl:text2sql"], "--env skyrl:text2sql is refused: its tool and its reward run the model's SQL"),
+    (["--env", "skyrl:gsm8k", "--rewards", "math:1.0"], "--env skyrl:gsm8k is scored by the env's own rewards"),
+    (["--env", "skyrl:eco_skyrl_toys:omnigym_calc"],
+     "--env skyrl:omnigym_calc: the warm-up (--sft-steps 1000) needs a 'demonstration'"),
+    (["--env", "skyrl:gsm8k", "--env-args", "[1]"], "--env-args must be a JSON object, got list"),
+    (["--env", "skyrl:eco_skyrl_toys:omnigym_string_obs", "--sft-steps", "0"],
+     "--env skyrl:omnigym_string_obs: step() returned observations of type str; a skyrl text env answers with a "
+     "list of chat messages"),
+    (["--env", "vf:no_such_env_module", "--sft-steps", "0"], "--env vf: no_such_env_module:load_environment: no module"),
+    (["--env", "vf:eco_skyrl_toys", "--sft-steps", "0"], "--env vf:eco_skyrl_toys: module eco_skyrl_toys"),
+    (["--env", "vf:eco_vf_toys", "--env-args", '{"kind": "nothing"}', "--sft-steps", "0"],
+     "--env vf:eco_vf_toys: load_environment returned str, not a verifiers Environment"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, flags, message):
+    run = tmp_path / "run"
+    done = cli("train", "grpo", "--run-dir", str(run), "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+               "--eval-size", "2", "--max-new-tokens", "8", "--no-progress", *flags)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("omnigym: error:"), done.stderr[-2000:]
+    assert message in lines[0]
+    assert not run.exists()
+
+
+def test_the_gsm8k_demonstration_is_skyrls_answer_format():
+    from omnigym.envs.skyrl import SkyrlEnv
+
+    env = SkyrlEnv("gsm8k", [row("1+1", "2")])
+    (reply,) = env.demonstration({"answer": "2"})
+    env.reset(options={"example": row("1+1", "2")})
+    assert env.step(reply["content"])[1] == 1.0
+
+
+@pytest.mark.parametrize("package, env_flag, message", [
+    ("skyrl_gym", "skyrl:gsm8k", "--env skyrl:NAME needs skyrl-gym, which is not installed; install it with: "
+                                 "pip install 'omnigym[agents]'"),
+    ("verifiers", "vf:eco_vf_toys", "--env vf:MODULE needs verifiers, which is not installed; install it with: "
+                                    "pip install 'omnigym[agents]'")])
+def test_without_the_extra_the_message_names_it(tmp_path, package, env_flag, message):
+    blocker = tmp_path / "block" / package
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    run = tmp_path / "run"
+    done = cli("train", "grpo", "--run-dir", str(run), "--env", env_flag, "--sft-steps", "0",
+               env={"PYTHONPATH": f"{tmp_path / 'block'}{os.pathsep}{TESTS.parent / 'src'}"})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and lines == [f"omnigym: error: {message}"], done.stderr[-2000:]
+    assert not run.exists()
+
+
+# --- verifiers -----------------------------------------------------------------------------------
+
+class Endpoint:
+    """A small OpenAI-compatible chat endpoint (aiohttp) that answers with ``reply(messages)``:
+    a string, or a tool call ``("add", {"a": 3, "b": 4})``. It keeps the requests it got."""
+
+    def __init__(self, reply):
+        self.reply, self.requests = reply, []
+
+    async def __aenter__(self):
+        from aiohttp import web
+
+        async def chat(request):
+            body = await request.json()
+            self.requests.append(body)
+            reply = self.reply(body["messages"])
+            message = {"role": "assistant", "content": reply if isinstance(reply, str) else None}
+            if not isinstance(reply, str):
+                message["tool_calls"] = [{"id": f"call_{len(self.requests)}", "type": "function",
+                                          "function": {"name": reply[0], "arguments": json.dumps(reply[1])}}]
+            return web.json_response({
+                "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 0,
+                "model": body["model"], "choices": [{"index": 0, "message": message,
+                                                     "finish_reason": "stop" if isinstance(reply, str) else "tool_calls"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        import openai
+
+        self.client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="test")
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.client.close()
+        await self.runner.cleanup()
+
+
+def user_turns(messages):
+    return [m["content"] for m in messages if m["role"] == "user"]
+
+
+def vf_reply(messages):
+    """Right on the second try for the multi-turn env; a tool call first when the env offers one."""
+    question = user_turns(messages)[0]
+    a, b = question.split("+")
+    if any(m["role"] == "tool" for m in messages):
+        return f"<answer>{[m for m in messages if m['role'] == 'tool'][-1]['content']}</answer>"
+    if len(user_turns(messages)) == 1 and "try" not in question:
+        return "<answer>99</answer>"
+    return f"<answer>{int(a) + int(b)}</answer>"
+
+
+def tool_reply(messages):
+    a, b = user_turns(messages)[0].split("+")
+    return vf_reply(messages) if any(m["role"] == "tool" for m in messages) else ("add", {"a": int(a), "b": int(b)})
+
+
+@pytest.mark.parametrize("kind, reply, expected_parts, requests", [
+    ("single", vf_reply, {"correct": 0.0, "brief": 0.2}, 1),        # one wrong reply, brief
+    ("multi", vf_reply, {"correct": 1.0, "brief": 0.2}, 2),         # wrong, "try again", right
+    ("tool", tool_reply, {"correct": 1.0, "brief": 0.2}, 2)])       # the tool call, its result, the answer
+def test_a_verifiers_episode_is_what_verifiers_gives_for_the_same_replies(kind, reply, expected_parts, requests):
+    from verifiers.clients import OpenAIChatCompletionsClient
+
+    from omnigym.envs.vf import VerifiersAgent, load_vf_environment, rows
+
+    env = load_vf_environment("eco_vf_toys", {"kind": kind})
+    example = rows(env.get_dataset())[3]
+
+    async def both():
+        async with Endpoint(reply) as endpoint:
+            parts = await VerifiersAgent(env, "eco_vf_toys")(endpoint.client, dict(example))
+            ours = list(endpoint.requests)
+            direct = await env.run_rollout(dict(example), OpenAIChatCompletionsClient(endpoint.client), "m", {})
+            return parts, ours, direct, endpoint.requests[len(ours):]
+
+    parts, ours, direct, theirs = asyncio.run(both())
+    assert parts == pytest.approx(expected_parts)  # the rubric's weighted functions; the weight-0 metric left out
+    assert sum(parts.values()) == pytest.approx(direct["reward"])
+    assert [r["messages"] for r in ours] == [r["messages"] for r in theirs] and len(ours) == requests
+    if kind == "tool":  # verifiers ran the tool and sent its result back as a tool message
+        assert ours[1]["messages"][-1]["role"] == "tool" and ours[1]["messages"][-1]["content"] == "3"
+        assert ours[0]["tools"][0]["function"]["name"] == "add"
+
+
+def test_a_failed_verifiers_rollout_raises_for_the_episode():
+    from omnigym.envs.vf import VerifiersAgent, load_vf_environment, rows
+
+    env = load_vf_environment("eco_vf_toys", {"kind": "single"})
+
+    async def broken_endpoint():
+        import openai
+
+        client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x", max_retries=0, timeout=2)
+        try:
+            await VerifiersAgent(env, "eco_vf_toys")(client, rows(env.get_dataset())[0])
+        finally:
+            await client.close()
+
+    with pytest.raises(Exception, match="verifiers rollout of vf:eco_vf_toys failed|Connection"):
+        asyncio.run(broken_endpoint())
+
+
+def test_the_vf_task_holds_out_eval_size_rows():
+    from omnigym.algos.lm.grpo import GRPOConfig
+    from omnigym.envs.vf import vf_task
+
+    task, agent = vf_task(GRPOConfig(env="vf:eco_vf_toys", eval_size=5), "eco_vf_toys")
+    assert len(task.train) == 35 and len(task.heldout) == 5 and agent.weights == (("correct", 1.0), ("brief", 0.2))
+    assert {"prompt", "answer", "question", "example_id"} <= set(task.train[0])
+    with pytest.raises(OmnigymError, match="has 40 examples and no eval dataset"):
+        vf_task(GRPOConfig(env="vf:eco_vf_toys", eval_size=40), "eco_vf_toys")
