@@ -264,7 +264,7 @@ class Endpoint:
             reply = self.reply(body["messages"])
             message = {"role": "assistant", "content": reply if isinstance(reply, str) else None}
             if not isinstance(reply, str):
-                message["tool_calls"] = [{"id": f"call_{len(self.requests)}", "type": "function",
+                message["tool_calls"] = [{"id": f"call_{len(body['messages'])}", "type": "function",
                                           "function": {"name": reply[0], "arguments": json.dumps(reply[1])}}]
             return web.json_response({
                 "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 0,
@@ -333,7 +333,7 @@ def test_a_verifiers_episode_is_what_verifiers_gives_for_the_same_replies(kind, 
     assert sum(parts.values()) == pytest.approx(direct["reward"])
     assert [r["messages"] for r in ours] == [r["messages"] for r in theirs] and len(ours) == requests
     if kind == "tool":  # verifiers ran the tool and sent its result back as a tool message
-        assert ours[1]["messages"][-1]["role"] == "tool" and ours[1]["messages"][-1]["content"] == "3"
+        assert ours[1]["messages"][-1]["role"] == "tool" and ours[1]["messages"][-1]["content"] == "6"  # 3 + 3
         assert ours[0]["tools"][0]["function"]["name"] == "add"
 
 

@@ -61,7 +61,7 @@ def load_vf_environment(spec: str, args: dict):
     if not isinstance(env, vf.Environment):
         raise OmnigymError(f"--env vf:{spec}: load_environment returned {type(env).__name__}, not a verifiers "
                            "Environment")
-    if env.rubric.has_group_rewards():
+    if env.rubric.has_group_rewards:
         raise OmnigymError(f"--env vf:{spec}: its rubric has group reward functions, which score a whole group at "
                            "once; omnigym plays each episode on its own (scored by Rubric.score_rollout)")
     return env
