@@ -111,6 +111,71 @@ def test_skyrls_python_tool_runs_in_omnigyms_sandbox(tmp_path):
         assert reply.startswith("Error executing Python code:") and "host data" not in reply
 
 
+class Retrieval:
+    """A retrieval server of the shape skyrl's search tool posts to (Search-R1's): POST /retrieve
+    {"query", "topk"} -> {"result": [[{"document": {"contents": ...}}]]}, over a two-line corpus."""
+
+    CORPUS = ("The capital of Naptheul is Fitor.", "The river of Naptheul is the Oss.")
+
+    def __enter__(self):
+        import http.server
+        import threading
+
+        queries = self.queries = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                queries.append(body["query"])
+                words = set(body["query"].lower().split())
+                hits = [{"document": {"contents": text}} for text in Retrieval.CORPUS
+                        if words & set(text.lower().rstrip(".").split())]
+                data = json.dumps({"result": [hits[:body.get("topk", 3)]]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/retrieve"
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_skyrls_search_env_against_a_local_retrieval_server():
+    """skyrl's shipped search env, its search_url given by --env-args: the same conversation and
+    reward as skyrl-gym's own env for the same replies."""
+    from omnigym.envs.skyrl import SkyrlEnv
+
+    example = {"prompt": [{"role": "user", "content": "What is the capital of Naptheul?"}], "env_class": "search",
+               "reward_spec": {"method": "rule", "ground_truth": {"target": ["Fitor"]}}, "extra_info": {},
+               "question": "What is the capital of Naptheul?", "answer": "Fitor"}
+    replies = ["<search>capital Naptheul</search>", "<answer>Fitor</answer>"]
+    with Retrieval() as server:
+        config = {"search_url": server.url, "log_requests": False, "timeout": 5}
+        env = SkyrlEnv("search", [example], config, max_turns=4)
+        env.reset(options={"example": example})
+        ours = [env.step(reply) for reply in replies]
+        from omegaconf import OmegaConf
+
+        direct = skyrl_gym.make("search", env_config=OmegaConf.create({**config, "topk": 3}),
+                                extras={k: example[k] for k in ("reward_spec", "extra_info")})
+        theirs = [direct.step(reply) for reply in replies]
+    assert server.queries == ["capital Naptheul"] * 2
+    observation = ours[0][0][-1]
+    assert observation == theirs[0]["observations"][0] and observation["role"] == "user"
+    assert "Doc 1: The capital of Naptheul is Fitor." in observation["content"]
+    assert [o[1] for o in ours] == [0.0, 1.0] == [t["reward"] for t in theirs] and ours[1][2] is True
+
+
 class Scripted:
     """The engine contract, replies from ``policy(rendered prompt, sample index)``."""
 
