@@ -42,16 +42,22 @@ class CalcEnv(BaseTextEnv):
                                      reward=0.1, done=False, metadata={"tool": "add"})
 
 
-class StringObservationEnv(BaseTextEnv):
-    """Broken on purpose: its observation is a bare string, not a list of messages."""
+class BrokenEnv(BaseTextEnv):
+    """Broken on purpose, as env_config.how says: "string" (its observation is a bare string, not
+    a list of messages), "raise" (step raises), "reward" (its reward is not a number)."""
 
     def __init__(self, env_config=None, extras={}):
         super().__init__()
+        self.how = (env_config or {}).get("how", "string")
 
     def step(self, action: str):
+        if self.how == "raise":
+            return {}["no such field"]
+        if self.how == "reward":
+            return BaseTextEnvStepOutput(observations=[], reward="1.0", done=True, metadata={})
         return BaseTextEnvStepOutput(observations="the tool said 7", reward=0.0, done=False, metadata={})
 
 
-for name, cls in (("omnigym_calc", CalcEnv), ("omnigym_string_obs", StringObservationEnv)):
+for name, cls in (("omnigym_calc", CalcEnv), ("omnigym_broken", BrokenEnv)):
     if name not in skyrl_gym.registry:
         skyrl_gym.register(id=name, entry_point=cls)

@@ -267,9 +267,13 @@ def test_a_skyrl_dataset_file_is_read_as_skyrl_writes_it(tmp_path):
     (["--env", "skyrl:eco_skyrl_toys:omnigym_calc"],
      "--env skyrl:omnigym_calc: the warm-up (--sft-steps 1000) needs a 'demonstration'"),
     (["--env", "skyrl:gsm8k", "--env-args", "[1]"], "--env-args must be a JSON object, got list"),
-    (["--env", "skyrl:eco_skyrl_toys:omnigym_string_obs", "--sft-steps", "0"],
-     "--env skyrl:omnigym_string_obs: step() returned observations of type str; a skyrl text env answers with a "
+    (["--env", "skyrl:eco_skyrl_toys:omnigym_broken", "--sft-steps", "0"],
+     "--env skyrl:omnigym_broken: step() returned observations of type str; a skyrl text env answers with a "
      "list of chat messages"),
+    (["--env", "skyrl:eco_skyrl_toys:omnigym_broken", "--sft-steps", "0", "--env-args", '{"how": "raise"}'],
+     "--env skyrl:omnigym_broken: step() raised KeyError: 'no such field' (at "),
+    (["--env", "skyrl:eco_skyrl_toys:omnigym_broken", "--sft-steps", "0", "--env-args", '{"how": "reward"}'],
+     "--env skyrl:omnigym_broken: step() returned reward '1.0'; a reward is a finite number"),
     (["--env", "vf:no_such_env_module", "--sft-steps", "0"], "--env vf: no_such_env_module:load_environment: no module"),
     (["--env", "vf:eco_skyrl_toys", "--sft-steps", "0"], "--env vf:eco_skyrl_toys: module eco_skyrl_toys"),
     (["--env", "vf:eco_vf_toys", "--env-args", '{"kind": "nothing"}', "--sft-steps", "0"],

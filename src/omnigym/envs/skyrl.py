@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import numbers
 import random
 from pathlib import Path
 
 from omnigym.envs.text import TextEnv
 from omnigym.errors import OmnigymError
 from omnigym.rewards.base import Reward
+from omnigym.user_code import call_user_code
 
 REFUSED = (
     ("lcb", "its reward runs the model's program with exec() in a child process of the trainer, outside any sandbox"),
@@ -151,7 +154,8 @@ class SkyrlEnv(TextEnv):
         self.example = {**example, "step_rewards": []}  # this episode's own copy: its rewards go in it
         self.turns = 0
         self.skyrl = self._make(example)
-        messages, _ = self.skyrl.init(copy.deepcopy(example["prompt"]))
+        first = call_user_code(f"--env skyrl:{self.name}: init()", self.skyrl.init, copy.deepcopy(example["prompt"]))
+        messages = first[0] if isinstance(first, tuple) and len(first) == 2 else first
         if not is_message_list(messages):
             raise OmnigymError(f"--env skyrl:{self.name}: init() returned {type(messages).__name__}, not a list of "
                                "chat messages ({'role': str, 'content': str})")
@@ -163,13 +167,16 @@ class SkyrlEnv(TextEnv):
     def respond(self, text: str):
         self.turns += 1
         self.messages.append({"role": "assistant", "content": text})
-        out = self.skyrl.step(text)
+        out = call_user_code(f"--env skyrl:{self.name}: step()", self.skyrl.step, text)
         observations = out.get("observations") if isinstance(out, dict) else None
         if not is_message_list(observations):
             shown = type(observations).__name__ if isinstance(out, dict) else f"{type(out).__name__}, not a dict"
             raise OmnigymError(f"--env skyrl:{self.name}: step() returned observations of type {shown}; a skyrl "
                                "text env answers with a list of chat messages ({'role': str, 'content': str})")
-        self.example["step_rewards"].append(float(out.get("reward") or 0.0))
+        reward = out.get("reward") or 0.0
+        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            raise OmnigymError(f"--env skyrl:{self.name}: step() returned reward {reward!r}; a reward is a finite number")
+        self.example["step_rewards"].append(float(reward))
         self.messages += observations
         done = bool(out.get("done"))
         if done:
