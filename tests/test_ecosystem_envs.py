@@ -250,7 +250,8 @@ def test_a_skyrl_dataset_file_is_read_as_skyrl_writes_it(tmp_path):
             f.write(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": f"{i}+1"}],
                                 "env_class": "gsm8k", "reward_spec": {"method": "rule", "ground_truth": str(i + 1)},
                                 "extra_info": {"index": i}}) + "\n")
-    task = grpo_task(GRPOConfig(env="skyrl:gsm8k", task=str(path), eval_size=2, sft_steps=0))
+    task, agent = grpo_task(GRPOConfig(env="skyrl:gsm8k", task=str(path), eval_size=2, sft_steps=0))
+    assert agent is None  # a skyrl env is played by the text env generator
     assert len(task.train) == 10 and len(task.heldout) == 2
     example = task.train[0]
     task.env.reset(options={"example": example})
