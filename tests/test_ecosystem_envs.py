@@ -203,20 +203,45 @@ class Scripted:
         return groups
 
 
-def test_grpo_trains_in_a_skyrl_env(tmp_path, monkeypatch):
-    """A few GRPO steps through skyrl's multi-turn tool env of the tests: the parameters move,
-    the env's reward is logged, the trajectories with their tool calls are in samples.jsonl."""
+def first_numbers(text):
+    return [int(n) for n in re.findall(r"\d+", text.split("<|user|>", 1)[1].split("<|end|>", 1)[0])]
+
+
+def calc_policy(text, j):  # even samples use the tool then answer; odd ones answer at once, wrong
+    a, b = first_numbers(text)  # "What is 12 + 7?"
+    if j % 2:
+        return "<answer>0</answer>"
+    return f"<add>{a} {b}</add>" if "<result>" not in text else f"<answer>{a + b}</answer>"
+
+
+def gsm8k_policy(text, j):  # even samples answer right at once; odd ones first wrong (well formatted), then right
+    return f"#### {sum(first_numbers(text))}" if j % 2 == 0 else "#### 0"  # later turns sample one reply: j == 0
+
+
+def search_policy(text, j):  # even samples search, then answer from the passage; odd ones guess wrong
+    if j % 2:
+        return "<answer>Oss</answer>"
+    return "<answer>Fitor</answer>" if "Doc 1:" in text else "<search>capital Naptheul</search>"
+
+
+SKYRL_RUNS = {  # env -> (policy, --max-turns, mean reward, mean turns, what every greedy sample shows)
+    "eco_skyrl_toys:omnigym_calc": (calc_policy, 3, (1.1 + 0.0) / 2, 1.5, "<result>"),
+    "gsm8k_multi_turn": (gsm8k_policy, 5, (1.0 + (0.2 / 5 + 1.0)) / 2, 1.5, "####"),  # a turn's format reward: 0.2/5
+    "search": (search_policy, 3, (1.0 + 0.0) / 2, 1.5, "Doc 1: The capital of Naptheul is Fitor."),
+}
+
+
+@pytest.mark.parametrize("name", list(SKYRL_RUNS))
+def test_grpo_trains_in_a_skyrl_env(tmp_path, monkeypatch, name):
+    """A few GRPO steps in skyrl's multi-turn envs (a tool env of the tests', skyrl's gsm8k_multi_turn
+    and search, the latter against a local retrieval server): the parameters move, the env's
+    reward (the sum of its steps') is logged, the episodes with their env turns are in samples.jsonl."""
     pytest.importorskip("transformers")
     import torch
 
     from omnigym.algos import grpo
 
-    def policy(text, j):  # even samples use the tool then answer; odd ones answer at once, wrong
-        a, b = re.findall(r"\d+", text.split("<|user|>", 1)[1].split("<|end|>", 1)[0])  # "What is 12 + 7?"
-        if j % 2:
-            return "<answer>0</answer>"
-        return f"<add>{a} {b}</add>" if "<result>" not in text else f"<answer>{int(a) + int(b)}</answer>"
-
+    policy, max_turns, reward, turns, shown = SKYRL_RUNS[name]
     real = grpo.make_engine
     monkeypatch.setattr(grpo, "make_engine", lambda model, tokenizer, kind: Scripted(real(model, tokenizer, kind),
                                                                                       tokenizer, policy))
@@ -230,14 +255,25 @@ def test_grpo_trains_in_a_skyrl_env(tmp_path, monkeypatch):
 
     monkeypatch.setattr(grpo, "policy_steps", watched)
     monkeypatch.chdir(TESTS)
-    grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path), env="skyrl:eco_skyrl_toys:omnigym_calc", sft_steps=0, steps=2,
-                               prompts_per_step=2, group_size=2, eval_size=4, eval_every=1, checkpoint_every=10,
-                               max_new_tokens=16, max_turns=3, progress=False, plot=False, tensorboard=False))
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
-    assert len(rows) == 2 and all(r["reward/mean"] == pytest.approx(0.55) for r in rows)  # (1.1 + 0) / 2
-    assert all(r["groups/kept_fraction"] == 1.0 and r["episode/turns"] == 1.5 for r in rows)
-    samples = [json.loads(line) for line in open(tmp_path / "samples.jsonl")]
-    assert samples and all("<add>" in s["completion"] and "<result>" in s["completion"] for s in samples)
+    flags = {}
+    with Retrieval() as server:
+        if name == "search":  # skyrl's search rows: ground_truth {"target": [...]}, the url in --env-args
+            task = tmp_path / "search.jsonl"
+            task.write_text("".join(json.dumps({
+                "prompt": [{"role": "user", "content": f"Question {i}: what is the capital of Naptheul?"}],
+                "env_class": "search", "reward_spec": {"method": "rule", "ground_truth": {"target": ["Fitor"]}},
+                "extra_info": {"index": i}}) + "\n" for i in range(8)))
+            flags = {"task": str(task), "env_args": json.dumps({"search_url": server.url, "log_requests": False})}
+        grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path / "run"), env=f"skyrl:{name}", sft_steps=0, steps=2,
+                                   prompts_per_step=2, group_size=2, eval_size=4, eval_every=1, checkpoint_every=10,
+                                   max_new_tokens=16, max_turns=max_turns, progress=False, plot=False,
+                                   tensorboard=False, **flags))
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert len(rows) == 2 and all(r["reward/mean"] == pytest.approx(reward) for r in rows)
+    assert all(r["groups/kept_fraction"] == 1.0 and r["episode/turns"] == turns for r in rows)
+    assert rows[-1]["eval/accuracy"] == 1.0  # greedy: the first sample's path, right
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert samples and all(shown in s["completion"] for s in samples)
     assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
 
 
@@ -434,3 +470,64 @@ def test_the_vf_task_holds_out_eval_size_rows():
     assert {"prompt", "answer", "question", "example_id"} <= set(task.train[0])
     with pytest.raises(OmnigymError, match="has 40 examples and no eval dataset"):
         vf_task(GRPOConfig(env="vf:eco_vf_toys", eval_size=40), "eco_vf_toys")
+
+
+TOOL_TEMPLATE = (  # the tiny model's template, with the tools shown and tool calls rendered back (Hermes format)
+    "{% if tools %}<|system|>tools:{% for t in tools %} {{ (t.function or t).name }}{% endfor %}<|end|>{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}"
+    "{% for c in (m.tool_calls or []) %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}}</tool_call>"
+    "{% endfor %}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.mark.parametrize("kind", ["single", "multi", "tool"])
+def test_grpo_trains_in_a_verifiers_env(tmp_path, monkeypatch, kind):
+    """A few GRPO steps with a verifiers env's own rollout and rubric, its requests served by
+    the run's endpoint: the first episode of each prompt answers right (after a tool call in
+    the tool env), the second wrong, so each group's rewards differ and the parameters move."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from omnigym.algos import grpo
+
+    visits = {}
+
+    def policy(text, j):
+        visits[text] = visits.get(text, 0) + 1
+        users = re.findall(r"<\|user\|>(.*?)<\|end\|>", text)
+        a, b = users[0].split("+")
+        first_turn = len(users) == 1 and "<|tool|>" not in text
+        if visits[text] > 1 or not first_turn and "<|tool|>" not in text:
+            return "<answer>1234</answer>"
+        if kind == "tool" and first_turn:
+            return f'<tool_call>{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+        return f"<answer>{int(a) + int(b)}</answer>"
+
+    real = grpo.make_engine
+    monkeypatch.setattr(grpo, "make_engine", lambda model, tokenizer, kind_: Scripted(real(model, tokenizer, kind_),
+                                                                                       tokenizer, policy))
+    seen, original = {}, grpo.policy_steps
+
+    def watched(cfg, trainer, *args, **kwargs):
+        seen.setdefault("before", {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        out = original(cfg, trainer, *args, **kwargs)
+        seen["after"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        return out
+
+    monkeypatch.setattr(grpo, "policy_steps", watched)
+    monkeypatch.chdir(TESTS)
+    template = tmp_path / "template.jinja"  # a file: read_chat_template takes a string this long for a path
+    template.write_text(TOOL_TEMPLATE)
+    grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path / "run"), env="vf:eco_vf_toys", env_args=json.dumps({"kind": kind}),
+                               chat_template=str(template) if kind == "tool" else None, sft_steps=0, steps=2,
+                               prompts_per_step=2, group_size=2, eval_size=4, eval_every=10, checkpoint_every=10,
+                               max_new_tokens=48, progress=False, plot=False, tensorboard=False))
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert len(rows) == 2 and all(r["agent/errors"] == 0 for r in rows)
+    # the rubric's parts: correct (weight 1) and brief (0.2); the right episode scores both, the wrong one neither
+    assert all(r["reward/correct"] == 0.5 and r["reward/brief"] == pytest.approx(0.1) for r in rows)
+    assert all(r["groups/kept_fraction"] == 1.0 for r in rows)
+    assert all(r["agent/turns"] == {"single": 1, "multi": 2, "tool": 1.5}[kind] for r in rows)
+    if kind == "tool":
+        assert all(r["agent/tool_calls"] == 0.5 for r in rows)
+    assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
