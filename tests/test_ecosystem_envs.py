@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -531,3 +532,32 @@ def test_grpo_trains_in_a_verifiers_env(tmp_path, monkeypatch, kind):
     if kind == "tool":
         assert all(r["agent/tool_calls"] == 0.5 for r in rows)
     assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
+
+
+@pytest.mark.slow
+def test_the_docs_section_runs_as_written(tmp_path):
+    """docs/agents.md's "Bring a skyrl-gym or verifiers env", as a user would run it: its files
+    written, its commands run from an empty folder."""
+    page = (TESTS.parent / "docs" / "agents.md").read_text()
+    section = page.split("## Bring a skyrl-gym or verifiers env", 1)[1].split("\n## ", 1)[0]
+    outputs = {}
+    for kind, body in re.findall(r"```(python|bash)\n(.*?)```", section, re.DOTALL):
+        if kind == "python":
+            name = body.splitlines()[0].removeprefix("# file: ").strip()
+            (tmp_path / name).write_text(body)
+            continue
+        for line in filter(str.strip, body.splitlines()):
+            argv = shlex.split(line)
+            assert argv[0] == "omnigym"
+            done = cli(*argv[1:], cwd=tmp_path)
+            assert done.returncode == 0, (line, done.stderr[-3000:])
+            outputs[line] = done.stderr
+    assert len(outputs) == 3
+    for line, err in outputs.items():
+        run = tmp_path / shlex.split(line)[-1]
+        rows = [json.loads(r) for r in open(run / "metrics.jsonl")]
+        assert "held-out accuracy before GRPO" in err and rows and "reward/mean" in rows[-1], line
+    gsm8k = [json.loads(r) for r in open(tmp_path / "runs" / "skyrl-gsm8k" / "metrics.jsonl")]
+    assert any(r.get("reward/mean", 0) > 0 for r in gsm8k)  # the warm-up taught skyrl's "#### N": rewards come
+    vf_rows = [json.loads(r) for r in open(tmp_path / "runs" / "vf-add" / "metrics.jsonl")]
+    assert {"reward/correct", "reward/brief", "agent/errors"} <= set(vf_rows[-1])
