@@ -15,6 +15,14 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+class NumberReplyEnv(vf.MultiTurnEnv):
+    """Broken on purpose: its env turn is a number, not a list of messages (a string, verifiers
+    itself reads as a user message)."""
+
+    async def env_response(self, messages, state, **kwargs):
+        return 42
+
+
 class FeedbackEnv(vf.MultiTurnEnv):
     """Multi-turn: a wrong answer is told "try again" by the env, up to max_turns replies."""
 
@@ -49,6 +57,8 @@ def load_environment(kind: str = "single", n: int = 40):
         return vf.SingleTurnEnv(dataset=data, parser=parser, rubric=rubric)
     if kind == "multi":
         return FeedbackEnv(dataset=data, parser=parser, rubric=rubric, max_turns=3)
+    if kind == "number_reply":
+        return NumberReplyEnv(dataset=data, parser=parser, rubric=rubric, max_turns=3)
     if kind == "tool":
         return vf.ToolEnv(dataset=data, tools=[add], parser=parser, rubric=rubric, max_turns=3)
     return "not an environment"

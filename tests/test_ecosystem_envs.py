@@ -316,6 +316,9 @@ def test_a_skyrl_dataset_file_is_read_as_skyrl_writes_it(tmp_path):
     (["--env", "vf:eco_skyrl_toys", "--sft-steps", "0"], "--env vf:eco_skyrl_toys: module eco_skyrl_toys"),
     (["--env", "vf:eco_vf_toys", "--env-args", '{"kind": "nothing"}', "--sft-steps", "0"],
      "--env vf:eco_vf_toys: load_environment returned str, not a verifiers Environment"),
+    (["--env", "vf:eco_vf_toys", "--env-args", '{"kind": "number_reply"}', "--sft-steps", "0"],
+     "--env vf:eco_vf_toys: a rollout with the reply 'ok' raised TypeError: 'int' object is not iterable (at "),
+    (["--env", "vf:eco_vf_toys", "--sft-steps", "10"], "--env vf:eco_vf_toys: the warm-up (--sft-steps 10) cannot"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, flags, message):
     run = tmp_path / "run"

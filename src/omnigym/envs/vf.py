@@ -27,6 +27,10 @@ text reaches them only as the arguments verifiers parses from its tool calls.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
+import logging
 import random
 
 from omnigym.errors import OmnigymError
@@ -67,6 +71,49 @@ def load_vf_environment(spec: str, args: dict):
     return env
 
 
+def preflight(env, spec: str, example: dict) -> None:
+    """One rollout of ``example`` before the run starts, the model's part played by a canned reply
+    ("ok") through the real openai client on an in-memory transport: an env whose own code fails
+    (its env turn, its stop conditions, its rubric) stops the run in one line, with nothing
+    written, instead of failing every episode of the run."""
+    import asyncio
+    import concurrent.futures
+
+    import httpx
+    import openai
+    from verifiers.clients import OpenAIChatCompletionsClient
+
+    def answer(request):
+        body = json.loads(request.content)
+        return httpx.Response(200, json={
+            "id": "preflight", "object": "chat.completion", "created": 0, "model": body.get("model", "omnigym"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    async def play():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            client = openai.AsyncOpenAI(base_url="http://preflight.invalid/v1", api_key="-", http_client=http,
+                                        max_retries=0)
+            await env.run_rollout(copy.deepcopy(example), OpenAIChatCompletionsClient(client), "omnigym", {})
+
+    # verifiers logs what it thinks of the canned reply (no handler: Python prints it on stderr);
+    # a handler that drops it, for this rollout only, keeps a failure to the one line below
+    quiet = logging.NullHandler()
+    logging.getLogger("verifiers").addHandler(quiet)
+    # a thread of its own: asyncio.run needs one with no running event loop (a notebook's has one)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="omnigym-vf-preflight") as pool:
+        try:
+            pool.submit(asyncio.run, play()).result()
+        except Exception as exc:  # verifiers keeps the model's failures (vf.Error) in the state; this is the env's
+            from omnigym.user_code import where
+
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise OmnigymError(f"--env vf:{spec}: a rollout with the reply 'ok' raised {type(exc).__name__}: {first} "
+                               f"(at {where(exc)}); the env's own code fails before any model is involved") from None
+        finally:
+            logging.getLogger("verifiers").removeHandler(quiet)
+
+
 def rows(dataset) -> list[dict]:
     """A verifiers dataset's rows as examples: what run_rollout takes, plus ``question`` and
     ``answer`` (held-out accuracy and samples.jsonl read them)."""
@@ -103,19 +150,36 @@ class VerifiersAgent:
         return parts or {"reward": float(output.get("reward") or 0.0)}
 
 
+@contextlib.contextmanager
+def quiet_datasets():
+    """datasets' progress bars off while verifiers formats the env's dataset (its ``map`` would
+    draw one on stderr, around the one line a bad env gets), and back as they were."""
+    import datasets
+
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+
+
 def vf_task(cfg, spec: str):
     """``--env vf:MODULE``'s examples (a ``Task``) and the agent function that plays them."""
     from omnigym.envs.skyrl import parse_env_args
     from omnigym.tasks import Task
 
-    env = load_vf_environment(spec, parse_env_args(cfg.env_args))
-    train = rows(env.get_dataset())
-    if env.eval_dataset is not None or getattr(env, "eval_dataset_source", None) is not None:
-        heldout = rows(env.get_eval_dataset())[:cfg.eval_size]
-    else:
+    with quiet_datasets():
+        env = load_vf_environment(spec, parse_env_args(cfg.env_args))
+        train = rows(env.get_dataset())
+        evaluated = env.eval_dataset is not None or getattr(env, "eval_dataset_source", None) is not None
+        heldout = rows(env.get_eval_dataset())[:cfg.eval_size] if evaluated else None
+    if not evaluated:
         if len(train) <= cfg.eval_size:
             raise OmnigymError(f"--env vf:{spec} has {len(train)} examples and no eval dataset, and --eval-size "
                                f"{cfg.eval_size} holds out that many or more; use --eval-size below {len(train)}")
         random.Random(cfg.seed).shuffle(train)
         train, heldout = train[cfg.eval_size:], train[:cfg.eval_size]
+    preflight(env, spec, train[0])
     return Task(train, heldout), VerifiersAgent(env, spec)
