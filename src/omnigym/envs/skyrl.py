@@ -179,9 +179,9 @@ class SkyrlEnv(TextEnv):
         self.example["step_rewards"].append(float(reward))
         self.messages += observations
         done = bool(out.get("done"))
-        if done:
-            self.skyrl.close()
         truncated = not done and self.turns >= self.max_turns
+        if done or truncated:  # the episode's env is done with (its sessions, files, connections)
+            self.skyrl.close()
         return list(self.messages), done, truncated, {"example": self.example, "metadata": out.get("metadata")}
 
     def demonstration(self, example: dict) -> list[dict] | None:
