@@ -10,7 +10,7 @@ TOOL_TEMPLATE = (
     "Call as <tool_call>{\"name\": N, \"arguments\": {...}}</tool_call><|end|>{% endif %}"
     "{%- for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}"
     "{%- for c in m['tool_calls'] or [] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
-    "\"arguments\": {{ c['function']['arguments'] }}}</tool_call>{% endfor %}<|end|>{% endfor %}"
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|end|>{% endfor %}"
     "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 """The tiny model's template plus Hermes-style tools: the tool names in a system turn, and an
@@ -23,12 +23,13 @@ class ScriptedEngine:
 
     def __init__(self, tokenizer, replies: list[str]):
         self.tokenizer, self.replies, self.version, self.calls = tokenizer, list(replies), 0, []
+        self.eos_token_id = tokenizer.eos_token_id
 
     def generate(self, prompts, n, params):
         out = []
         for prompt in prompts:
             ids = self.tokenizer(self.replies.pop(0), add_special_tokens=False)["input_ids"] + \
-                [self.tokenizer.eos_token_id]
+                [self.eos_token_id]
             finished = len(ids) <= params.max_new_tokens
             ids = ids[:params.max_new_tokens]
             sample = Sample(list(prompt), ids, [-0.01 * (i + 1) for i in range(len(ids))], finished)

@@ -106,6 +106,39 @@ def test_tool_call_round_trip_is_one_sequence_of_the_tokens_sampled(tool_tokeniz
     assert trajectory.info["turns"] == 2 and "error" not in trajectory.info
 
 
+def test_qwen25s_own_template_round_trip(tiny):
+    """Qwen2.5's chat template as Qwen ships it (TRL keeps the original): it shows the tools,
+    the model's Hermes tool call parses, and the agent's history (arguments as OpenAI's JSON
+    string) renders back as the model wrote it, so the episode stays one sequence."""
+    trl = pytest.importorskip("trl")
+    from pathlib import Path
+
+    tokenizer = copy.deepcopy(tiny[1])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"  # Qwen's end of turn, a token of its own as in Qwen's vocabulary
+    tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    engine = ScriptedEngine(tokenizer, [call, "5"])
+
+    async def agent(client):
+        messages = [{"role": "user", "content": "2+3?"}]
+        first = await client.chat.completions.create(model="qwen", messages=messages, tools=[ADD])
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        call_id = first.choices[0].message.tool_calls[0].id
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": "5"})
+        await client.chat.completions.create(model="qwen", messages=messages, tools=[ADD])
+        return first
+
+    first, record = serve(engine, tokenizer, agent)
+    assert '"name": "add"' in tokenizer.decode(record.turns[0].prompt_ids)  # the tools are in the prompt
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert json.loads(first.choices[0].message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
+    [sequence] = stitch(record.turns)
+    inserted = [t for t, m in zip(sequence.response_ids, sequence.loss_mask) if m == 0]
+    assert tokenizer.decode(inserted) == "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n" \
+                                        "<|im_start|>assistant\n"
+
+
 def test_logprobs_are_the_engines(tool_tokenizer):
     engine = ScriptedEngine(tool_tokenizer, ["hello"])
 
@@ -121,12 +154,13 @@ def test_logprobs_are_the_engines(tool_tokenizer):
     assert record.turns[0].finished is False
 
 
-def test_real_engine_tokens_are_recorded_as_sampled(tiny):
-    """The tiny model's own sampler behind the endpoint: the recorded turn is what it made."""
+@pytest.mark.parametrize("kind", ["kv", "hf"])
+def test_real_engine_tokens_are_recorded_as_sampled(tiny, kind):
+    """The tiny model's own samplers behind the endpoint: the recorded turn is what they made."""
     from omnigym.inference import make_engine
 
     policy, tokenizer = tiny
-    engine = make_engine(policy, tokenizer, "auto")
+    engine = make_engine(policy, tokenizer, kind)
     made = []
     generate = engine.generate
 
@@ -150,6 +184,25 @@ def test_real_engine_tokens_are_recorded_as_sampled(tiny):
     assert [t.logprobs for t in record.turns] == [s.logprobs for s in made]
     assert [t.logprob for t in first.choices[0].logprobs.content] == pytest.approx(made[0].logprobs)
     assert first.choices[0].message.content == tokenizer.decode(made[0].completion_ids, skip_special_tokens=True)
+
+
+def test_token_ids_top_k_and_tool_choice_none(tool_tokenizer):
+    """vLLM's extensions that verifiers' clients send (return_token_ids, top_k through
+    extra_body) are served; tool_choice "none" leaves a tool-call-looking reply as text."""
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
+    engine = ScriptedEngine(tool_tokenizer, [call])
+
+    async def agent(client):
+        return await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1"}],
+                                                    tools=[ADD], tool_choice="none",
+                                                    extra_body={"return_token_ids": True, "top_k": 5})
+
+    reply, record = serve(engine, tool_tokenizer, agent)
+    assert reply.choices[0].message.tool_calls is None and reply.choices[0].message.content == call
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.prompt_token_ids == record.turns[0].prompt_ids
+    assert reply.choices[0].token_ids == record.turns[0].completion_ids
+    assert engine.calls[0][1].top_k == 5
 
 
 def test_a_rewritten_history_starts_a_new_sequence(tool_tokenizer):
@@ -265,3 +318,18 @@ def test_a_template_without_tools_refuses_a_request_with_tools(tiny):
     finally:
         episodes.close()
     assert engine.calls == []
+
+
+def test_which_templates_take_tools(tiny, tool_tokenizer):
+    """The tiny model's and SmolLM2-135M's templates ignore tools= (a request with tools is
+    refused for them); the Hermes-style one of these tests and Qwen2.5's show them."""
+    from pathlib import Path
+
+    from omnigym.agents.chat import template_takes_tools
+
+    assert not template_takes_tools(tiny[1]) and template_takes_tools(tool_tokenizer)
+    smollm2 = Path(__file__).parent.parent / "models" / "smollm2-135m-instruct" / "chat_template.jinja"
+    if smollm2.exists():  # made by `make smollm2`
+        tokenizer = copy.deepcopy(tiny[1])
+        tokenizer.chat_template = smollm2.read_text()
+        assert not template_takes_tools(tokenizer)

@@ -4,9 +4,12 @@ returns no number costs its episode, not the run; a bad --agent is one line, not
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +21,9 @@ from omnigym.cli import main
 from omnigym.generators.base import Trajectories, Trajectory
 from omnigym.models.lm import build_tiny_model, load_tokenizer
 from omnigym.rl.advantages import get_advantage
+
+SOURCE = str(Path(grpo.__file__).parents[3])
+"""this checkout's src/: a subprocess imports omnigym from here, and the user's files from its own folder only"""
 
 TWO_TURN_AGENT = '''
 import json
@@ -52,7 +58,7 @@ def rows(path):
 
 def test_an_openai_only_agent_trains_with_grpo(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    write(tmp_path, "my_agent.py", TWO_TURN_AGENT)
+    write(tmp_path, "two_turn_agent.py", TWO_TURN_AGENT)
     write(tmp_path, "tools.jinja", TOOL_TEMPLATE)
     assert "omnigym" not in TWO_TURN_AGENT
     seen, original = {}, grpo.policy_steps
@@ -65,7 +71,7 @@ def test_an_openai_only_agent_trains_with_grpo(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(grpo, "policy_steps", watched)
-    code = main(["train", "grpo", "--agent", "my_agent:run", "--chat-template", "tools.jinja", "--sft-steps", "0",
+    code = main(["train", "grpo", "--agent", "two_turn_agent:run", "--chat-template", "tools.jinja", "--sft-steps", "0",
                  "--steps", "3", "--prompts-per-step", "3", "--group-size", "3", "--eval-size", "4",
                  "--eval-every", "2", "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"])
     assert code in (0, None)
@@ -113,9 +119,10 @@ def test_agents_that_raise_hang_or_return_no_number_cost_their_episode(tmp_path,
     monkeypatch.chdir(tmp_path)
     task = tmp_path / "kinds.jsonl"
     task.write_text("\n".join(json.dumps({"question": f"{kind} {i}", "answer": "x"})
-                              for i in range(4) for kind in ("ok", "raise", "hang", "text")))
+                              for i in range(3) for kind in ("ok", "raise", "hang", "text", "block", "exit")))
     write(tmp_path, "flaky.py", '''
         import asyncio
+        import time
 
         async def run(client, example):
             reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -124,27 +131,32 @@ def test_agents_that_raise_hang_or_return_no_number_cost_their_episode(tmp_path,
                 raise ValueError("the tool was down")
             if kind == "hang":
                 await asyncio.sleep(3600)
+            if kind == "block":  # holds its thread, not an await: the timeout walks away from it
+                time.sleep(30)
+            if kind == "exit":
+                raise SystemExit(3)
             if kind == "text":
                 return "fine"
             return len(reply.choices[0].message.content or "") / 24
     ''')
-    code = main(["train", "grpo", "--agent", "flaky:run", "--task", str(task), "--sft-steps", "0", "--steps", "2",
-                 "--prompts-per-step", "12", "--group-size", "2", "--eval-size", "4", "--eval-every", "100",
-                 "--agent-timeout", "3", "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"])
+    code = main(["train", "grpo", "--agent", "flaky:run", "--task", str(task), "--sft-steps", "0", "--steps", "1",
+                 "--prompts-per-step", "14", "--group-size", "2", "--eval-size", "4", "--eval-every", "100",
+                 "--agent-timeout", "8", "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"])
     assert code in (0, None)
     from omnigym.tasks import load_task
 
     train = load_task(str(task), 1, 4, 2, 2, "+").train  # the run's training split (seed 1 is the default)
     kinds = [e["question"].split()[0] for e in train]
-    assert len(train) == 12  # every training example is drawn each step
+    assert len(train) == 14  # every training example is drawn each step
     logged = [r for r in rows(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
-    assert [r["agent/errors"] for r in logged] == [2 * (len(kinds) - kinds.count("ok"))] * 2
-    assert [r["agent/timeouts"] for r in logged] == [2 * kinds.count("hang")] * 2
-    assert all(r["groups/kept_fraction"] <= 2 * kinds.count("ok") / 24 for r in logged)
+    assert [r["agent/errors"] for r in logged] == [2 * (len(kinds) - kinds.count("ok"))]
+    assert [r["agent/timeouts"] for r in logged] == [2 * (kinds.count("hang") + kinds.count("block"))]
+    assert all(r["groups/kept_fraction"] <= kinds.count("ok") / 14 + 1e-6 for r in logged)  # float32
     err = capsys.readouterr().err
     assert err.count("ValueError: the tool was down") == 1
-    assert err.count("did not finish within --agent-timeout 3 s") == 1
+    assert err.count("did not finish within --agent-timeout 8 s") == 1
     assert err.count("the agent returned 'fine' (str): return a finite number") == 1
+    assert err.count("the agent raised SystemExit: 3") == 1
 
 
 def test_a_failed_episode_is_out_of_its_groups_baseline():
@@ -214,13 +226,56 @@ def test_a_bad_agent_is_one_line_and_nothing_written(tmp_path, monkeypatch, caps
     assert sorted(os.listdir(tmp_path)) == before  # no runs/, no run directory
 
 
+def test_agent_runs_train_in_one_process():
+    """Under torchrun, each process would play episodes of its own (timing makes them differ)."""
+    from omnigym.errors import OmnigymError
+
+    with pytest.raises(OmnigymError, match="--agent plays its episodes in one process: use --training-backend local"):
+        grpo.GRPOConfig(agent="a:run", training_backend="ddp").check_agent()
+
+
 def test_the_command_line_refuses_a_sync_agent_in_one_line(tmp_path):
     write(tmp_path, "agents_here.py", BAD_AGENTS)
     done = subprocess.run([sys.executable, "-m", "omnigym", "train", "text_reinforce", "--agent",
                            "agents_here:not_async"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                          env={**os.environ, "PYTHONPATH": SOURCE})
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["omnigym: error: --agent agents_here:not_async is not an async "
                                                 "function: write it as async def run(client, example) (it gets an "
                                                 "openai.AsyncOpenAI client)"]
     assert sorted(os.listdir(tmp_path)) == ["agents_here.py"]
+
+
+SECTION = re.compile(r"\n## Write your own agent\n(.*?)\n## ", re.DOTALL)
+BLOCK = re.compile(r"```(python|jinja|bash)\n(.*?)```", re.DOTALL)
+FILE = re.compile(r"^(?:# file: |\{# file: )(\S+)")
+
+
+@pytest.mark.slow
+def test_the_write_your_own_agent_section_runs_as_written(tmp_path):
+    """docs/agents.md's example, as a user copies it: its files written, its command run."""
+    section = SECTION.search((Path(__file__).parent.parent / "docs" / "agents.md").read_text()).group(1)
+    written, commands = [], []
+    for kind, body in BLOCK.findall(section):
+        name = FILE.match(body)
+        if name:
+            (tmp_path / name.group(1)).write_text(body)
+            written.append(name.group(1))
+        elif kind == "bash":
+            commands += [line for line in body.splitlines() if line.strip()]
+    assert written == ["my_agent.py", "tools.jinja"] and len(commands) == 1
+    agent = (tmp_path / "my_agent.py").read_text()
+    assert "omnigym" not in agent and "import openai" in agent  # the openai package only
+    omnigym = str(Path(sys.executable).parent / "omnigym")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": SOURCE}
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "omnigym"
+        done = subprocess.run([omnigym, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    logged = [r for r in rows(tmp_path / "runs" / "my-agent" / "metrics.jsonl") if "reward/mean" in r]
+    assert len(logged) == 2 and all("reward/correct" in r and "reward/used_tool" in r for r in logged)
+    assert all(r["agent/errors"] == 0 and 1 <= r["agent/turns"] <= 3 for r in logged)
+    samples = rows(tmp_path / "runs" / "my-agent" / "samples.jsonl")
+    assert samples and all(s["transcript"][0]["asked"] == {"role": "user", "content": s["prompt"]} for s in samples)

@@ -23,10 +23,34 @@ PROBE_NAME = "omnigym_probe_tool"
 def render(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
     """The prompt text for ``messages`` (and ``tools``), ending where the assistant speaks."""
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                             tokenize=False)
+        return tokenizer.apply_chat_template(template_messages(messages), tools=tools or None,
+                                             add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # the template's own raise_exception, or messages it cannot read
         raise OmnigymError(f"the chat template cannot render these messages: {type(exc).__name__}: {exc}") from None
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI's messages as chat templates read them: a tool call's ``arguments`` is a JSON
+    string in OpenAI's API and a dict in Hugging Face's templates (Qwen2.5's writes it with
+    ``tojson``: a string would be quoted twice, and would not be what the model wrote)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if isinstance(calls, list):
+            message = {**message, "tool_calls": [_with_dict_arguments(call) for call in calls]}
+        out.append(message)
+    return out
+
+
+def _with_dict_arguments(call):
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}} if isinstance(arguments, dict) else call
 
 
 def template_takes_tools(tokenizer) -> bool:

@@ -30,3 +30,7 @@ class AgentConfig:
         require(getattr(self, "runtime", "sync") == "sync",
                 "--agent runs its episodes in this process (the endpoint is served from this run's engine): "
                 "use --runtime sync")
+        # each process of a data-parallel run would play its own episodes, which timing makes differ, while
+        # the trainer assumes every process holds the same batch and trains its share of it
+        require(getattr(self, "training_backend", "local") == "local",
+                f"--agent plays its episodes in one process: use --training-backend local, not {self.training_backend}")

@@ -9,7 +9,9 @@ each part is logged as ``reward/<name>``). An agent that raises, hangs past the 
 returns something else costs that episode only: one Trajectory with ``info["error"]``,
 which the trainer does not train on (and which does not count in its group's baseline);
 each distinct reason is said once on stderr. A chat template that cannot show the model
-the agent's tools stops the run (``OmnigymError``): every episode would be wrong.
+the agent's tools stops the run (``OmnigymError``): every episode would be wrong. Each
+episode's function runs in a thread and event loop of its own, so one that blocks instead of
+awaiting holds its own episode only; ``play`` itself may be awaited in any event loop.
 
 ``AgentGenerator(episodes, concurrency)`` is the plain generator seam over it
 (``generate(examples, group_size)``: every episode of the step, at most ``concurrency`` at
@@ -25,6 +27,7 @@ import inspect
 import math
 import numbers
 import sys
+import threading
 import time
 
 from omnigym.agents.recorder import trajectories
@@ -120,34 +123,69 @@ class AgentEpisodes:
         self.open()
         server = self.server
         record = server.open_episode()
-        client = server.client(record.episode_id, timeout=self.timeout)
         reward, parts, error, timed_out = 0.0, {}, None, False
-        task = asyncio.ensure_future(self.fn(client, copy.deepcopy(example)))  # the agent may not change the task
         started = time.monotonic()
-        try:
-            done, _ = await asyncio.wait({task}, timeout=self.timeout)
-            if not done:
-                task.cancel()
-                await asyncio.wait({task}, timeout=1.0)  # let it unwind; one that will not is left behind
+        try:  # the agent gets a copy: it may not change the task's examples
+            kind, value = await self._run_apart(server, record.episode_id, copy.deepcopy(example))
+            if kind == "returned":
+                reward, parts = reward_of(value)
+            elif kind == "timed out":
                 error, timed_out = f"the agent did not finish within --agent-timeout {self.timeout:g} s", True
             else:
-                reward, parts = reward_of(task.result())
+                error = f"the agent raised {type(value).__name__}: {_first_line(value)} (at {where(value)})"
         except BadReturn as exc:
             error = str(exc)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        except Exception as exc:
-            error = f"the agent raised {type(exc).__name__}: {_first_line(exc)} (at {where(exc)})"
         finally:
-            server.close_episode(record.episode_id)
-            await _quietly_close(client)
+            server.close_episode(record.episode_id)  # a request still on its way gets 404
         if record.fatal:
             raise OmnigymError(record.fatal)
         if error is not None:
             reward, parts = 0.0, {}
             self._say_once(error, time.monotonic() - started)
         return trajectories(record, reward, parts, group_id, example, self.engine.version, error, timed_out)
+
+    async def _run_apart(self, server, episode_id: str, example: dict) -> tuple[str, object]:
+        """``fn(client, example)`` in a thread and event loop of its own: an agent that blocks
+        (``time.sleep``, a synchronous call) holds its own episode only, and past the timeout
+        it is cancelled at its next await, or, blocked, left behind (a daemon thread).
+        Returns ``("returned", value)``, ``("raised", exception)`` or ``("timed out", None)``."""
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        cancel = []
+
+        def episode():
+            agent_loop = asyncio.new_event_loop()
+            try:
+                client = server.client(episode_id, timeout=self.timeout)
+                task = agent_loop.create_task(self.fn(client, example))
+                cancel.append(lambda: agent_loop.call_soon_threadsafe(task.cancel))
+                try:
+                    outcome = ("returned", agent_loop.run_until_complete(task))
+                except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the episode's, not the run's
+                    outcome = ("raised", exc)
+                agent_loop.run_until_complete(_quietly_close(client))
+            except BaseException as exc:
+                outcome = ("raised", exc)
+            finally:
+                cancel.clear()
+                agent_loop.close()
+            try:
+                loop.call_soon_threadsafe(_settle, finished, outcome)
+            except RuntimeError:  # the caller's loop has ended: nobody waits for this episode any more
+                pass
+
+        threading.Thread(target=episode, name="omnigym-agent-episode", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(finished), self.timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            for stop in list(cancel):
+                try:
+                    stop()
+                except RuntimeError:  # its loop has just closed
+                    pass
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return "timed out", None
 
     def _say_once(self, error: str, seconds: float) -> None:
         kind = error.split(" (at ")[0]
@@ -159,6 +197,11 @@ class AgentEpisodes:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:300]
+
+
+def _settle(future: asyncio.Future, outcome: tuple) -> None:
+    if not future.done():
+        future.set_result(outcome)
 
 
 async def _quietly_close(client) -> None:

@@ -16,8 +16,10 @@ other source of episodes that talk to an ``openai`` client)::
     server.close()
 
 Routes (under ``/episodes/<id>/v1``): ``POST chat/completions`` (``messages``, ``tools``,
-``temperature`` (0: greedy), ``top_p``, ``max_tokens`` / ``max_completion_tokens`` (at most
-the run's ``--max-new-tokens``), ``stop``, ``logprobs``, ``n`` = 1) and ``GET models``.
+``temperature`` (0: greedy), ``top_p``, ``top_k``, ``max_tokens`` / ``max_completion_tokens`` (at
+most the run's ``--max-new-tokens``), ``stop``, ``logprobs``, ``tool_choice`` "none" (else read as
+"auto"), ``return_token_ids`` (vLLM's: the prompt's and the reply's ids in the answer), ``n`` = 1)
+and ``GET models``.
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise); the server runs its
 own event loop on a thread of its own, so episodes may run in any event loop, and it binds
 loopback only. It opens no file: nothing in a request is ever used as a path.
@@ -206,7 +208,8 @@ class AgentServer:
         turn_number = len(record.turns)
         if stopped:
             reply = _before_stop(reply, stop)
-        content, calls, malformed = parse_tool_calls(reply, f"call_{record.episode_id}_{turn_number}") if tools \
+        parse = tools and body.get("tool_choice") != "none"  # "required" or a named function: read as "auto"
+        content, calls, malformed = parse_tool_calls(reply, f"call_{record.episode_id}_{turn_number}") if parse \
             else (reply, [], 0)
         finished = sample.finished or stopped
         finish_reason = "tool_calls" if calls else "stop" if finished else "length"
@@ -218,9 +221,13 @@ class AgentServer:
         message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls or None}
         usage = {"prompt_tokens": len(ids), "completion_tokens": len(completion_ids),
                  "total_tokens": len(ids) + len(completion_ids)}
-        return completion(f"chatcmpl-{record.episode_id}-{turn_number}", str(body.get("model") or self.model_name),
-                          int(time.time()), message, finish_reason, usage,
-                          token_logprobs(self.tokenizer, completion_ids, logprobs) if want_logprobs else None)
+        answer = completion(f"chatcmpl-{record.episode_id}-{turn_number}", str(body.get("model") or self.model_name),
+                            int(time.time()), message, finish_reason, usage,
+                            token_logprobs(self.tokenizer, completion_ids, logprobs) if want_logprobs else None)
+        if body.get("return_token_ids"):  # vLLM's extension (extra_body), which verifiers' token client asks for
+            answer["prompt_token_ids"] = ids
+            answer["choices"][0]["token_ids"] = completion_ids
+        return answer
 
     def _read(self, body) -> tuple:
         """The request's fields, checked: anything the endpoint cannot do as asked is a 400."""
@@ -249,9 +256,13 @@ class AgentServer:
         stop = [stop] if isinstance(stop, str) else stop
         if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
             raise BadRequest("stop must be a string or a list of non-empty strings")
+        top_k = body.get("top_k")  # vLLM's extension; -1 or 0: off
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < -1):
+            raise BadRequest(f"top_k must be an integer >= -1, got {top_k!r}")
         greedy = self.greedy or temperature == 0
         params = SamplingParams(max_new_tokens=min(asked or self.max_new_tokens, self.max_new_tokens),
-                                temperature=1.0 if greedy else temperature, top_p=top_p, greedy=greedy)
+                                temperature=1.0 if greedy else temperature, top_p=top_p, top_k=max(top_k or 0, 0),
+                                greedy=greedy)
         return messages, tools, params, stop or [], bool(body.get("logprobs"))
 
     def _fit(self, params: SamplingParams, prompt_length: int) -> SamplingParams:

@@ -120,7 +120,8 @@ class GRPOConfig(AgentConfig, RolloutRuntimeConfig, LanguageModelConfig):
     """GRPO steps between checkpoints (one is always written at the end)"""
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "env_args", "eval_size", "digits", "terms",
-                                                       "operations", "runtime", "max_staleness", "num_generators")
+                                                       "operations", "runtime", "max_staleness", "num_generators",
+                                                       "agent")
     BUDGET = ("steps", "step")
 
     def check(self) -> None:
