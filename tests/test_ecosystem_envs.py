@@ -319,6 +319,8 @@ def test_a_skyrl_dataset_file_is_read_as_skyrl_writes_it(tmp_path):
     (["--env", "vf:eco_vf_toys", "--env-args", '{"kind": "number_reply"}', "--sft-steps", "0"],
      "--env vf:eco_vf_toys: a rollout with the reply 'ok' raised TypeError: 'int' object is not iterable (at "),
     (["--env", "vf:eco_vf_toys", "--sft-steps", "10"], "--env vf:eco_vf_toys: the warm-up (--sft-steps 10) cannot"),
+    (["--env", "vf:eco_vf_toys", "--sft-steps", "0", "--runtime", "ray"],
+     "--env vf:eco_vf_toys plays its episodes in this process, through this run's endpoint: use --runtime sync"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, flags, message):
     """Through the CLI's entry point, in this process (a fresh interpreter costs 10 s a case

@@ -139,8 +139,9 @@ class GRPOConfig(AgentConfig, RolloutRuntimeConfig, LanguageModelConfig):
                 f"--env {self.env} is scored by the env's own rewards; leave out --rewards")
         require(self.env_args is None or self.env.startswith(ECOSYSTEM),
                 "--env-args is for --env skyrl:NAME or vf:MODULE")
-        require(not self.env.startswith("vf:") or self.runtime == "sync",
-                f"--env {self.env} runs its episodes in this process (through this run's endpoint): use --runtime sync")
+        require(not self.env.startswith("vf:") or (self.runtime == "sync" and self.training_backend == "local"),
+                f"--env {self.env} plays its episodes in this process, through this run's endpoint: use --runtime "
+                "sync and --training-backend local")
         require(not self.env.startswith("vf:") or self.sft_steps == 0,
                 f"--env {self.env}: the warm-up (--sft-steps {self.sft_steps}) cannot script a verifiers env's "
                 "episodes; give --sft-steps 0 (a model that can already answer)")
