@@ -20,6 +20,7 @@ from omnigym.errors import OmnigymError
 skyrl_gym = pytest.importorskip("skyrl_gym")
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # the toy env modules, importable as a user's own modules are
+from eco_helpers import TOOL_TEMPLATE, Endpoint, Retrieval, Scripted, watch_parameters  # noqa: E402
 
 
 def cli(*args, cwd=TESTS, env=None):
@@ -112,45 +113,6 @@ def test_skyrls_python_tool_runs_in_omnigyms_sandbox(tmp_path):
         assert reply.startswith("Error executing Python code:") and "host data" not in reply
 
 
-class Retrieval:
-    """A retrieval server of the shape skyrl's search tool posts to (Search-R1's): POST /retrieve
-    {"query", "topk"} -> {"result": [[{"document": {"contents": ...}}]]}, over a two-line corpus."""
-
-    CORPUS = ("The capital of Naptheul is Fitor.", "The river of Naptheul is the Oss.")
-
-    def __enter__(self):
-        import http.server
-        import threading
-
-        queries = self.queries = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                queries.append(body["query"])
-                words = set(body["query"].lower().split())
-                hits = [{"document": {"contents": text}} for text in Retrieval.CORPUS
-                        if words & set(text.lower().rstrip(".").split())]
-                data = json.dumps({"result": [hits[:body.get("topk", 3)]]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/retrieve"
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_skyrls_search_env_against_a_local_retrieval_server():
     """skyrl's shipped search env, its search_url given by --env-args: the same conversation and
     reward as skyrl-gym's own env for the same replies."""
@@ -175,33 +137,6 @@ def test_skyrls_search_env_against_a_local_retrieval_server():
     assert observation == theirs[0]["observations"][0] and observation["role"] == "user"
     assert "Doc 1: The capital of Naptheul is Fitor." in observation["content"]
     assert [o[1] for o in ours] == [0.0, 1.0] == [t["reward"] for t in theirs] and ours[1][2] is True
-
-
-class Scripted:
-    """The engine contract, replies from ``policy(rendered prompt, sample index)``."""
-
-    def __init__(self, engine, tokenizer, policy):
-        self.engine, self.tokenizer, self.policy = engine, tokenizer, policy
-
-    @property
-    def version(self):
-        return self.engine.version
-
-    def update_weights(self, named_tensors, version):
-        self.engine.update_weights(named_tensors, version)
-
-    def generate(self, prompts, n, params):
-        from omnigym.inference.engine import Sample
-
-        groups = []
-        for prompt in prompts:
-            text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-            groups.append([])
-            for j in range(n):
-                ids = self.tokenizer(self.policy(text, j), add_special_tokens=False)["input_ids"]
-                ids.append(self.tokenizer.eos_token_id)
-                groups[-1].append(Sample(list(prompt), ids, [-1.0] * len(ids), True))
-        return groups
 
 
 def first_numbers(text):
@@ -246,15 +181,7 @@ def test_grpo_trains_in_a_skyrl_env(tmp_path, monkeypatch, name):
     real = grpo.make_engine
     monkeypatch.setattr(grpo, "make_engine", lambda model, tokenizer, kind: Scripted(real(model, tokenizer, kind),
                                                                                       tokenizer, policy))
-    seen, original = {}, grpo.policy_steps
-
-    def watched(cfg, trainer, *args, **kwargs):
-        seen.setdefault("before", {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
-        out = original(cfg, trainer, *args, **kwargs)
-        seen["after"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        return out
-
-    monkeypatch.setattr(grpo, "policy_steps", watched)
+    seen = watch_parameters(monkeypatch, grpo)
     monkeypatch.chdir(TESTS)
     flags = {}
     with Retrieval() as server:
@@ -365,47 +292,6 @@ def test_without_the_extra_the_message_names_it(tmp_path, package, env_flag, mes
 
 # --- verifiers -----------------------------------------------------------------------------------
 
-class Endpoint:
-    """A small OpenAI-compatible chat endpoint (aiohttp) that answers with ``reply(messages)``:
-    a string, or a tool call ``("add", {"a": 3, "b": 4})``. It keeps the requests it got."""
-
-    def __init__(self, reply):
-        self.reply, self.requests = reply, []
-
-    async def __aenter__(self):
-        from aiohttp import web
-
-        async def chat(request):
-            body = await request.json()
-            self.requests.append(body)
-            reply = self.reply(body["messages"])
-            message = {"role": "assistant", "content": reply if isinstance(reply, str) else None}
-            if not isinstance(reply, str):
-                message["tool_calls"] = [{"id": f"call_{len(body['messages'])}", "type": "function",
-                                          "function": {"name": reply[0], "arguments": json.dumps(reply[1])}}]
-            return web.json_response({
-                "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 0,
-                "model": body["model"], "choices": [{"index": 0, "message": message,
-                                                     "finish_reason": "stop" if isinstance(reply, str) else "tool_calls"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        import openai
-
-        self.client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="test")
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.client.close()
-        await self.runner.cleanup()
-
-
 def user_turns(messages):
     return [m["content"] for m in messages if m["role"] == "user"]
 
@@ -483,14 +369,6 @@ def test_the_vf_task_holds_out_eval_size_rows():
         vf_task(GRPOConfig(env="vf:eco_vf_toys", eval_size=40), "eco_vf_toys")
 
 
-TOOL_TEMPLATE = (  # the tiny model's template, with the tools shown and tool calls rendered back (Hermes format)
-    "{% if tools %}<|system|>tools:{% for t in tools %} {{ (t.function or t).name }}{% endfor %}<|end|>{% endif %}"
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}"
-    "{% for c in (m.tool_calls or []) %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
-    "{{ c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}}</tool_call>"
-    "{% endfor %}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
 @pytest.mark.parametrize("kind", ["single", "multi", "tool"])
 def test_grpo_trains_in_a_verifiers_env(tmp_path, monkeypatch, kind):
     """A few GRPO steps with a verifiers env's own rollout and rubric, its requests served by
@@ -517,15 +395,7 @@ def test_grpo_trains_in_a_verifiers_env(tmp_path, monkeypatch, kind):
     real = grpo.make_engine
     monkeypatch.setattr(grpo, "make_engine", lambda model, tokenizer, kind_: Scripted(real(model, tokenizer, kind_),
                                                                                        tokenizer, policy))
-    seen, original = {}, grpo.policy_steps
-
-    def watched(cfg, trainer, *args, **kwargs):
-        seen.setdefault("before", {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
-        out = original(cfg, trainer, *args, **kwargs)
-        seen["after"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        return out
-
-    monkeypatch.setattr(grpo, "policy_steps", watched)
+    seen = watch_parameters(monkeypatch, grpo)
     monkeypatch.chdir(TESTS)
     template = tmp_path / "template.jinja"  # a file: read_chat_template takes a string this long for a path
     template.write_text(TOOL_TEMPLATE)
