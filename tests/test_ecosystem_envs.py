@@ -63,6 +63,23 @@ def test_a_skyrl_episode_is_what_skyrl_gym_gives_for_the_same_replies():
     assert "step_rewards" not in example  # the episode's rewards live in its own copy
 
 
+@pytest.mark.parametrize("name, fields, reply, reward", [
+    ("gsm8k", {"reward_spec": {"method": "rule", "ground_truth": "7"}}, "so #### 7", 1.0),
+    ("gsm8k", {"reward_spec": {"method": "rule", "ground_truth": "7"}}, "7", 0.0),
+    ("aime", {"reward_model": {"ground_truth": "7"}}, "Answer: 7", 1.0),  # aime reads reward_model, scores -1/+1
+    ("aime", {"reward_model": {"ground_truth": "7"}}, "Answer: 8", -1.0)])
+def test_a_single_reply_skyrl_env_scores_as_skyrl_gym_does(name, fields, reply, reward):
+    from omnigym.envs.skyrl import SkyrlEnv
+
+    example = {"prompt": [{"role": "user", "content": "2 + 5?"}], "question": "2 + 5?", "answer": "7", **fields}
+    direct = skyrl_gym.make(name, env_config=None, extras=fields).step(reply)
+    env = SkyrlEnv(name, [example])
+    env.reset(options={"example": example})
+    messages, ours, terminated, truncated, _ = env.step(reply)
+    assert (ours, terminated, truncated) == (direct["reward"], True, False) and ours == reward
+    assert messages == [*example["prompt"], {"role": "assistant", "content": reply}]
+
+
 def test_a_tool_env_of_your_own_turn_by_turn_with_the_observations_masked():
     pytest.importorskip("transformers")
     from omnigym.envs.skyrl import SkyrlEnv, resolve
