@@ -281,6 +281,21 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys,
     assert not run.exists()
 
 
+def test_a_row_the_env_rejects_is_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    from omnigym.cli import main
+
+    task = tmp_path / "rows.jsonl"  # gsm8k_multi_turn reads extras' max_turns, else extra_info's: neither here
+    task.write_text("".join(json.dumps({"prompt": f"{i}+1", "env_class": "gsm8k_multi_turn",
+                                        "reward_spec": {"method": "rule", "ground_truth": str(i + 1)}}) + "\n"
+                            for i in range(12)))
+    run = tmp_path / "run"
+    assert main(["train", "grpo", "--env", "skyrl:gsm8k_multi_turn", "--task", str(task), "--sft-steps", "0",
+                 "--eval-size", "2", "--prompts-per-step", "2", "--run-dir", str(run)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "omnigym: error: --env skyrl:gsm8k_multi_turn refused an example: KeyError: 'extra_info'"]
+    assert not run.exists()
+
+
 def test_the_gsm8k_demonstration_is_skyrls_answer_format():
     from omnigym.envs.skyrl import SkyrlEnv
 

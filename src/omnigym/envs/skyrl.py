@@ -143,7 +143,8 @@ class SkyrlEnv(TextEnv):
         try:
             env = skyrl_gym().make(self.name, env_config=self.config, extras=extras)
         except Exception as exc:  # skyrl's envs assert on the fields they need
-            raise OmnigymError(f"--env skyrl:{self.name} refused an example: {type(exc).__name__}: {exc}") from None
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise OmnigymError(f"--env skyrl:{self.name} refused an example: {type(exc).__name__}: {first}") from None
         sandbox_python_tools(env, self.sandbox)
         return env
 
