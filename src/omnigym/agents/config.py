@@ -32,5 +32,6 @@ class AgentConfig:
                 "use --runtime sync")
         # each process of a data-parallel run would play its own episodes, which timing makes differ, while
         # the trainer assumes every process holds the same batch and trains its share of it
-        require(getattr(self, "training_backend", "local") == "local",
-                f"--agent plays its episodes in one process: use --training-backend local, not {self.training_backend}")
+        backend = getattr(self, "training_backend", "local")  # text_reinforce has none: it trains in one process
+        require(backend == "local", f"--agent plays its episodes in one process: use --training-backend local, not "
+                                    f"{backend}")

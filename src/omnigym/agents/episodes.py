@@ -123,7 +123,7 @@ class AgentEpisodes:
         self.open()
         server = self.server
         record = server.open_episode()
-        reward, parts, error, timed_out = 0.0, {}, None, False
+        reward, parts, error, timed_out, kind = 0.0, {}, None, False, ""
         started = time.monotonic()
         try:  # the agent gets a copy: it may not change the task's examples
             kind, value = await self._run_apart(server, record.episode_id, copy.deepcopy(example))
@@ -133,15 +133,16 @@ class AgentEpisodes:
                 error, timed_out = f"the agent did not finish within --agent-timeout {self.timeout:g} s", True
             else:
                 error = f"the agent raised {type(value).__name__}: {_first_line(value)} (at {where(value)})"
+                kind += f"{type(value).__name__} {where(value)}"  # said once per exception type and place
         except BadReturn as exc:
-            error = str(exc)
+            error, kind = str(exc), "returned"
         finally:
             server.close_episode(record.episode_id)  # a request still on its way gets 404
         if record.fatal:
             raise OmnigymError(record.fatal)
         if error is not None:
             reward, parts = 0.0, {}
-            self._say_once(error, time.monotonic() - started)
+            self._say_once(kind, error, time.monotonic() - started)
         return trajectories(record, reward, parts, group_id, example, self.engine.version, error, timed_out)
 
     async def _run_apart(self, server, episode_id: str, example: dict) -> tuple[str, object]:
@@ -187,8 +188,9 @@ class AgentEpisodes:
                 raise
             return "timed out", None
 
-    def _say_once(self, error: str, seconds: float) -> None:
-        kind = error.split(" (at ")[0]
+    def _say_once(self, kind: str, error: str, seconds: float) -> None:
+        """``error`` on stderr, the first time a failure of this ``kind`` happens in the run."""
+        kind = kind or error
         if kind not in self._said:
             self._said.add(kind)
             print(f"omnigym: an agent episode failed after {seconds:.1f} s and is not trained on: {error} "
