@@ -24,13 +24,18 @@ def accuracy(judge, tokenizer, examples: list[dict], samples: list | None = None
     ``samples`` gets the first few episodes, to read (samples.jsonl)."""
     trajectories = judge.generate(examples, 1)
     if samples is not None:
-        samples += [sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward)
-                    for t in trajectories.items[:SAMPLES_SHOWN]]
+        samples += [{**sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward),
+                     **episode_record(t.info)} for t in trajectories.items[:SAMPLES_SHOWN]]
     return sum(t.reward >= 1.0 for t in trajectories.items) / max(len(examples), 1)
 
 
 SAMPLES_SHOWN = 4
 """replies written to samples.jsonl (and TensorBoard's text tab) at each evaluation"""
+
+
+def episode_record(info: dict) -> dict:
+    """What an agent episode adds to its row: each request's reply and tool calls, and why it failed."""
+    return {key: info[key] for key in ("transcript", "error") if info.get(key)}
 
 
 def sample_row(example: dict, completion: str, **scores) -> dict:

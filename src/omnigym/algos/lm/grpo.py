@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from omnigym.agents.config import AgentConfig
+from omnigym.agents.episodes import agent_generators, agent_metrics, load_agent
 from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.envs.text import TextEnv, ToolEnv
@@ -51,7 +53,7 @@ from omnigym.track.run import Run, start_run
 
 
 @dataclass
-class GRPOConfig(EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfig):
+class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfig):
     engine: str = "auto"
     """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv, hf,
     or vllm (the [vllm] extra, a CUDA GPU; docs/vllm.md)"""
@@ -69,7 +71,12 @@ class GRPOConfig(EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfi
     """single-turn (one reply, scored); tools (the reply may call <tool name="python"> or
     <tool name="calculator"> and read the answer, up to --max-turns replies); python (a Python
     session kept across turns; its own computation task unless --task is given); search (BM25 over
-    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task"""
+    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task;
+    skyrl:NAME (a skyrl-gym env; skyrl:MODULE:NAME for one MODULE registers) or vf:MODULE (a verifiers
+    environment module): the ecosystem's envs, docs/agents.md"""
+    env_args: str | None = None
+    """JSON object for --env skyrl:NAME (the env's env_config, e.g. {"search_url": ...}) or --env vf:MODULE
+    (load_environment's keyword arguments)"""
     max_turns: int = 4
     """replies per episode in a multi-turn env"""
     rewards: str | None = None
@@ -113,9 +120,9 @@ class GRPOConfig(EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfi
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
 
-    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "eval_size", "digits", "terms",
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "env_args", "eval_size", "digits", "terms",
                                                        "operations", "runtime", "max_staleness", "num_generators",
-                                                       "rollouts")
+                                                       "rollouts", "agent")
     BUDGET = ("steps", "step")
 
     def check(self) -> None:
@@ -127,18 +134,35 @@ class GRPOConfig(EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfi
                          "sft_learning_rate", "eval_size", "eval_every")
         require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
-        require(self.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {self.env!r}")
+        require(self.env in ENVS or self.env.startswith(ECOSYSTEM),
+                f"--env must be one of {', '.join(ENVS)}, got {self.env!r} (or skyrl:NAME, vf:MODULE: "
+                "docs/agents.md)")
+        require(not (self.env.startswith(ECOSYSTEM) and self.rewards),
+                f"--env {self.env} is scored by the env's own rewards; leave out --rewards")
+        require(self.env_args is None or self.env.startswith(ECOSYSTEM),
+                "--env-args is for --env skyrl:NAME or vf:MODULE")
+        require(not self.env.startswith("vf:") or (self.runtime == "sync" and self.training_backend == "local"),
+                f"--env {self.env} plays its episodes in this process, through this run's endpoint: use --runtime "
+                "sync and --training-backend local")
+        require(not self.env.startswith("vf:") or self.sft_steps == 0,
+                f"--env {self.env}: the warm-up (--sft-steps {self.sft_steps}) cannot script a verifiers env's "
+                "episodes; give --sft-steps 0 (a model that can already answer)")
         require(self.env not in ("search", "guess") or self.task == "arithmetic",
                 f"--env {self.env} brings its own task ({self.env}-v0); leave out --task {self.task}")
         require(self.loss_aggregation in AGGREGATIONS, f"unknown --loss-aggregation {self.loss_aggregation!r}; "
                                                        f"choose one of {', '.join(AGGREGATIONS)}")
         require(self.kl_estimator in ("k1", "k2", "k3"), f"unknown --kl-estimator {self.kl_estimator!r}; "
                                                           "choose k1, k2 or k3")
+        self.check_agent()
+        require(not self.agent or (self.rewards is None and self.env == "single-turn"),
+                f"--agent {self.agent} plays its own episodes and returns their reward: leave out --rewards and --env")
 
 
 CONFIG = GRPOConfig
 ENVS = ("single-turn", "tools", "python", "search", "guess")
 """--env: python, search and guess are the registered tool envs python-v0, search-v0, guess-v0"""
+ECOSYSTEM = ("skyrl:", "vf:")
+"""--env prefixes of envs written for another library (envs/skyrl.py, envs/vf.py)"""
 DEFAULT_REWARDS = "math:1.0,format:0.1"
 ANSWER_FORMAT = ("Solve the problem. Think briefly if you need to, then give only the final number inside answer "
                  "tags, like this: <answer>42</answer>")
@@ -149,6 +173,21 @@ model answers in prose, every reward is 0 and every group is skipped."""
 def task_spec(cfg: GRPOConfig) -> str:
     """What --task loads: with --env python, search or guess and no --task, that env's own task."""
     return f"{cfg.env}-v0" if cfg.env in ("python", "search", "guess") and cfg.task == "arithmetic" else cfg.task
+
+
+def grpo_task(cfg: GRPOConfig) -> tuple[Task, object]:
+    """What --task loads, and the agent function that plays it, if any: with --env skyrl:NAME
+    the task carries the skyrl env (envs/skyrl.py); --env vf:MODULE gives the env's dataset and
+    its rollout as an agent function (envs/vf.py)."""
+    if cfg.env.startswith("skyrl:"):
+        from omnigym.envs.skyrl import skyrl_task
+
+        return skyrl_task(cfg, cfg.env.split(":", 1)[1]), None
+    if cfg.env.startswith("vf:"):
+        from omnigym.envs.vf import vf_task
+
+        return vf_task(cfg, cfg.env.split(":", 1)[1])
+    return load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations), None
 
 
 def task_env(cfg: GRPOConfig, task: Task):
@@ -179,7 +218,9 @@ def task_env(cfg: GRPOConfig, task: Task):
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
     estimator = get_advantage(cfg.advantage)  # a misspelt name: one line before anything is written
-    task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    agent = load_agent(cfg.agent) if cfg.agent else None  # checked (async, (client, example)) before the run starts
+    task, env_agent = grpo_task(cfg)
+    agent = agent or env_agent  # --env vf:MODULE: the verifiers env's rollout, played as an agent
     if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step or --sft-batch-size")
@@ -192,8 +233,11 @@ def train(cfg: GRPOConfig) -> dict:
                                                   cfg.device)
     check_context(policy, cfg.max_new_tokens)
     engine = make_engine(policy, tokenizer, cfg.engine)
-    sampler = make_generator(cfg, env, engine, tokenizer)  # the episodes GRPO trains on
-    judge = make_generator(cfg, judged_env(env, correct), engine, tokenizer, greedy=True)  # held-out accuracy
+    if agent:  # your agent's episodes, its requests served by this engine; accuracy: held-out reward >= 1, greedy
+        sampler, judge = agent_generators(cfg, agent, engine, tokenizer, policy)
+    else:
+        sampler = make_generator(cfg, env, engine, tokenizer)  # the episodes GRPO trains on
+        judge = make_generator(cfg, judged_env(env, correct), engine, tokenizer, greedy=True)  # held-out accuracy
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
     reference = trainer.frozen_copy() if cfg.beta > 0 else None  # the policy as GRPO starts (--beta 0: none)
     components = {"trainer": trainer}
@@ -256,7 +300,7 @@ def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
     the actor (its weights come from the trainer before it samples). Paths in the flags are
     read from the trainer's working directory."""
     os.chdir(cwd)
-    task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    task, _ = grpo_task(cfg)
     env, _ = task_env(cfg, task)
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
@@ -276,14 +320,20 @@ def evaluate(run: Run, judge: TextEnvGenerator, policy, tokenizer, examples: lis
 
 def group_advantages(cfg: GRPOConfig, estimator, trajectories) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token advantages ``[episodes, tokens]`` from each group's rewards, and which episodes
-    carry signal (all, or with --skip-equal-groups those of groups whose rewards differ)."""
-    rewards = trajectories.rewards()
+    carry signal (all, or with --skip-equal-groups those of groups whose rewards differ). An
+    episode that failed (``info["error"]``: an --agent that raised or timed out) carries none and
+    is left out of its group's baseline: the group is the episodes that finished."""
+    rewards, group_ids = trajectories.rewards(), trajectories.group_ids()
     masks = padded([t.loss_mask for t in trajectories.items])
-    advantages, _ = estimator(outcome_rewards(rewards, masks), masks, trajectories.group_ids())
-    informative = torch.ones(len(rewards), dtype=torch.bool)
+    valid = torch.tensor([not t.info.get("error") for t in trajectories.items], dtype=torch.bool)
+    advantages = torch.zeros(masks.shape)
+    if valid.any():
+        advantages[valid], _ = estimator(outcome_rewards(rewards[valid], masks[valid]), masks[valid], group_ids[valid])
+    informative = valid.clone()
     if cfg.skip_equal_groups:
-        spread = rewards.reshape(-1, cfg.group_size).std(1) > 0  # groups are adjacent, group_size each
-        informative = spread.repeat_interleave(cfg.group_size)
+        for group in group_ids[valid].unique().tolist():
+            members = valid & (group_ids == group)
+            informative[members] = bool(rewards[members].std() > 0) if members.sum() > 1 else False
     return advantages, informative
 
 
@@ -348,6 +398,8 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
             metrics["kl/mean"] = stats["kl"].item()
     if cfg.env != "single-turn":
         metrics["episode/turns"] = sum(t.info["turns"] for t in items) / len(items)
+    if cfg.agent or cfg.env.startswith("vf:"):
+        metrics.update(agent_metrics(items))
     return metrics
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from omnigym.agents.config import AgentConfig
+from omnigym.agents.episodes import agent_generators, load_agent
 from omnigym.backends.local import LocalBackend
 from omnigym.config import RunConfig, require_positive
 from omnigym.envs.text import TextEnv
@@ -35,7 +37,7 @@ from omnigym.track.run import start_run
 
 
 @dataclass
-class TextReinforceConfig(RolloutRuntimeConfig, RunConfig):
+class TextReinforceConfig(AgentConfig, RolloutRuntimeConfig, RunConfig):
     model: str = "tiny"
     """hub id or local path; "tiny" builds a ~1M-parameter untrained model offline"""
     prompt: str = "Say something."
@@ -57,6 +59,8 @@ class TextReinforceConfig(RolloutRuntimeConfig, RunConfig):
         require(self.batch_size % self.num_generators == 0,
                 f"--batch-size {self.batch_size} does not split evenly between --num-generators {self.num_generators}; "
                 "make it a multiple")
+        self.check_agent()
+        require(not (self.agent and self.rewards), f"--agent {self.agent} returns the episode's reward: leave out --rewards")
 
 
 CONFIG = TextReinforceConfig
@@ -68,6 +72,7 @@ def train(cfg: TextReinforceConfig) -> dict:
 
 
     keywords = keywords_of(cfg)
+    agent = load_agent(cfg.agent) if cfg.agent else None  # checked before the run starts
     if cfg.resume:
         raise OmnigymError("text_reinforce runs are short and keep no checkpoint; start a new run instead of --resume")
     run = start_run(cfg, "text_reinforce", cfg.model)
@@ -88,7 +93,10 @@ def train(cfg: TextReinforceConfig) -> dict:
         return loss, {}
 
     # sync: sample in this process; ray: generator actors up to K steps ahead, each with its share of the batch
-    rollouts = make_rollouts(cfg, make_generator(cfg, policy, tokenizer), functools.partial(remote_generator, cfg,
+    # --agent: your function plays each episode on {"question": --prompt, "keywords": [...]}, its return the reward
+    local = agent_generators(cfg, agent, make_engine(policy, tokenizer), tokenizer, policy)[0] if agent else \
+        make_generator(cfg, policy, tokenizer)
+    rollouts = make_rollouts(cfg, local, functools.partial(remote_generator, cfg,
                              os.getcwd()), lambda step: [example] * cfg.num_generators,
                              cfg.batch_size // cfg.num_generators, cfg.steps, cfg.seed)
     with closing(rollouts):  # Ray's actors end with the run, however it ends
@@ -96,10 +104,16 @@ def train(cfg: TextReinforceConfig) -> dict:
         rollouts.update_weights(policy.named_parameters(), version=0)
         for step in range(cfg.steps):
             trajectories = rollouts.trajectories(step)
-            rewards = trajectories.rewards()
-            items = trajectories.items
+            items = [t for t in trajectories.items if not t.info.get("error")]  # a failed --agent episode: left out
+            if not items:  # every episode failed: nothing to learn from, the policy stays
+                rewards = torch.zeros(1)
+                rollouts.update_weights((), version=step + 1)
+                run.log(step + 1, {"reward/mean": 0.0, "agent/errors": len(trajectories)})
+                continue
+            rewards = torch.tensor([t.reward for t in items])
             tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items],
-                                           tokenizer.pad_token_id, device=cfg.device)
+                                           tokenizer.pad_token_id, [t.loss_mask for t in items] if agent else None,
+                                           device=cfg.device)  # an agent's inserted tokens: mask 0
             advantages = (rewards - rewards.mean()).to(cfg.device).unsqueeze(1)
             behaviour = None if behaviour_cap is None else \
                 padded([t.logprobs for t in items], tokens.loss_mask.shape[1]).to(cfg.device)
@@ -107,6 +121,7 @@ def train(cfg: TextReinforceConfig) -> dict:
             trainer.optim_step()
             rollouts.update_weights(policy.named_parameters(), version=step + 1)
             run.log(step + 1, {"reward/mean": rewards.mean().item(), "losses/policy_loss": loss.item(),
+                               **({"agent/errors": len(trajectories) - len(items)} if agent else {}),
                                "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
             if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.steps:  # a few of the batch's episodes, to read
                 run.log_samples(step + 1, [sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True),

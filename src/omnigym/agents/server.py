@@ -1,0 +1,305 @@
+"""The OpenAI-compatible endpoint a run serves from its own inference engine, one base URL
+per episode, every request recorded as the engine sampled it.
+
+How to use it (the agent episodes of ``agents/episodes.py`` do exactly this; so can any
+other source of episodes that talk to an ``openai`` client)::
+
+    service = EngineService(engine)                 # inference/service.py: requests share batches
+    server = AgentServer(service, tokenizer, model_name="tiny", max_new_tokens=64)
+    server.start()                                  # 127.0.0.1, a free port, a random bearer token
+    record = server.open_episode()                  # EpisodeRecord (agents/recorder.py)
+    client = server.client(record.episode_id)       # openai.AsyncOpenAI for that episode only
+    ...                                             # the agent's requests: await client.chat.completions.create(...)
+    record = server.close_episode(record.episode_id)   # later requests for it get 404
+    record.turns                                    # [generators.turns.Turn], as sampled
+    recorder.trajectories(record, reward, parts, group_id, example, version)   # what a trainer reads
+    server.close()
+
+Routes (under ``/episodes/<id>/v1``): ``POST chat/completions`` (``messages``, ``tools``,
+``temperature`` (0: greedy), ``top_p``, ``top_k``, ``max_tokens`` / ``max_completion_tokens`` (at
+most the run's ``--max-new-tokens``), ``stop``, ``logprobs``, ``tool_choice`` "none" (else read as
+"auto"), ``return_token_ids`` (vLLM's: the prompt's and the reply's ids in the answer), ``n`` = 1)
+and ``GET models``.
+Every request needs ``Authorization: Bearer <token>`` (401 otherwise); the server runs its
+own event loop on a thread of its own, so episodes may run in any event loop, and it binds
+loopback only. It opens no file: nothing in a request is ever used as a path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import secrets
+import ssl
+import threading
+import time
+
+from omnigym.agents.chat import completion, error_body, parse_tool_calls, render, template_takes_tools, token_logprobs
+from omnigym.agents.recorder import EpisodeRecord, Exchange, prompt_ids
+from omnigym.errors import OmnigymError, missing_extra
+from omnigym.generators.turns import Turn
+from omnigym.inference.engine import SamplingParams
+
+HOST = "127.0.0.1"
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+
+class BadRequest(Exception):
+    """A request the endpoint answers with 400 and this message."""
+
+
+def _web():
+    try:
+        from aiohttp import web
+    except ImportError:
+        raise missing_extra("aiohttp", "agents") from None
+    return web
+
+
+class AgentServer:
+    def __init__(self, service, tokenizer, model_name: str, max_new_tokens: int, context: int | None = None,
+                 temperature: float = 1.0, greedy: bool = False):
+        """``max_new_tokens``: the most a reply may have (a request may ask for fewer);
+        ``context``: the model's positions (prompt and reply must fit); ``temperature``: for
+        requests that give none; ``greedy``: every request is sampled greedily (evaluation)."""
+        self.service, self.tokenizer, self.model_name = service, tokenizer, model_name
+        self.max_new_tokens, self.context, self.temperature, self.greedy = max_new_tokens, context, temperature, greedy
+        self.token = secrets.token_urlsafe(32)
+        self.takes_tools = template_takes_tools(tokenizer)
+        self.port: int | None = None
+        self._episodes: dict[str, EpisodeRecord] = {}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner = None
+        self._thread: threading.Thread | None = None
+        self._tls = None
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> "AgentServer":
+        web = _web()
+        ready, failure = threading.Event(), []
+
+        def serve():
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._middleware(web)])
+                app.router.add_post("/episodes/{episode}/v1/chat/completions", self._chat)
+                app.router.add_get("/episodes/{episode}/v1/models", self._models)
+                self._runner = web.AppRunner(app, access_log=None)
+                loop.run_until_complete(self._runner.setup())
+                site = web.TCPSite(self._runner, HOST, 0)  # port 0: the OS picks a free one
+                loop.run_until_complete(site.start())
+                self.port = self._runner.addresses[0][1]
+                self._loop = loop
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="omnigym-agent-endpoint", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise OmnigymError(f"the agent endpoint could not start on {HOST}: {failure[0]}")
+        return self
+
+    def close(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop = None
+
+    # -- episodes ---------------------------------------------------------------------------
+    def open_episode(self) -> EpisodeRecord:
+        record = EpisodeRecord(secrets.token_hex(8))
+        with self._lock:
+            self._episodes[record.episode_id] = record
+        return record
+
+    def close_episode(self, episode_id: str) -> EpisodeRecord:
+        with self._lock:
+            record = self._episodes.pop(episode_id)
+        with record.lock:
+            record.closed = True
+        return record
+
+    def base_url(self, episode_id: str) -> str:
+        return f"http://{HOST}:{self.port}/episodes/{episode_id}/v1"
+
+    def client(self, episode_id: str, timeout: float | None = None):
+        """An ``openai.AsyncOpenAI`` for this episode, carrying the run's token; it never retries
+        (a retried request would be a second sample of the same turn) and ignores proxy settings
+        (the token goes to loopback, nowhere else)."""
+        try:
+            import httpx
+            import openai
+        except ImportError:
+            raise missing_extra("openai", "agents") from None
+        if self._tls is None:  # building one per client cost 60 ms each (certifi's bundle), for a plain-HTTP endpoint
+            self._tls = ssl.create_default_context()
+        http = httpx.AsyncClient(verify=self._tls, trust_env=False, timeout=timeout)
+        return openai.AsyncOpenAI(base_url=self.base_url(episode_id), api_key=self.token, max_retries=0,
+                                  timeout=timeout, http_client=http)
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def _reply(self, status: int, body: dict):
+        return _web().json_response(body, status=status)
+
+    def _middleware(self, web):
+        @web.middleware
+        async def authorize(request, handler):  # a function: aiohttp marks it, which a bound method refuses
+            return await self._authorize(request, handler)
+
+        return authorize
+
+    async def _authorize(self, request, handler):
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            return self._reply(401, error_body("missing or wrong bearer token: use the client this run gave the agent",
+                                               code="invalid_api_key"))
+        return await handler(request)
+
+    def _record(self, request) -> EpisodeRecord | None:
+        with self._lock:
+            return self._episodes.get(request.match_info["episode"])
+
+    async def _models(self, request):
+        if self._record(request) is None:
+            return self._reply(404, error_body("no such episode (it ended, or never was)", code="not_found"))
+        return self._reply(200, {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                                             "owned_by": "omnigym"}]})
+
+    async def _chat(self, request):
+        record = self._record(request)
+        if record is None:
+            return self._reply(404, error_body("no such episode (it ended, or never was)", code="not_found"))
+        try:
+            body = await request.json()
+        except ValueError:
+            return self._reply(400, error_body("the request body is not JSON"))
+        try:
+            return self._reply(200, await self._complete(record, body))
+        except BadRequest as exc:
+            return self._reply(400, error_body(str(exc)))
+
+    async def _complete(self, record: EpisodeRecord, body) -> dict:
+        messages, tools, params, stop, want_logprobs = self._read(body)
+        if tools and not self.takes_tools:
+            record.fatal = ("the agent sent tools, but the model's chat template ignores tools= (it would never see "
+                            "them): give --chat-template a template with tool support (docs/agents.md)")
+            raise BadRequest(record.fatal)
+        try:
+            text = render(self.tokenizer, messages, tools)
+        except OmnigymError as exc:
+            raise BadRequest(str(exc)) from None
+        ids = prompt_ids(self.tokenizer, record, text)
+        params = self._fit(params, len(ids))
+        samples, version = await self.service.sample(ids, params, 1)
+        sample = samples[0]
+        completion_ids, logprobs, stopped = _cut_at_stop(self.tokenizer, sample.completion_ids, sample.logprobs, stop)
+        reply = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
+        turn_number = len(record.turns)
+        if stopped:
+            reply = _before_stop(reply, stop)
+        parse = tools and body.get("tool_choice") != "none"  # "required" or a named function: read as "auto"
+        content, calls, malformed = parse_tool_calls(reply, f"call_{record.episode_id}_{turn_number}") if parse \
+            else (reply, [], 0)
+        finished = sample.finished or stopped
+        finish_reason = "tool_calls" if calls else "stop" if finished else "length"
+        asked = messages[-1] if isinstance(messages[-1], dict) else {}
+        exchange = Exchange({"role": asked.get("role"), "content": asked.get("content")}, reply, calls, malformed,
+                            finish_reason)
+        if not record.add(Turn(ids, completion_ids, logprobs, version, finished), exchange):
+            raise BadRequest("this episode has ended (its agent timed out)")
+        message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls or None}
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(completion_ids),
+                 "total_tokens": len(ids) + len(completion_ids)}
+        answer = completion(f"chatcmpl-{record.episode_id}-{turn_number}", str(body.get("model") or self.model_name),
+                            int(time.time()), message, finish_reason, usage,
+                            token_logprobs(self.tokenizer, completion_ids, logprobs) if want_logprobs else None)
+        if body.get("return_token_ids"):  # vLLM's extension (extra_body), which verifiers' token client asks for
+            answer["prompt_token_ids"] = ids
+            answer["choices"][0]["token_ids"] = completion_ids
+        return answer
+
+    def _read(self, body) -> tuple:
+        """The request's fields, checked: anything the endpoint cannot do as asked is a 400."""
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("messages must be a non-empty list of message objects")
+        tools = body.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise BadRequest("tools must be a list of tool objects")
+        if body.get("n") not in (None, 1):
+            raise BadRequest(f"n={body.get('n')!r}: this endpoint answers one choice per request (n=1)")
+        if body.get("stream"):
+            raise BadRequest("stream=true is not served: ask without streaming")
+        if body.get("top_logprobs") not in (None, 0):
+            raise BadRequest("top_logprobs is not served (logprobs=true gives each sampled token's log-prob)")
+        temperature = _number(body, "temperature", self.temperature, low=0.0)
+        top_p = _number(body, "top_p", 1.0, low=0.0)
+        if not 0 < top_p <= 1:
+            raise BadRequest(f"top_p must be in (0, 1], got {top_p}")
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
+            raise BadRequest(f"max_tokens must be a positive integer, got {asked!r}")
+        stop = body.get("stop")
+        stop = [stop] if isinstance(stop, str) else stop
+        if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+            raise BadRequest("stop must be a string or a list of non-empty strings")
+        top_k = body.get("top_k")  # vLLM's extension; -1 or 0: off
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < -1):
+            raise BadRequest(f"top_k must be an integer >= -1, got {top_k!r}")
+        greedy = self.greedy or temperature == 0
+        params = SamplingParams(max_new_tokens=min(asked or self.max_new_tokens, self.max_new_tokens),
+                                temperature=1.0 if greedy else temperature, top_p=top_p, top_k=max(top_k or 0, 0),
+                                greedy=greedy)
+        return messages, tools, params, stop or [], bool(body.get("logprobs"))
+
+    def _fit(self, params: SamplingParams, prompt_length: int) -> SamplingParams:
+        """The reply's budget cut to what the model's context leaves after the prompt."""
+        if self.context is None:
+            return params
+        room = self.context - prompt_length
+        if room < 1:
+            raise BadRequest(f"the prompt has {prompt_length} tokens and the model's context is {self.context}: "
+                             "shorten the conversation")
+        if params.max_new_tokens > room:
+            params = SamplingParams(room, params.temperature, params.top_p, params.top_k, params.greedy)
+        return params
+
+
+def _number(body: dict, name: str, default: float, low: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+        raise BadRequest(f"{name} must be a number >= {low:g}, got {value!r}")
+    return float(value)
+
+
+def _cut_at_stop(tokenizer, ids: list[int], logprobs: list[float], stop: list[str]):
+    """The sampled tokens up to the one that completes a stop string (the reply a server with
+    stop strings would have sampled); ``stopped`` says whether one was found."""
+    if not stop:
+        return ids, logprobs, False
+    for end in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:end], skip_special_tokens=True)
+        if any(s in text for s in stop):
+            return ids[:end], logprobs[:end], True
+    return ids, logprobs, False
+
+
+def _before_stop(text: str, stop: list[str]) -> str:
+    """OpenAI's replies leave the stop string out."""
+    cut = min((text.find(s) for s in stop if s in text), default=len(text))
+    return text[:cut]
