@@ -153,3 +153,18 @@ def test_language_forward_and_generation_use_no_deprecated_transformers_api(tiny
         expected = full[i, len(p) - 1:len(p) - 1 + len(c)]
         assert torch.allclose(packed[i, :len(c)], expected, atol=1e-5)
         assert torch.allclose(unpacked[i, :len(c)], expected, atol=1e-5)
+
+
+def test_a_long_chat_template_given_inline_is_read_as_a_template(tmp_path):
+    """A template longer than a file name may be (255 bytes) was tried as a path first and
+    raised ENAMETOOLONG; a multi-line one could never be a path. A file that cannot be read is one line."""
+    from omnigym.models.lm import read_chat_template
+
+    long_template = "{% for m in messages %}" + "{{ m['content'] }}" * 40 + "{% endfor %}"
+    assert len(long_template) > 300 and read_chat_template(long_template) == long_template
+    multi_line = "{% for m in messages %}\n{{ m['content'] }}\n{% endfor %}"
+    assert read_chat_template(multi_line) == multi_line
+    unreadable = tmp_path / "template.jinja"
+    unreadable.write_bytes(b"\xff\xfe{{ oops")
+    with pytest.raises(OmnigymError, match="cannot be read"):
+        read_chat_template(str(unreadable))

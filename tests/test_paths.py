@@ -134,3 +134,32 @@ def test_a_damaged_reward_model_is_one_line_naming_it(tiny_model, tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rm:rm: " in err[0] and "model.safetensors is damaged or incomplete" in err[0], err
     assert snapshot(tmp_path) == before
+
+
+def test_a_saved_model_folder_reaches_the_disk_before_it_is_renamed_into_place(tiny_model, tmp_path, monkeypatch):
+    """model/ is renamed into place only after each of its files (and the folder) was fsynced:
+    otherwise a power cut could leave a model/ that exists but holds empty files."""
+    import os
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omnigym.track import model_folder
+
+    synced, renamed_after = [], []
+    real_fsync, real_rename = os.fsync, Path.rename
+
+    def fsync(descriptor):
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    def rename(self, target):
+        renamed_after.append(list(synced))
+        return real_rename(self, target)
+
+    monkeypatch.setattr(model_folder.os, "fsync", fsync)
+    monkeypatch.setattr(Path, "rename", rename)
+    folder = model_folder.save_model_folder(AutoModelForCausalLM.from_pretrained(tiny_model),
+                                            AutoTokenizer.from_pretrained(tiny_model), tmp_path / "model")
+    files = {str(tmp_path / "model.partial" / f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()}
+    assert files and files | {str(tmp_path / "model.partial")} <= set(renamed_after[-1])

@@ -18,7 +18,7 @@ class AgentConfig:
     """seconds an --agent episode may take; one that takes longer is dropped (agent/timeouts), the run goes on"""
 
     def check_agent(self) -> None:
-        if self.agent is None:
+        if self.agent is None and not str(getattr(self, "env", "")).startswith("vf:"):  # vf: played as an agent
             given = [flag for flag, value, default in (("--agent-concurrency", self.agent_concurrency, 32),
                                                        ("--agent-timeout", self.agent_timeout, 300.0))
                      if value != default]

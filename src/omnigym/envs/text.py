@@ -143,7 +143,8 @@ class ToolEnv(TextEnv):
         outputs = [self.use_tool(name, arg) for name, arg in calls]
         self.messages.append({"role": "tool", "content": "\n".join(outputs)})
         truncated = self.turns >= self.max_turns
-        return list(self.messages), False, truncated, {"example": self.example, "tool_calls": len(calls)}
+        return list(self.messages), False, truncated, {"example": self.example, "tool_calls": len(calls),
+                                                       "tool_errors": sum(o.startswith("error") for o in outputs)}
 
     def use_tool(self, name: str, arg: str) -> str:
         if name not in self.tools:

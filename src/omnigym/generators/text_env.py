@@ -4,23 +4,27 @@ Every episode starts from ``env.reset(options={"example": ...})``. Each turn, th
 samples a reply for every episode still running, in one batched call (the first turn
 samples ``group_size`` replies of each distinct prompt, reading each prompt once); each
 env answers with ``respond``; the final replies of the turn are scored together by the
-env's batched reward. What an env adds between turns is rendered by the chat template and
-appended with loss mask 0, so single-turn tasks and multi-turn tool envs train through
-the same code.
+env's batched reward. The envs of one turn answer at the same time, each in a thread (a tool
+may block on a sandboxed program or a search), so a turn waits for the slowest reply, not for
+their sum: the batch-synchronous baseline, ``--rollouts sync``. What an env adds between
+turns is rendered by the chat template and appended with loss mask 0, so single-turn tasks
+and multi-turn tool envs train through the same code.
 """
 
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 
 from omnigym.generators.base import Trajectories, Trajectory
+from omnigym.generators.episode_rules import budget_cut, inserted_tokens, out_of_budget, render, with_overlong
+from omnigym.generators.text_episodes import TextEnvEpisodes
+from omnigym.inference import engine_on_own_copy
 from omnigym.inference.engine import SamplingParams
+from omnigym.inference.service import EngineService
 from omnigym.rewards import scored_with_parts
 
-
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+__all__ = ["TextEnvGenerator", "render"]
 
 
 class _Episode:
@@ -30,6 +34,8 @@ class _Episode:
         self.mask: list[int] = []
         self.logprobs: list[float] = []
         self.turns, self.truncated, self.done, self.cut_off = 0, False, False, False
+        self.tool_calls = self.tool_errors = 0
+        self.budget_cut = False
         self.reward, self.parts = 0.0, {}
 
     @property
@@ -38,13 +44,26 @@ class _Episode:
 
 
 class TextEnvGenerator:
-    def __init__(self, env, engine, tokenizer, params: SamplingParams, max_turns: int = 8):
+    def __init__(self, env, engine, tokenizer, params: SamplingParams, max_turns: int = 8,
+                 max_episode_tokens: int | None = None, overlong_buffer: int = 0):
         """``env`` is copied for each episode; ``max_turns`` caps an env that never ends (the
-        episode is then truncated with reward 0)."""
+        episode is then truncated with reward 0); ``max_episode_tokens`` caps the tokens an
+        episode generates (a reply is cut there; no final reply by then: truncated, reward 0);
+        ``overlong_buffer``: DAPO's soft overlong penalty over that many tokens before the limit
+        (``max_episode_tokens``, else ``params.max_new_tokens``; ``rl/overlong.py``)."""
         self.env, self.engine, self.tokenizer, self.params, self.max_turns = env, engine, tokenizer, params, max_turns
+        self.max_episode_tokens, self.overlong_buffer = max_episode_tokens, overlong_buffer
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
+
+    def episode_source(self) -> TextEnvEpisodes:
+        """The same episodes (env, budgets, penalty) as coroutines that run independently
+        (``--rollouts async``), sampled through an ``EngineService`` on an engine with its own
+        copy of the policy, so that sampling can go on while the trainer changes the original;
+        closing the source closes that service."""
+        return TextEnvEpisodes(self.env, EngineService(engine_on_own_copy(self.engine)), self.tokenizer, self.params,
+                               self.max_turns, self.max_episode_tokens, self.overlong_buffer, owns_service=True)
 
     def generate(self, examples: list[dict], group_size: int) -> Trajectories:
         episodes = []
@@ -61,20 +80,32 @@ class TextEnvGenerator:
                 samples = [s for group in self.engine.generate(prompts, group_size, self.params) for s in group]
             else:
                 samples = [group[0] for group in self.engine.generate([e.tokens for e in running], 1, self.params)]
-            finished, texts = [], []
+            finished, texts, replies, answering = [], [], [], []
             for episode, sample in zip(running, samples):
-                episode.response += sample.completion_ids
-                episode.mask += [1] * len(sample.completion_ids)
-                episode.logprobs += sample.logprobs
+                left = None if self.max_episode_tokens is None else self.max_episode_tokens - sum(episode.mask)
+                ids, logprobs, cut = budget_cut(sample.completion_ids, sample.logprobs, left)
+                episode.response += ids
+                episode.mask += [1] * len(ids)
+                episode.logprobs += logprobs
                 episode.turns += 1
-                episode.cut_off |= not sample.finished  # stopped by max_new_tokens, not by the model
-                text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
-                messages, terminated, truncated, _ = episode.env.respond(text)
+                episode.cut_off |= cut or not sample.finished  # stopped by max_new_tokens or the budget
+                if cut:
+                    episode.done = episode.truncated = episode.budget_cut = True
+                else:
+                    answering.append(episode)
+                    replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+            with ThreadPoolExecutor(max_workers=max(1, min(32, len(answering)))) as pool:
+                answers = list(pool.map(lambda e, text: e.env.respond(text), answering, replies))
+            for episode, text, (messages, terminated, truncated, info) in zip(answering, replies, answers):
+                episode.tool_calls += info.get("tool_calls", 0)
+                episode.tool_errors += info.get("tool_errors", 0)
                 if terminated:
                     finished.append(episode)
                     texts.append(text)
                 elif truncated:
                     episode.done = episode.truncated = True
+                elif out_of_budget(self.max_episode_tokens, sum(episode.mask)):
+                    episode.done = episode.truncated = episode.budget_cut = True
                 else:
                     self._append_env_turn(episode, messages)
             self._score(finished, texts)
@@ -83,17 +114,21 @@ class TextEnvGenerator:
                 break
         for episode in running:  # out of turns
             episode.truncated = True
+        for episode in episodes:
+            episode.reward, episode.parts = with_overlong(episode.reward, episode.parts, sum(episode.mask),
+                                                          self.max_episode_tokens or self.params.max_new_tokens,
+                                                          self.overlong_buffer)
         return Trajectories([Trajectory(e.prompt, e.response, e.mask, e.logprobs, e.reward, e.group_id, version,
                                         e.env.example, {"reward_parts": e.parts, "turns": e.turns,
-                                                        "truncated": e.truncated, "cut_off": e.cut_off})
+                                                        "truncated": e.truncated, "cut_off": e.cut_off,
+                                                        "tool_calls": e.tool_calls, "tool_errors": e.tool_errors,
+                                                        "budget_cut": e.budget_cut,
+                                                        "versions": [version if m else -1 for m in e.mask]})
                              for e in episodes])
 
     def _append_env_turn(self, episode: _Episode, messages: list[dict]) -> None:
         """The env's reply, rendered by the chat template, continues the sequence."""
-        full = render(self.tokenizer, messages)
-        tokens = episode.tokens
-        inserted = full[len(tokens):] if full[:len(tokens)] == tokens else \
-            render(self.tokenizer, messages[-1:], add_generation_prompt=True)
+        inserted = inserted_tokens(self.tokenizer, messages, episode.tokens)
         episode.response += inserted
         episode.mask += [0] * len(inserted)
         episode.logprobs += [0.0] * len(inserted)

@@ -24,3 +24,19 @@ def make_engine(model, tokenizer, kind: str = "auto", batch_size: int = 256):
     if kind == "hf" or (kind == "auto" and unsupported_reason(model)):
         return HFEngine(model, tokenizer, batch_size)
     return LlamaFamilyEngine(model, tokenizer, batch_size)  # says why if it cannot run the model
+
+
+def engine_on_own_copy(engine):
+    """An engine like ``engine`` on its own copy of the policy, so that it can sample in a thread
+    while the trainer changes the original (``update_weights`` then copies the trainer's tensors
+    in, between two batches). An engine that holds its own weights already (vLLM) is returned as
+    it is. The copy costs the policy's size in memory once more."""
+    import copy
+
+    from omnigym.inference.engine import BatchedEngine
+
+    if not isinstance(engine, BatchedEngine):
+        return engine
+    clone = copy.copy(engine)
+    clone.model = copy.deepcopy(engine.model)
+    return clone

@@ -40,8 +40,15 @@ def read_chat_template(given: str) -> str:
     import jinja2
 
     path = Path(given).expanduser()
-    if path.is_file():
-        given = path.read_text()
+    try:
+        is_file = "\n" not in given and path.is_file()
+    except OSError:  # a template longer than a file name can be (ENAMETOOLONG) is not a path
+        is_file = False
+    if is_file:
+        try:
+            given = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OmnigymError(f"--chat-template {given}: cannot be read ({type(exc).__name__})") from None
     elif "{" not in given:
         raise OmnigymError(f"--chat-template {given}: no such file, and not a Jinja template")
     try:
@@ -134,8 +141,6 @@ def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
         path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
-    if (path / "metrics.jsonl").is_file() and not (path / "model").is_dir():
-        refuse_run_without_model(path, name_or_path)
     looks_like_path = name_or_path.startswith(("/", ".", "~")) or path.exists()
     if looks_like_path and not path.is_dir():
         raise OmnigymError(f"--model {name_or_path}: no such folder; give a folder saved with save_pretrained, "
@@ -148,25 +153,17 @@ def resolve_model(name_or_path: str) -> str:
     return str(path) if looks_like_path else name_or_path
 
 
-def refuse_run_without_model(path: Path, given: str) -> None:
-    """``path`` is an omnigym run directory with no ``model/``: one line saying why, instead of a
-    tokenizer traceback from reading the run's own config.json as a model's."""
-    import json
-
-    try:
-        algo = json.loads((path / "config.json").read_text()).get("algo")
-    except (OSError, ValueError, AttributeError):  # not a run's config: let the loader judge the folder
-        return
-    if algo is None:
-        return
+def refuse_run_directory(label: str, config_file: Path, algo: str) -> None:
+    """``label``'s folder holds an omnigym run's config.json, not a model's: one line saying what
+    to give instead, rather than a tokenizer traceback from reading it as a model config."""
     from omnigym.algos import ALGORITHMS, get_algorithm
 
     if algo in ALGORITHMS and get_algorithm(algo).CONFIG.FINAL_MODEL:
         # it stopped, or the disk filled, while writing its final model/
-        raise OmnigymError(f"--model {given}: the run has no finished model (its model/ was not written whole); "
-                           f"finish it with: omnigym train {algo} --resume {given}")
-    raise OmnigymError(f"--model {given}: a {algo} run writes no model folder; give a model folder, a hub id, "
-                       "or the directory of a finished sft, dpo, rm or rlhf run")
+        raise OmnigymError(f"{label}: the run has no finished model (its model/ was not written whole); "
+                           f"finish it with: omnigym train {algo} --resume {label.split(' ', 1)[-1]}")
+    raise OmnigymError(f"{label}: {config_file} is a {algo} run's config, and a {algo} run writes no model folder; "
+                       "give a model folder, a hub id, or the directory of a finished sft, dpo, rm or rlhf run")
 
 
 LOAD_ERRORS = (OSError, ValueError, TypeError, KeyError, RuntimeError, AttributeError)
@@ -186,8 +183,7 @@ def check_model_folder(label: str, path: Path) -> None:
         raise OmnigymError(f"{label}: {config_file} cannot be read ({type(exc).__name__}); "
                            "save or copy the model again") from None
     if isinstance(config, dict) and "algo" in config:
-        raise OmnigymError(f"{label}: {config_file} is an omnigym run's config, not a model's; give the "
-                           "directory of a finished sft, rm, dpo or rlhf run (it holds model/)")
+        refuse_run_directory(label, config_file, str(config["algo"]))
     if not isinstance(config, dict) or "model_type" not in config:
         raise OmnigymError(f"{label}: {config_file} is not a model config (no model_type); give a folder "
                            "saved with save_pretrained")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import threading
 
 THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -48,9 +49,14 @@ def math_reward(completion: str, example: dict) -> float:
     try:
         from math_verify import parse, verify
 
-        gold_parsed, predicted_parsed = parse(gold), parse(predicted)
+        # math-verify's timeouts are SIGALRM, which only the main thread may set: elsewhere (an
+        # episode scored in a worker thread, --rollouts async) it raised, and every answer scored 0.
+        # There it runs without one; the answer is at most one reply long.
+        main = threading.current_thread() is threading.main_thread()
+        limit = {} if main else {"parsing_timeout": None}
+        gold_parsed, predicted_parsed = parse(gold, **limit), parse(predicted, **limit)
         if gold_parsed and predicted_parsed:
-            return float(verify(gold_parsed, predicted_parsed))
+            return float(verify(gold_parsed, predicted_parsed, **({} if main else {"timeout_seconds": None})))
     except ImportError:
         pass
     except Exception:  # a model's answer can break any parser; a broken answer scores 0

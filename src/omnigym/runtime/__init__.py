@@ -12,7 +12,8 @@ The contract a language algorithm is written against (``Rollouts`` below)::
 time; none when the trainer's step changed nothing: the version moves alone), as the
 generator and inference-engine seams do.
 
-``sync`` is the single-process loop every algorithm ran before the split, bit for bit.
+``sync`` is the single-process loop every algorithm ran before the split, bit for bit; with
+``--rollouts async`` (GRPO) its episodes run independently instead (``episodes.py``).
 ``ray`` puts ``--num-generators`` generator actors beside the trainer and lets them run up
 to ``--max-staleness`` steps ahead of it (``ray_actors.py``; docs/scale_out.md). PPO's
 control rollouts take the same flags and schedule (``control_workers.py``).
@@ -41,7 +42,8 @@ class RolloutRuntimeConfig:
     up to --max-staleness steps ahead of the trainer; needs the [ray] extra)"""
     max_staleness: int = 1
     """with --runtime ray: rollouts of step k+1..k+K are generated while step k trains; a sample
-    older than K policy versions is never trained on (0: generate on Ray, but never ahead)"""
+    older than K policy versions is never trained on (0: generate on Ray, but never ahead); with
+    --rollouts async: a group with a token sampled more than K versions before its step is dropped"""
     num_generators: int = 1
     """generator actors with --runtime ray; each step's prompts (a control run's --num-envs) are
     split between them"""
@@ -50,8 +52,8 @@ class RolloutRuntimeConfig:
     the run stops with an error naming it"""
     behaviour_cap: float | None = None
     """truncated importance sampling against the sampler's log-probs, capped here: min(pi_old / mu, C)
-    (default: off with --runtime sync, where the current policy samples; 2.0 with --runtime ray, where
-    a sample may come from a policy up to --max-staleness versions old)"""
+    (default: off with --runtime sync, where the current policy samples; 2.0 with --runtime ray or
+    --rollouts async, where a sample may come from a policy up to --max-staleness versions old)"""
 
     ray_trainer: bool = False
     """with --runtime ray: the trainer runs as a Ray task too (placed by Ray: on a cluster,
@@ -63,7 +65,8 @@ class RolloutRuntimeConfig:
         return self.ray_trainer
 
     def behaviour_cap_in_effect(self) -> float | None:
-        if self.behaviour_cap is None and self.runtime == "ray" and self.max_staleness > 0:
+        stale = self.runtime == "ray" or getattr(self, "rollouts", "sync") == "async"  # runtime/episodes.py
+        if self.behaviour_cap is None and stale and self.max_staleness > 0:
             return ASYNC_BEHAVIOUR_CAP
         return self.behaviour_cap
 
@@ -78,7 +81,9 @@ class RolloutRuntimeConfig:
         require(self.behaviour_cap is None or self.behaviour_cap > 0,
                 f"--behaviour-cap must be positive (a cap on pi_old / pi_behaviour), got {self.behaviour_cap}")
         if self.runtime == "sync":  # set away from their defaults, they would be silently ignored
-            given = [flag for flag, value, default in (("--max-staleness", self.max_staleness, 1),
+            async_episodes = getattr(self, "rollouts", "sync") == "async"  # reads --max-staleness too
+            given = [flag for flag, value, default in (("--max-staleness", self.max_staleness,
+                                                        self.max_staleness if async_episodes else 1),
                                                        ("--num-generators", self.num_generators, 1),
                                                        ("--sync-timeout", self.sync_timeout, 600.0),
                                                        ("--ray-trainer", self.ray_trainer, False),
@@ -122,6 +127,10 @@ def make_rollouts(cfg: RolloutRuntimeConfig, local_generator, build_generator: C
     """``local_generator`` serves ``sync``; ``build_generator`` (picklable, no arguments) builds
     one in each Ray actor. ``examples_for(step)`` gives the prompts of a step; ``steps`` is the
     run's length (no rollouts are made past it); ``seed`` seeds each actor job's sampling."""
+    if getattr(cfg, "rollouts", "sync") == "async":  # episodes that do not wait for each other
+        from omnigym.runtime.episodes import async_rollouts
+
+        return async_rollouts(cfg, local_generator, examples_for, group_size)
     if cfg.runtime == "sync":
         from omnigym.runtime.sync import SyncRollouts
 

@@ -12,6 +12,7 @@ and any extra small files (the reward model's marker); out comes the folder, or 
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 from pathlib import Path
 
@@ -35,6 +36,7 @@ def save_model_folder(model, tokenizer, folder: Path, extra_files: dict[str, str
             tokenizer.save_pretrained(partial)
             for name, text in (extra_files or {}).items():
                 (partial / name).write_text(text)
+            sync_folder(partial)  # the files reach the disk before the rename makes them "the model"
             if folder.exists():  # set aside first: a rename cannot replace a folder that holds files
                 shutil.rmtree(replaced, ignore_errors=True)
                 folder.rename(replaced)
@@ -46,6 +48,20 @@ def save_model_folder(model, tokenizer, folder: Path, extra_files: dict[str, str
             replaced.rename(folder)
         raise
     return folder
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync every file in ``folder`` and the folder itself: after a power cut, a renamed ``model/``
+    must not hold files the kernel had not written yet."""
+    for file in sorted(folder.rglob("*")):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def complete_model(folder: Path) -> bool:

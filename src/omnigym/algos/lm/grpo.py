@@ -45,6 +45,7 @@ from omnigym.rewards import WeightedSum, leading_part, parse_weights
 from omnigym.rl.advantages import get_advantage, outcome_rewards
 from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, ppo_clip
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
+from omnigym.runtime.episodes import EpisodeScheduleConfig
 from omnigym.tasks import Task, load_task
 from omnigym.track.files import read_metrics
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
@@ -52,7 +53,7 @@ from omnigym.track.run import Run, start_run
 
 
 @dataclass
-class GRPOConfig(AgentConfig, RolloutRuntimeConfig, LanguageModelConfig):
+class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfig):
     engine: str = "auto"
     """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv, hf,
     or vllm (the [vllm] extra, a CUDA GPU; docs/vllm.md)"""
@@ -70,7 +71,12 @@ class GRPOConfig(AgentConfig, RolloutRuntimeConfig, LanguageModelConfig):
     """single-turn (one reply, scored); tools (the reply may call <tool name="python"> or
     <tool name="calculator"> and read the answer, up to --max-turns replies); python (a Python
     session kept across turns; its own computation task unless --task is given); search (BM25 over
-    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task"""
+    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task;
+    skyrl:NAME (a skyrl-gym env; skyrl:MODULE:NAME for one MODULE registers) or vf:MODULE (a verifiers
+    environment module): the ecosystem's envs, docs/agents.md"""
+    env_args: str | None = None
+    """JSON object for --env skyrl:NAME (the env's env_config, e.g. {"search_url": ...}) or --env vf:MODULE
+    (load_environment's keyword arguments)"""
     max_turns: int = 4
     """replies per episode in a multi-turn env"""
     rewards: str | None = None
@@ -114,20 +120,33 @@ class GRPOConfig(AgentConfig, RolloutRuntimeConfig, LanguageModelConfig):
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
 
-    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "eval_size", "digits", "terms",
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "env_args", "eval_size", "digits", "terms",
                                                        "operations", "runtime", "max_staleness", "num_generators",
-                                                       "agent")
+                                                       "rollouts", "agent")
     BUDGET = ("steps", "step")
 
     def check(self) -> None:
         super().check()
         self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
+        self.check_episodes(self.prompts_per_step, multi_turn=self.env != "single-turn")
         require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
         require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
-        require(self.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {self.env!r}")
+        require(self.env in ENVS or self.env.startswith(ECOSYSTEM),
+                f"--env must be one of {', '.join(ENVS)}, got {self.env!r} (or skyrl:NAME, vf:MODULE: "
+                "docs/agents.md)")
+        require(not (self.env.startswith(ECOSYSTEM) and self.rewards),
+                f"--env {self.env} is scored by the env's own rewards; leave out --rewards")
+        require(self.env_args is None or self.env.startswith(ECOSYSTEM),
+                "--env-args is for --env skyrl:NAME or vf:MODULE")
+        require(not self.env.startswith("vf:") or (self.runtime == "sync" and self.training_backend == "local"),
+                f"--env {self.env} plays its episodes in this process, through this run's endpoint: use --runtime "
+                "sync and --training-backend local")
+        require(not self.env.startswith("vf:") or self.sft_steps == 0,
+                f"--env {self.env}: the warm-up (--sft-steps {self.sft_steps}) cannot script a verifiers env's "
+                "episodes; give --sft-steps 0 (a model that can already answer)")
         require(self.env not in ("search", "guess") or self.task == "arithmetic",
                 f"--env {self.env} brings its own task ({self.env}-v0); leave out --task {self.task}")
         require(self.loss_aggregation in AGGREGATIONS, f"unknown --loss-aggregation {self.loss_aggregation!r}; "
@@ -142,6 +161,8 @@ class GRPOConfig(AgentConfig, RolloutRuntimeConfig, LanguageModelConfig):
 CONFIG = GRPOConfig
 ENVS = ("single-turn", "tools", "python", "search", "guess")
 """--env: python, search and guess are the registered tool envs python-v0, search-v0, guess-v0"""
+ECOSYSTEM = ("skyrl:", "vf:")
+"""--env prefixes of envs written for another library (envs/skyrl.py, envs/vf.py)"""
 DEFAULT_REWARDS = "math:1.0,format:0.1"
 ANSWER_FORMAT = ("Solve the problem. Think briefly if you need to, then give only the final number inside answer "
                  "tags, like this: <answer>42</answer>")
@@ -152,6 +173,21 @@ model answers in prose, every reward is 0 and every group is skipped."""
 def task_spec(cfg: GRPOConfig) -> str:
     """What --task loads: with --env python, search or guess and no --task, that env's own task."""
     return f"{cfg.env}-v0" if cfg.env in ("python", "search", "guess") and cfg.task == "arithmetic" else cfg.task
+
+
+def grpo_task(cfg: GRPOConfig) -> tuple[Task, object]:
+    """What --task loads, and the agent function that plays it, if any: with --env skyrl:NAME
+    the task carries the skyrl env (envs/skyrl.py); --env vf:MODULE gives the env's dataset and
+    its rollout as an agent function (envs/vf.py)."""
+    if cfg.env.startswith("skyrl:"):
+        from omnigym.envs.skyrl import skyrl_task
+
+        return skyrl_task(cfg, cfg.env.split(":", 1)[1]), None
+    if cfg.env.startswith("vf:"):
+        from omnigym.envs.vf import vf_task
+
+        return vf_task(cfg, cfg.env.split(":", 1)[1])
+    return load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations), None
 
 
 def task_env(cfg: GRPOConfig, task: Task):
@@ -183,7 +219,8 @@ def task_env(cfg: GRPOConfig, task: Task):
 def train(cfg: GRPOConfig) -> dict:
     estimator = get_advantage(cfg.advantage)  # a misspelt name: one line before anything is written
     agent = load_agent(cfg.agent) if cfg.agent else None  # checked (async, (client, example)) before the run starts
-    task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    task, env_agent = grpo_task(cfg)
+    agent = agent or env_agent  # --env vf:MODULE: the verifiers env's rollout, played as an agent
     if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step or --sft-batch-size")
@@ -206,8 +243,8 @@ def train(cfg: GRPOConfig) -> dict:
     components = {"trainer": trainer}
     rollouts = make_rollouts(cfg, sampler, functools.partial(remote_generator, cfg, os.getcwd()),
                              functools.partial(examples_for, cfg, task.train), cfg.group_size, cfg.steps, cfg.seed)
-    if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
-        components["rollouts"] = rollouts
+    if cfg.runtime == "ray" or cfg.rollouts == "async":  # ray: the finished rollouts in flight, for an exact
+        components["rollouts"] = rollouts                   # resume; async: where the prompt stream goes on
     loss_cfg = PolicyLossConfig(cfg.clip_low, cfg.clip_high, cfg.loss_aggregation, normalizer=cfg.max_new_tokens,
                                 behaviour_cap=cfg.behaviour_cap_in_effect())
     with closing(rollouts):  # Ray's actors end with the run, however it ends
@@ -252,7 +289,10 @@ def examples_for(cfg: GRPOConfig, train_set: list[dict], step: int) -> list[dict
 
 def make_generator(cfg: GRPOConfig, env, engine, tokenizer, greedy: bool = False) -> TextEnvGenerator:
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy)
-    return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns)
+    # the held-out judge plays by the same budgets, but without the overlong penalty: it reads correctness
+    return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns,
+                            max_episode_tokens=cfg.max_episode_tokens or None,
+                            overlong_buffer=0 if greedy else cfg.overlong_buffer)
 
 
 def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
@@ -260,7 +300,7 @@ def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
     the actor (its weights come from the trainer before it samples). Paths in the flags are
     read from the trainer's working directory."""
     os.chdir(cwd)
-    task = load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
+    task, _ = grpo_task(cfg)
     env, _ = task_env(cfg, task)
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
@@ -358,7 +398,7 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
             metrics["kl/mean"] = stats["kl"].item()
     if cfg.env != "single-turn":
         metrics["episode/turns"] = sum(t.info["turns"] for t in items) / len(items)
-    if cfg.agent:
+    if cfg.agent or cfg.env.startswith("vf:"):
         metrics.update(agent_metrics(items))
     return metrics
 
