@@ -106,6 +106,29 @@ async def run(client, example):
 """rewarded for the share of 'a' in its reply: an untrained tiny model starts near 0"""
 
 
+def test_agent_episodes_run_with_async_rollouts(tmp_path, monkeypatch):
+    """--rollouts async plays the agent's episodes independently, on the sampler's own copy of
+    the policy: the steps train and the scheduler's metrics are there beside the agent's."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "a_agent.py", A_AGENT.replace('text.count("a")', 'len(set(text))'))  # varies from the start
+    seen, original = {}, grpo.policy_steps
+
+    def watched(cfg, trainer, *args, **kwargs):
+        seen.setdefault("before", {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        out = original(cfg, trainer, *args, **kwargs)
+        seen["after"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        return out
+
+    monkeypatch.setattr(grpo, "policy_steps", watched)
+    assert main(["train", "grpo", "--agent", "a_agent:run", "--rollouts", "async", "--sft-steps", "0", "--steps", "3",
+                 "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "12", "--eval-size", "4",
+                 "--eval-every", "100", "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"]) in (0, None)
+    logged = [r for r in rows(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
+    assert len(logged) == 3 and all(r["agent/errors"] == 0 and r["agent/turns"] == 1 for r in logged)
+    assert all("rollout/staleness_max" in r for r in logged)
+    assert any(not torch.equal(seen["before"][n], seen["after"][n]) for n in seen["before"])
+
+
 @pytest.mark.slow
 def test_text_reinforce_learns_through_an_agent(tmp_path, monkeypatch):
     """REINFORCE through the endpoint: the agent's reward (the share of 'a' in its reply)

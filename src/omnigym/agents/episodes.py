@@ -222,6 +222,16 @@ class AgentGenerator:
     def update_weights(self, named_tensors, version: int) -> None:
         self.episodes.update_weights(named_tensors, version)
 
+    def episode_source(self) -> AgentEpisodes:
+        """The same agent's episodes for ``--rollouts async`` (runtime/episodes.py), served from an
+        engine on its own copy of the policy, so that they go on sampling while the trainer trains
+        (its weights are copied in between two engine batches); closing the source stops its endpoint."""
+        from omnigym.inference import engine_on_own_copy
+
+        mine = self.episodes
+        return AgentEpisodes(mine.fn, engine_on_own_copy(mine.engine), mine.tokenizer, mine.params, mine.timeout,
+                             mine.model_name, mine.context, mine._said)
+
     def generate(self, examples: list[dict], group_size: int) -> Trajectories:
         # a thread of its own: asyncio.run needs a thread with no running event loop (a notebook's has one)
         self.episodes.open()
