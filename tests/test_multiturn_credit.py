@@ -167,3 +167,24 @@ def test_bad_gamma_or_lambda_is_one_line_and_no_run_dir(tmp_path, flags, message
     err = out.stderr.strip()
     assert out.returncode == 2 and len(err.splitlines()) == 1 and err.startswith("omnigym: error:") and message in err
     assert not run_dir.exists()
+
+
+def test_samples_show_a_tool_call_and_its_result_apart():
+    """samples.jsonl's rows of a multi-turn episode: the model's call, the tool's answer and the
+    model's final reply, each readable on its own (the plain completion runs them together)."""
+    from omnigym.evaluation.text import turn_texts
+    from omnigym.generators.text_env import render
+    from omnigym.models.lm import load_policy_and_tokenizer
+
+    _, tokenizer = load_policy_and_tokenizer("tiny", 0)
+    messages = [{"role": "user", "content": "What is 12 * 34?"},
+                {"role": "assistant", "content": '<tool name="calculator">12 * 34</tool>'},
+                {"role": "tool", "content": "408"}]
+    prompt, before_answer = render(tokenizer, messages[:1]), render(tokenizer, messages)
+    call = before_answer[len(prompt):][:len(tokenizer('<tool name="calculator">12 * 34</tool>')["input_ids"])]
+    answer = tokenizer("<answer>408</answer>", add_special_tokens=False)["input_ids"]
+    response = before_answer[len(prompt):] + answer
+    mask = [1] * len(call) + [0] * (len(response) - len(call) - len(answer)) + [1] * len(answer)
+    assert turn_texts(tokenizer, response, mask) == {"turns": [{"model": '<tool name="calculator">12 * 34</tool>'},
+                                                               {"env": "408"}, {"model": "<answer>408</answer>"}]}
+    assert turn_texts(tokenizer, answer, [1] * len(answer)) == {}
