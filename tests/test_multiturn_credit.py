@@ -1,6 +1,7 @@
 """Multi-turn credit (issue 26 item 5): GRPO trains a multi-turn episode's own tokens only,
 and --advantage gae gives each turn its own advantage."""
 
+import json
 import subprocess
 import sys
 
@@ -188,3 +189,29 @@ def test_samples_show_a_tool_call_and_its_result_apart():
     assert turn_texts(tokenizer, response, mask) == {"turns": [{"model": '<tool name="calculator">12 * 34</tool>'},
                                                                {"env": "408"}, {"model": "<answer>408</answer>"}]}
     assert turn_texts(tokenizer, answer, [1] * len(answer)) == {}
+
+
+@pytest.mark.slow
+def test_grpo_learns_to_use_the_calculator_over_two_turns(tmp_path):
+    """2-digit products (up to 4 digits): a ~1M-parameter model cannot multiply them itself, so
+    a right answer is a calculator call, the tool's reply read, and the product copied. The
+    warm-up demonstrates the two turns until greedy validation accuracy passes 0.4 (measured:
+    0.70 at its step 350); then GRPO, 8 prompts x 8 episodes a step, learning rate 1e-4. Measured,
+    seed 1 (docs/agents.md's table: the same run with 30 steps): held-out greedy accuracy on 200
+    problems 0.705 after the warm-up, 0.775 after 15 GRPO steps, 0.795 after 30. One problem is
+    0.005 of the 200; the margin asked is 0.04."""
+    from omnigym.track.files import read_metrics
+
+    summary = grpo.train(grpo.GRPOConfig(
+        run_dir=str(tmp_path), env="tools", operations="*", digits=2, max_turns=3, max_new_tokens=40, sft_steps=600,
+        sft_target_accuracy=0.4, sft_eval_every=50, sft_batch_size=32, steps=15, prompts_per_step=8, group_size=8,
+        learning_rate=1e-4, eval_size=200, eval_every=1000, checkpoint_every=1000, seed=1, progress=False, plot=False,
+        tensorboard=False))
+    rows = [r for r in read_metrics(tmp_path) if "reward/mean" in r]
+    assert sum(r["episode/turns"] for r in rows) / len(rows) > 1.7  # nearly every episode calls the calculator
+    assert summary["accuracy_before"] >= 0.4  # the warm-up taught the two turns
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.04, summary
+    shown = [json.loads(line) for line in open(tmp_path / "samples.jsonl")]
+    call = next(row for row in shown if row.get("turns") and row["reward"] == 1.0)["turns"]
+    assert call[0]["model"].startswith('<tool name="calculator">') and call[1]["env"].isdigit()
+    assert call[2]["model"] == f"<answer>{call[1]['env']}</answer>"  # the tool's result, copied
