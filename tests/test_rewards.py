@@ -27,6 +27,11 @@ def test_format_reward():
     ("42", "42", 0.0),                       # no answer tag: nothing to grade
     ("<answer>}}{{\\frac</answer>", "3", 0.0),  # unparsable answers score 0, never raise
     ("<answer>18</answer>", "Janet sells 16 - 3 - 4 = 9 eggs... #### 18", 1.0),
+    ("<answer>682 * 609</answer>", "415338", 0.0),  # the question handed back: math-verify evaluates it
+    ("<answer>3 \\times 4</answer>", "12", 0.0),
+    ("<answer>400000 - 1</answer>", "399999", 0.0),
+    ("<answer>-12</answer>", "-12", 1.0),
+    ("<answer>3/4</answer>", "0.75", 1.0),
 ])
 def test_math_reward(completion, gold, expected):
     assert get_reward("math")([completion], [{"answer": gold}]).tolist() == [expected]

@@ -25,7 +25,8 @@ def accuracy(judge, tokenizer, examples: list[dict], samples: list | None = None
     trajectories = judge.generate(examples, 1)
     if samples is not None:
         samples += [{**sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward),
-                     **episode_record(t.info)} for t in trajectories.items[:SAMPLES_SHOWN]]
+                     **turn_texts(tokenizer, t.response_ids, t.loss_mask), **episode_record(t.info)}
+                    for t in trajectories.items[:SAMPLES_SHOWN]]
     return sum(t.reward >= 1.0 for t in trajectories.items) / max(len(examples), 1)
 
 
@@ -36,6 +37,20 @@ SAMPLES_SHOWN = 4
 def episode_record(info: dict) -> dict:
     """What an agent episode adds to its row: each request's reply and tool calls, and why it failed."""
     return {key: info[key] for key in ("transcript", "error") if info.get(key)}
+
+
+def turn_texts(tokenizer, response_ids: list[int], loss_mask: list[int]) -> dict:
+    """A multi-turn episode's parts, in order, each ``{"model": text}`` (what the model wrote)
+    or ``{"env": text}`` (what the env or the tool answered): in the plain completion a
+    tool's output runs into the model's next reply once the template's markers are dropped.
+    Nothing for a one-reply episode."""
+    parts, start = [], 0
+    for end in range(1, len(response_ids) + 1):
+        if end == len(response_ids) or loss_mask[end] != loss_mask[start]:
+            who = "model" if loss_mask[start] else "env"
+            parts.append({who: tokenizer.decode(response_ids[start:end], skip_special_tokens=True).strip()})
+            start = end
+    return {"turns": parts} if len(parts) > 1 else {}
 
 
 def sample_row(example: dict, completion: str, **scores) -> dict:

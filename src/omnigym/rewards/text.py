@@ -9,6 +9,8 @@ import threading
 THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
+UNEVALUATED = re.compile(r"\d\s*(?:[-+*^×]|\\times|\\cdot)\s*-?\d")
+"""a sum, difference, product or power still to be worked out: math-verify would evaluate it"""
 
 
 def extract_answer(text: str) -> str | None:
@@ -42,7 +44,9 @@ def math_reward(completion: str, example: dict) -> float:
     """1 if the answer in ``<answer>`` tags equals ``example["answer"]`` (math-verify: LaTeX,
     fractions, sets; numeric comparison when math-verify is absent or cannot parse)."""
     predicted = extract_answer(completion)
-    if predicted is None:
+    if predicted is None or UNEVALUATED.search(predicted):
+        # "<answer>682 * 609</answer>" is the question handed back, not its answer; math-verify
+        # evaluates it and would score it right (a policy found this instead of the calculator)
         return 0.0
     gold = str(example["answer"])
     gold = extract_answer(gold) or gold

@@ -13,6 +13,10 @@ Every estimator is called the same way::
 - ``ends``: where episodes end inside a row (control). Without it, each row is one episode
   that terminates at its last valid step, as a completion does.
 
+``gae`` and ``returns`` as functions are the time-step estimators control PPO, REINFORCE and
+RLHF call with their critic. In the registry (what ``--advantage`` names for GRPO, which has no
+critic) ``gae`` is ``turn_gae``: GAE where a step is one of the model's turns.
+
 Time-step estimators (``gae``, ``returns``) bootstrap from ``ends.bootstrap_values[b, t]``,
 the critic's value of the observation after step ``t``, on a truncated step and at the end
 of the rollout, never on a terminated one. Group estimators (``grpo``, ``dr_grpo``,
@@ -71,7 +75,6 @@ def _sequence_ends(mask: torch.Tensor, values: torch.Tensor | None) -> EpisodeEn
     return EpisodeEnds(ended, torch.zeros_like(ended), bootstrap)
 
 
-@register_advantage("gae")
 def gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None):
     """Generalized advantage estimation (Schulman et al., 2016); no critic means values of 0."""
     values = torch.zeros_like(rewards) if values is None else values
@@ -185,6 +188,74 @@ def leave_one_out(scores, group_ids):
 def batch_normalized(scores, group_ids, eps: float = 1e-8):
     """REINFORCE++ (Hu, 2025): rewards standardized over the whole batch, not per group."""
     return (scores - scores.mean()) / (scores.std() + eps)
+
+
+# Multi-turn credit: a language episode's steps are the model's turns.
+
+
+def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """The model's turns in one row: each maximal run of mask-1 tokens, ``(start, end)``.
+    Turns are told apart by the tokens the env or the template inserted between them (mask 0);
+    two replies with nothing inserted between them read as one turn."""
+    valid = mask_row.bool().tolist()
+    spans, start = [], None
+    for t, v in enumerate(valid + [False]):
+        if v and start is None:
+            start = t
+        elif not v and start is not None:
+            spans.append((start, t))
+            start = None
+    return spans
+
+
+def turn_gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None):
+    """GAE over the turns of each episode (one row), every token of a turn given its turn's advantage.
+
+    Turn ``k``'s reward ``r_k`` is the sum of the rewards from its first token up to the next
+    turn's first token (an env's step reward for it, on the tokens it inserted after it; the
+    final reward on the last turn's last token). ``G_k = r_k + gamma G_{k+1}`` is its return.
+    The value of turn ``k`` is ``values`` at its first token when a critic gives them; without
+    one (GRPO) it is the mean of ``G_k`` over the episodes of the same group that reached a
+    k-th turn (all rows when ``group_ids`` is None). After the last turn the value is 0. Then
+    ``delta_k = r_k + gamma V_{k+1} - V_k`` and ``A_k = sum_l (gamma lam)^l delta_{k+l}``: with
+    ``lam`` 1, ``A_k = G_k - V_k``; a single-turn episode gets reward minus its group's mean
+    (Dr. GRPO's advantage). Returns ``(advantages, returns)``, both 0 off the mask."""
+    spans = [turn_spans(row) for row in mask]
+    turn_rewards = []
+    for b, row in enumerate(spans):
+        bounds = [start for start, _ in row[1:]] + [rewards.shape[1]]
+        turn_rewards.append([float(rewards[b, start:bound].sum()) for (start, _), bound in zip(row, bounds)])
+    returns = []
+    for rs in turn_rewards:
+        g, out = 0.0, []
+        for r in reversed(rs):
+            g = r + cfg.gamma * g
+            out.append(g)
+        returns.append(out[::-1])
+    if values is not None:
+        turn_values = [[float(values[b, start]) for start, _ in row] for b, row in enumerate(spans)]
+    else:  # the group's mean return at each turn index, among the episodes that reached it
+        groups = [0] * len(spans) if group_ids is None else [int(g) for g in group_ids]
+        totals: dict[tuple[int, int], list[float]] = {}
+        for group, gs in zip(groups, returns):
+            for k, g in enumerate(gs):
+                totals.setdefault((group, k), []).append(g)
+        turn_values = [[sum(totals[group, k]) / len(totals[group, k]) for k in range(len(gs))]
+                       for group, gs in zip(groups, returns)]
+    advantages, token_returns = torch.zeros_like(rewards), torch.zeros_like(rewards)
+    for b, row in enumerate(spans):
+        running = 0.0
+        for k in reversed(range(len(row))):
+            following = turn_values[b][k + 1] if k + 1 < len(row) else 0.0
+            delta = turn_rewards[b][k] + cfg.gamma * following - turn_values[b][k]
+            running = delta + cfg.gamma * cfg.lam * running
+            start, end = row[k]
+            advantages[b, start:end] = running
+            token_returns[b, start:end] = returns[b][k]
+    return advantages, token_returns
+
+
+register_advantage("gae")(turn_gae)
 
 
 def outcome_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

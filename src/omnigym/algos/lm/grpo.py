@@ -29,7 +29,7 @@ import torch
 from omnigym.agents.config import AgentConfig
 from omnigym.agents.episodes import agent_generators, agent_metrics, load_agent
 from omnigym.backends import make_backend
-from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
+from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.text import TextEnv, ToolEnv
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy, judged_env
@@ -42,8 +42,9 @@ from omnigym.optim import adamw
 from omnigym.pipelines.grpo_warmup import warm_up
 from omnigym.process import scoped_run
 from omnigym.rewards import WeightedSum, leading_part, parse_weights
-from omnigym.rl.advantages import get_advantage, outcome_rewards
-from omnigym.rl.losses import AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, ppo_clip
+from omnigym.rl.advantages import AdvantageConfig, get_advantage, outcome_rewards, turn_spans
+from omnigym.rl.losses import (AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, masked_mean,
+                               ppo_clip)
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.runtime.episodes import EpisodeScheduleConfig
 from omnigym.tasks import Task, load_task
@@ -93,8 +94,14 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
     """KL penalty to the reference model; 0 drops the reference model"""
     kl_estimator: str = "k3"
     advantage: str = "grpo"
-    """grpo, dr_grpo, rloo, reinforce_pp (group estimators), or gae / returns (no critic:
-    every completion token gets the sequence's reward)"""
+    """grpo, dr_grpo, rloo, reinforce_pp (group estimators: every token of an episode gets its
+    episode's advantage), gae (per turn: GAE over the episode's turns with --gamma and --lam,
+    the baseline the group's mean return at each turn index; docs/agents.md), or returns (no
+    baseline: every token gets the episode's reward)"""
+    gamma: float = 1.0
+    """--advantage gae: the discount from one turn to the next"""
+    lam: float = 1.0
+    """--advantage gae: GAE's lambda over turns (1: each turn's return minus its baseline; 0: one-turn TD)"""
     loss_aggregation: str = "seq-mean-token-mean"
     """token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO)"""
     clip_low: float = 0.2
@@ -133,6 +140,7 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
                          "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
                          "sft_learning_rate", "eval_size", "eval_every")
         require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every")
+        require_fraction(self, "gamma", "lam")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
         require(self.env in ENVS or self.env.startswith(ECOSYSTEM),
                 f"--env must be one of {', '.join(ENVS)}, got {self.env!r} (or skyrl:NAME, vf:MODULE: "
@@ -322,19 +330,37 @@ def group_advantages(cfg: GRPOConfig, estimator, trajectories) -> tuple[torch.Te
     """Per-token advantages ``[episodes, tokens]`` from each group's rewards, and which episodes
     carry signal (all, or with --skip-equal-groups those of groups whose rewards differ). An
     episode that failed (``info["error"]``: an --agent that raised or timed out) carries none and
-    is left out of its group's baseline: the group is the episodes that finished."""
-    rewards, group_ids = trajectories.rewards(), trajectories.group_ids()
+    is left out of its group's baseline: the group is the episodes that finished. Groups are read
+    by group id, not by position: an agent's episode may hand over several sequences."""
+    group_ids = trajectories.group_ids()
     masks = padded([t.loss_mask for t in trajectories.items])
+    rewards = token_rewards(trajectories, masks)
     valid = torch.tensor([not t.info.get("error") for t in trajectories.items], dtype=torch.bool)
     advantages = torch.zeros(masks.shape)
     if valid.any():
-        advantages[valid], _ = estimator(outcome_rewards(rewards[valid], masks[valid]), masks[valid], group_ids[valid])
+        advantages[valid], _ = estimator(rewards[valid], masks[valid], group_ids[valid],
+                                         cfg=AdvantageConfig(cfg.gamma, cfg.lam))
     informative = valid.clone()
-    if cfg.skip_equal_groups:
+    if cfg.skip_equal_groups:  # an episode's score: its reward and its turns' step rewards
+        scores = rewards.sum(1)
         for group in group_ids[valid].unique().tolist():
             members = valid & (group_ids == group)
-            informative[members] = bool(rewards[members].std() > 0) if members.sum() > 1 else False
+            informative[members] = bool(scores[members].std() > 0) if members.sum() > 1 else False
     return advantages, informative
+
+
+def token_rewards(trajectories, masks: torch.Tensor) -> torch.Tensor:
+    """``[episodes, tokens]``: each episode's reward on its last generated token, plus, where an
+    episode source gave them, its env's step rewards (``info["turn_rewards"]``, one per model
+    turn) on the last token of their turns. Only the per-turn estimator (--advantage gae) tells
+    the turns apart; the group estimators sum a row."""
+    rewards = outcome_rewards(trajectories.rewards(), masks)
+    for b, t in enumerate(trajectories.items):
+        spans = turn_spans(masks[b])
+        for k, r in enumerate(t.info.get("turn_rewards") or ()):
+            if spans and r:  # a turn the mask does not separate (nothing inserted) joins the last one
+                rewards[b, spans[min(k, len(spans) - 1)][1] - 1] += float(r)
+    return rewards
 
 
 @dataclass
@@ -370,14 +396,25 @@ def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: 
 
 
 def grpo_loss(model, batch: PolicyBatch, cfg: GRPOConfig, loss_cfg: PolicyLossConfig, step: int):
-    """The clipped surrogate on the generated tokens, plus beta x KL to the reference."""
-    new_logprobs = completion_logprobs(model, batch.tokens)
-    old = batch.old_logprobs if batch.old_logprobs is not None else new_logprobs.detach()
-    loss, stats = ppo_clip(new_logprobs, old, batch.advantages, batch.tokens.loss_mask, loss_cfg,
-                           batch.behaviour_logprobs)
+    """The clipped surrogate on the generated tokens, plus beta x KL to the reference. Tokens
+    the env or the template inserted (loss mask 0) take no part: their log-probs, whatever they
+    are, are replaced by 0 before any ratio or KL is taken, so they add nothing to the loss, the
+    KL, the entropy estimate or the gradient (an inf or a NaN there times a 0 mask would)."""
+    mask = batch.tokens.loss_mask
+    valid = mask > 0
+
+    def generated(logprobs):
+        return None if logprobs is None else logprobs.masked_fill(~valid, 0.0)
+
+    new_logprobs = generated(completion_logprobs(model, batch.tokens))
+    old = generated(batch.old_logprobs) if batch.old_logprobs is not None else new_logprobs.detach()
+    loss, stats = ppo_clip(new_logprobs, old, batch.advantages.masked_fill(~valid, 0.0), mask, loss_cfg,
+                           generated(batch.behaviour_logprobs))
+    # the sampled tokens' mean surprise: the policy's entropy, estimated on the tokens it generated
+    stats["entropy"] = masked_mean(-new_logprobs.detach(), mask)
     if batch.ref_logprobs is not None:
-        kl = kl_estimate(new_logprobs, batch.ref_logprobs, cfg.kl_estimator)
-        kl_term = aggregate(kl, batch.tokens.loss_mask, cfg.loss_aggregation, cfg.max_new_tokens)
+        kl = kl_estimate(new_logprobs, generated(batch.ref_logprobs), cfg.kl_estimator)
+        kl_term = aggregate(kl, mask, cfg.loss_aggregation, cfg.max_new_tokens)
         loss = loss + cfg.beta * kl_term
         stats["kl"] = kl_term.detach()
     check_finite(loss, step)
@@ -388,12 +425,13 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
     rewards, items = trajectories.rewards(), trajectories.items
     metrics = {"reward/mean": rewards.mean().item(), **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
                "reward/std": rewards.std().item(), "groups/kept_fraction": informative.float().mean().item(),
-               "completion/length": sum(len(t.response_ids) for t in items) / len(items),
+               # the model's own tokens: a tool's output between turns is not the model's length
+               "completion/length": sum(sum(t.loss_mask) for t in items) / len(items),
                "completion/cut_off_fraction": sum(t.info["cut_off"] for t in items) / len(items)}
     if stats:
         metrics.update({"losses/policy_loss": stats["loss"].item(), "losses/clip_fraction": stats["clip_fraction"].item(),
                         "losses/clipped_objective_fraction": stats["clipped_objective_fraction"].item(),
-                        "losses/approx_kl": stats["approx_kl"].item()})
+                        "losses/approx_kl": stats["approx_kl"].item(), "policy/entropy": stats["entropy"].item()})
         if "kl" in stats:
             metrics["kl/mean"] = stats["kl"].item()
     if cfg.env != "single-turn":
