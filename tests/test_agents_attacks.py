@@ -3,6 +3,9 @@ here was found by trying it (issue 26, h-try) and fails without its fix."""
 
 import asyncio
 import copy
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -10,8 +13,9 @@ import openai
 import pytest
 
 from agent_helpers import TOOL_TEMPLATE, ScriptedEngine
-from omnigym.agents.episodes import BadReturn, reward_of
+from omnigym.agents.episodes import AgentGenerator, BadReturn, reward_of
 from omnigym.agents.server import AgentServer
+from omnigym.errors import OmnigymError
 from omnigym.inference.service import EngineService
 from omnigym.models.lm import build_tiny_model, load_policy_and_tokenizer
 
@@ -92,3 +96,47 @@ def test_a_reward_too_large_for_float32_is_a_bad_return(result):
 def test_large_but_representable_rewards_still_count():
     assert reward_of(1e15) == (1e15, {})
     assert reward_of({"a": -5e14, "b": 2.0}) == (-5e14 + 2.0, {"a": -5e14, "b": 2.0})
+
+
+def test_text_reinforce_with_a_tool_agent_does_not_point_to_a_flag_it_lacks(tmp_path):
+    """The refusal said "give --chat-template", which text_reinforce does not accept (an
+    "Unrecognized options" error was the user's next step). And with several episodes raising
+    it, asyncio.run's shutdown printed a traceback for the second (1 run in 3 with 2 episodes):
+    the one line must be the only one."""
+    (tmp_path / "tool_agent.py").write_text(
+        "async def run(client, example):\n"
+        "    await client.chat.completions.create(model='m', messages=[{'role': 'user', 'content': 'hi'}],\n"
+        "        tools=[{'type': 'function', 'function': {'name': 'f', 'parameters': {'type': 'object'}}}])\n"
+        "    return 1.0\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "omnigym", "train", "text_reinforce", "--agent", "tool_agent:run",
+                           "--steps", "1", "--batch-size", "8", "--max-new-tokens", "4", "--run-dir", "runs/r",
+                           "--no-progress", "--no-plot"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "ignores tools=" in line and "grpo --chat-template" in line and "text_reinforce takes no --chat-template" \
+        in line
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+class _TwoFatalEpisodes:
+    """The first episode stops the run; the other, cancelled, raises as it ends (as an episode
+    whose record holds the same fatal error does)."""
+
+    async def play(self, example, group_id):
+        if group_id == 0:
+            raise OmnigymError("the run stops")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise OmnigymError("the run stops") from None
+
+
+def test_a_run_stopping_episode_ends_the_others_without_a_traceback(caplog):
+    """asyncio.run's shutdown logged the second episode's error with its traceback (the CLI's
+    stderr, before the one line), in 1 run of 3 of a text_reinforce with a tool agent."""
+    generator = AgentGenerator(_TwoFatalEpisodes(), concurrency=4)
+    with pytest.raises(OmnigymError, match="the run stops"):
+        asyncio.run(generator._play_all([{}, {}], 1))
+    assert not [r for r in caplog.records if "unhandled exception" in r.getMessage()]

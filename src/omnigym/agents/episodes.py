@@ -259,8 +259,15 @@ class AgentGenerator:
             async with gate:
                 return await self.episodes.play(example, group_id)
 
-        played = await asyncio.gather(*(one(example, g) for g, example in enumerate(examples)
-                                        for _ in range(group_size)))
+        tasks = [asyncio.ensure_future(one(example, g)) for g, example in enumerate(examples)
+                 for _ in range(group_size)]
+        try:
+            played = await asyncio.gather(*tasks)
+        except BaseException:  # the run stops: end the other episodes here, and collect how each ended, or
+            for task in tasks:  # asyncio.run's shutdown prints a traceback for the next one that raised
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return [t for episode in played for t in episode]
 
 

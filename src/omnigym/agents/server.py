@@ -198,7 +198,8 @@ class AgentServer:
         messages, tools, params, stop, want_logprobs = self._read(body)
         if tools and not self.takes_tools:
             record.fatal = ("the agent sent tools, but the model's chat template ignores tools= (it would never see "
-                            "them): give --chat-template a template with tool support (docs/agents.md)")
+                            "them): give omnigym train grpo --chat-template a template with tool support (docs/agents.md; "
+                            "text_reinforce takes no --chat-template: its model's own template must show tools)")
             raise BadRequest(record.fatal)
         try:
             text = render(self.tokenizer, messages, tools)
