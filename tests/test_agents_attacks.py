@@ -3,6 +3,7 @@ here was found by trying it (issue 26, h-try) and fails without its fix."""
 
 import asyncio
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +141,45 @@ def test_a_run_stopping_episode_ends_the_others_without_a_traceback(caplog):
     with pytest.raises(OmnigymError, match="the run stops"):
         asyncio.run(generator._play_all([{}, {}], 1))
     assert not [r for r in caplog.records if "unhandled exception" in r.getMessage()]
+
+
+SKYRL_ENV = '''
+import sys
+import skyrl_gym
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+
+class Env(BaseTextEnv):
+    def __init__(self, env_config=None, extras={}):
+        super().__init__()
+        self.kind = env_config["kind"]
+
+    def step(self, action):
+        if self.kind == "exit":
+            sys.exit(4)
+        return BaseTextEnvStepOutput(observations=[{"role": 5, "content": "x"}], reward=0.0, done=False, metadata={})
+
+
+if "h_try_env" not in skyrl_gym.registry:
+    skyrl_gym.register(id="h_try_env", entry_point=Env)
+'''
+
+
+@pytest.mark.parametrize("kind, words", [
+    # sys.exit in the env's step ended the run with exit status 4 and not a word
+    ("exit", "--env skyrl:h_try_env: step() raised SystemExit: 4"),
+    # a list whose message has a non-string role was said to be "of type list", which it is
+    ("role", "observations of type list, not all {'role': str, 'content': str}")])
+def test_a_skyrl_env_that_exits_or_answers_a_bad_message_is_one_line(tmp_path, kind, words):
+    pytest.importorskip("skyrl_gym")
+    (tmp_path / "h_try_env.py").write_text(SKYRL_ENV)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "omnigym", "train", "grpo", "--env", "skyrl:h_try_env:h_try_env",
+                           "--env-args", json.dumps({"kind": kind}), "--sft-steps", "0", "--steps", "1",
+                           "--prompts-per-step", "1", "--group-size", "2", "--eval-size", "1", "--max-new-tokens", "4",
+                           "--max-turns", "2", "--run-dir", "runs/r", "--no-progress", "--no-plot"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert words in line
+    assert not (tmp_path / "runs" / "r").exists()
