@@ -62,7 +62,7 @@ def call_user_code(what: str, fn, *args):
         return fn(*args)
     except OmnigymError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in your code ends a call of it, not the run, silently
         raise OmnigymError(f"{what} raised {type(exc).__name__}: {exc} (at {where(exc)})") from None
 
 

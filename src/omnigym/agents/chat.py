@@ -32,14 +32,25 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
 def template_messages(messages: list[dict]) -> list[dict]:
     """OpenAI's messages as chat templates read them: a tool call's ``arguments`` is a JSON
     string in OpenAI's API and a dict in Hugging Face's templates (Qwen2.5's writes it with
-    ``tojson``: a string would be quoted twice, and would not be what the model wrote)."""
+    ``tojson``: a string would be quoted twice, and would not be what the model wrote).
+    Content given as OpenAI's list of text parts is joined into one string, as vLLM's server
+    does: templates print ``content`` as it is, and a list would reach the model as its Python repr."""
     out = []
     for message in messages:
         calls = message.get("tool_calls") if isinstance(message, dict) else None
         if isinstance(calls, list):
             message = {**message, "tool_calls": [_with_dict_arguments(call) for call in calls]}
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            message = {**message, "content": _text_of_parts(message["content"])}
         out.append(message)
     return out
+
+
+def _text_of_parts(parts: list) -> str:
+    if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts):
+        raise OmnigymError("message content parts other than {\"type\": \"text\", \"text\": ...} are not served "
+                           "(a text model): send text")
+    return "\n".join(p["text"] for p in parts)
 
 
 def _with_dict_arguments(call):

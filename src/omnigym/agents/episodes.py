@@ -71,17 +71,27 @@ def _signature(fn) -> str:
         return ""
 
 
+# Rewards become float32 tensors, and a group's advantages square them: past this a finite
+# Python float turns into inf or nan there (1e300 is finite here and inf in float32).
+MAX_REWARD = 1e15
+
+
+def _fits(value) -> bool:
+    return isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) <= MAX_REWARD
+
+
 def reward_of(result) -> tuple[float, dict]:
     """The episode's reward and its parts from what the agent returned."""
-    if isinstance(result, numbers.Real) and math.isfinite(result):
+    if _fits(result):
         return float(result), {}
-    if isinstance(result, dict) and result and all(isinstance(k, str) and isinstance(v, numbers.Real)
-                                                   and math.isfinite(v) for k, v in result.items()):
+    if isinstance(result, dict) and result and all(isinstance(k, str) and _fits(v) for k, v in result.items()) \
+            and _fits(sum(float(v) for v in result.values())):
         parts = {k: float(v) for k, v in result.items()}
         return sum(parts.values()), parts
     shown = repr(result)
     raise BadReturn(f"the agent returned {shown[:80] + '...' if len(shown) > 80 else shown} "
-                    f"({type(result).__name__}): return a finite number, or a dict of them (reward parts, summed)")
+                    f"({type(result).__name__}): return a finite number, or a dict of them (reward parts, summed), "
+                    f"at most {MAX_REWARD:g} in size")
 
 
 class AgentEpisodes:
@@ -249,8 +259,15 @@ class AgentGenerator:
             async with gate:
                 return await self.episodes.play(example, group_id)
 
-        played = await asyncio.gather(*(one(example, g) for g, example in enumerate(examples)
-                                        for _ in range(group_size)))
+        tasks = [asyncio.ensure_future(one(example, g)) for g, example in enumerate(examples)
+                 for _ in range(group_size)]
+        try:
+            played = await asyncio.gather(*tasks)
+        except BaseException:  # the run stops: end the other episodes here, and collect how each ended, or
+            for task in tasks:  # asyncio.run's shutdown prints a traceback for the next one that raised
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return [t for episode in played for t in episode]
 
 

@@ -184,7 +184,7 @@ class AgentServer:
             return self._reply(404, error_body("no such episode (it ended, or never was)", code="not_found"))
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than json's parser goes
             return self._reply(400, error_body("the request body is not JSON"))
         try:
             return self._reply(200, await self._complete(record, body))
@@ -198,7 +198,8 @@ class AgentServer:
         messages, tools, params, stop, want_logprobs = self._read(body)
         if tools and not self.takes_tools:
             record.fatal = ("the agent sent tools, but the model's chat template ignores tools= (it would never see "
-                            "them): give --chat-template a template with tool support (docs/agents.md)")
+                            "them): give omnigym train grpo --chat-template a template with tool support (docs/agents.md; "
+                            "text_reinforce takes no --chat-template: its model's own template must show tools)")
             raise BadRequest(record.fatal)
         try:
             text = render(self.tokenizer, messages, tools)
@@ -241,6 +242,8 @@ class AgentServer:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("messages must be a non-empty list of message objects")
+        if not all(isinstance(m.get("role"), str) and m["role"] for m in messages):  # the template would print None
+            raise BadRequest("each message needs a role (a string: system, user, assistant, tool)")
         tools = body.get("tools")
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise BadRequest("tools must be a list of tool objects")

@@ -171,7 +171,9 @@ class SkyrlEnv(TextEnv):
         out = call_user_code(f"--env skyrl:{self.name}: step()", self.skyrl.step, text)
         observations = out.get("observations") if isinstance(out, dict) else None
         if not is_message_list(observations):
-            shown = type(observations).__name__ if isinstance(out, dict) else f"{type(out).__name__}, not a dict"
+            shown = (f"{type(out).__name__}, not a dict" if not isinstance(out, dict) else
+                     "list, not all {'role': str, 'content': str}" if isinstance(observations, list) else
+                     type(observations).__name__)
             raise OmnigymError(f"--env skyrl:{self.name}: step() returned observations of type {shown}; a skyrl "
                                "text env answers with a list of chat messages ({'role': str, 'content': str})")
         reward = out.get("reward") or 0.0

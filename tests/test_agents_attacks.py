@@ -1,0 +1,185 @@
+"""The agent endpoint and the agent's return value under hostile or careless use: each case
+here was found by trying it (issue 26, h-try) and fails without its fix."""
+
+import asyncio
+import copy
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from agent_helpers import TOOL_TEMPLATE, ScriptedEngine
+from omnigym.agents.episodes import AgentGenerator, BadReturn, reward_of
+from omnigym.agents.server import AgentServer
+from omnigym.errors import OmnigymError
+from omnigym.inference.service import EngineService
+from omnigym.models.lm import build_tiny_model, load_policy_and_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    tokenizer = copy.deepcopy(load_policy_and_tokenizer(str(build_tiny_model(tmp_path_factory.mktemp("tiny"))))[1])
+    tokenizer.chat_template = TOOL_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture
+def endpoint(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["ok", "ok"])
+    service = EngineService(engine)
+    server = AgentServer(service, tokenizer, "tiny", 16).start()
+    record = server.open_episode()
+    yield engine, server, record
+    server.close()
+    service.close()
+
+
+def post(server, record, body: bytes):
+    request = urllib.request.Request(server.base_url(record.episode_id) + "/chat/completions", body,
+                                     {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_json_nested_too_deep_is_a_400_not_a_server_error(endpoint, capfd):
+    """json's parser raises RecursionError (not ValueError) on deep nesting: it was a 500 with
+    aiohttp's traceback on the run's stderr."""
+    engine, server, record = endpoint
+    status, text = post(server, record, b'{"messages":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert status == 400 and "not JSON" in text
+    assert "Traceback" not in capfd.readouterr().err
+    assert engine.calls == [] and record.turns == [] and record.crash is None
+
+
+def test_a_message_without_a_role_is_a_400(endpoint):
+    """The template printed a missing role as nothing (``<||>hi``) and the model was sampled on it."""
+    engine, server, record = endpoint
+    status, text = post(server, record, b'{"messages": [{"content": "hi"}]}')
+    assert status == 400 and "needs a role" in text
+    assert engine.calls == [] and record.turns == []
+
+
+def test_text_content_parts_are_rendered_as_their_text(endpoint, tokenizer):
+    """openai's content parts ([{"type": "text", "text": ...}]) reached the template as a list,
+    which it printed as Python's repr; now the prompt is the one plain text gives."""
+    engine, server, record = endpoint
+    client = server.client(record.episode_id)
+
+    async def ask():
+        await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": [{"type": "text", "text": "2+3?"}]}])
+        with pytest.raises(openai.BadRequestError, match="content parts other than"):
+            await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}])
+
+    asyncio.run(ask())
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "2+3?"}], add_generation_prompt=True,
+                                             tokenize=False)
+    assert [call[0] for call in engine.calls] == [tokenizer(expected, add_special_tokens=False)["input_ids"]]
+
+
+@pytest.mark.parametrize("result", [1e300, -3e38, {"a": 1e300}, {"a": 9e14, "b": 9e14}])
+def test_a_reward_too_large_for_float32_is_a_bad_return(result):
+    """1e300 is a finite Python float and inf as the float32 the trainer's tensors hold: it made
+    ``reward/mean`` Infinity and the group's advantages meaningless."""
+    with pytest.raises(BadReturn, match="at most 1e"):
+        reward_of(result)
+
+
+def test_large_but_representable_rewards_still_count():
+    assert reward_of(1e15) == (1e15, {})
+    assert reward_of({"a": -5e14, "b": 2.0}) == (-5e14 + 2.0, {"a": -5e14, "b": 2.0})
+
+
+def test_text_reinforce_with_a_tool_agent_does_not_point_to_a_flag_it_lacks(tmp_path):
+    """The refusal said "give --chat-template", which text_reinforce does not accept (an
+    "Unrecognized options" error was the user's next step). And with several episodes raising
+    it, asyncio.run's shutdown printed a traceback for the second (1 run in 3 with 2 episodes):
+    the one line must be the only one."""
+    (tmp_path / "tool_agent.py").write_text(
+        "async def run(client, example):\n"
+        "    await client.chat.completions.create(model='m', messages=[{'role': 'user', 'content': 'hi'}],\n"
+        "        tools=[{'type': 'function', 'function': {'name': 'f', 'parameters': {'type': 'object'}}}])\n"
+        "    return 1.0\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "omnigym", "train", "text_reinforce", "--agent", "tool_agent:run",
+                           "--steps", "1", "--batch-size", "8", "--max-new-tokens", "4", "--run-dir", "runs/r",
+                           "--no-progress", "--no-plot"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "ignores tools=" in line and "grpo --chat-template" in line and "text_reinforce takes no --chat-template" \
+        in line
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+class _TwoFatalEpisodes:
+    """The first episode stops the run; the other, cancelled, raises as it ends (as an episode
+    whose record holds the same fatal error does)."""
+
+    async def play(self, example, group_id):
+        if group_id == 0:
+            raise OmnigymError("the run stops")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise OmnigymError("the run stops") from None
+
+
+def test_a_run_stopping_episode_ends_the_others_without_a_traceback(caplog):
+    """asyncio.run's shutdown logged the second episode's error with its traceback (the CLI's
+    stderr, before the one line), in 1 run of 3 of a text_reinforce with a tool agent."""
+    generator = AgentGenerator(_TwoFatalEpisodes(), concurrency=4)
+    with pytest.raises(OmnigymError, match="the run stops"):
+        asyncio.run(generator._play_all([{}, {}], 1))
+    assert not [r for r in caplog.records if "unhandled exception" in r.getMessage()]
+
+
+SKYRL_ENV = '''
+import sys
+import skyrl_gym
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+
+class Env(BaseTextEnv):
+    def __init__(self, env_config=None, extras={}):
+        super().__init__()
+        self.kind = env_config["kind"]
+
+    def step(self, action):
+        if self.kind == "exit":
+            sys.exit(4)
+        return BaseTextEnvStepOutput(observations=[{"role": 5, "content": "x"}], reward=0.0, done=False, metadata={})
+
+
+if "h_try_env" not in skyrl_gym.registry:
+    skyrl_gym.register(id="h_try_env", entry_point=Env)
+'''
+
+
+@pytest.mark.parametrize("kind, words", [
+    # sys.exit in the env's step ended the run with exit status 4 and not a word
+    ("exit", "--env skyrl:h_try_env: step() raised SystemExit: 4"),
+    # a list whose message has a non-string role was said to be "of type list", which it is
+    ("role", "observations of type list, not all {'role': str, 'content': str}")])
+def test_a_skyrl_env_that_exits_or_answers_a_bad_message_is_one_line(tmp_path, kind, words):
+    pytest.importorskip("skyrl_gym")
+    (tmp_path / "h_try_env.py").write_text(SKYRL_ENV)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "omnigym", "train", "grpo", "--env", "skyrl:h_try_env:h_try_env",
+                           "--env-args", json.dumps({"kind": kind}), "--sft-steps", "0", "--steps", "1",
+                           "--prompts-per-step", "1", "--group-size", "2", "--eval-size", "1", "--max-new-tokens", "4",
+                           "--max-turns", "2", "--run-dir", "runs/r", "--no-progress", "--no-plot"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert words in line
+    assert not (tmp_path / "runs" / "r").exists()
