@@ -44,7 +44,7 @@ class CalcEnv(BaseTextEnv):
 
 class BrokenEnv(BaseTextEnv):
     """Broken on purpose, as env_config.how says: "string" (its observation is a bare string, not
-    a list of messages), "raise" (step raises), "reward" (its reward is not a number)."""
+    a list of messages), "raise" (step raises), "reward" (its reward is not a number), "huge" (1e300: finite here, inf as float32)."""
 
     def __init__(self, env_config=None, extras={}):
         super().__init__()
@@ -55,6 +55,8 @@ class BrokenEnv(BaseTextEnv):
             return {}["no such field"]
         if self.how == "reward":
             return BaseTextEnvStepOutput(observations=[], reward="1.0", done=True, metadata={})
+        if self.how == "huge":
+            return BaseTextEnvStepOutput(observations=[], reward=1e300, done=True, metadata={})
         return BaseTextEnvStepOutput(observations="the tool said 7", reward=0.0, done=False, metadata={})
 
 

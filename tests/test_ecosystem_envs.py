@@ -256,6 +256,8 @@ def test_a_skyrl_dataset_file_is_read_as_skyrl_writes_it(tmp_path):
      "--env skyrl:omnigym_broken: step() raised KeyError: 'no such field' (at "),
     (["--env", "skyrl:eco_skyrl_toys:omnigym_broken", "--sft-steps", "0", "--env-args", '{"how": "reward"}'],
      "--env skyrl:omnigym_broken: step() returned reward '1.0'; a reward is a finite number"),
+    (["--env", "skyrl:eco_skyrl_toys:omnigym_broken", "--sft-steps", "0", "--env-args", '{"how": "huge"}'],
+     "--env skyrl:omnigym_broken: step() returned reward 1e+300; a reward is a finite number, at most 1e+15"),
     (["--env", "vf:no_such_env_module", "--sft-steps", "0"], "--env vf: no_such_env_module:load_environment: no module"),
     (["--env", "vf:eco_skyrl_toys", "--sft-steps", "0"], "--env vf:eco_skyrl_toys: module eco_skyrl_toys"),
     (["--env", "vf:eco_vf_toys", "--env-args", '{"kind": "nothing"}', "--sft-steps", "0"],

@@ -24,8 +24,6 @@ import asyncio
 import concurrent.futures
 import copy
 import inspect
-import math
-import numbers
 import sys
 import threading
 import time
@@ -36,6 +34,7 @@ from omnigym.errors import OmnigymError
 from omnigym.generators.base import Trajectories
 from omnigym.inference.engine import SamplingParams
 from omnigym.inference.service import EngineService
+from omnigym.rewards.base import MAX_REWARD, usable_reward
 from omnigym.user_code import import_object, is_reference, where
 
 
@@ -71,21 +70,12 @@ def _signature(fn) -> str:
         return ""
 
 
-# Rewards become float32 tensors, and a group's advantages square them: past this a finite
-# Python float turns into inf or nan there (1e300 is finite here and inf in float32).
-MAX_REWARD = 1e15
-
-
-def _fits(value) -> bool:
-    return isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) <= MAX_REWARD
-
-
 def reward_of(result) -> tuple[float, dict]:
     """The episode's reward and its parts from what the agent returned."""
-    if _fits(result):
+    if usable_reward(result):
         return float(result), {}
-    if isinstance(result, dict) and result and all(isinstance(k, str) and _fits(v) for k, v in result.items()) \
-            and _fits(sum(float(v) for v in result.values())):
+    if isinstance(result, dict) and result and all(isinstance(k, str) and usable_reward(v) for k, v in result.items()) \
+            and usable_reward(sum(float(v) for v in result.values())):
         parts = {k: float(v) for k, v in result.items()}
         return sum(parts.values()), parts
     shown = repr(result)

@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import copy
 import json
-import math
-import numbers
 import random
 from pathlib import Path
 
 from omnigym.envs.text import TextEnv
 from omnigym.errors import OmnigymError
-from omnigym.rewards.base import Reward
+from omnigym.rewards.base import MAX_REWARD, Reward, usable_reward
 from omnigym.user_code import call_user_code
 
 REFUSED = (
@@ -177,8 +175,9 @@ class SkyrlEnv(TextEnv):
             raise OmnigymError(f"--env skyrl:{self.name}: step() returned observations of type {shown}; a skyrl "
                                "text env answers with a list of chat messages ({'role': str, 'content': str})")
         reward = out.get("reward") or 0.0
-        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
-            raise OmnigymError(f"--env skyrl:{self.name}: step() returned reward {reward!r}; a reward is a finite number")
+        if not usable_reward(reward):
+            raise OmnigymError(f"--env skyrl:{self.name}: step() returned reward {reward!r}; a reward is a finite "
+                               f"number, at most {MAX_REWARD:g} in size")
         self.example["step_rewards"].append(float(reward))
         self.messages += observations
         done = bool(out.get("done"))

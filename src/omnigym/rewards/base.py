@@ -6,8 +6,21 @@ from typing import Callable, Sequence
 
 import torch
 
+import math
+import numbers
+
 from omnigym.errors import OmnigymError
 from omnigym.user_code import call_user_code
+
+MAX_REWARD = 1e15
+"""The largest reward a user's code may hand back (an agent's return, a skyrl env's step): rewards
+become float32 tensors and a group's advantages square them, so past this a finite Python float
+turns into inf or nan there (1e300 is finite here and inf in float32)."""
+
+
+def usable_reward(value) -> bool:
+    """A real number, finite, at most ``MAX_REWARD`` in size (a bool counts as 0 or 1)."""
+    return isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) <= MAX_REWARD
 
 class Reward:
     """The reward seam: what every reward declares, and all that callers use of one.
