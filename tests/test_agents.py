@@ -322,3 +322,14 @@ def test_the_write_your_own_agent_section_runs_as_written(tmp_path):
     assert all(r["agent/errors"] == 0 and 1 <= r["agent/turns"] <= 3 for r in logged)
     samples = rows(tmp_path / "runs" / "my-agent" / "samples.jsonl")
     assert samples and all(s["transcript"][0]["asked"] == {"role": "user", "content": s["prompt"]} for s in samples)
+
+
+def test_an_agent_with_the_default_warm_up_is_one_line(tmp_path, monkeypatch, capsys):
+    """The warm-up imitates the task env's scripted answers: with --agent it would spend 1000
+    steps on a format the agent never asks for, so it must be turned off, said in one line."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "agents_here.py", BAD_AGENTS)
+    code = main(["train", "grpo", "--agent", "agents_here:fine", "--steps", "1", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "the warm-up (--sft-steps 1000) imitates" in err and "--sft-steps 0" in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "runs").exists()

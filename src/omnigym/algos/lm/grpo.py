@@ -152,6 +152,10 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
         require(not self.env.startswith("vf:") or (self.runtime == "sync" and self.training_backend == "local"),
                 f"--env {self.env} plays its episodes in this process, through this run's endpoint: use --runtime "
                 "sync and --training-backend local")
+        require(not self.agent or self.sft_steps == 0,
+                f"--agent {self.agent}: the warm-up (--sft-steps {self.sft_steps}) imitates the task env's scripted "
+                "answers, not your agent's episodes; give --sft-steps 0 (a model that can already act, or one "
+                "warmed up with omnigym train sft)")
         require(not self.env.startswith("vf:") or self.sft_steps == 0,
                 f"--env {self.env}: the warm-up (--sft-steps {self.sft_steps}) cannot script a verifiers env's "
                 "episodes; give --sft-steps 0 (a model that can already answer)")
