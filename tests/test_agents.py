@@ -110,7 +110,8 @@ def test_agent_episodes_run_with_async_rollouts(tmp_path, monkeypatch):
     """--rollouts async plays the agent's episodes independently, on the sampler's own copy of
     the policy: the steps train and the scheduler's metrics are there beside the agent's."""
     monkeypatch.chdir(tmp_path)
-    write(tmp_path, "a_agent.py", A_AGENT.replace('text.count("a")', 'len(set(text))'))  # varies from the start
+    # varies from the start; a module name of its own: Python keeps the first module of a name it imports
+    write(tmp_path, "distinct_agent.py", A_AGENT.replace('text.count("a")', 'len(set(text))'))
     seen, original = {}, grpo.policy_steps
 
     def watched(cfg, trainer, *args, **kwargs):
@@ -120,8 +121,8 @@ def test_agent_episodes_run_with_async_rollouts(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(grpo, "policy_steps", watched)
-    assert main(["train", "grpo", "--agent", "a_agent:run", "--rollouts", "async", "--sft-steps", "0", "--steps", "3",
-                 "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "12", "--eval-size", "4",
+    assert main(["train", "grpo", "--agent", "distinct_agent:run", "--rollouts", "async", "--sft-steps", "0",
+                 "--steps", "3", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "12", "--eval-size", "4",
                  "--eval-every", "100", "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"]) in (0, None)
     logged = [r for r in rows(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
     assert len(logged) == 3 and all(r["agent/errors"] == 0 and r["agent/turns"] == 1 for r in logged)
@@ -130,9 +131,9 @@ def test_agent_episodes_run_with_async_rollouts(tmp_path, monkeypatch):
 
 
 def run_fresh(folder, args: list[str]) -> None:
-    """The command in a process of its own: after an in-process `--agent --rollouts async` run, a
-    second agent run in the same process started from a reply distribution like the first's
-    trained one (found by the full suite; not yet explained), so learning is measured fresh."""
+    """The command in a process of its own, as a user runs it: in the suite's process, an agent
+    module of the same name imported by an earlier test (another a_agent.py, rewarding the count of
+    distinct characters) was the one Python kept in sys.modules, and the rewards were its."""
     done = subprocess.run([sys.executable, "-m", "omnigym", *args], cwd=folder, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "PYTHONPATH": SOURCE, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
