@@ -238,18 +238,9 @@ def read_rows(path: str) -> list[dict] | None:
     """skyrl dataset rows from a jsonl file (rows with ``prompt``), else None (not that format)."""
     if not path.endswith(".jsonl") or not Path(path).is_file():
         return None
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise OmnigymError(f"--task {path}: line {number} is not JSON") from None
-            if not isinstance(row, dict):
-                raise OmnigymError(f"--task {path}: line {number} is not a JSON object")
-            rows.append(row)
+    from omnigym.tasks.datasets import read_jsonl
+
+    rows = read_jsonl(path)  # each fault (not UTF-8, not JSON, not an object) is one line naming the file
     if not rows or "prompt" not in rows[0]:
         return None
     for number, row in enumerate(rows, 1):
