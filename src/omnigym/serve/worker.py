@@ -1,0 +1,141 @@
+"""The one thread that calls the hub. Every training and sampling request becomes a job on its
+queue, run in the order the requests arrived (for one training client, the order of its
+``seq_id``s: the SDK sends each request only after the previous one was accepted); the HTTP
+handler has already answered with the job's future id. The job's outcome goes into the store,
+and an ``asyncio.Event`` per future wakes a ``retrieve_future`` that is waiting for it.
+
+The worker also owns which training runs are in the hub right now (``loaded``): a run that the
+store knows but the hub does not (after a restart, or after its session expired) is created
+again on first use, from its rank and seed, and given its last saved state when it has one.
+When idle it expires sessions without a heartbeat and frees their runs from the hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+from omnigym.serve.contract import RequestError
+from omnigym.serve.store import Store
+
+log = logging.getLogger("omnigym.serve")
+
+Job = Callable[[], tuple[str, bytes]]
+"""runs on the worker thread; returns (content type, body) for the future's result"""
+
+
+class Worker:
+    def __init__(self, hub, store: Store, session_ttl_s: float = 300.0, idle_s: float = 1.0):
+        self.hub = hub
+        self.store = store
+        self.session_ttl_s = session_ttl_s
+        self.idle_s = idle_s
+        self.loaded: set[str] = set()
+        self._jobs: queue.Queue = queue.Queue()
+        self._events: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
+        self._events_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="omnigym-serve-worker", daemon=True)
+        self._thread.start()
+
+    # called from the event loop
+    def submit(self, future_id: str, job: Job) -> None:
+        loop = asyncio.get_running_loop()
+        with self._events_lock:
+            self._events[future_id] = (loop, asyncio.Event())
+        self._jobs.put((future_id, job))
+
+    async def wait(self, future_id: str, timeout: float) -> None:
+        """Returns when the future finished or ``timeout`` passed (a long poll: the SDK asks
+        again at once after a "try again" reply)."""
+        with self._events_lock:
+            entry = self._events.get(future_id)
+        if entry is None:
+            return
+        try:
+            await asyncio.wait_for(entry[1].wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def forget(self, future_id: str) -> None:
+        with self._events_lock:
+            self._events.pop(future_id, None)
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
+
+    # the worker thread
+    def _loop(self) -> None:
+        while True:
+            try:
+                item = self._jobs.get(timeout=self.idle_s)
+            except queue.Empty:
+                self._expire()
+                continue
+            if item is None:
+                return
+            future_id, job = item
+            try:
+                content_type, body = job()
+                if future_id is not None:
+                    self.store.finish_future(future_id, content_type, body)
+            except RequestError as exc:
+                if future_id is not None:
+                    self.store.fail_future(future_id, str(exc), "user")
+            except Exception as exc:  # the server's fault: logged in full, one line to the client
+                log.exception("request %s failed", future_id)
+                if future_id is not None:
+                    self.store.fail_future(future_id, f"internal error: {type(exc).__name__}: {exc}", "server")
+            self._wake(future_id)
+            if self._jobs.empty():
+                self._expire()
+
+    def _wake(self, future_id: str) -> None:
+        with self._events_lock:
+            entry = self._events.get(future_id)
+        if entry is not None:
+            loop, event = entry
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop has closed: nobody is waiting
+                pass
+
+    def ensure_loaded(self, model_id: str) -> None:
+        """On the worker thread: the run is in the hub, with its last saved state if it was
+        created again."""
+        if model_id in self.loaded:
+            return
+        rec = self.store.model(model_id)
+        if rec is None:
+            raise RequestError(f"unknown model id {model_id!r}", status=404)
+        self.hub.create_model(model_id, rec["rank"], rec["seed"], bool(rec["train_mlp"]),
+                              bool(rec["train_attn"]), bool(rec["train_unembed"]))
+        self.loaded.add(model_id)
+        latest = self.store.latest_state(model_id)
+        if latest is not None:
+            self.hub.load(model_id, model_id, latest, True)
+
+    def drop(self, model_id: str) -> None:
+        if model_id in self.loaded:
+            self.hub.drop(model_id)
+            self.loaded.discard(model_id)
+
+    def free_session(self, session_id: str) -> None:
+        """Queued like any job, so it runs after the session's earlier requests."""
+        self._jobs.put((None, lambda: self._free(session_id)))
+
+    def _free(self, session_id: str):
+        for model_id in self.store.session_models(session_id):
+            self.drop(model_id)
+        return "application/json", b"{}"
+
+    def _expire(self) -> None:
+        if self.session_ttl_s <= 0:
+            return
+        for session_id in self.store.expire_sessions(time.time() - self.session_ttl_s):
+            log.info("session %s expired: its runs leave the hub (their records stay)", session_id)
+            self._free(session_id)
