@@ -54,7 +54,7 @@ class FakeHub:
             outputs.append({"logprobs": logp.detach().float(), "elementwise_loss": (-logp * weights).detach()})
         if not forward_only:
             total.backward()
-        return ForwardResult(outputs, {"loss:sum": float(total)})
+        return ForwardResult(outputs, {"loss:sum": float(total.detach())})
 
     def optim_step(self, model_id, adam):
         self.calls.append(("optim_step", model_id, adam.learning_rate))

@@ -1,4 +1,4 @@
-"""The ``omnigym`` command: train, eval, plot, list, import-gguf.
+"""The ``omnigym`` command: train, eval, plot, list, import-gguf, serve.
 
 Algorithm flags are generated from each algorithm's config dataclass by tyro, so every
 flag has a type, a default and a help line.
@@ -13,7 +13,7 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,plot,list,import-gguf} ...
+USAGE = """usage: omnigym {train,eval,plot,list,import-gguf,serve} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]]
@@ -22,6 +22,8 @@ USAGE = """usage: omnigym {train,eval,plot,list,import-gguf} ...
   omnigym list                   algorithms and env backends available here
   omnigym import-gguf [GGUF_FILE] --out DIR
                                  a .gguf model as a folder for --model (default: SmolLM2-135M-Instruct)
+  omnigym serve --base-model PATH_OR_RUN [--host 127.0.0.1 --port 8000 --store DIR --api-key-env NAME]
+                                 the tinker SDK's training API over one base model (docs/serve.md)
 """
 
 
@@ -299,8 +301,12 @@ def run_command(argv: list[str]) -> int:
             list_available()
         elif command == "import-gguf":
             convert_gguf(rest)
+        elif command == "serve":
+            from omnigym.serve.command import serve
+
+            serve(rest)
         else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot or list")
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot, list or serve")
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault

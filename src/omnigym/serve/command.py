@@ -1,0 +1,129 @@
+"""``omnigym serve``: its flags, checked in full before anything is created on disk or bound,
+then the hub, the store and the HTTP app, served by uvicorn until Ctrl-C."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from omnigym.errors import OmnigymError, missing_extra
+
+DESCRIPTION = ("Serve the tinker SDK's REST API over one base model: LoRA training runs, sampling, "
+               "checkpoints (docs/serve.md).")
+
+
+@dataclass
+class ServeArgs:
+    base_model: Path
+    host: str
+    port: int
+    store: Path
+    api_keys: list[str]
+    limits: object
+
+
+def parser():
+    from omnigym.cli import ArgumentParser
+
+    p = ArgumentParser(prog="omnigym serve", description=DESCRIPTION)
+    p.add_argument("--base-model", required=True,
+                   help="a model folder (config.json + weights + tokenizer) or a run directory with model/")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; "
+                   "any other needs --api-key-env)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--store", default="serve_store",
+                   help="folder for the server's records and checkpoints (default ./serve_store)")
+    p.add_argument("--api-key-env", metavar="NAME",
+                   help="environment variable holding the API key(s) clients must send, comma-separated, "
+                        "each starting with tml- (the SDK's rule)")
+    p.add_argument("--session-ttl", type=float, default=300.0,
+                   help="seconds without a heartbeat before a session's runs leave memory (default 300; 0: never)")
+    p.add_argument("--max-request-mb", type=float, default=64.0, help="largest request body (default 64)")
+    p.add_argument("--max-data", type=int, default=1024, help="most data in one forward_backward (default 1024)")
+    p.add_argument("--max-samples", type=int, default=64, help="most samples per prompt (default 64)")
+    return p
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_base(path: str) -> Path:
+    folder = Path(path).expanduser()
+    if (folder / "model" / "config.json").is_file():  # a run directory: its trained model
+        folder = folder / "model"
+    if not (folder / "config.json").is_file():
+        raise OmnigymError(f"--base-model {path}: no model there (expected a folder with config.json, "
+                           "or a run directory with model/)")
+    return folder
+
+
+def check(argv: list[str]) -> ServeArgs:
+    """Every mistake in the flags, as one line, before anything is created."""
+    from omnigym.serve.app import Limits
+
+    args = parser().parse_args(argv)
+    base = resolve_base(args.base_model)
+    keys: list[str] = []
+    if args.api_key_env:
+        raw = os.environ.get(args.api_key_env, "")
+        keys = [k.strip() for k in raw.split(",") if k.strip()]
+        if not keys:
+            raise OmnigymError(f"--api-key-env {args.api_key_env}: that variable is not set or empty")
+        bad = [k for k in keys if not k.startswith("tml-") or len(k) < 12]
+        if bad:
+            raise OmnigymError(f"--api-key-env {args.api_key_env}: each key must start with tml- and be "
+                               "at least 12 characters (the tinker SDK sends only such keys)")
+    if not is_loopback(args.host) and not keys:
+        raise OmnigymError(f"--host {args.host} is reachable from other machines; set an API key with "
+                           "--api-key-env NAME, or serve on 127.0.0.1")
+    if not 1 <= args.port <= 65535:
+        raise OmnigymError(f"--port {args.port}: choose 1-65535")
+    for flag, value, low in (("--max-request-mb", args.max_request_mb, 0.001), ("--max-data", args.max_data, 1),
+                             ("--max-samples", args.max_samples, 1), ("--session-ttl", args.session_ttl, 0)):
+        if value < low:
+            raise OmnigymError(f"{flag} {value}: must be at least {low}")
+    store = Path(args.store).expanduser()
+    if store.exists() and not store.is_dir():
+        raise OmnigymError(f"--store {args.store} is a file; name a folder")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as s:
+            s.bind((args.host, args.port))
+    except OSError as exc:
+        raise OmnigymError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
+    limits = Limits(max_request_bytes=int(args.max_request_mb * 1024 * 1024), max_data=args.max_data,
+                    max_samples=args.max_samples, session_ttl_s=args.session_ttl)
+    return ServeArgs(base, args.host, args.port, store, keys, limits)
+
+
+def serve(argv: list[str]) -> None:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise missing_extra(exc.name or "fastapi", "serve") from None
+    args = check(argv)
+    try:
+        from omnigym.serve.hub import ModelHub
+    except ImportError as exc:
+        raise OmnigymError(f"omnigym serve's compute is not available here ({exc})") from None
+    from omnigym.serve.app import make_app
+    from omnigym.serve.store import Store
+
+    hub = ModelHub(str(args.base_model), args.store / "hub")
+    args.store.mkdir(parents=True, exist_ok=True)
+    app = make_app(hub, Store(args.store / "serve.db"), api_key=args.api_keys or None, limits=args.limits)
+    print(f"omnigym serve: {args.base_model} on http://{args.host}:{args.port} "
+          f"(store {args.store}; {'API key required' if args.api_keys else 'loopback only'})", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        app.state.worker.stop()

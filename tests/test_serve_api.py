@@ -1,0 +1,311 @@
+"""omnigym serve's HTTP layer against the official tinker SDK client: sessions, runs, training,
+sampling, futures, a restart, isolation between callers, and each bad input one clear error.
+
+The hub here is tests/serve_helpers.FakeHub (it keeps serve/contract.py's promises); the last
+test runs the same calls against the real hub (serve/hub.py) on a tiny model."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+tinker = pytest.importorskip("tinker")
+pytest.importorskip("fastapi")
+
+from serve_helpers import FakeHub, free_port, serving  # noqa: E402
+from tinker import types  # noqa: E402
+from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
+
+from omnigym.serve.app import Limits, make_app  # noqa: E402
+from omnigym.serve.store import LOST, Store  # noqa: E402
+
+BASE = "tiny-base"
+
+
+def datum(tokens, targets, weights=None):
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens),
+                       loss_fn_inputs={"target_tokens": targets, "weights": weights or [1.0] * len(targets)})
+
+
+def server(tmp_path, **limits):
+    hub = FakeHub(BASE, tmp_path / "hub")
+    app = make_app(hub, Store(tmp_path / "serve.db"), limits=Limits(poll_s=2, **limits))
+    return hub, app
+
+
+def client(url, key="tml-alice-key"):
+    return tinker.ServiceClient(base_url=url, api_key=key)
+
+
+def proto_body(model_id, data, loss_fn="cross_entropy", seq_id=1):
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn),
+        model_id=model_id, seq_id=seq_id)
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
+def post(url, path, key="tml-alice-key", **kw):
+    return httpx.post(url + path, headers={"X-API-Key": key, **kw.pop("headers", {})}, timeout=30, **kw)
+
+
+def test_sdk_trains_samples_and_lists(tmp_path):
+    hub, app = server(tmp_path)
+    with serving(app) as url:
+        sc = client(url)
+        caps = tinker.RestClient(base_url=url, api_key="tml-alice-key").get_server_capabilities().result()
+        assert caps.supported_models[0].model_name == BASE
+        tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
+        assert ("create_model", tc.model_id, 4, 3) in hub.calls
+        info = tc.get_info()
+        assert info.lora_rank == 4 and info.model_data.tokenizer_id == BASE
+        data = [datum([1, 2, 3], [2, 3, 4]), datum([5, 6], [6, 7], [0.0, 1.0])]
+        losses = []
+        for _ in range(4):
+            fb = tc.forward_backward(data, "cross_entropy")
+            opt = tc.optim_step(types.AdamParams(learning_rate=0.2))
+            out = fb.result()
+            losses.append(out.metrics["loss:sum"])
+            assert "grad_norm" in opt.result().metrics
+        # per-datum outputs, one log-prob per input position, equal to the hub's own values
+        assert [o["logprobs"].shape for o in out.loss_fn_outputs] == [[3], [2]]
+        logits = hub.runs[tc.model_id]["logits"].detach()
+        # (the hub took one more optimizer step after this forward pass: compare before it)
+        assert losses[-1] < losses[0] - 0.5, losses
+        fwd = tc.forward(data, "cross_entropy").result()
+        want = torch.log_softmax(logits, -1)[torch.tensor([2, 3, 4])]
+        assert torch.allclose(torch.tensor(fwd.loss_fn_outputs[0]["logprobs"].tolist()), want, atol=1e-6)
+
+        saved = tc.save_state("step4").result()
+        assert saved.path == f"tinker://{tc.model_id}/weights/step4"
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        res = sampler.sample(types.ModelInput.from_ints([1, 2]), 3,
+                             types.SamplingParams(max_tokens=5, seed=1), include_prompt_logprobs=True).result()
+        assert len(res.sequences) == 3 and all(len(s.tokens) == 5 == len(s.logprobs) for s in res.sequences)
+        assert res.prompt_logprobs[0] is None and isinstance(res.prompt_logprobs[1], float)
+        assert hub.calls[-1][0] == "sample" and hub.calls[-1][1] == tc.model_id
+        # the learned unigram shows in the samples: token 3/4/6/7 targets were pushed up
+        drawn = [t for s in res.sequences for t in s.tokens]
+        assert sum(t in (2, 3, 4, 7) for t in drawn) > len(drawn) / 2
+
+        named = tc.save_weights_for_sampler("final").result().path
+        base_sampler = sc.create_sampling_client(base_model=BASE).result()
+        assert len(base_sampler.sample(types.ModelInput.from_ints([1]), 1,
+                                       types.SamplingParams(max_tokens=2)).result().sequences) == 1
+        from_path = sc.create_sampling_client(model_path=named).result()
+        again = from_path.sample(types.ModelInput.from_ints([1, 2]), 3, types.SamplingParams(max_tokens=5, seed=1)).result()
+        assert [list(s.tokens) for s in again.sequences] == [list(s.tokens) for s in res.sequences]
+
+        resumed = sc.create_training_client_from_state_with_optimizer(saved.path).result()
+        assert hub.calls[-1] == ("load", resumed.model_id, tc.model_id, "step4", True)
+        assert torch.equal(hub.runs[resumed.model_id]["logits"], hub.runs[tc.model_id]["logits"])
+
+        rest = tinker.RestClient(base_url=url, api_key="tml-alice-key")
+        runs = rest.list_training_runs().result().training_runs
+        assert {r.training_run_id for r in runs} == {tc.model_id, resumed.model_id}
+        marks = {c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
+        assert saved.path in marks and named in marks
+
+
+def test_restart_serves_the_same_runs_and_futures(tmp_path):
+    port = free_port()
+    hub, app = server(tmp_path)
+    with serving(app, port) as url:
+        sc = client(url)
+        tc = sc.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
+        tc.forward_backward([datum([1, 2], [3, 4])], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=0.5)).result()
+        path = tc.save_state("s1").result().path
+        trained = hub.runs[tc.model_id]["logits"].detach().clone()
+        fb = post(url, "/api/v1/forward_backward", content=proto_body(tc.model_id, [datum([1], [2])], seq_id=99),
+                  headers={"Content-Type": "application/x-protobuf"}).json()["request_id"]
+        finished = post(url, "/api/v1/retrieve_future", json={"request_id": fb}).content
+    store = Store(tmp_path / "serve.db")
+    store.add_future("f-was-pending", store.model(tc.model_id)["owner"], tc.model_id, None)
+    store.close()
+
+    hub2 = FakeHub(BASE, tmp_path / "hub")  # a fresh process: nothing in memory
+    app2 = make_app(hub2, Store(tmp_path / "serve.db"), limits=Limits(poll_s=2))
+    with serving(app2, port) as url:
+        # the same client, same session, goes on: its run comes back with its saved state
+        out = tc.forward_backward([datum([1, 2], [3, 4])], "cross_entropy").result()
+        assert hub2.calls[:2] == [("create_model", tc.model_id, 2, 0), ("load", tc.model_id, tc.model_id, "s1", True)]
+        assert torch.equal(hub2.runs[tc.model_id]["logits"].detach(), trained)
+        assert out.metrics["loss:sum"] > 0
+        assert post(url, "/api/v1/retrieve_future", json={"request_id": fb}).content == finished
+        lost = post(url, "/api/v1/retrieve_future", json={"request_id": "f-was-pending"}).json()
+        assert lost == {"error": LOST, "category": "server"}
+        marks = tinker.RestClient(base_url=url, api_key="tml-alice-key").list_checkpoints(tc.model_id).result()
+        assert [c.tinker_path for c in marks.checkpoints] == [path]
+        sc.create_sampling_client(model_path=tc.save_weights_for_sampler("after").result().path).result()
+
+
+def test_two_callers_are_isolated(tmp_path):
+    hub, app = server(tmp_path)
+    with serving(app) as url:
+        alice = client(url, "tml-alice-key")
+        tc = alice.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
+        path = tc.save_state("mine").result().path
+        sampler_path = tc.save_weights_for_sampler("mine").result().path
+        fut = post(url, "/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 50,
+                                                    "adam_params": {"learning_rate": 0.1}}).json()["request_id"]
+        before = list(hub.calls)
+        bob = client(url, "tml-bob-key-123")
+        with pytest.raises(tinker.NotFoundError, match="no checkpoint|unknown model"):
+            bob.create_training_client_from_state(path).result()
+        with pytest.raises(tinker.NotFoundError):
+            bob.create_sampling_client(model_path=sampler_path).result()
+        for path_, body in (("/api/v1/forward_backward", None), ("/api/v1/optim_step", {"model_id": tc.model_id, "adam_params": {}}),
+                            ("/api/v1/get_info", {"model_id": tc.model_id}),
+                            ("/api/v1/retrieve_future", {"request_id": fut})):
+            if body is None:
+                r = post(url, path_, "tml-bob-key-123", content=proto_body(tc.model_id, [datum([1], [2])]),
+                         headers={"Content-Type": "application/x-protobuf"})
+            else:
+                r = post(url, path_, "tml-bob-key-123", json=body)
+            assert r.status_code == 404, (path_, r.text)
+        r = httpx.get(f"{url}/api/v1/training_runs/{tc.model_id}/checkpoints", headers={"X-API-Key": "tml-bob-key-123"})
+        assert r.status_code == 404
+        assert tinker.RestClient(base_url=url, api_key="tml-bob-key-123").list_training_runs().result().training_runs == []
+        assert [c for c in hub.calls[len(before):] if c[0] != "create_model"] == []  # bob touched nothing
+        # and the owner still can
+        assert post(url, "/api/v1/retrieve_future", json={"request_id": fut}).status_code == 200
+
+
+def test_api_key_required_when_set(tmp_path):
+    hub = FakeHub(BASE, tmp_path / "hub")
+    app = make_app(hub, Store(tmp_path / "serve.db"), api_key="tml-the-secret-key", limits=Limits(poll_s=1))
+    with serving(app) as url:
+        r = post(url, "/api/v1/create_session", "tml-wrong-key-000", json={})
+        assert r.status_code == 401 and "API key" in r.json()["detail"]
+        assert httpx.get(url + "/api/v1/healthz").json() == {"status": "ok"}
+        sc = client(url, "tml-the-secret-key")
+        assert sc.create_lora_training_client(base_model=BASE, rank=1).result().model_id
+
+
+def test_bad_input_one_clear_error_and_nothing_changes(tmp_path):
+    hub, app = server(tmp_path, max_data=4, max_request_bytes=200_000)
+    with serving(app) as url:
+        sc = client(url)
+        tc = sc.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
+        mid = tc.model_id
+        start = hub.runs[mid]["logits"].detach().clone()
+        n_calls = len(hub.calls)
+
+        def fb(data, **kw):
+            return post(url, "/api/v1/forward_backward", content=proto_body(mid, data, **kw),
+                        headers={"Content-Type": "application/x-protobuf"})
+        cases = [
+            (fb([datum([1, 99], [2, 3])]), 400, "token 99 is out of the vocabulary"),
+            (fb([datum([1, 2], [2, 300])]), 400, "target_tokens: token 300 is out of the vocabulary"),
+            (fb([datum([1, 2, 3], [2, 3])]), 400, "has 2 rows for 3 input tokens"),
+            (fb([datum([1], [2])] * 5), 413, "5 data in one request, the limit is 4"),
+            (fb([datum(list(range(1, 30)) * 3, list(range(1, 30)) * 3)]), 413, "the longest sequence is 64"),
+            (post(url, "/api/v1/forward_backward", content=b"\xff\x00garbage",
+                  headers={"Content-Type": "application/x-protobuf"}), 400, "not a tinker ForwardBackwardRequest"),
+            (post(url, "/api/v1/optim_step", content=b"{not json", headers={"Content-Type": "application/json"}),
+             400, "not JSON"),
+            (post(url, "/api/v1/optim_step", json={"model_id": mid, "adam_params": {"learning_rate": "fast"}}),
+             400, "learning_rate must be float"),
+            (post(url, "/api/v1/optim_step", json={"model_id": "nobody:train:0", "adam_params": {}}),
+             404, "unknown model id"),
+            (post(url, "/api/v1/save_weights", json={"model_id": mid, "path": "../../etc"}), 400, "bad checkpoint name"),
+            (post(url, "/api/v1/load_weights", json={"model_id": mid, "path": f"tinker://{mid}/weights/../x",
+                                                      "optimizer": False}), 400, "bad path"),
+            (post(url, "/api/v1/load_weights", json={"model_id": mid, "path": "/etc/passwd", "optimizer": False}),
+             400, "bad path"),
+            (post(url, "/api/v1/create_model", json={"session_id": "x", "model_seq_id": 0, "base_model": BASE}),
+             404, "unknown session"),
+            (post(url, "/api/v1/asample", json={"base_model": "Qwen/Qwen3-8B", "prompt": {"chunks": []},
+                                                "sampling_params": {}}), 400, "serves one base model"),
+            (post(url, "/api/v1/asample", json={"base_model": BASE, "num_samples": 1000,
+                                                "prompt": {"chunks": [{"tokens": [1]}]}, "sampling_params": {}}),
+             400, "num_samples must be in [1, 64]"),
+            (post(url, "/api/v1/optim_step", content=b"x" * 300_000), 413, "over 200000 bytes"),
+            (post(url, "/api/v1/copy_weights", json={}), 404, "not supported by omnigym serve"),
+        ]
+        for response, status, text in cases:
+            assert response.status_code == status, (text, response.text)
+            assert text in response.json()["detail"], (text, response.text)
+        assert len(hub.calls) == n_calls and torch.equal(hub.runs[mid]["logits"].detach(), start)
+
+        # through the SDK: the same errors, as the SDK's own exceptions with the server's words
+        with pytest.raises(tinker.BadRequestError, match="out of the vocabulary"):
+            tc.forward_backward([datum([1, 77], [2, 3])], "cross_entropy").result()
+        tc = sc.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()  # the last one is poisoned
+        with pytest.raises(tinker.RequestFailedError, match="unknown loss 'dro'"):
+            tc.forward_backward([datum([1], [2])], "dro").result()
+        with pytest.raises(tinker.BadRequestError, match="serves one base model"):
+            sc.create_lora_training_client(base_model="meta-llama/Llama-3.1-8B", rank=2).result()
+        # the server is still up and answers the next good request
+        tc = sc.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
+        assert tc.forward_backward([datum([1], [2])], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_retry_with_same_seq_id_runs_once(tmp_path):
+    hub, app = server(tmp_path)
+    with serving(app) as url:
+        tc = client(url).create_lora_training_client(base_model=BASE, rank=2).result()
+        body = {"model_id": tc.model_id, "seq_id": 7, "adam_params": {"learning_rate": 0.1}}
+        first, second = (post(url, "/api/v1/optim_step", json=body).json() for _ in range(2))
+        assert first["request_id"] == second["request_id"]
+        post(url, "/api/v1/retrieve_future", json={"request_id": first["request_id"]})
+        assert [c for c in hub.calls if c[0] == "optim_step"] == [("optim_step", tc.model_id, 0.1)]
+
+
+def test_expired_session_frees_its_runs(tmp_path):
+    hub, app = server(tmp_path, session_ttl_s=0.5)
+    with serving(app) as url:
+        session = post(url, "/api/v1/create_session", json={"tags": [], "sdk_version": "x"}).json()["session_id"]
+        fut = post(url, "/api/v1/create_model", json={"session_id": session, "model_seq_id": 0, "base_model": BASE,
+                                                      "lora_config": {"rank": 2, "seed": 1}}).json()
+        assert post(url, "/api/v1/retrieve_future", json=fut).json()["model_id"] == f"{session}:train:0"
+        assert f"{session}:train:0" in hub.runs
+        deadline = time.time() + 10
+        while f"{session}:train:0" in hub.runs and time.time() < deadline:
+            time.sleep(0.1)
+        assert ("drop", f"{session}:train:0") in hub.calls and not app.state.worker.loaded
+        r = post(url, "/api/v1/session_heartbeat", json={"session_id": session})
+        assert r.status_code == 410 and "expired" in r.json()["detail"]
+        # the record stays: its runs are listed
+        runs = httpx.get(url + "/api/v1/training_runs", headers={"X-API-Key": "tml-alice-key"}).json()
+        assert [r["training_run_id"] for r in runs["training_runs"]] == [f"{session}:train:0"]
+
+
+def test_sparse_targets_decode_as_dense(tmp_path):
+    from omnigym.serve.wire import decode_forward_backward
+
+    targets = torch.zeros(3, 4, dtype=torch.long)
+    targets[1, 2] = 5
+    d = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
+                    loss_fn_inputs={"target_tokens": targets, "weights": torch.ones(3)})
+    assert d.loss_fn_inputs["target_tokens"].sparse_crow_indices is not None  # the SDK sent CSR
+    _, _, _, _, data, _ = decode_forward_backward(proto_body("a:train:0", [d]), False, 10**6)
+    assert torch.equal(data[0].inputs["target_tokens"], targets)
+    assert np.allclose(data[0].inputs["weights"].numpy(), 1.0)
+
+
+def test_real_hub_through_the_sdk(tmp_path):
+    """The integration check: the SDK against this app and the real hub on a tiny model."""
+    hub_module = pytest.importorskip("omnigym.serve.hub", reason="serve/hub.py is not on this branch yet (h-hub)")
+    from omnigym.models.lm import build_tiny_model
+
+    base = str(build_tiny_model(tmp_path / "tiny"))
+    hub = hub_module.ModelHub(base, tmp_path / "store" / "hub")
+    app = make_app(hub, Store(tmp_path / "serve.db"), limits=Limits(poll_s=2))
+    with serving(app) as url:
+        sc = client(url)
+        tc = sc.create_lora_training_client(base_model=base, rank=4, seed=0).result()
+        data = [datum([5, 6, 7, 8], [6, 7, 8, 9])]
+        losses = []
+        for _ in range(5):
+            fb = tc.forward_backward(data, "cross_entropy")
+            tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            losses.append(fb.result().metrics["loss:sum"])
+        assert losses[-1] < losses[0], losses
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        res = sampler.sample(types.ModelInput.from_ints([5, 6]), 2, types.SamplingParams(max_tokens=4, seed=0)).result()
+        assert len(res.sequences) == 2 and all(1 <= len(s.tokens) <= 4 for s in res.sequences)
