@@ -427,8 +427,10 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def not_supported(rest: str, request: Request):
         # 404, not 501: the SDK retries 5xx for minutes, a 404 it raises at once with this text
-        return JSONResponse({"detail": f"/api/v1/{rest[:80]} is not supported by omnigym serve "
-                                       "(docs/serve.md lists what is)"}, status_code=404)
+        known = f"/api/v1/{rest}" in NOT_SUPPORTED
+        what = "is not supported by omnigym serve" if known else "is not an endpoint of omnigym serve"
+        return JSONResponse({"detail": f"/api/v1/{rest[:80]} {what} (docs/serve.md lists what is)"},
+                            status_code=404)
 
     return app
 

@@ -3,6 +3,7 @@ then the hub, the store and the HTTP app, served by uvicorn until Ctrl-C."""
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 import socket
@@ -25,10 +26,16 @@ class ServeArgs:
     limits: object
 
 
-def parser():
-    from omnigym.cli import ArgumentParser
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage-and-exit on a mistake, as one ``OmnigymError`` line (as omnigym.cli's,
+    which this module cannot import: cli imports it)."""
 
-    p = ArgumentParser(prog="omnigym serve", description=DESCRIPTION)
+    def error(self, message):
+        raise OmnigymError(f"{message}; see {self.prog} --help")
+
+
+def parser():
+    p = _Parser(prog="omnigym serve", description=DESCRIPTION)
     p.add_argument("--base-model", required=True,
                    help="a model folder (config.json + weights + tokenizer) or a run directory with model/")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; "

@@ -20,11 +20,14 @@ from omnigym.serve.contract import DatumIn, ForwardResult, RequestError, SampleR
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MODEL_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}:train:[0-9]{1,9}")
-KINDS = {"weights": "state", "sampler_weights": "sampler"}
-"""the path segment -> the contract's checkpoint kind"""
+SEGMENTS = (("weights", "state"), ("sampler_weights", "sampler"))
+"""(path segment, the contract's checkpoint kind)"""
 
 _FLOAT, _INT64, _INT32 = 1, 2, 3  # the proto's DType values this server reads
-_NUMPY = {_FLOAT: np.float32, _INT64: np.int64, _INT32: np.int32}
+
+
+def _numpy_dtype(code: int):
+    return {_FLOAT: np.float32, _INT64: np.int64, _INT32: np.int32}.get(code)
 
 
 def pb():
@@ -54,7 +57,7 @@ class TinkerPath:
     name: str
 
     def __str__(self) -> str:
-        segment = next(k for k, v in KINDS.items() if v == self.kind)
+        segment = next(seg for seg, kind in SEGMENTS if kind == self.kind)
         return f"tinker://{self.model_id}/{segment}/{self.name}"
 
 
@@ -64,14 +67,15 @@ def parse_path(path: str) -> TinkerPath:
         raise RequestError(f"bad path {str(path)[:80]!r}: expected tinker://MODEL_ID/weights/NAME "
                            "or tinker://MODEL_ID/sampler_weights/NAME")
     parts = path[len("tinker://"):].split("/")
-    if len(parts) != 3 or parts[1] not in KINDS:
+    kinds = dict(SEGMENTS)
+    if len(parts) != 3 or parts[1] not in kinds:
         raise RequestError(f"bad path {path[:80]!r}: expected tinker://MODEL_ID/weights/NAME "
                            "or tinker://MODEL_ID/sampler_weights/NAME")
-    return TinkerPath(check_model_id(parts[0]), KINDS[parts[1]], check_name(parts[2]))
+    return TinkerPath(check_model_id(parts[0]), kinds[parts[1]], check_name(parts[2]))
 
 
 def _tensor(msg, name: str) -> torch.Tensor:
-    dtype = _NUMPY.get(msg.dtype)
+    dtype = _numpy_dtype(msg.dtype)
     if dtype is None:
         raise RequestError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
     shape = [int(s) for s in msg.shape]
