@@ -22,6 +22,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa:
 
 from omnigym.serve.app import Limits, make_app  # noqa: E402
 from omnigym.serve.store import LOST, Store  # noqa: E402
+from omnigym.serve.wire import hub_id  # noqa: E402
 
 BASE = "tiny-base"
 
@@ -59,7 +60,7 @@ def test_sdk_trains_samples_and_lists(tmp_path):
         caps = tinker.RestClient(base_url=url, api_key="tml-alice-key").get_server_capabilities().result()
         assert caps.supported_models[0].model_name == BASE
         tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
-        assert ("create_model", tc.model_id, 4, 3) in hub.calls
+        assert ("create_model", hub_id(tc.model_id), 4, 3) in hub.calls
         info = tc.get_info()
         assert info.lora_rank == 4 and info.model_data.tokenizer_id == BASE
         data = [datum([1, 2, 3], [2, 3, 4]), datum([5, 6], [6, 7], [0.0, 1.0])]
@@ -72,7 +73,7 @@ def test_sdk_trains_samples_and_lists(tmp_path):
             assert "grad_norm" in opt.result().metrics
         # per-datum outputs, one log-prob per input position, equal to the hub's own values
         assert [o["logprobs"].shape for o in out.loss_fn_outputs] == [[3], [2]]
-        logits = hub.runs[tc.model_id]["logits"].detach()
+        logits = hub.runs[hub_id(tc.model_id)]["logits"].detach()
         # (the hub took one more optimizer step after this forward pass: compare before it)
         assert losses[-1] < losses[0] - 0.5, losses
         fwd = tc.forward(data, "cross_entropy").result()
@@ -86,7 +87,7 @@ def test_sdk_trains_samples_and_lists(tmp_path):
                              types.SamplingParams(max_tokens=5, seed=1), include_prompt_logprobs=True).result()
         assert len(res.sequences) == 3 and all(len(s.tokens) == 5 == len(s.logprobs) for s in res.sequences)
         assert res.prompt_logprobs[0] is None and isinstance(res.prompt_logprobs[1], float)
-        assert hub.calls[-1][0] == "sample" and hub.calls[-1][1] == tc.model_id
+        assert hub.calls[-1][0] == "sample" and hub.calls[-1][1] == hub_id(tc.model_id)
         # the learned unigram shows in the samples: token 3/4/6/7 targets were pushed up
         drawn = [t for s in res.sequences for t in s.tokens]
         assert sum(t in (2, 3, 4, 7) for t in drawn) > len(drawn) / 2
@@ -100,8 +101,8 @@ def test_sdk_trains_samples_and_lists(tmp_path):
         assert [list(s.tokens) for s in again.sequences] == [list(s.tokens) for s in res.sequences]
 
         resumed = sc.create_training_client_from_state_with_optimizer(saved.path).result()
-        assert hub.calls[-1] == ("load", resumed.model_id, tc.model_id, "step4", True)
-        assert torch.equal(hub.runs[resumed.model_id]["logits"], hub.runs[tc.model_id]["logits"])
+        assert hub.calls[-1] == ("load", hub_id(resumed.model_id), hub_id(tc.model_id), "step4", True)
+        assert torch.equal(hub.runs[hub_id(resumed.model_id)]["logits"], hub.runs[hub_id(tc.model_id)]["logits"])
 
         rest = tinker.RestClient(base_url=url, api_key="tml-alice-key")
         runs = rest.list_training_runs().result().training_runs
@@ -119,7 +120,7 @@ def test_restart_serves_the_same_runs_and_futures(tmp_path):
         tc.forward_backward([datum([1, 2], [3, 4])], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=0.5)).result()
         path = tc.save_state("s1").result().path
-        trained = hub.runs[tc.model_id]["logits"].detach().clone()
+        trained = hub.runs[hub_id(tc.model_id)]["logits"].detach().clone()
         fb = post(url, "/api/v1/forward_backward", content=proto_body(tc.model_id, [datum([1], [2])], seq_id=99),
                   headers={"Content-Type": "application/x-protobuf"}).json()["request_id"]
         finished = post(url, "/api/v1/retrieve_future", json={"request_id": fb}).content
@@ -132,8 +133,9 @@ def test_restart_serves_the_same_runs_and_futures(tmp_path):
     with serving(app2, port) as url:
         # the same client, same session, goes on: its run comes back with its saved state
         out = tc.forward_backward([datum([1, 2], [3, 4])], "cross_entropy").result()
-        assert hub2.calls[:2] == [("create_model", tc.model_id, 2, 0), ("load", tc.model_id, tc.model_id, "s1", True)]
-        assert torch.equal(hub2.runs[tc.model_id]["logits"].detach(), trained)
+        hid = hub_id(tc.model_id)
+        assert hub2.calls[:2] == [("create_model", hid, 2, 0), ("load", hid, hid, "s1", True)]
+        assert torch.equal(hub2.runs[hub_id(tc.model_id)]["logits"].detach(), trained)
         assert out.metrics["loss:sum"] > 0
         assert post(url, "/api/v1/retrieve_future", json={"request_id": fb}).content == finished
         lost = post(url, "/api/v1/retrieve_future", json={"request_id": "f-was-pending"}).json()
@@ -192,7 +194,7 @@ def test_bad_input_one_clear_error_and_nothing_changes(tmp_path):
         sc = client(url)
         tc = sc.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
         mid = tc.model_id
-        start = hub.runs[mid]["logits"].detach().clone()
+        start = hub.runs[hub_id(mid)]["logits"].detach().clone()
         n_calls = len(hub.calls)
 
         def fb(data, **kw):
@@ -230,7 +232,7 @@ def test_bad_input_one_clear_error_and_nothing_changes(tmp_path):
         for response, status, text in cases:
             assert response.status_code == status, (text, response.text)
             assert text in response.json()["detail"], (text, response.text)
-        assert len(hub.calls) == n_calls and torch.equal(hub.runs[mid]["logits"].detach(), start)
+        assert len(hub.calls) == n_calls and torch.equal(hub.runs[hub_id(mid)]["logits"].detach(), start)
 
         # through the SDK: the same errors, as the SDK's own exceptions with the server's words
         with pytest.raises(tinker.BadRequestError, match="out of the vocabulary"):
@@ -253,7 +255,7 @@ def test_retry_with_same_seq_id_runs_once(tmp_path):
         first, second = (post(url, "/api/v1/optim_step", json=body).json() for _ in range(2))
         assert first["request_id"] == second["request_id"]
         post(url, "/api/v1/retrieve_future", json={"request_id": first["request_id"]})
-        assert [c for c in hub.calls if c[0] == "optim_step"] == [("optim_step", tc.model_id, 0.1)]
+        assert [c for c in hub.calls if c[0] == "optim_step"] == [("optim_step", hub_id(tc.model_id), 0.1)]
 
 
 def test_expired_session_frees_its_runs(tmp_path):
@@ -263,11 +265,11 @@ def test_expired_session_frees_its_runs(tmp_path):
         fut = post(url, "/api/v1/create_model", json={"session_id": session, "model_seq_id": 0, "base_model": BASE,
                                                       "lora_config": {"rank": 2, "seed": 1}}).json()
         assert post(url, "/api/v1/retrieve_future", json=fut).json()["model_id"] == f"{session}:train:0"
-        assert f"{session}:train:0" in hub.runs
+        assert hub_id(f"{session}:train:0") in hub.runs
         deadline = time.time() + 10
-        while f"{session}:train:0" in hub.runs and time.time() < deadline:
+        while hub_id(f"{session}:train:0") in hub.runs and time.time() < deadline:
             time.sleep(0.1)
-        assert ("drop", f"{session}:train:0") in hub.calls and not app.state.worker.loaded
+        assert ("drop", hub_id(f"{session}:train:0")) in hub.calls and not app.state.worker.loaded
         r = post(url, "/api/v1/session_heartbeat", json={"session_id": session})
         assert r.status_code == 410 and "expired" in r.json()["detail"]
         # the record stays: its runs are listed

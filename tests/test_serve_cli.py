@@ -83,7 +83,10 @@ def test_serve_command_answers_the_sdk(tmp_path):
 
     model = build_tiny_model(tmp_path / "tiny")
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+    import omnigym
+
+    # the server process imports the same omnigym as this test
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(omnigym.__file__).parents[1]),
                                                          os.environ.get("PYTHONPATH", "")]),
            "SERVE_KEY": "tml-test-key-0123"}
     proc = subprocess.Popen([sys.executable, "-m", "omnigym", "serve", "--base-model", str(model), "--port", str(port),

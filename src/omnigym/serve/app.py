@@ -238,7 +238,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
 
         def job():
             worker.ensure_loaded(model_id)
-            result = hub.forward_backward(model_id, data, loss_fn, config, forward_only)
+            result = hub.forward_backward(wire.hub_id(model_id), data, loss_fn, config, forward_only)
             return PROTO, wire.encode_forward_result(result)
         return queue(owner, model_id, seq_id, job)
 
@@ -250,7 +250,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
 
         def job():
             worker.ensure_loaded(model_id)
-            return {"metrics": hub.optim_step(model_id, adam)}
+            return {"metrics": hub.optim_step(wire.hub_id(model_id), adam)}
         return queue(owner, model_id, body.get("seq_id"), json_job(job))
 
     @app.post("/api/v1/save_weights")
@@ -265,7 +265,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
 
         def job():
             worker.ensure_loaded(model_id)
-            hub.save(model_id, name, "state")
+            hub.save(wire.hub_id(model_id), name, "state")
             store.add_checkpoint(model_id, "state", name)
             return {"path": path, "type": "save_weights"}
         return queue(owner, model_id, seq, json_job(job))
@@ -282,7 +282,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
 
         def job():
             worker.ensure_loaded(model_id)
-            hub.save(model_id, name, "sampler")
+            hub.save(wire.hub_id(model_id), name, "sampler")
             store.add_checkpoint(model_id, "sampler", name)
             if sampler_id is not None:
                 store.add_sampler(sampler_id, owner, model_id, name)
@@ -311,7 +311,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
 
         def job():
             worker.ensure_loaded(model_id)
-            hub.load(model_id, source.model_id, source.name, with_optimizer)
+            hub.load(wire.hub_id(model_id), wire.hub_id(source.model_id), source.name, with_optimizer)
             return {"path": str(source), "model_id": model_id, "type": "load_weights"}
         seq_id = body.get("seq_id") if body.get("model_id") is not None else -1
         return queue(owner, model_id, seq_id, json_job(job))
@@ -350,10 +350,10 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         owner, body = request.state.owner, await body_of(request)
         if body.get("sampling_session_id") is not None:
             rec = owned_sampler(owner, body["sampling_session_id"])
-            source = SamplerSource(rec["model"], rec["name"])
+            source = SamplerSource(rec["model"] and wire.hub_id(rec["model"]), rec["name"])
         elif body.get("model_path") is not None:
             parsed = owned_checkpoint(owner, body["model_path"], "sampler")
-            source = SamplerSource(parsed.model_id, parsed.name)
+            source = SamplerSource(wire.hub_id(parsed.model_id), parsed.name)
         else:
             check_base(body.get("base_model"))
             source = SamplerSource()

@@ -49,6 +49,13 @@ def check_model_id(model_id: str) -> str:
     return model_id
 
 
+def hub_id(model_id: str) -> str:
+    """The run's name on the hub's side of the contract: the SDK's id (``SESSION:train:N``, which
+    the SDK derives itself, so the wire keeps it) with ``.`` for ``:``, so the hub can use it as
+    a file name; one to one, as a session id has no ``.``."""
+    return model_id.replace(":", ".")
+
+
 @dataclass(frozen=True)
 class TinkerPath:
     model_id: str

@@ -21,6 +21,7 @@ from typing import Callable
 
 from omnigym.serve.contract import RequestError
 from omnigym.serve.store import Store
+from omnigym.serve.wire import hub_id
 
 log = logging.getLogger("omnigym.serve")
 
@@ -112,16 +113,16 @@ class Worker:
         rec = self.store.model(model_id)
         if rec is None:
             raise RequestError(f"unknown model id {model_id!r}", status=404)
-        self.hub.create_model(model_id, rec["rank"], rec["seed"], bool(rec["train_mlp"]),
+        self.hub.create_model(hub_id(model_id), rec["rank"], rec["seed"], bool(rec["train_mlp"]),
                               bool(rec["train_attn"]), bool(rec["train_unembed"]))
         self.loaded.add(model_id)
         latest = self.store.latest_state(model_id)
         if latest is not None:
-            self.hub.load(model_id, model_id, latest, True)
+            self.hub.load(hub_id(model_id), hub_id(model_id), latest, True)
 
     def drop(self, model_id: str) -> None:
         if model_id in self.loaded:
-            self.hub.drop(model_id)
+            self.hub.drop(hub_id(model_id))
             self.loaded.discard(model_id)
 
     def free_session(self, session_id: str) -> None:
