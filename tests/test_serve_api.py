@@ -92,6 +92,9 @@ def test_sdk_trains_samples_and_lists(tmp_path):
         drawn = [t for s in res.sequences for t in s.tokens]
         assert sum(t in (2, 3, 4, 7) for t in drawn) > len(drawn) / 2
 
+        scored = sampler.compute_logprobs(types.ModelInput.from_ints([1, 2, 3, 4]), prompt_logprobs_last_n=2).result()
+        assert scored[:2] == [None, None] and all(isinstance(v, float) for v in scored[2:])
+
         named = tc.save_weights_for_sampler("final").result().path
         base_sampler = sc.create_sampling_client(base_model=BASE).result()
         assert len(base_sampler.sample(types.ModelInput.from_ints([1]), 1,
@@ -311,3 +314,57 @@ def test_real_hub_through_the_sdk(tmp_path):
         sampler = tc.save_weights_and_get_sampling_client().result()
         res = sampler.sample(types.ModelInput.from_ints([5, 6]), 2, types.SamplingParams(max_tokens=4, seed=0)).result()
         assert len(res.sequences) == 2 and all(1 <= len(s.tokens) <= 4 for s in res.sequences)
+
+
+def test_zstd_body_and_a_zstd_bomb(tmp_path):
+    import zstandard
+
+    hub, app = server(tmp_path, max_request_bytes=100_000)
+    with serving(app) as url:
+        tc = client(url).create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
+        body = proto_body(tc.model_id, [datum([1, 2], [2, 3])], seq_id=5)
+        headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "zstd"}
+        fut = post(url, "/api/v1/forward_backward", content=zstandard.ZstdCompressor().compress(body),
+                   headers=headers).json()
+        out = post(url, "/api/v1/retrieve_future", json=fut, headers={"Accept": "application/x-protobuf"})
+        assert out.headers["content-type"] == "application/x-protobuf" and len(out.content) > 0
+        bomb = zstandard.ZstdCompressor().compress(b"\0" * 10_000_000)  # small on the wire, 10 MB inside
+        assert len(bomb) < 100_000
+        r = post(url, "/api/v1/forward_backward", content=bomb, headers=headers)
+        assert r.status_code == 413 and "over 100000 bytes once decompressed" in r.json()["detail"]
+        r = post(url, "/api/v1/forward_backward", content=b"not zstd at all", headers=headers)
+        assert r.status_code == 400 and "bad zstd data" in r.json()["detail"]
+
+
+def test_two_clients_at_once_each_as_if_alone(tmp_path):
+    """Two callers training at the same time through one queue: each run ends exactly where
+    it ends when trained alone (same seed, same data)."""
+    import threading
+
+    def train(url, key, seed, tokens, out):
+        tc = client(url, key).create_lora_training_client(base_model=BASE, rank=2, seed=seed).result()
+        for _ in range(4):
+            fb = tc.forward_backward([datum(tokens, [t + 1 for t in tokens])], "cross_entropy")
+            tc.optim_step(types.AdamParams(learning_rate=0.1)).result()
+            fb.result()
+        out[key] = tc.model_id
+
+    alone = {}
+    for key, seed, tokens in (("tml-alice-key", 1, [1, 2, 3]), ("tml-bob-key-123", 2, [4, 5])):
+        hub, app = server(tmp_path / key)
+        with serving(app) as url:
+            ids: dict = {}
+            train(url, key, seed, tokens, ids)
+            alone[key] = hub.runs[hub_id(ids[key])]["logits"].detach().clone()
+    hub, app = server(tmp_path / "together")
+    with serving(app) as url:
+        ids = {}
+        threads = [threading.Thread(target=train, args=(url, "tml-alice-key", 1, [1, 2, 3], ids)),
+                   threading.Thread(target=train, args=(url, "tml-bob-key-123", 2, [4, 5], ids))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        for key in alone:
+            assert torch.equal(hub.runs[hub_id(ids[key])]["logits"].detach(), alone[key]), key
+        assert not torch.equal(alone["tml-alice-key"], alone["tml-bob-key-123"])

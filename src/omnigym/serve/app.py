@@ -368,8 +368,14 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             raise RequestError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) is over "
                                f"the longest sequence, {hub.max_length}", status=413)
 
+        keep = bodies.last_n(body, len(prompt))
+
         def job():
-            return PROTO, wire.encode_sample_result(hub.sample(source, prompt, n, params))
+            result = hub.sample(source, prompt, n, params)
+            if keep is not None and result.prompt_logprobs is not None:
+                cut = len(result.prompt_logprobs) - keep
+                result.prompt_logprobs = [None] * cut + list(result.prompt_logprobs[cut:])
+            return PROTO, wire.encode_sample_result(result)
         future = queue(owner, None, None, job)
         future["sample_sequence_ids"] = [f"{future['request_id']}:{i}" for i in range(n)]
         return future

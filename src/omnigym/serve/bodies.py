@@ -95,9 +95,8 @@ def sample_params(body: dict) -> SampleParams:
     for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         if get(body, name, int, 0):
             raise RequestError(f"{name} is not supported by omnigym serve")
-    for name in ("target_prompt_logprobs", "prompt_logprobs_last_n"):
-        if body.get(name) is not None:
-            raise RequestError(f"{name} is not supported by omnigym serve")
+    if body.get("target_prompt_logprobs") is not None:
+        raise RequestError("target_prompt_logprobs is not supported by omnigym serve")
     return SampleParams(
         max_tokens=get(raw, "max_tokens", int, 16, low=1),
         temperature=get(raw, "temperature", float, 1.0, low=0.0, high=100.0),
@@ -108,6 +107,19 @@ def sample_params(body: dict) -> SampleParams:
         stop_strings=stop_strings,
         prompt_logprobs=bool(get(body, "prompt_logprobs", bool, False)),
     )
+
+
+def last_n(body: dict, prompt_length: int) -> int | None:
+    """``prompt_logprobs_last_n``: how many of the prompt's last log-probs to keep (the hub
+    scores them all; the rest go back as None, as the SDK checks)."""
+    n = get(body, "prompt_logprobs_last_n", int, None)
+    if n is None:
+        return None
+    if not body.get("prompt_logprobs"):
+        raise RequestError("prompt_logprobs_last_n needs prompt_logprobs")
+    if not 1 <= n <= prompt_length - 1:
+        raise RequestError(f"prompt_logprobs_last_n must be in [1, {prompt_length - 1}], got {n}")
+    return n
 
 
 def check_tokens(tokens: list[int], vocab_size: int, what: str) -> None:

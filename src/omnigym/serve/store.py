@@ -42,6 +42,7 @@ LOST = "the server stopped before this request finished; send it again (load_sta
 class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
