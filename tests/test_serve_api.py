@@ -275,9 +275,19 @@ def test_expired_session_frees_its_runs(tmp_path):
         assert ("drop", hub_id(f"{session}:train:0")) in hub.calls and not app.state.worker.loaded
         r = post(url, "/api/v1/session_heartbeat", json={"session_id": session})
         assert r.status_code == 410 and "expired" in r.json()["detail"]
-        # the record stays: its runs are listed
+        # a client that closes its session frees its runs at once
+        other = post(url, "/api/v1/create_session", json={"tags": [], "sdk_version": "x"}).json()["session_id"]
+        fut = post(url, "/api/v1/create_model", json={"session_id": other, "model_seq_id": 0, "base_model": BASE,
+                                                      "lora_config": {"rank": 2, "seed": 1}}).json()
+        post(url, "/api/v1/retrieve_future", json=fut)
+        assert post(url, f"/api/v1/sessions/{other}/finish", json={"reason": {"type": "success"}}).status_code == 204
+        deadline = time.time() + 10
+        while hub_id(f"{other}:train:0") in hub.runs and time.time() < deadline:
+            time.sleep(0.05)
+        assert ("drop", hub_id(f"{other}:train:0")) in hub.calls
+        # the records stay: the runs are listed
         runs = httpx.get(url + "/api/v1/training_runs", headers={"X-API-Key": "tml-alice-key"}).json()
-        assert [r["training_run_id"] for r in runs["training_runs"]] == [f"{session}:train:0"]
+        assert [r["training_run_id"] for r in runs["training_runs"]] == [f"{session}:train:0", f"{other}:train:0"]
 
 
 def test_sparse_targets_decode_as_dense(tmp_path):

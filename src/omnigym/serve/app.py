@@ -76,11 +76,11 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             raise RequestError(f"unknown model id {model_id!r}", status=404)
         return rec
 
-    def owned_session(owner: str, session_id) -> dict:
+    def owned_session(owner: str, session_id, live: bool = True) -> dict:
         rec = store.session(session_id) if isinstance(session_id, str) and len(session_id) <= 64 else None
         if rec is None or not hmac.compare_digest(rec["owner"], owner):
             raise RequestError(f"unknown session {str(session_id)[:80]!r}", status=404)
-        if rec["expired"]:
+        if live and rec["expired"]:
             raise RequestError(f"session {session_id} has expired (no heartbeat for "
                                f"{limits.session_ttl_s:.0f} s); start a new ServiceClient", status=410)
         return rec
@@ -183,7 +183,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
 
     @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish(session_id: str, request: Request):
-        owned_session(request.state.owner, session_id)
+        owned_session(request.state.owner, session_id, live=False)  # finishing twice is fine
         store.expire_sessions_named([session_id])
         worker.free_session(session_id)
         return Response(status_code=204)
