@@ -142,3 +142,15 @@ def serving(app, port: int | None = None):
         server.should_exit = True
         thread.join(timeout=20)
         app.state.worker.stop()
+
+
+def serve_fake_forever(store_dir: str, port: int) -> None:
+    """A server process over FakeHub (its checkpoints under store_dir), for a test to kill."""
+    import uvicorn
+
+    from omnigym.serve.app import Limits, make_app
+    from omnigym.serve.store import Store
+
+    root = Path(store_dir)
+    app = make_app(FakeHub("tiny-base", root / "hub"), Store(root / "serve.db"), limits=Limits(poll_s=2))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

@@ -378,3 +378,56 @@ def test_two_clients_at_once_each_as_if_alone(tmp_path):
         for key in alone:
             assert torch.equal(hub.runs[hub_id(ids[key])]["logits"].detach(), alone[key]), key
         assert not torch.equal(alone["tml-alice-key"], alone["tml-bob-key-123"])
+
+
+def test_server_killed_and_restarted_client_goes_on(tmp_path):
+    """SIGKILL between requests: a new process on the same store serves the run again from its
+    last saved state, and the same SDK client continues."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import omnigym
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(omnigym.__file__).parents[1]),
+                                                         str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    code = f"from serve_helpers import serve_fake_forever; serve_fake_forever({str(tmp_path)!r}, {port})"
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz").status_code == 200:
+                    return proc
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, "the server did not start"
+            time.sleep(0.1)
+
+    proc = start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        tc = client(url).create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
+        data = [datum([1, 2], [3, 4])]
+        for _ in range(2):
+            tc.forward_backward(data, "cross_entropy").result()
+            tc.optim_step(types.AdamParams(learning_rate=0.5)).result()
+        tc.save_state("kept").result()
+        saved_loss = tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
+        tc.forward_backward(data, "cross_entropy").result()  # work after the save: lost with the process
+        tc.optim_step(types.AdamParams(learning_rate=0.5)).result()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc = start()
+        # the same client: its run is served again, at the saved state (not the later step)
+        assert tc.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(saved_loss, rel=1e-6)
+        tc.forward_backward(data, "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=0.5)).result()
+        assert tc.forward(data, "cross_entropy").result().metrics["loss:sum"] < saved_loss
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
