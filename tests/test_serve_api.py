@@ -431,3 +431,23 @@ def test_server_killed_and_restarted_client_goes_on(tmp_path):
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_wrongly_typed_fields_are_4xx_never_5xx(tmp_path):
+    """A 5xx makes the SDK retry for minutes: every wrong type must be the client's error."""
+    hub, app = server(tmp_path)
+    junk_values = [[1], {"a": 1}]  # unhashable, and a mapping where a scalar belongs
+    with serving(app) as url:
+        tc = client(url).create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
+        session = tc.model_id.split(":")[0]
+        good = {"session_id": session, "model_seq_id": 5, "base_model": BASE, "model_id": tc.model_id,
+                "lora_config": {"rank": 2}, "adam_params": {}, "path": "n1", "optimizer": False,
+                "sampling_session_seq_id": 3, "prompt": {"chunks": [{"tokens": [1]}]}, "sampling_params": {},
+                "request_id": "f-x", "num_samples": 1}
+        for endpoint in ("create_model", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights",
+                         "create_sampling_session", "asample", "retrieve_future", "get_info", "session_heartbeat"):
+            for field in good:
+                for junk in junk_values:
+                    r = post(url, f"/api/v1/{endpoint}", json={**good, field: junk})
+                    assert r.status_code < 500, (endpoint, field, junk, r.text)
+        assert tc.forward_backward([datum([1], [2])], "cross_entropy").result().metrics["loss:sum"] > 0

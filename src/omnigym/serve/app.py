@@ -96,7 +96,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         return parsed
 
     def check_base(name) -> None:
-        if name not in base_names:
+        if not isinstance(name, str) or name not in base_names:
             raise RequestError(f"this server serves one base model, {hub.base_model!r}; got {str(name)[:120]!r}")
 
     def queue(owner: str, model_id: str | None, seq_id, job, extra: dict | None = None) -> dict:
