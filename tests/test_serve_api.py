@@ -291,6 +291,7 @@ def test_expired_session_frees_its_runs(tmp_path):
 
 
 def test_sparse_targets_decode_as_dense(tmp_path):
+    from omnigym.serve.contract import RequestError
     from omnigym.serve.wire import decode_forward_backward
 
     targets = torch.zeros(3, 4, dtype=torch.long)
@@ -301,6 +302,18 @@ def test_sparse_targets_decode_as_dense(tmp_path):
     _, _, _, _, data, _ = decode_forward_backward(proto_body("a:train:0", [d]), False, 10**6)
     assert torch.equal(data[0].inputs["target_tokens"], targets)
     assert np.allclose(data[0].inputs["weights"].numpy(), 1.0)
+    # a sparse tensor whose dense shape is huge is refused before it is made dense
+    huge = forward_backward_request_to_proto(types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=[d], loss_fn="cross_entropy"), model_id="a:train:0"))
+    huge.data[0].loss_fn_inputs["target_tokens"].shape[:] = [100_000, 100_000]
+    with pytest.raises(RequestError, match="over 250000 elements") as info:
+        decode_forward_backward(huge.SerializeToString(), False, 10**6)
+    assert info.value.status == 413
+    odd = forward_backward_request_to_proto(types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=[d], loss_fn="cross_entropy"), model_id="a:train:0"))
+    odd.data[0].model_input[0].encoded_text.tokens = b"\x01\x02\x03"
+    with pytest.raises(RequestError, match="is not int32 tokens"):
+        decode_forward_backward(odd.SerializeToString(), False, 10**6)
 
 
 def test_real_hub_through_the_sdk(tmp_path):

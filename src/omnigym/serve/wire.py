@@ -10,6 +10,7 @@ imported when first needed: the SDK ships in the same ``[serve]`` extra as the s
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -81,11 +82,15 @@ def parse_path(path: str) -> TinkerPath:
     return TinkerPath(check_model_id(parts[0]), kinds[parts[1]], check_name(parts[2]))
 
 
-def _tensor(msg, name: str) -> torch.Tensor:
+def _tensor(msg, name: str, max_elements: int) -> torch.Tensor:
     dtype = _numpy_dtype(msg.dtype)
     if dtype is None:
         raise RequestError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
     shape = [int(s) for s in msg.shape]
+    if any(s < 0 for s in shape) or math.prod(shape) > max_elements:
+        # a sparse tensor is made dense here: its shape, not its bytes, says what that costs
+        raise RequestError(f"loss_fn_inputs[{name!r}]: shape {shape[:4]} is negative or over "
+                           f"{max_elements} elements", status=413)
     try:
         if msg.HasField("sparse_csr"):
             # CSR with implicit zeros (the SDK sparsifies 2-D target_tokens and weights)
@@ -138,8 +143,11 @@ def decode_forward_backward(body: bytes, zstd_encoded: bool, max_bytes: int):
         for chunk in datum.model_input:
             if chunk.WhichOneof("chunk") != "encoded_text":
                 raise RequestError(f"datum {i}: only text chunks are supported (got {chunk.WhichOneof('chunk')})")
-            tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
-        inputs = {name: _tensor(t, name) for name, t in datum.loss_fn_inputs.items()}
+            raw = chunk.encoded_text.tokens
+            if len(raw) % 4:
+                raise RequestError(f"datum {i}: text chunk of {len(raw)} bytes is not int32 tokens")
+            tokens.extend(np.frombuffer(raw, dtype=np.int32).tolist())
+        inputs = {name: _tensor(t, name, max(1, max_bytes // 4)) for name, t in datum.loss_fn_inputs.items()}
         data.append(DatumIn(tokens=tokens, inputs=inputs))
     return msg.model_id, int(msg.seq_id), msg.loss_fn, config or None, data, bool(msg.forward_only)
 
