@@ -158,7 +158,9 @@ class ModelHub:
         run = self._run(model_id)
         for p in run.params:
             p.grad = None
-        self._peft.delete_adapter(run.adapter)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # peft says which adapter it activates instead: none is used unasked
+            self._peft.delete_adapter(run.adapter)
         del self._runs[model_id]
         self._sampler.forget(model_id)
 
