@@ -101,9 +101,12 @@ def test_layers_trained_follow_the_flags_and_bad_ranks_are_refused(hub):
         hub.create_model("zero", 0)
     with pytest.raises(RequestError, match="valid name"):
         hub.create_model("../escape", 2)
+    with pytest.raises(RequestError, match="valid name"):
+        hub.create_model(".hidden", 2)
+    hub.create_model("sess-1:train:0", 2)  # the HTTP layer's ids
     with pytest.raises(RequestError, match="exists already"):
         hub.create_model("attn", 2)
-    assert set(hub._runs) == {"attn", "mlp", "head"}
+    assert set(hub._runs) == {"attn", "mlp", "head", "sess-1:train:0"}
 
 
 def test_training_one_adapter_leaves_another_bit_identical(hub):

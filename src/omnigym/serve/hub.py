@@ -31,8 +31,9 @@ from omnigym.serve.losses import loss_spec
 from omnigym.serve.sampler import SamplerPool, read_adapter
 
 LORA_ALPHA = 32
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-"""model ids and checkpoint names: they become folder names under ``root``"""
+NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,199}")
+"""model ids (the HTTP layer's ``<session>:train:<n>``) and checkpoint names: they become folder
+names under ``root``, so no '/', no '..', and no leading '.' (the hub's temporary folders)"""
 KINDS = ("state", "sampler")
 
 
@@ -51,7 +52,8 @@ class _Run:
 
 def _check_name(value: str, what: str) -> str:
     if not isinstance(value, str) or not NAME.fullmatch(value) or ".." in value:
-        raise RequestError(f"{what} {value!r} is not a valid name (letters, digits, '.', '_', '-'; at most 200)")
+        raise RequestError(f"{what} {value!r} is not a valid name (letters, digits, '_', ':', '-', and '.' but "
+                           "not first; at most 200)")
     return value
 
 
