@@ -385,6 +385,9 @@ def test_sampling_base_and_saved_weights_match_the_model_they_name(tiny, hub):
     assert [s.tokens for s in again.sequences] == [s.tokens for s in tuned.sequences]
     other = hub.sample(SamplerSource("a", "w1"), prompt, 3, SampleParams(max_tokens=12, seed=6))
     assert [s.tokens for s in other.sequences] != [s.tokens for s in tuned.sequences]
+    unseeded = [[s.tokens for s in hub.sample(SamplerSource("a", "w1"), prompt, 3,
+                                              SampleParams(max_tokens=12)).sequences] for _ in range(2)]
+    assert unseeded[0] != unseeded[1]  # no seed: a fresh draw each call, not a replay of the last
     # training on after saving does not change what the saved weights sample
     train(hub, "a", 1)
     assert [s.tokens for s in hub.sample(SamplerSource("a", "w1"), prompt, 3, params).sequences] == \

@@ -26,6 +26,7 @@ Functions"): ``q`` is the sampler's log-prob (``logprobs`` input), ``A`` the adv
 
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 from typing import Callable
 
@@ -138,7 +139,7 @@ def loss_spec(name: str, config: dict | None) -> tuple[LossSpec, dict]:
         raise RequestError(f"loss_fn_config for {name!r}: unknown key(s) {', '.join(unknown)}; it takes {takes}")
     merged = {**spec.defaults}
     for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise RequestError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
         merged[key] = float(value)
     return spec, merged

@@ -12,6 +12,7 @@ views are kept, since a sampling client samples from the same weights many times
 from __future__ import annotations
 
 import copy
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -31,6 +32,9 @@ class SamplerPool:
     def __init__(self, base, tokenizer, engine: str = "auto", keep: int = 2):
         self.base, self.tokenizer, self.engine, self.keep = shared_view(base), tokenizer, engine, keep
         self._merged: OrderedDict[tuple[str, str], torch.nn.Module] = OrderedDict()
+        # seeds for requests that give none: every sample runs under a seed of its own (the
+        # process's global RNG is put back after), so unseeded calls still differ from each other
+        self._seeds = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
 
     def forget(self, model_id: str, name: str | None = None) -> None:
         """Drop cached merges of ``model_id`` (its sampler weights ``name`` were written again,
@@ -78,8 +82,9 @@ class SamplerPool:
         settings = SamplingParams(max_new_tokens=params.max_tokens, temperature=params.temperature or 1.0,
                                   top_p=params.top_p, top_k=max(params.top_k, 0), greedy=greedy)
         with torch.random.fork_rng(devices=[]):
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
+            seed = params.seed if params.seed is not None else \
+                int(torch.randint(2**62, (), generator=self._seeds))
+            torch.manual_seed(seed)
             samples = engine.generate([prompt], n, settings)[0]
         sequences = [self._cut(s.completion_ids, s.logprobs, s.finished, params) for s in samples]
         prompt_logprobs = self.prompt_logprobs(model, prompt) if params.prompt_logprobs else None
