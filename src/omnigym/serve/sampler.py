@@ -80,7 +80,8 @@ class SamplerPool:
         engine = make_engine(model, self.tokenizer, self.engine)
         greedy = params.temperature == 0
         settings = SamplingParams(max_new_tokens=params.max_tokens, temperature=params.temperature or 1.0,
-                                  top_p=params.top_p, top_k=max(params.top_k, 0), greedy=greedy)
+                                  top_p=params.top_p, top_k=max(params.top_k, 0), greedy=greedy,
+                                  stop_ids=tuple(params.stop_tokens))
         with torch.random.fork_rng(devices=[]):
             seed = params.seed if params.seed is not None else \
                 int(torch.randint(2**62, (), generator=self._seeds))
