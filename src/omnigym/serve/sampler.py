@@ -98,12 +98,19 @@ class SamplerPool:
         for i, token in enumerate(tokens):
             if token in stops:
                 return SampledSequence(tokens[:i + 1], logprobs[:i + 1], "stop")
-        if params.stop_strings:
-            for i in range(len(tokens)):
-                text = self.tokenizer.decode(tokens[:i + 1])
-                if any(s in text for s in params.stop_strings):
-                    return SampledSequence(tokens[:i + 1], logprobs[:i + 1], "stop")
+        if params.stop_strings and self._stops_in(tokens, params.stop_strings):
+            # the shortest prefix whose text holds a stop string: a prefix's text grows with it, so
+            # a binary search needs log2(len) decodes instead of one per token
+            low, high = 1, len(tokens)
+            while low < high:
+                mid = (low + high) // 2
+                low, high = (low, mid) if self._stops_in(tokens[:mid], params.stop_strings) else (mid + 1, high)
+            return SampledSequence(tokens[:low], logprobs[:low], "stop")
         return SampledSequence(tokens, logprobs, "stop" if finished else "length")
+
+    def _stops_in(self, tokens: list[int], stop_strings: list[str]) -> bool:
+        text = self.tokenizer.decode(tokens)
+        return any(stop in text for stop in stop_strings)
 
     @torch.no_grad()
     def prompt_logprobs(self, model, prompt: list[int]) -> list[float | None]:
