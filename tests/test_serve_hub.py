@@ -429,3 +429,31 @@ def test_drop_frees_the_adapter_and_keeps_the_others(hub):
     hub.drop("b")
     hub.create_model("a", 4, seed=1)  # the id can be used again, from a clean adapter
     train(hub, "a", 1)
+
+
+def test_two_runs_interleaved_end_as_each_trained_alone(tiny, tmp_path):
+    """Many users on one base model: two runs whose calls alternate end bit for bit where each
+    ends when trained alone in a hub of its own (same seeds, same data)."""
+    runs = (("a", 1, 4), ("b", 2, 8))
+
+    def step(h, model_id, seed, k):
+        h.forward_backward(model_id, batch(seed + k), "cross_entropy")
+        h.optim_step(model_id, AdamStep(learning_rate=1e-2))
+
+    alone = {}
+    for model_id, seed, rank in runs:
+        h = ModelHub(tiny, tmp_path / f"alone-{model_id}")
+        h.create_model(model_id, rank, seed=seed)
+        start = snapshot(h, model_id)
+        for k in range(3):
+            step(h, model_id, seed, k)
+        alone[model_id] = snapshot(h, model_id)
+        assert not all(torch.equal(x, y) for x, y in zip(start, alone[model_id]))  # it did train
+    shared = ModelHub(tiny, tmp_path / "shared")
+    for model_id, seed, rank in runs:
+        shared.create_model(model_id, rank, seed=seed)
+    for k in range(3):
+        for model_id, seed, _ in runs:
+            step(shared, model_id, seed, k)
+    for model_id, _, _ in runs:
+        assert all(torch.equal(x, y) for x, y in zip(alone[model_id], snapshot(shared, model_id))), model_id
