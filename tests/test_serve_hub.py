@@ -457,3 +457,23 @@ def test_two_runs_interleaved_end_as_each_trained_alone(tiny, tmp_path):
             step(shared, model_id, seed, k)
     for model_id, _, _ in runs:
         assert all(torch.equal(x, y) for x, y in zip(alone[model_id], snapshot(shared, model_id))), model_id
+
+
+def test_top_k_targets_give_one_logprob_per_target(tiny, hub):
+    """cross_entropy with (n, k) targets and weights (the cookbook's top-k distillation): an
+    (n, k) log-prob per datum and the loss -sum(weights * logp) over all of them."""
+    hub.create_model("a", 4, seed=1)
+    tokens = [10, 11, 12, 13, 14]
+    targets = torch.tensor([[11, 30, 40], [12, 31, 41], [13, 32, 42], [14, 33, 43], [2, 34, 44]])
+    weights = torch.tensor([[0.7, 0.2, 0.1]] * 5)
+    result = hub.forward_backward("a", [DatumIn(tokens, {"target_tokens": targets, "weights": weights})],
+                                  "cross_entropy")
+    with torch.no_grad():
+        logits = load_model(tiny)(torch.tensor([tokens])).logits[0]
+    expected = torch.log_softmax(logits, -1).gather(-1, targets)
+    assert result.outputs[0]["logprobs"].shape == (5, 3)
+    torch.testing.assert_close(result.outputs[0]["logprobs"], expected, atol=1e-5, rtol=1e-5)
+    assert math.isclose(result.metrics["loss:sum"], float(-(weights * expected).sum()), rel_tol=1e-5)
+    with pytest.raises(RequestError, match="one value per target"):
+        hub.forward_backward("a", [DatumIn(tokens, {"target_tokens": targets, "weights": torch.ones(5)})],
+                             "cross_entropy")

@@ -58,7 +58,7 @@ def _check_name(value: str, what: str) -> str:
 
 
 class ModelHub:
-    def __init__(self, base_model: str, root: Path, max_batch_tokens: int = 4096, engine: str = "auto",
+    def __init__(self, base_model: str, root: Path, max_batch_tokens: int = 2048, engine: str = "auto",
                  sampler_cache: int = 2, device: str = "cpu"):
         from omnigym.models.lm import LoadFailed, load_model, load_tokenizer, resolve_model
 
