@@ -477,3 +477,21 @@ def test_top_k_targets_give_one_logprob_per_target(tiny, hub):
     with pytest.raises(RequestError, match="one value per target"):
         hub.forward_backward("a", [DatumIn(tokens, {"target_tokens": targets, "weights": torch.ones(5)})],
                              "cross_entropy")
+
+
+def test_a_save_that_fails_leaves_the_old_checkpoint_whole(hub, monkeypatch):
+    hub.create_model("a", 4, seed=1)
+    train(hub, "a", 1)
+    hub.save("a", "ckpt", "state")
+    folder = hub.root / "models" / "a" / "state" / "ckpt"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    train(hub, "a", 1)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)  # the optimizer file, written after the adapter
+    with pytest.raises(OSError):
+        hub.save("a", "ckpt", "state")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["ckpt"]  # no temporary folder left
