@@ -60,6 +60,22 @@ def test_kv_sampler_matches_generate(tiny, kind):
             assert torch.allclose(torch.tensor(have.logprobs), torch.tensor(want.logprobs), atol=1e-4)
 
 
+def test_stop_ids_end_samples_in_both_engines(tiny):
+    """``stop_ids`` end a sample as the end token does, in the KV sampler and in ``generate``
+    alike: cut after the first one, finished, and the rest of the row not sampled."""
+    tokenizer = load_tokenizer(tiny)
+    model = family_model("llama", len(tokenizer))
+    free = LlamaFamilyEngine(model, tokenizer).generate(PROMPTS, 1, SamplingParams(max_new_tokens=12, greedy=True))
+    full = free[1][0].completion_ids
+    assert len(full) >= 4 and not free[1][0].finished
+    stop = full[3]
+    params = SamplingParams(max_new_tokens=12, greedy=True, stop_ids=(stop,))
+    for engine in (HFEngine(model, tokenizer), LlamaFamilyEngine(model, tokenizer)):
+        got = engine.generate(PROMPTS, 1, params)[1][0]
+        assert got.completion_ids == full[:full.index(stop) + 1] and got.finished
+        assert len(got.logprobs) == len(got.completion_ids)
+
+
 def test_kv_sampler_logprobs_are_the_models(tiny):
     tokenizer, model = load_tokenizer(tiny), load_model(tiny)
     torch.manual_seed(0)

@@ -61,6 +61,7 @@ def test_sampling_passes_temperature_top_p_top_k_and_no_per_request_seed():
     assert "seed" not in kwargs  # a per-request seed would repeat a prompt's samples at every call
     assert sampling_kwargs(SamplingParams(), n=1, eos_id=EOS)["top_k"] == 0  # omnigym's "off" is vLLM's "off"
     assert sampling_kwargs(SamplingParams(), n=1, eos_id=None)["stop_token_ids"] == []
+    assert sampling_kwargs(SamplingParams(stop_ids=(7, 9)), n=1, eos_id=EOS)["stop_token_ids"] == [EOS, 7, 9]
 
 
 @pytest.mark.parametrize("params, n, message", [

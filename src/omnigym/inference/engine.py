@@ -30,6 +30,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
+    stop_ids: tuple[int, ...] = ()
+    """token ids that end a sample as the end-of-sequence token does (kept in the sample)"""
 
 
 @dataclass
@@ -84,12 +86,15 @@ class BatchedEngine:
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
         raise NotImplementedError
 
-    def _samples(self, prompts: list[list[int]], new_tokens: torch.Tensor, logprobs: torch.Tensor) -> list[Sample]:
-        """Cut each row after its end-of-sequence token."""
+    def _samples(self, prompts: list[list[int]], new_tokens: torch.Tensor, logprobs: torch.Tensor,
+                 stop_ids: tuple[int, ...] = ()) -> list[Sample]:
+        """Cut each row after its end-of-sequence (or other stop) token."""
+        ends = {self.eos_id, *stop_ids}
         samples = []
         for i, p in enumerate(prompts):
             tokens = new_tokens[i].tolist()
-            finished = self.eos_id in tokens
-            length = tokens.index(self.eos_id) + 1 if finished else len(tokens)
+            end = next((j for j, t in enumerate(tokens) if t in ends), None)
+            finished = end is not None
+            length = end + 1 if finished else len(tokens)
             samples.append(Sample(p, tokens[:length], logprobs[i, :length].tolist(), finished))
         return samples

@@ -16,11 +16,12 @@ class HFEngine(BatchedEngine):
         sampling = {} if params.greedy else {"temperature": params.temperature, "top_p": params.top_p,
                                              "top_k": params.top_k}
         out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                  max_new_tokens=params.max_new_tokens, eos_token_id=self.eos_id,
+                                  max_new_tokens=params.max_new_tokens,
+                                  eos_token_id=[self.eos_id, *params.stop_ids] if params.stop_ids else self.eos_id,
                                   pad_token_id=self.pad_id, use_cache=True, return_dict_in_generate=True,
                                   output_logits=True, do_sample=not params.greedy, **sampling)
         new_tokens = out.sequences[:, width:].cpu()
         temperature = 1.0 if params.greedy else params.temperature
         logits = torch.stack(out.logits, 1).float().cpu() / temperature
         logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        return self._samples(prompts, new_tokens, logprobs)
+        return self._samples(prompts, new_tokens, logprobs, params.stop_ids)

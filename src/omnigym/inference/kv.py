@@ -152,19 +152,20 @@ class LlamaFamilyEngine(BatchedEngine):
         generated = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, params.max_new_tokens), device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
+        ends = torch.tensor(sorted({self.eos_id, *params.stop_ids}), device=device)
         for t in range(params.max_new_tokens):
             scaled = logits / temperature
             token = scaled.argmax(-1) if params.greedy else sample(scaled, params.top_k, params.top_p)
             token = torch.where(done, self.pad_id, token)
             generated[:, t] = token
             logprobs[:, t] = scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
-            done |= token == self.eos_id
+            done |= torch.isin(token, ends)
             if t == params.max_new_tokens - 1 or bool(done.all()):
                 break
             valid[:, width + t] = True
             position = position + 1
             logits = forward(token[:, None], width + t, position, valid[:, None, None, :width + t + 1])
-        return self._samples(prompts, generated.cpu(), logprobs.cpu())
+        return self._samples(prompts, generated.cpu(), logprobs.cpu(), params.stop_ids)
 
 
 def sample(scaled_logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

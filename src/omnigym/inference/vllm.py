@@ -91,7 +91,7 @@ def sampling_kwargs(params: SamplingParams, n: int, eos_id: int | None) -> dict:
     if params.max_new_tokens < 1:
         raise OmnigymError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
     kwargs = dict(n=n, max_tokens=params.max_new_tokens, logprobs=0, detokenize=False, ignore_eos=True,
-                  stop_token_ids=[] if eos_id is None else [eos_id])
+                  stop_token_ids=([] if eos_id is None else [eos_id]) + list(params.stop_ids))
     if params.greedy:
         return {**kwargs, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
     if params.temperature <= 0:
