@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def _check_name(value: str, what: str) -> str:
 
 class ModelHub:
     def __init__(self, base_model: str, root: Path, max_batch_tokens: int = 2048, engine: str = "auto",
-                 sampler_cache: int = 2, device: str = "cpu"):
+                 sampler_cache: int = 2, device: str = "cpu", activation_budget: float = 2 * 2**30):
         from omnigym.models.lm import LoadFailed, load_model, load_tokenizer, resolve_model
 
         path = resolve_model(base_model)
@@ -75,6 +76,7 @@ class ModelHub:
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self.max_batch_tokens = max_batch_tokens
+        self.activation_budget = activation_budget
         self.device = device
         self._layers = self._layer_names(model)
         self._sampler = SamplerPool(model, self.tokenizer, engine, sampler_cache)
@@ -238,8 +240,9 @@ class ModelHub:
         outputs: list[dict] = [{} for _ in data]
         total, sums, means = 0.0, {}, {}
         for batch in self._batches([len(p[0]) for p in prepared]):
-            with torch.set_grad_enabled(not forward_only):
-                target_logprobs = self._logprobs([prepared[i][:2] for i in batch])
+            rows = [prepared[i][:2] for i in batch]
+            with torch.set_grad_enabled(not forward_only), self._recomputing(rows, not forward_only):
+                target_logprobs = self._logprobs(rows)
                 batch_loss = 0.0
                 for i, logp in zip(batch, target_logprobs):
                     loss, elementwise, metrics = spec.fn(logp, prepared[i][2], config)
@@ -256,6 +259,43 @@ class ModelHub:
         metrics |= {k: float(sum(v)) for k, v in sums.items()}
         metrics |= {k: float(sum(v) / len(v)) for k, v in means.items()}
         return ForwardResult(outputs, metrics)
+
+    def _activation_bytes(self, rows: int, width: int) -> float:
+        """About what a backward pass keeps of one micro-batch's activations in float32: each
+        layer's hidden states and MLP (linear in tokens) and its attention weights (quadratic in
+        the width: with a padding mask attention takes the plain, not the flash, path)."""
+        config = self._model.config
+        layers = getattr(config, "num_hidden_layers", 1)
+        hidden = getattr(config, "hidden_size", 1)
+        inner = getattr(config, "intermediate_size", 4 * hidden)
+        heads = getattr(config, "num_attention_heads", 1)
+        per_token = 12 * hidden + 4 * inner
+        return 4.0 * layers * rows * (width * per_token + 2 * heads * width * width)
+
+    @contextmanager
+    def _recomputing(self, rows: list, training: bool):
+        """Gradient checkpointing for a micro-batch whose activations would pass the budget: a
+        long multi-turn datum on SmolLM2 held 15.7 GB without it (each layer's activations are
+        recomputed in the backward pass instead: about a third more compute, one layer's
+        activations held at a time). Transformers checkpoints only in train mode; LoRA dropout
+        is 0, so train mode changes nothing else."""
+        width = max(len(tokens) for tokens, _ in rows)
+        if not training or self._activation_bytes(len(rows), width) <= self.activation_budget:
+            yield
+            return
+        model = self._peft.base_model.model
+        # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*
+        renamed = hasattr(model, "activation_checkpointing_enable")
+        if renamed:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._peft.train()
+        try:
+            yield
+        finally:
+            self._peft.eval()
+            (model.activation_checkpointing_disable if renamed else model.gradient_checkpointing_disable)()
 
     def _logprobs(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """Each row's log-probs of its targets (``(n,)`` or ``(n, k)``), from one padded forward.
