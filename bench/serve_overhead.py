@@ -8,7 +8,8 @@ tinker SDK and the HTTP API vs the same work on the hub in process, in one run.
 The in-process side is ``ModelHub`` (serve/hub.py) itself, the code the server runs on its
 worker thread; the API side is ``python -m omnigym serve`` in a subprocess on 127.0.0.1 and the
 official SDK in this process. Both use the same model, LoRA rank, seed, data and thread count,
-alternating reps; medians are printed with two ratios:
+one side after the other (the server first, so two copies of the model never compete for the
+cores); medians are printed with two ratios:
 
 - API overhead share of a step: (API step - in-process step) / API step;
 - sampling throughput, API / in-process (sampled tokens per second).
