@@ -152,13 +152,15 @@ def pig_latin_datum(tokenizer, english: str, pig: str):
     )
 
 
-def test_sdk_pig_latin_loss_falls_then_samples_from_saved_weights(served):
+def test_sdk_pig_latin_loss_falls_then_samples_from_saved_weights(served, monkeypatch):
     import numpy as np
     import tinker
     from tinker import types
 
     work, base_url = served
-    os.environ.setdefault("TINKER_API_KEY", "tml-local-test")
+    # as a user runs it: beside the model folder, with a key of Tinker's shape
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TINKER_API_KEY", "tml-local-test")
     service = tinker.ServiceClient(base_url=base_url)
     training = service.create_lora_training_client(base_model=MODEL_NAME, rank=8)
     tokenizer = training.get_tokenizer()
