@@ -122,7 +122,7 @@ def through_api(model: str, store: Path, rows, args) -> dict[str, list[float]]:
                 time.sleep(0.5)
         os.environ.setdefault("TINKER_API_KEY", "tml-local-bench")
         service = tinker.ServiceClient(base_url=base_url)
-        training = service.create_lora_training_client(base_model=model, rank=args.rank, seed=0)
+        training = service.create_lora_training_client(base_model=model, rank=args.rank, seed=0).result()
         data = [types.Datum(model_input=types.ModelInput.from_ints(list(inp)),
                             loss_fn_inputs={"target_tokens": list(tgt), "weights": list(w)}) for inp, tgt, w in rows]
         prompt = types.ModelInput.from_ints(hub_tokenizer(model).encode(PROMPT))
@@ -134,7 +134,7 @@ def through_api(model: str, store: Path, rows, args) -> dict[str, list[float]]:
             fb.result()
             opt.result()
             step = time.perf_counter() - start
-            sampler = training.save_weights_and_get_sampling_client(name=f"s{rep}")
+            sampler = training.save_weights_and_get_sampling_client(name=f"s{rep}").result()
             start = time.perf_counter()
             out = sampler.sample(prompt=prompt, num_samples=args.samples,
                                  sampling_params=types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0,

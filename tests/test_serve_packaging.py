@@ -22,7 +22,7 @@ def test_serve_extra_pins_the_sdk_and_is_in_dev_and_constraints():
     serve = project["optional-dependencies"]["serve"]
     # the server speaks one SDK version's wire format: exactly that one
     assert "tinker==0.38.0" in serve
-    assert {"fastapi", "uvicorn", "chz", "blobfile", "termcolor", "pyrage", "tiktoken", "cloudpickle"} <= {_name(r) for r in serve}
+    assert {"fastapi", "uvicorn", "chz", "blobfile", "termcolor", "pyrage", "tiktoken", "cloudpickle", "pylatexenc", "sympy"} <= {_name(r) for r in serve}
     assert any("serve" in r for r in project["optional-dependencies"]["dev"])
     pinned = {_name(line) for line in (ROOT / "constraints.txt").read_text().splitlines()
               if line and not line.startswith("#")}
@@ -51,7 +51,7 @@ def test_serve_without_the_extra_is_one_line_naming_it(tmp_path):
             "    sys.modules[name] = None\n"
             "from omnigym.cli import main\n"
             f"sys.argv = ['omnigym', 'serve', '--base-model', {str(tmp_path / 'model')!r}, '--store', {str(tmp_path / 'store')!r}]\n"
-            "main()\n")
+            "raise SystemExit(main())\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2, (done.stdout, done.stderr)
