@@ -134,7 +134,7 @@ def through_api(model: str, store: Path, rows, args) -> dict[str, list[float]]:
             fb.result()
             opt.result()
             step = time.perf_counter() - start
-            sampler = training.save_weights_and_get_sampling_client(name=f"s{rep}").result()
+            sampler = training.save_weights_and_get_sampling_client().result()
             start = time.perf_counter()
             out = sampler.sample(prompt=prompt, num_samples=args.samples,
                                  sampling_params=types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0,

@@ -186,7 +186,11 @@ def test_sdk_pig_latin_loss_falls_then_samples_from_saved_weights(served, monkey
     assert all(np.isfinite(losses)), losses
     assert losses[-1] < losses[0] - 0.1, f"loss per answer token did not fall: {losses}"
 
-    sampler = training.save_weights_and_get_sampling_client(name="pig-latin-model").result()
+    # saved under a name (SDK 0.38 deprecates the name of save_weights_and_get_sampling_client),
+    # then sampled from by its tinker:// path
+    saved = training.save_weights_for_sampler(name="pig-latin-model").result()
+    assert saved.path.endswith("/sampler_weights/pig-latin-model"), saved.path
+    sampler = service.create_sampling_client(model_path=saved.path).result()
     prompt = types.ModelInput.from_ints(tokenizer.encode("English: coffee break\nPig Latin:"))
     result = sampler.sample(prompt=prompt, num_samples=3,
                             sampling_params=types.SamplingParams(max_tokens=12, temperature=0.0, stop=["\n"])).result()
