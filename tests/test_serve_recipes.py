@@ -1,0 +1,276 @@
+"""The official ``tinker`` SDK and tinker-cookbook recipes, unchanged, against ``omnigym serve``.
+
+Each test starts the real server (``python -m omnigym serve``) on 127.0.0.1 in a subprocess on
+the tiny model, and either drives the SDK in this process (the Tinker docs' pig-Latin
+"training and sampling" walk-through, which is a user's script, see docs/serve.md) or runs a
+cookbook recipe's own entry point in a subprocess with only ``base_url``, the model, the
+renderer and sizes changed on its chz command line. The commands are the ones docs/serve.md
+gives.
+
+The model folder is ``<tmp>/meta-llama/Llama-3.2-1B``: ``sl_loop`` has no renderer option and
+picks one from the model *name* through the cookbook's table of hosted models (a plain local path
+is "Unknown model" there), while the cookbook's tokenizer loader and the server both read that
+name as a local folder when one exists relative to the working directory. The tiny model stands
+in for the Llama in that folder; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tinker", reason="the [serve] extra (tinker SDK) is not installed")
+pytest.importorskip("chz", reason="the [serve] extra (chz, for tinker-cookbook) is not installed")
+if importlib.util.find_spec("tinker_cookbook") is None:
+    pytest.skip("tinker-cookbook is not installed (make setup installs it with --no-deps)",
+                allow_module_level=True)
+if importlib.util.find_spec("omnigym.serve.app") is None or importlib.util.find_spec("omnigym.serve.hub") is None:
+    pytest.skip("omnigym serve's HTTP layer (serve/app.py) or compute (serve/hub.py) is missing",
+                allow_module_level=True)
+
+MODEL_NAME = "meta-llama/Llama-3.2-1B"  # a folder under the working directory, see the docstring
+SERVER_START_S = 120
+RECIPE_TIMEOUT_S = 600
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(home: Path, base_url: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        # the SDK insists on a key shaped like Tinker's even where the server asks for none
+        TINKER_API_KEY="tml-local-test",
+        # HF and the cookbook write caches and runs under HOME; keep them in the test's folder
+        HOME=str(home),
+        HF_HOME=str(home / "hf"),
+        TINKER_COOKBOOK_RUNS_DIR=str(home / "runs"),
+    )
+    if base_url:
+        env["TINKER_BASE_URL"] = base_url
+    return env
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The tiny model served by ``omnigym serve`` from a working folder that holds it under
+    MODEL_NAME; yields (working folder, base_url). The server is stopped at the end."""
+    from omnigym.models.lm import build_tiny_model
+
+    work = tmp_path_factory.mktemp("serve_recipes")
+    # guess_number's system prompt alone is ~240 characters (tokens, to this character-level
+    # tokenizer) and an episode runs up to 10 turns: 2048 positions hold one
+    build_tiny_model(work / MODEL_NAME, max_positions=2048, seed=0)
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    log = open(work / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omnigym", "serve", "--base-model", MODEL_NAME,
+         "--host", "127.0.0.1", "--port", str(port), "--store", str(work / "store")],
+        cwd=work, env=_env(work), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"omnigym serve exited ({proc.returncode}):\n{(work / 'server.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base_url}/api/v1/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"omnigym serve did not answer healthz in {SERVER_START_S}s")
+            time.sleep(0.5)
+        yield work, base_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+STABLE_REINFORCE_REFUSED = "'stable_reinforce' is not supported by this server"
+
+
+def _run_recipe(work: Path, base_url: str, module: str, *args: str, url_flag: bool = True) -> subprocess.CompletedProcess:
+    """A cookbook recipe's own entry point, as a user runs it: ``python -m MODULE key=value ...``.
+    The server's URL goes in its ``base_url`` field, or (``url_flag=False``, a recipe without
+    one) in ``TINKER_BASE_URL``, which the SDK reads when ``base_url`` is None."""
+    cmd = [sys.executable, "-m", module, *([f"base_url={base_url}"] if url_flag else []), *args]
+    done = subprocess.run(cmd, cwd=work, env=_env(work, None if url_flag else base_url), capture_output=True,
+                          text=True, timeout=RECIPE_TIMEOUT_S)
+    if done.returncode != 0 and STABLE_REINFORCE_REFUSED in done.stderr:
+        # the cookbook's RL default; a recipe without a loss_fn option cannot avoid it
+        pytest.skip(f"{module} trains with stable_reinforce, which this server answers not supported")
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+def _metrics(log_path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert rows, f"no metrics in {log_path}"
+    return rows
+
+
+# --- the Tinker docs' pig-Latin walk-through, with the SDK in this process -------------------
+
+PIG_LATIN = [
+    ("banana split", "anana-bay plit-say"),
+    ("quantum physics", "uantum-qay ysics-phay"),
+    ("donut shop", "onut-day op-shay"),
+    ("pickle jar", "ickle-pay ar-jay"),
+    ("space exploration", "ace-spay exploration-way"),
+    ("rubber duck", "ubber-ray uck-day"),
+    ("coding wizard", "oding-cay izard-way"),
+]
+
+
+def pig_latin_datum(tokenizer, english: str, pig: str):
+    """Prompt tokens weigh 0 and the answer's 1; inputs and targets are the sequence shifted by one."""
+    from tinker import types
+
+    prompt = tokenizer.encode(f"English: {english}\nPig Latin:", add_special_tokens=True)
+    answer = tokenizer.encode(f" {pig}\n\n", add_special_tokens=False)
+    tokens = prompt + answer
+    weights = [0.0] * len(prompt) + [1.0] * len(answer)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]},
+    )
+
+
+def test_sdk_pig_latin_loss_falls_then_samples_from_saved_weights(served, monkeypatch):
+    import numpy as np
+    import tinker
+    from tinker import types
+
+    work, base_url = served
+    # as a user runs it: beside the model folder, with a key of Tinker's shape
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TINKER_API_KEY", "tml-local-test")
+    service = tinker.ServiceClient(base_url=base_url)
+    training = service.create_lora_training_client(base_model=MODEL_NAME, rank=8).result()
+    tokenizer = training.get_tokenizer()
+    data = [pig_latin_datum(tokenizer, e, p) for e, p in PIG_LATIN]
+
+    losses = []
+    for _ in range(6):
+        fb = training.forward_backward(data, "cross_entropy")
+        opt = training.optim_step(types.AdamParams(learning_rate=1e-3))
+        out = fb.result()
+        opt.result()
+        logprobs = np.concatenate([o["logprobs"].tolist() for o in out.loss_fn_outputs])
+        weights = np.concatenate([d.loss_fn_inputs["weights"].tolist() for d in data])
+        losses.append(float(-np.dot(logprobs, weights) / weights.sum()))
+    assert all(np.isfinite(losses)), losses
+    assert losses[-1] < losses[0] - 0.1, f"loss per answer token did not fall: {losses}"
+
+    # saved under a name (SDK 0.38 deprecates the name of save_weights_and_get_sampling_client),
+    # then sampled from by its tinker:// path
+    saved = training.save_weights_for_sampler(name="pig-latin-model").result()
+    assert saved.path.endswith("/sampler_weights/pig-latin-model"), saved.path
+    sampler = service.create_sampling_client(model_path=saved.path).result()
+    prompt = types.ModelInput.from_ints(tokenizer.encode("English: coffee break\nPig Latin:"))
+    result = sampler.sample(prompt=prompt, num_samples=3,
+                            sampling_params=types.SamplingParams(max_tokens=12, temperature=0.0, stop=["\n"])).result()
+    assert len(result.sequences) == 3
+    for seq in result.sequences:
+        assert 1 <= len(seq.tokens) <= 12
+        assert len(seq.logprobs) == len(seq.tokens)
+        assert all(lp <= 0.0 for lp in seq.logprobs)
+    # greedy from the same weights: every sample is the same text
+    assert len({tuple(s.tokens) for s in result.sequences}) == 1
+
+
+# --- cookbook recipes, run by their own entry points ------------------------------------------
+
+def _write_no_robots(work: Path, n: int = 24) -> None:
+    """``sl_loop`` loads the hub dataset ``HuggingFaceH4/no_robots`` by name and offers no
+    local-file option; ``datasets.load_dataset`` reads a local folder of that name first, so
+    the test writes a small one (the same ``messages`` column) instead of downloading."""
+    folder = work / "HuggingFaceH4" / "no_robots"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "train.jsonl", "w") as f:
+        for i in range(n):
+            a, b = i % 7, i % 5
+            f.write(json.dumps({"prompt_id": str(i), "category": "Chat", "messages": [
+                {"role": "user", "content": f"add {a} and {b}"},
+                {"role": "assistant", "content": f"{a} + {b} = {a + b}"}]}) + "\n")
+
+
+def test_cookbook_sl_loop_unchanged_loss_falls(served):
+    work, base_url = served
+    _write_no_robots(work)
+    log_path = work / "runs" / "sl_loop"
+    _run_recipe(work, base_url, "tinker_cookbook.recipes.sl_loop",
+                f"model_name={MODEL_NAME}", f"log_path={log_path}", "batch_size=4",
+                "max_steps=6", "learning_rate=1e-3", "lora_rank=8", "save_every=0")
+    nll = [row["train_mean_nll"] for row in _metrics(log_path) if "train_mean_nll" in row]
+    assert len(nll) == 6, nll
+    assert nll[-1] < nll[0], f"sl_loop's train_mean_nll did not fall: {nll}"
+    # its final checkpoint (state and sampler weights) is listed where the recipe resumes from
+    checkpoints = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()]
+    assert checkpoints[-1]["name"] == "final" and checkpoints[-1]["state_path"].startswith("tinker://")
+
+
+def _reward_rows(log_path: Path) -> list[float]:
+    rows = _metrics(log_path)
+    key = "env/all/reward/total"
+    return [row[key] for row in rows if key in row]
+
+
+def test_cookbook_math_rl_arithmetic_runs_unchanged(served):
+    if importlib.util.find_spec("pylatexenc") is None:
+        pytest.skip("math_rl's grader needs pylatexenc (the [serve] extra)")
+    work, base_url = served
+    log_path = work / "runs" / "math_rl"
+    _run_recipe(work, base_url, "tinker_cookbook.recipes.math_rl.train",
+                f"model_name={MODEL_NAME}", "renderer_name=role_colon", "env=arithmetic",
+                "group_size=4", "groups_per_batch=4", "max_tokens=5", "lora_rank=8",
+                "learning_rate=1e-4", "max_steps=3", "eval_every=0", "save_every=0",
+                # its default loss, stable_reinforce, is answered "not supported" (docs/serve.md)
+                "loss_fn=importance_sampling",
+                f"log_path={log_path}", "behavior_if_log_dir_exists=delete")
+    rewards = _reward_rows(log_path)
+    # a random 1M-parameter model earns ~0 on sums; here the recipe has to run its 3 steps
+    # (sample groups, score, importance-weighted forward_backward, optim_step) end to end
+    assert len(rewards) == 3, rewards
+    # reward = correct (1) + 0.1 * (format - 1): between -0.1 and 1
+    assert all(-0.1 - 1e-6 <= r <= 1.0 + 1e-6 for r in rewards), rewards
+
+
+def test_cookbook_guess_number_multi_turn_runs_unchanged(served):
+    work, base_url = served
+    log_path = work / "runs" / "guess_number"
+    # its command line has no base_url: the SDK takes TINKER_BASE_URL
+    _run_recipe(work, base_url, "tinker_cookbook.recipes.multiplayer_rl.guess_number.train",
+                f"model_name={MODEL_NAME}", "renderer_name=role_colon", "group_size=2",
+                "batch_size=2", "max_tokens=4", "learning_rate=1e-4", "max_steps=2",
+                "eval_every=0", "save_every=0", f"log_path={log_path}",
+                "behavior_if_log_dir_exists=delete", url_flag=False)
+    rows = _metrics(log_path)
+    assert len(_reward_rows(log_path)) == 2, rows
+    # several turns per episode: the environment answered each guess and the model went on
+    turns = [row["env/all/turns_per_episode"] for row in rows if "env/all/turns_per_episode" in row]
+    assert turns and all(t >= 2 for t in turns), turns
