@@ -7,6 +7,7 @@ test runs the same calls against the real hub (serve/hub.py) on a tiny model."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -337,6 +338,9 @@ def test_real_hub_through_the_sdk(tmp_path):
         sampler = tc.save_weights_and_get_sampling_client().result()
         res = sampler.sample(types.ModelInput.from_ints([5, 6]), 2, types.SamplingParams(max_tokens=4, seed=0)).result()
         assert len(res.sequences) == 2 and all(1 <= len(s.tokens) <= 4 for s in res.sequences)
+        # the tokenizer the SDK loads is the server's folder, by an absolute path
+        assert tc.get_info().model_data.tokenizer_id == str(Path(base).resolve())
+        assert tc.get_tokenizer().encode("ab") == hub.tokenizer.encode("ab")
 
 
 def test_zstd_body_and_a_zstd_bomb(tmp_path):

@@ -57,6 +57,8 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
     app = FastAPI(title="omnigym serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
     base_names = {hub.base_model, Path(hub.base_model).name, str(Path(hub.base_model).resolve())}
+    # the folder by its absolute path: a client started in another directory loads the same tokenizer
+    tokenizer_id = str(Path(hub.base_model).resolve()) if Path(hub.base_model).is_dir() else hub.base_model
 
     def caller(request) -> str:
         """The API key's digest: who this request acts for."""
@@ -220,7 +222,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         rec = owned_model(owner, body.get("model_id"))
         return {"type": "get_info", "model_id": rec["id"], "is_lora": True, "lora_rank": rec["rank"],
                 "model_name": hub.base_model,
-                "model_data": {"arch": "omnigym", "model_name": hub.base_model, "tokenizer_id": hub.base_model}}
+                "model_data": {"arch": "omnigym", "model_name": hub.base_model, "tokenizer_id": tokenizer_id}}
 
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request):
