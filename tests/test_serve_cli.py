@@ -81,7 +81,6 @@ def test_serve_command_answers_the_sdk(tmp_path):
 
     from omnigym.models.lm import build_tiny_model
 
-    model = build_tiny_model(tmp_path / "tiny")
     port = free_port()
     import omnigym
 
@@ -89,7 +88,8 @@ def test_serve_command_answers_the_sdk(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(omnigym.__file__).parents[1]),
                                                          os.environ.get("PYTHONPATH", "")]),
            "SERVE_KEY": "tml-test-key-0123"}
-    proc = subprocess.Popen([sys.executable, "-m", "omnigym", "serve", "--base-model", str(model), "--port", str(port),
+    # the built-in default: tiny, built into the store
+    proc = subprocess.Popen([sys.executable, "-m", "omnigym", "serve", "--base-model", "tiny", "--port", str(port),
                              "--store", str(tmp_path / "store"), "--api-key-env", "SERVE_KEY"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -105,9 +105,14 @@ def test_serve_command_answers_the_sdk(tmp_path):
             assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() is not None else "timeout"
             time.sleep(0.3)
         sc = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key="tml-test-key-0123")
-        tc = sc.create_lora_training_client(base_model=str(model), rank=2, seed=0).result()
+        tc = sc.create_lora_training_client(base_model="tiny", rank=2, seed=0).result()
         assert tc.model_id.endswith(":train:0")
         assert (tmp_path / "store" / "serve.db").is_file()
+        built = tmp_path / "store" / "tiny"
+        assert tc.get_info().model_data.tokenizer_id == str(built.resolve())
+        # the same weights as omnigym's tiny model of seed 0 (every restart serves the same base)
+        reference = build_tiny_model(tmp_path / "reference", max_positions=2048, seed=0)
+        assert (built / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
     finally:
         proc.terminate()
         proc.wait(timeout=30)

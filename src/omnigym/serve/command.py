@@ -37,7 +37,8 @@ class _Parser(argparse.ArgumentParser):
 def parser():
     p = _Parser(prog="omnigym serve", description=DESCRIPTION)
     p.add_argument("--base-model", required=True,
-                   help="a model folder (config.json + weights + tokenizer) or a run directory with model/")
+                   help="a model folder (config.json + weights + tokenizer), a run directory with model/, or "
+                        "tiny (omnigym's ~1M-parameter test model, built offline into the store)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; "
                    "any other needs --api-key-env)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -78,7 +79,9 @@ def check(argv: list[str]) -> ServeArgs:
     from omnigym.serve.app import Limits
 
     args = parser().parse_args(argv)
-    base = resolve_base(args.base_model)
+    store = Path(args.store).expanduser()
+    # tiny is built into the store at start (serve()), so a restarted server has the same weights
+    base = store / "tiny" if args.base_model == "tiny" else resolve_base(args.base_model)
     keys: list[str] = []
     if args.api_key_env:
         raw = os.environ.get(args.api_key_env, "")
@@ -98,7 +101,6 @@ def check(argv: list[str]) -> ServeArgs:
                              ("--max-samples", args.max_samples, 1), ("--session-ttl", args.session_ttl, 0)):
         if value < low:
             raise OmnigymError(f"{flag} {value}: must be at least {low}")
-    store = Path(args.store).expanduser()
     if store.exists() and not store.is_dir():
         raise OmnigymError(f"--store {args.store} is a file; name a folder")
     try:
@@ -125,8 +127,13 @@ def serve(argv: list[str]) -> None:
     from omnigym.serve.app import make_app
     from omnigym.serve.store import Store
 
-    hub = ModelHub(str(args.base_model), args.store / "hub")
     args.store.mkdir(parents=True, exist_ok=True)
+    if args.base_model == args.store / "tiny" and not (args.base_model / "config.json").is_file():
+        from omnigym.models.lm import build_tiny_model
+
+        # 2048 positions: a multi-turn cookbook episode (guess_number) passes the default 256
+        build_tiny_model(args.base_model, max_positions=2048, seed=0)
+    hub = ModelHub(str(args.base_model), args.store / "hub")
     app = make_app(hub, Store(args.store / "serve.db"), api_key=args.api_keys or None, limits=args.limits)
     print(f"omnigym serve: {args.base_model} on http://{args.host}:{args.port} "
           f"(store {args.store}; {'API key required' if args.api_keys else 'loopback only'})", flush=True)
