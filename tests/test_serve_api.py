@@ -528,3 +528,31 @@ def test_sdk_numbers_equal_hand_and_in_process_and_custom_loss_matches(tmp_path)
         assert sum(float(g.abs().sum()) for g in builtin_grads) > 0
         for a, b in zip(custom_grads, builtin_grads):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_a_long_call_is_polled_quietly_until_done(tmp_path, caplog):
+    """A hub call longer than the long poll: the SDK is told "ask again" (HTTP 408, its quiet
+    retry) several times, then gets the result; no per-poll warning reaches the user's log."""
+    hub = FakeHub(BASE, tmp_path / "hub")
+    app = make_app(hub, Store(tmp_path / "serve.db"), limits=Limits(poll_s=0.2))
+    slow_forward = hub.forward_backward
+
+    def forward_backward(*args, **kwargs):
+        time.sleep(1.0)
+        return slow_forward(*args, **kwargs)
+
+    hub.forward_backward = forward_backward
+    with serving(app) as url, caplog.at_level("WARNING"):
+        tc = client(url).create_lora_training_client(base_model=BASE, rank=4).result()
+        polls = []
+        real_wait = app.state.worker.wait
+
+        async def counted(*args):
+            polls.append(1)
+            return await real_wait(*args)
+
+        app.state.worker.wait = counted
+        out = tc.forward_backward([datum([1, 2], [2, 3])], "cross_entropy").result()
+    assert len(out.loss_fn_outputs) == 1
+    assert len(polls) >= 3, polls  # 1 s of work, 0.2 s polls
+    assert not [r for r in caplog.records if "try_again" in r.getMessage()]

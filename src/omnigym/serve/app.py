@@ -394,7 +394,10 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             await worker.wait(future_id, limits.poll_s)
             rec = store.future(future_id)
         if rec["status"] == "pending":
-            return {"type": "try_again", "request_id": future_id, "queue_state": "active"}
+            # 408 is the SDK's quiet "still running, ask again" (queue state to its observer); a
+            # 200 {"type": "try_again"} works too but logs a warning per poll on every client
+            return JSONResponse({"type": "try_again", "request_id": future_id, "queue_state": "active"},
+                                status_code=408)
         worker.forget(future_id)
         if rec["status"] == "failed":
             return {"error": rec["error"], "category": rec["category"] or "unknown"}
