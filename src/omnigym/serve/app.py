@@ -44,6 +44,9 @@ class Limits:
     max_samples: int = 64
     """samples for one prompt"""
     max_rank: int = 256
+    max_runs: int = 64
+    """training runs held in the hub at once (each an adapter plus its Adam state: without a
+    cap, sessions that create runs, or touch the runs of expired sessions, fill memory)"""
     poll_s: float = 10.0
     """how long retrieve_future waits for a pending future before "try again\""""
     session_ttl_s: float = 300.0
@@ -108,6 +111,28 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         if future_id == fresh:
             worker.submit(future_id, job)
         return {"request_id": future_id, "model_id": model_id, **(extra or {})}
+
+    def ensure(model_id: str) -> None:
+        """On the worker thread: the run in the hub, within ``max_runs``. Runs of expired or
+        finished sessions are what expiry frees anyway, so they make room first (one used
+        again after its session ended is loaded again, and is the first to go)."""
+        if model_id not in worker.loaded and len(worker.loaded) >= limits.max_runs:
+            for other in list(worker.loaded):
+                session = store.session(store.model(other)["session"])
+                if session is None or session["expired"]:
+                    worker.drop(other)
+            if len(worker.loaded) >= limits.max_runs:
+                raise RequestError(f"the server holds {limits.max_runs} training runs already (its --max-runs); "
+                                   "finish a ServiceClient's session or wait for one to expire")
+        worker.ensure_loaded(model_id)
+
+    def check_case(model_id: str, kind: str, name: str) -> None:
+        """A name that differs from a saved one only in case would be the same folder on a
+        case-insensitive disk (macOS, Windows): saving it would overwrite the other in silence."""
+        for c in store.checkpoints(model_id):
+            if c["kind"] == kind and c["name"] != name and c["name"].lower() == name.lower():
+                raise RequestError(f"checkpoint name {name!r} differs from the saved {c['name']!r} only in case; "
+                                   "pick another name")
 
     def json_job(fn):
         return lambda: ("application/json", as_json(fn()))
@@ -200,7 +225,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             raise RequestError(f"only the adamw optimizer is supported, got {str(optimizer)[:80]}")
         lora = bodies.get(body, "lora_config", dict, {"rank": 32})
         rank = bodies.get(lora, "rank", int, low=1, high=limits.max_rank)
-        seed = bodies.get(lora, "seed", int, None)
+        seed = bodies.get(lora, "seed", int, None, low=-bodies.INT64, high=bodies.INT64 - 1)
         seed = secrets.randbelow(2**31) if seed is None else seed  # kept, so a restart rebuilds the same run
         flags = [bool(bodies.get(lora, k, bool, True)) for k in ("train_mlp", "train_attn", "train_unembed")]
         if not any(flags):
@@ -210,7 +235,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             store.add_model(model_id, session["id"], owner, hub.base_model, rank, seed, *flags)
 
         def job():
-            worker.ensure_loaded(model_id)
+            ensure(model_id)
             return {"model_id": model_id, "type": "create_model"}
         return queue(owner, model_id, -1, json_job(job))
 
@@ -237,7 +262,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         bodies.check_data(data, hub.vocab_size, hub.max_length, limits.max_data)
 
         def job():
-            worker.ensure_loaded(model_id)
+            ensure(model_id)
             result = hub.forward_backward(wire.hub_id(model_id), data, loss_fn, config, forward_only)
             return PROTO, wire.encode_forward_result(result)
         return queue(owner, model_id, seq_id, job)
@@ -249,7 +274,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         adam = bodies.adam_step(body)
 
         def job():
-            worker.ensure_loaded(model_id)
+            ensure(model_id)
             return {"metrics": hub.optim_step(wire.hub_id(model_id), adam)}
         return queue(owner, model_id, body.get("seq_id"), json_job(job))
 
@@ -259,12 +284,13 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         model_id = owned_model(owner, body.get("model_id"))["id"]
         seq = body.get("seq_id")
         name = wire.check_name(bodies.get(body, "path", str, f"state-{seq if isinstance(seq, int) else secrets.token_hex(4)}"))
+        check_case(model_id, "state", name)
         if store.checkpoint(model_id, "state", name) and not body.get("overwrite"):
             raise RequestError(f"checkpoint {name!r} exists; pick another name or pass overwrite=True")
         path = str(wire.TinkerPath(model_id, "state", name))
 
         def job():
-            worker.ensure_loaded(model_id)
+            ensure(model_id)
             hub.save(wire.hub_id(model_id), name, "state")
             store.add_checkpoint(model_id, "state", name)
             return {"path": path, "type": "save_weights"}
@@ -277,11 +303,12 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         model_id, seq = rec["id"], body.get("seq_id")
         ephemeral = body.get("path") is None
         name = wire.check_name(bodies.get(body, "path", str, f"sampler-{secrets.token_hex(6)}"))
+        check_case(model_id, "sampler", name)
         path = str(wire.TinkerPath(model_id, "sampler", name))
         sampler_id = f"{rec['session']}:sample:{secrets.token_hex(6)}" if ephemeral else None
 
         def job():
-            worker.ensure_loaded(model_id)
+            ensure(model_id)
             hub.save(wire.hub_id(model_id), name, "sampler")
             store.add_checkpoint(model_id, "sampler", name)
             if sampler_id is not None:
@@ -310,7 +337,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
                                 bool(src["train_mlp"]), bool(src["train_attn"]), bool(src["train_unembed"]))
 
         def job():
-            worker.ensure_loaded(model_id)
+            ensure(model_id)
             hub.load(wire.hub_id(model_id), wire.hub_id(source.model_id), source.name, with_optimizer)
             return {"path": str(source), "model_id": model_id, "type": "load_weights"}
         seq_id = body.get("seq_id") if body.get("model_id") is not None else -1
