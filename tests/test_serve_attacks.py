@@ -4,6 +4,8 @@ checkpoint overwritten in silence) before the fix it names, and checks the fix's
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -135,3 +137,22 @@ def test_max_runs_flag_is_checked(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
     args = check(["--base-model", str(base), "--max-runs", "3", "--port", str(free_port())])
     assert args.limits.max_runs == 3
+
+
+def test_futures_never_retrieved_leave_nothing_in_memory(tmp_path):
+    """The worker kept a wake-up event per future until it was retrieved: a client that never
+    retrieves grew it for good. Retrieval after the fact still returns the result."""
+    hub, app = server(tmp_path)
+    with serving(app) as url:
+        tc = tinker.ServiceClient(base_url=url, api_key=KEY).create_lora_training_client(
+            base_model=BASE, rank=2, seed=0).result()
+        ids = [post(url, "/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 100 + i,
+                                                      "adam_params": {"learning_rate": 0.0}}).json()["request_id"]
+               for i in range(50)]
+        worker = app.state.worker
+        deadline = time.time() + 20
+        while worker._events and time.time() < deadline:
+            time.sleep(0.05)
+        assert worker._events == {}
+        r = post(url, "/api/v1/retrieve_future", json={"request_id": ids[-1]})
+        assert r.status_code == 200 and "metrics" in r.json(), r.text
