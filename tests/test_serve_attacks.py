@@ -156,3 +156,24 @@ def test_futures_never_retrieved_leave_nothing_in_memory(tmp_path):
         assert worker._events == {}
         r = post(url, "/api/v1/retrieve_future", json={"request_id": ids[-1]})
         assert r.status_code == 200 and "metrics" in r.json(), r.text
+
+
+def test_a_reused_seq_id_with_another_request_is_not_answered_with_the_first_result(tmp_path):
+    """Retries were recognised by (run, seq_id) alone: a different request under a seq_id
+    already used (here a raw optim_step, then the SDK's own forward_backward that got the same
+    number) was answered with the first request's result and never ran."""
+    hub, app = server(tmp_path)
+    with serving(app) as url:
+        tc = tinker.ServiceClient(base_url=url, api_key=KEY).create_lora_training_client(
+            base_model=BASE, rank=2, seed=0).result()
+        raw = post(url, "/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 1,
+                                                    "adam_params": {"learning_rate": 0.0}}).json()
+        assert post(url, "/api/v1/retrieve_future", json=raw).status_code == 200
+        out = tc.forward_backward([datum([1, 2, 3], [2, 3, 4])], "cross_entropy").result()  # the SDK's seq_id 1
+        assert [o["logprobs"].shape for o in out.loss_fn_outputs] == [[3]] and out.metrics["loss:sum"] > 0
+        assert [c[0] for c in hub.calls].count("forward_backward") == 1
+        # the same request sent again (a retry) still runs once
+        again = post(url, "/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 1,
+                                                      "adam_params": {"learning_rate": 0.0}}).json()
+        assert again["request_id"] == raw["request_id"]
+        assert [c[0] for c in hub.calls].count("optim_step") == 1

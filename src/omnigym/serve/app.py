@@ -102,10 +102,17 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         if not isinstance(name, str) or name not in base_names:
             raise RequestError(f"this server serves one base model, {hub.base_model!r}; got {str(name)[:120]!r}")
 
-    def queue(owner: str, model_id: str | None, seq_id, job, extra: dict | None = None) -> dict:
+    def queue(owner: str, model_id: str | None, seq_id, job, extra: dict | None = None,
+              request: bytes | dict = b"") -> dict:
         """Records a future, queues its job, and returns the SDK's untyped future; a training
-        request sent again with the same seq_id (a retry) gets the first one's future."""
-        seq_key = f"{model_id}#{seq_id}" if model_id is not None and isinstance(seq_id, int) else None
+        request sent again with the same seq_id (a retry) gets the first one's future. The
+        request's own bytes are part of that key: another request that reuses a seq_id (a
+        client's mistake, a raw call beside the SDK's) runs as itself, and does not get the
+        first one's result in silence."""
+        seq_key = None
+        if model_id is not None and isinstance(seq_id, int):
+            digest = hashlib.sha256(request if isinstance(request, bytes) else as_json(request)).hexdigest()[:32]
+            seq_key = f"{model_id}#{seq_id}#{digest}"
         fresh = "f-" + secrets.token_urlsafe(12)
         future_id = store.add_future(fresh, owner, model_id, seq_key)
         if future_id == fresh:
@@ -237,7 +244,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         def job():
             ensure(model_id)
             return {"model_id": model_id, "type": "create_model"}
-        return queue(owner, model_id, -1, json_job(job))
+        return queue(owner, model_id, -1, json_job(job), request=body)
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request):
@@ -265,7 +272,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             ensure(model_id)
             result = hub.forward_backward(wire.hub_id(model_id), data, loss_fn, config, forward_only)
             return PROTO, wire.encode_forward_result(result)
-        return queue(owner, model_id, seq_id, job)
+        return queue(owner, model_id, seq_id, job, request=raw)
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request):
@@ -276,7 +283,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         def job():
             ensure(model_id)
             return {"metrics": hub.optim_step(wire.hub_id(model_id), adam)}
-        return queue(owner, model_id, body.get("seq_id"), json_job(job))
+        return queue(owner, model_id, body.get("seq_id"), json_job(job), request=body)
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request):
@@ -294,7 +301,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             hub.save(wire.hub_id(model_id), name, "state")
             store.add_checkpoint(model_id, "state", name)
             return {"path": path, "type": "save_weights"}
-        return queue(owner, model_id, seq, json_job(job))
+        return queue(owner, model_id, seq, json_job(job), request=body)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request):
@@ -314,7 +321,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             if sampler_id is not None:
                 store.add_sampler(sampler_id, owner, model_id, name)
             return {"path": path, "sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
-        return queue(owner, model_id, seq, json_job(job))
+        return queue(owner, model_id, seq, json_job(job), request=body)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request):
@@ -341,7 +348,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             hub.load(wire.hub_id(model_id), wire.hub_id(source.model_id), source.name, with_optimizer)
             return {"path": str(source), "model_id": model_id, "type": "load_weights"}
         seq_id = body.get("seq_id") if body.get("model_id") is not None else -1
-        return queue(owner, model_id, seq_id, json_job(job))
+        return queue(owner, model_id, seq_id, json_job(job), request=body)
 
     # sampling
     @app.post("/api/v1/create_sampling_session")
