@@ -130,7 +130,8 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
                     worker.drop(other)
             if len(worker.loaded) >= limits.max_runs:
                 raise RequestError(f"the server holds {limits.max_runs} training runs already (its --max-runs); "
-                                   "finish a ServiceClient's session or wait for one to expire")
+                                   f"close a ServiceClient (its session ends) or wait for a silent one to expire "
+                                   f"({limits.session_ttl_s:.0f} s without a heartbeat)")
         worker.ensure_loaded(model_id)
 
     def check_case(model_id: str, kind: str, name: str) -> None:
