@@ -14,6 +14,7 @@ pytest.importorskip("fastapi")
 
 from serve_helpers import FakeHub, free_port, serving  # noqa: E402
 from tinker import types  # noqa: E402
+from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
 
 from omnigym.serve.app import Limits, make_app  # noqa: E402
 from omnigym.serve.store import Store  # noqa: E402
@@ -37,10 +38,17 @@ def datum(tokens, targets):
                        loss_fn_inputs={"target_tokens": targets, "weights": [1.0] * len(targets)})
 
 
+def proto_body(model_id, data, loss_fn, seq_id=80):
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn), model_id=model_id, seq_id=seq_id)
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
 def test_bad_values_are_4xx_at_the_door_not_server_faults(tmp_path):
     """Each was a 500 (the SDK retries those for minutes) or a future failed later, some as the
     server's fault: JSON nested past the decoder's recursion, a seed past 64 bits, an empty stop
-    string (it cut every sample to one token), top_p 0, Adam eps 0."""
+    string (it cut every sample to one token), top_p 0, Adam eps 0; a megabyte loss name came
+    back whole in its error (and was stored with it)."""
     hub, app = server(tmp_path)
     with serving(app) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=KEY)
@@ -66,6 +74,9 @@ def test_bad_values_are_4xx_at_the_door_not_server_faults(tmp_path):
         for path, kw, text in cases:
             r = post(url, path, **kw)
             assert r.status_code == 400 and text in r.json()["detail"], (path, r.status_code, r.text[:200])
+        body = proto_body(tc.model_id, [datum([1, 2], [2, 3])], loss_fn="x" * 1_000_000)
+        r = post(url, "/api/v1/forward_backward", content=body, headers={"Content-Type": "application/x-protobuf"})
+        assert r.status_code == 400 and "at most 64 characters" in r.text and len(r.text) < 300, r.text[:200]
         assert len(hub.calls) == calls  # nothing reached the hub
         # the server is up and the same client goes on
         out = tc.forward_backward([datum([1, 2], [2, 3])], "cross_entropy").result()

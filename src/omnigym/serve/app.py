@@ -265,8 +265,8 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         model_id, seq_id, loss_fn, config, data, forward_only = wire.decode_forward_backward(
             raw, zstd, limits.max_request_bytes)
         owned_model(owner, model_id)
-        if not loss_fn:
-            raise RequestError("loss_fn is required")
+        if not loss_fn or len(loss_fn) > 64:  # a long one came back whole in the error, stored with it
+            raise RequestError(f"loss_fn {loss_fn[:40]!r}: give a loss name (at most 64 characters)")
         bodies.check_data(data, hub.vocab_size, hub.max_length, limits.max_data)
 
         def job():
