@@ -92,9 +92,11 @@ def test_runs_held_in_memory_are_capped_and_ended_sessions_make_room(tmp_path):
         alice = tinker.ServiceClient(base_url=url, api_key=KEY)
         a1 = alice.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
         a2 = alice.create_lora_training_client(base_model=BASE, rank=2, seed=1).result()
-        with pytest.raises(tinker.RequestFailedError, match="--max-runs"):
+        with pytest.raises(tinker.BadRequestError, match="--max-runs"):  # at the door: no run recorded
             alice.create_lora_training_client(base_model=BASE, rank=2, seed=2).result()
         assert sorted(hub.runs) == sorted([hub_id(a1.model_id), hub_id(a2.model_id)])
+        listed = tinker.RestClient(base_url=url, api_key=KEY).list_training_runs().result().training_runs
+        assert sorted(r.training_run_id for r in listed) == sorted([a1.model_id, a2.model_id])
 
         # bob's session ends; his run is used again after that: it is loaded again, and is the
         # first to make room when a live session needs it
@@ -111,7 +113,7 @@ def test_runs_held_in_memory_are_capped_and_ended_sessions_make_room(tmp_path):
         c1 = carol.create_lora_training_client(base_model=BASE, rank=2, seed=4).result()
         c2 = carol.create_lora_training_client(base_model=BASE, rank=2, seed=5).result()
         assert sorted(hub.runs) == sorted([hub_id(c1.model_id), hub_id(c2.model_id)])
-        with pytest.raises(tinker.RequestFailedError, match="--max-runs"):
+        with pytest.raises(tinker.BadRequestError, match="--max-runs"):
             carol.create_lora_training_client(base_model=BASE, rank=2, seed=6).result()
         assert len(hub.runs) == 2
 

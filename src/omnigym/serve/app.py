@@ -119,20 +119,37 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             worker.submit(future_id, job)
         return {"request_id": future_id, "model_id": model_id, **(extra or {})}
 
+    def ended(model_ids) -> list[str]:
+        """The runs among ``model_ids`` whose session has ended (finished or expired)."""
+        out = []
+        for model_id in model_ids:
+            session = store.session(store.model(model_id)["session"])
+            if session is None or session["expired"]:
+                out.append(model_id)
+        return out
+
+    def full() -> RequestError:
+        return RequestError(f"the server holds {limits.max_runs} training runs already (its --max-runs); "
+                            "close a ServiceClient (its session ends) or wait for a silent one to expire "
+                            f"({limits.session_ttl_s:.0f} s without a heartbeat)")
+
     def ensure(model_id: str) -> None:
-        """On the worker thread: the run in the hub, within ``max_runs``. Runs of expired or
-        finished sessions are what expiry frees anyway, so they make room first (one used
-        again after its session ended is loaded again, and is the first to go)."""
+        """On the worker thread: the run in the hub, within ``max_runs``. Runs of ended
+        sessions are what expiry frees anyway, so they make room first (one used again after
+        its session ended is loaded again, and is the first to go)."""
         if model_id not in worker.loaded and len(worker.loaded) >= limits.max_runs:
-            for other in list(worker.loaded):
-                session = store.session(store.model(other)["session"])
-                if session is None or session["expired"]:
-                    worker.drop(other)
+            for other in ended(list(worker.loaded)):
+                worker.drop(other)
             if len(worker.loaded) >= limits.max_runs:
-                raise RequestError(f"the server holds {limits.max_runs} training runs already (its --max-runs); "
-                                   f"close a ServiceClient (its session ends) or wait for a silent one to expire "
-                                   f"({limits.session_ttl_s:.0f} s without a heartbeat)")
+                raise full()
         worker.ensure_loaded(model_id)
+
+    def check_room() -> None:
+        """At the door, before a new run is recorded: refused now rather than listed as a run
+        whose creation then failed (``ensure`` stays the rule; this only reads)."""
+        loaded = worker.loaded.copy()  # one C call: the worker thread may change the set
+        if len(loaded) >= limits.max_runs and not ended(loaded):
+            raise full()
 
     def check_case(model_id: str, kind: str, name: str) -> None:
         """A name that differs from a saved one only in case would be the same folder on a
@@ -240,6 +257,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             raise RequestError("LoRA needs at least one of train_mlp, train_attn, train_unembed")
         model_id = f"{session['id']}:train:{seq}"
         if store.model(model_id) is None:
+            check_room()
             store.add_model(model_id, session["id"], owner, hub.base_model, rank, seed, *flags)
 
         def job():
@@ -341,6 +359,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             src = store.model(source.model_id)
             model_id = f"{session['id']}:train:{seq}"
             if store.model(model_id) is None:
+                check_room()
                 store.add_model(model_id, session["id"], owner, hub.base_model, src["rank"], src["seed"],
                                 bool(src["train_mlp"]), bool(src["train_attn"]), bool(src["train_unembed"]))
 
