@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from omnigym.serve import bodies, wire
 from omnigym.serve.contract import RequestError, SamplerSource
+from omnigym.serve.runcap import RunCap
 from omnigym.serve.store import Store, as_json
 from omnigym.serve.worker import Worker
 
@@ -57,6 +58,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
     limits = limits or Limits()
     keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     worker = Worker(hub, store, session_ttl_s=limits.session_ttl_s)
+    cap = RunCap(store, worker, limits.max_runs, limits.session_ttl_s)
     app = FastAPI(title="omnigym serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
     base_names = {hub.base_model, Path(hub.base_model).name, str(Path(hub.base_model).resolve())}
@@ -118,38 +120,6 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         if future_id == fresh:
             worker.submit(future_id, job)
         return {"request_id": future_id, "model_id": model_id, **(extra or {})}
-
-    def ended(model_ids) -> list[str]:
-        """The runs among ``model_ids`` whose session has ended (finished or expired)."""
-        out = []
-        for model_id in model_ids:
-            session = store.session(store.model(model_id)["session"])
-            if session is None or session["expired"]:
-                out.append(model_id)
-        return out
-
-    def full() -> RequestError:
-        return RequestError(f"the server holds {limits.max_runs} training runs already (its --max-runs); "
-                            "close a ServiceClient (its session ends) or wait for a silent one to expire "
-                            f"({limits.session_ttl_s:.0f} s without a heartbeat)")
-
-    def ensure(model_id: str) -> None:
-        """On the worker thread: the run in the hub, within ``max_runs``. Runs of ended
-        sessions are what expiry frees anyway, so they make room first (one used again after
-        its session ended is loaded again, and is the first to go)."""
-        if model_id not in worker.loaded and len(worker.loaded) >= limits.max_runs:
-            for other in ended(list(worker.loaded)):
-                worker.drop(other)
-            if len(worker.loaded) >= limits.max_runs:
-                raise full()
-        worker.ensure_loaded(model_id)
-
-    def check_room() -> None:
-        """At the door, before a new run is recorded: refused now rather than listed as a run
-        whose creation then failed (``ensure`` stays the rule; this only reads)."""
-        loaded = worker.loaded.copy()  # one C call: the worker thread may change the set
-        if len(loaded) >= limits.max_runs and not ended(loaded):
-            raise full()
 
     def check_case(model_id: str, kind: str, name: str) -> None:
         """A name that differs from a saved one only in case would be the same folder on a
@@ -257,11 +227,11 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             raise RequestError("LoRA needs at least one of train_mlp, train_attn, train_unembed")
         model_id = f"{session['id']}:train:{seq}"
         if store.model(model_id) is None:
-            check_room()
+            cap.check_room()
             store.add_model(model_id, session["id"], owner, hub.base_model, rank, seed, *flags)
 
         def job():
-            ensure(model_id)
+            cap.ensure(model_id)
             return {"model_id": model_id, "type": "create_model"}
         return queue(owner, model_id, -1, json_job(job), request=body)
 
@@ -288,7 +258,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         bodies.check_data(data, hub.vocab_size, hub.max_length, limits.max_data)
 
         def job():
-            ensure(model_id)
+            cap.ensure(model_id)
             result = hub.forward_backward(wire.hub_id(model_id), data, loss_fn, config, forward_only)
             return PROTO, wire.encode_forward_result(result)
         return queue(owner, model_id, seq_id, job, request=raw)
@@ -300,7 +270,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         adam = bodies.adam_step(body)
 
         def job():
-            ensure(model_id)
+            cap.ensure(model_id)
             return {"metrics": hub.optim_step(wire.hub_id(model_id), adam)}
         return queue(owner, model_id, body.get("seq_id"), json_job(job), request=body)
 
@@ -316,7 +286,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         path = str(wire.TinkerPath(model_id, "state", name))
 
         def job():
-            ensure(model_id)
+            cap.ensure(model_id)
             hub.save(wire.hub_id(model_id), name, "state")
             store.add_checkpoint(model_id, "state", name)
             return {"path": path, "type": "save_weights"}
@@ -334,7 +304,7 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         sampler_id = f"{rec['session']}:sample:{secrets.token_hex(6)}" if ephemeral else None
 
         def job():
-            ensure(model_id)
+            cap.ensure(model_id)
             hub.save(wire.hub_id(model_id), name, "sampler")
             store.add_checkpoint(model_id, "sampler", name)
             if sampler_id is not None:
@@ -359,12 +329,12 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             src = store.model(source.model_id)
             model_id = f"{session['id']}:train:{seq}"
             if store.model(model_id) is None:
-                check_room()
+                cap.check_room()
                 store.add_model(model_id, session["id"], owner, hub.base_model, src["rank"], src["seed"],
                                 bool(src["train_mlp"]), bool(src["train_attn"]), bool(src["train_unembed"]))
 
         def job():
-            ensure(model_id)
+            cap.ensure(model_id)
             hub.load(wire.hub_id(model_id), wire.hub_id(source.model_id), source.name, with_optimizer)
             return {"path": str(source), "model_id": model_id, "type": "load_weights"}
         seq_id = body.get("seq_id") if body.get("model_id") is not None else -1
