@@ -190,3 +190,16 @@ def test_a_reused_seq_id_with_another_request_is_not_answered_with_the_first_res
                                                       "adam_params": {"learning_rate": 0.0}}).json()
         assert again["request_id"] == raw["request_id"]
         assert [c[0] for c in hub.calls].count("optim_step") == 1
+
+
+def test_the_base_model_named_with_a_trailing_slash_is_the_same(tmp_path):
+    """A path typed with tab completion ends in '/': it was refused as another model."""
+    hub = FakeHub(str(tmp_path / "models" / "base"), tmp_path / "hub")
+    app = make_app(hub, Store(tmp_path / "serve.db"), limits=Limits(poll_s=2))
+    with serving(app) as url:
+        sc = tinker.ServiceClient(base_url=url, api_key=KEY)
+        for name in (f"{tmp_path}/models/base/", f"{tmp_path}//models/./base", "base", "base/"):
+            assert sc.create_lora_training_client(base_model=name, rank=1).result().model_id
+        for name in (f"{tmp_path}/models/other", "../base", "", "base\x00"):
+            with pytest.raises(tinker.BadRequestError, match="serves one base model"):
+                sc.create_lora_training_client(base_model=name, rank=1).result()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,8 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
     cap = RunCap(store, worker, limits.max_runs, limits.session_ttl_s)
     app = FastAPI(title="omnigym serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
-    base_names = {hub.base_model, Path(hub.base_model).name, str(Path(hub.base_model).resolve())}
+    base_names = {os.path.normpath(n) for n in (hub.base_model, Path(hub.base_model).name,
+                                                str(Path(hub.base_model).resolve()))}
 
     def caller(request) -> str:
         """The API key's digest: who this request acts for."""
@@ -101,7 +103,9 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         return parsed
 
     def check_base(name) -> None:
-        if not isinstance(name, str) or name not in base_names:
+        # compared as written, up to normpath ("dir/", "a//b", "a/../b"): the name is never
+        # looked up on the server's disk
+        if not isinstance(name, str) or "\x00" in name or os.path.normpath(name) not in base_names:
             raise RequestError(f"this server serves one base model, {hub.base_model!r}; got {str(name)[:120]!r}")
 
     def queue(owner: str, model_id: str | None, seq_id, job, extra: dict | None = None,
