@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 
 from omnigym.serve import bodies, wire
 from omnigym.serve.contract import RequestError, SamplerSource
+from omnigym.serve.runcap import RunCap
 from omnigym.serve.store import Store, as_json
 from omnigym.serve.worker import Worker
 
@@ -44,6 +46,9 @@ class Limits:
     max_samples: int = 64
     """samples for one prompt"""
     max_rank: int = 256
+    max_runs: int = 64
+    """training runs held in the hub at once (each an adapter plus its Adam state: without a
+    cap, sessions that create runs, or touch the runs of expired sessions, fill memory)"""
     poll_s: float = 10.0
     """how long retrieve_future waits for a pending future before "try again\""""
     session_ttl_s: float = 300.0
@@ -54,9 +59,11 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
     limits = limits or Limits()
     keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     worker = Worker(hub, store, session_ttl_s=limits.session_ttl_s)
+    cap = RunCap(store, worker, limits.max_runs, limits.session_ttl_s)
     app = FastAPI(title="omnigym serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
-    base_names = {hub.base_model, Path(hub.base_model).name, str(Path(hub.base_model).resolve())}
+    base_names = {os.path.normpath(n) for n in (hub.base_model, Path(hub.base_model).name,
+                                                str(Path(hub.base_model).resolve()))}
     # the folder by its absolute path: a client started in another directory loads the same tokenizer
     tokenizer_id = str(Path(hub.base_model).resolve()) if Path(hub.base_model).is_dir() else hub.base_model
 
@@ -98,18 +105,35 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         return parsed
 
     def check_base(name) -> None:
-        if not isinstance(name, str) or name not in base_names:
+        # compared as written, up to normpath ("dir/", "a//b", "a/../b"): the name is never
+        # looked up on the server's disk
+        if not isinstance(name, str) or "\x00" in name or os.path.normpath(name) not in base_names:
             raise RequestError(f"this server serves one base model, {hub.base_model!r}; got {str(name)[:120]!r}")
 
-    def queue(owner: str, model_id: str | None, seq_id, job, extra: dict | None = None) -> dict:
+    def queue(owner: str, model_id: str | None, seq_id, job, extra: dict | None = None,
+              request: bytes | dict = b"") -> dict:
         """Records a future, queues its job, and returns the SDK's untyped future; a training
-        request sent again with the same seq_id (a retry) gets the first one's future."""
-        seq_key = f"{model_id}#{seq_id}" if model_id is not None and isinstance(seq_id, int) else None
+        request sent again with the same seq_id (a retry) gets the first one's future. The
+        request's own bytes are part of that key: another request that reuses a seq_id (a
+        client's mistake, a raw call beside the SDK's) runs as itself, and does not get the
+        first one's result in silence."""
+        seq_key = None
+        if model_id is not None and isinstance(seq_id, int):
+            digest = hashlib.sha256(request if isinstance(request, bytes) else as_json(request)).hexdigest()[:32]
+            seq_key = f"{model_id}#{seq_id}#{digest}"
         fresh = "f-" + secrets.token_urlsafe(12)
         future_id = store.add_future(fresh, owner, model_id, seq_key)
         if future_id == fresh:
             worker.submit(future_id, job)
         return {"request_id": future_id, "model_id": model_id, **(extra or {})}
+
+    def check_case(model_id: str, kind: str, name: str) -> None:
+        """A name that differs from a saved one only in case would be the same folder on a
+        case-insensitive disk (macOS, Windows): saving it would overwrite the other in silence."""
+        for c in store.checkpoints(model_id):
+            if c["kind"] == kind and c["name"] != name and c["name"].lower() == name.lower():
+                raise RequestError(f"checkpoint name {name!r} differs from the saved {c['name']!r} only in case; "
+                                   "pick another name")
 
     def json_job(fn):
         return lambda: ("application/json", as_json(fn()))
@@ -202,19 +226,20 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             raise RequestError(f"only the adamw optimizer is supported, got {str(optimizer)[:80]}")
         lora = bodies.get(body, "lora_config", dict, {"rank": 32})
         rank = bodies.get(lora, "rank", int, low=1, high=limits.max_rank)
-        seed = bodies.get(lora, "seed", int, None)
+        seed = bodies.get(lora, "seed", int, None, low=-bodies.INT64, high=bodies.INT64 - 1)
         seed = secrets.randbelow(2**31) if seed is None else seed  # kept, so a restart rebuilds the same run
         flags = [bool(bodies.get(lora, k, bool, True)) for k in ("train_mlp", "train_attn", "train_unembed")]
         if not any(flags):
             raise RequestError("LoRA needs at least one of train_mlp, train_attn, train_unembed")
         model_id = f"{session['id']}:train:{seq}"
         if store.model(model_id) is None:
+            cap.check_room()
             store.add_model(model_id, session["id"], owner, hub.base_model, rank, seed, *flags)
 
         def job():
-            worker.ensure_loaded(model_id)
+            cap.ensure(model_id)
             return {"model_id": model_id, "type": "create_model"}
-        return queue(owner, model_id, -1, json_job(job))
+        return queue(owner, model_id, -1, json_job(job), request=body)
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request):
@@ -234,15 +259,15 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         model_id, seq_id, loss_fn, config, data, forward_only = wire.decode_forward_backward(
             raw, zstd, limits.max_request_bytes)
         owned_model(owner, model_id)
-        if not loss_fn:
-            raise RequestError("loss_fn is required")
+        if not loss_fn or len(loss_fn) > 64:  # a long one came back whole in the error, stored with it
+            raise RequestError(f"loss_fn {loss_fn[:40]!r}: give a loss name (at most 64 characters)")
         bodies.check_data(data, hub.vocab_size, hub.max_length, limits.max_data)
 
         def job():
-            worker.ensure_loaded(model_id)
+            cap.ensure(model_id)
             result = hub.forward_backward(wire.hub_id(model_id), data, loss_fn, config, forward_only)
             return PROTO, wire.encode_forward_result(result)
-        return queue(owner, model_id, seq_id, job)
+        return queue(owner, model_id, seq_id, job, request=raw)
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request):
@@ -251,9 +276,9 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         adam = bodies.adam_step(body)
 
         def job():
-            worker.ensure_loaded(model_id)
+            cap.ensure(model_id)
             return {"metrics": hub.optim_step(wire.hub_id(model_id), adam)}
-        return queue(owner, model_id, body.get("seq_id"), json_job(job))
+        return queue(owner, model_id, body.get("seq_id"), json_job(job), request=body)
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request):
@@ -261,16 +286,17 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         model_id = owned_model(owner, body.get("model_id"))["id"]
         seq = body.get("seq_id")
         name = wire.check_name(bodies.get(body, "path", str, f"state-{seq if isinstance(seq, int) else secrets.token_hex(4)}"))
+        check_case(model_id, "state", name)
         if store.checkpoint(model_id, "state", name) and not body.get("overwrite"):
             raise RequestError(f"checkpoint {name!r} exists; pick another name or pass overwrite=True")
         path = str(wire.TinkerPath(model_id, "state", name))
 
         def job():
-            worker.ensure_loaded(model_id)
+            cap.ensure(model_id)
             hub.save(wire.hub_id(model_id), name, "state")
             store.add_checkpoint(model_id, "state", name)
             return {"path": path, "type": "save_weights"}
-        return queue(owner, model_id, seq, json_job(job))
+        return queue(owner, model_id, seq, json_job(job), request=body)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request):
@@ -279,17 +305,18 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
         model_id, seq = rec["id"], body.get("seq_id")
         ephemeral = body.get("path") is None
         name = wire.check_name(bodies.get(body, "path", str, f"sampler-{secrets.token_hex(6)}"))
+        check_case(model_id, "sampler", name)
         path = str(wire.TinkerPath(model_id, "sampler", name))
         sampler_id = f"{rec['session']}:sample:{secrets.token_hex(6)}" if ephemeral else None
 
         def job():
-            worker.ensure_loaded(model_id)
+            cap.ensure(model_id)
             hub.save(wire.hub_id(model_id), name, "sampler")
             store.add_checkpoint(model_id, "sampler", name)
             if sampler_id is not None:
                 store.add_sampler(sampler_id, owner, model_id, name)
             return {"path": path, "sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
-        return queue(owner, model_id, seq, json_job(job))
+        return queue(owner, model_id, seq, json_job(job), request=body)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request):
@@ -308,15 +335,16 @@ def make_app(hub, store: Store, api_key: str | list[str] | None = None, limits: 
             src = store.model(source.model_id)
             model_id = f"{session['id']}:train:{seq}"
             if store.model(model_id) is None:
+                cap.check_room()
                 store.add_model(model_id, session["id"], owner, hub.base_model, src["rank"], src["seed"],
                                 bool(src["train_mlp"]), bool(src["train_attn"]), bool(src["train_unembed"]))
 
         def job():
-            worker.ensure_loaded(model_id)
+            cap.ensure(model_id)
             hub.load(wire.hub_id(model_id), wire.hub_id(source.model_id), source.name, with_optimizer)
             return {"path": str(source), "model_id": model_id, "type": "load_weights"}
         seq_id = body.get("seq_id") if body.get("model_id") is not None else -1
-        return queue(owner, model_id, seq_id, json_job(job))
+        return queue(owner, model_id, seq_id, json_job(job), request=body)
 
     # sampling
     @app.post("/api/v1/create_sampling_session")

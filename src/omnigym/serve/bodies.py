@@ -8,12 +8,17 @@ import math
 
 from omnigym.serve.contract import AdamStep, DatumIn, RequestError, SampleParams
 
+INT64 = 2**63
+"""seeds must fit torch's and SQLite's 64-bit integers (a larger one failed as the server's fault)"""
+
 
 def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"the body is not JSON ({exc})") from None
+    except RecursionError:  # json's decoder recurses per nesting level: a deep body ends it
+        raise RequestError("the body is nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     return body
@@ -54,7 +59,7 @@ def adam_step(body: dict) -> AdamStep:
         learning_rate=get(params, "learning_rate", float, defaults.learning_rate, low=0.0, high=10.0),
         beta1=get(params, "beta1", float, defaults.beta1, low=0.0, high=0.999999),
         beta2=get(params, "beta2", float, defaults.beta2, low=0.0, high=0.999999),
-        eps=get(params, "eps", float, defaults.eps, low=0.0, high=1.0),
+        eps=get(params, "eps", float, defaults.eps, low=1e-30, high=1.0),
         weight_decay=get(params, "weight_decay", float, defaults.weight_decay, low=0.0, high=10.0),
         grad_clip_norm=get(params, "grad_clip_norm", float, defaults.grad_clip_norm, low=0.0),
     )
@@ -90,6 +95,8 @@ def sample_params(body: dict) -> SampleParams:
             raise RequestError("sampling_params.stop must be a string, a list of strings or a list of token ids")
     elif stop is not None:
         raise RequestError("sampling_params.stop must be a string, a list of strings or a list of token ids")
+    if any(s == "" for s in stop_strings):
+        raise RequestError("sampling_params.stop: an empty stop string would end every sample at once")
     if len(stop_tokens) + len(stop_strings) > 64 or any(len(s) > 256 for s in stop_strings):
         raise RequestError("sampling_params.stop: at most 64 stop sequences of at most 256 characters")
     for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
@@ -100,9 +107,9 @@ def sample_params(body: dict) -> SampleParams:
     return SampleParams(
         max_tokens=get(raw, "max_tokens", int, 16, low=1),
         temperature=get(raw, "temperature", float, 1.0, low=0.0, high=100.0),
-        top_p=get(raw, "top_p", float, 1.0, low=0.0, high=1.0),
+        top_p=get(raw, "top_p", float, 1.0, low=1e-6, high=1.0),
         top_k=get(raw, "top_k", int, -1, low=-1),
-        seed=get(raw, "seed", int, None),
+        seed=get(raw, "seed", int, None, low=-INT64, high=INT64 - 1),
         stop_tokens=stop_tokens,
         stop_strings=stop_strings,
         prompt_logprobs=bool(get(body, "prompt_logprobs", bool, False)),

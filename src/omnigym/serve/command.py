@@ -52,6 +52,8 @@ def parser():
     p.add_argument("--max-request-mb", type=float, default=64.0, help="largest request body (default 64)")
     p.add_argument("--max-data", type=int, default=1024, help="most data in one forward_backward (default 1024)")
     p.add_argument("--max-samples", type=int, default=64, help="most samples per prompt (default 64)")
+    p.add_argument("--max-runs", type=int, default=64,
+                   help="training runs held in memory at once, over all callers (default 64)")
     return p
 
 
@@ -98,7 +100,8 @@ def check(argv: list[str]) -> ServeArgs:
     if not 1 <= args.port <= 65535:
         raise OmnigymError(f"--port {args.port}: choose 1-65535")
     for flag, value, low in (("--max-request-mb", args.max_request_mb, 0.001), ("--max-data", args.max_data, 1),
-                             ("--max-samples", args.max_samples, 1), ("--session-ttl", args.session_ttl, 0)):
+                             ("--max-samples", args.max_samples, 1), ("--max-runs", args.max_runs, 1),
+                             ("--session-ttl", args.session_ttl, 0)):
         if value < low:
             raise OmnigymError(f"{flag} {value}: must be at least {low}")
     if store.exists() and not store.is_dir():
@@ -109,7 +112,7 @@ def check(argv: list[str]) -> ServeArgs:
     except OSError as exc:
         raise OmnigymError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
     limits = Limits(max_request_bytes=int(args.max_request_mb * 1024 * 1024), max_data=args.max_data,
-                    max_samples=args.max_samples, session_ttl_s=args.session_ttl)
+                    max_samples=args.max_samples, max_runs=args.max_runs, session_ttl_s=args.session_ttl)
     return ServeArgs(base, args.host, args.port, store, keys, limits)
 
 

@@ -96,8 +96,10 @@ class Worker:
                 self._expire()
 
     def _wake(self, future_id: str) -> None:
+        # popped, not kept until a retrieve: a client that never retrieves would grow the dict
+        # for good (a waiter holds its event already; a later one finds the result in the store)
         with self._events_lock:
-            entry = self._events.get(future_id)
+            entry = self._events.pop(future_id, None)
         if entry is not None:
             loop, event = entry
             try:
