@@ -411,3 +411,22 @@ def test_a_full_disk_while_dpo_or_rm_saves_its_model_resumes_to_the_same_model(t
     if algo == "rm":  # the marker that makes the folder a reward model, with the run's held-out accuracy
         marker = "omnigym_reward.json"
         assert (run / "model" / marker).read_text() == (whole / "model" / marker).read_text()
+
+
+def test_a_resumed_runs_events_file_sorts_after_the_one_it_continues(tmp_path, monkeypatch):
+    """TensorBoard reads a folder's events files in name order: a run resumed within the same
+    second as its first file's must sort after it (an unpadded nanosecond part put "1000000"
+    before "999", and the resumed steps first; found by the full suite)."""
+    import time
+
+    from omnigym.track.metrics import EventsFile
+
+    pytest.importorskip("tensorboard")
+    ticks = iter([5 * 10**9 + 999, 5 * 10**9 + 1_000_000])
+    monkeypatch.setattr(time, "time", lambda: 5.0)
+    monkeypatch.setattr(time, "time_ns", lambda: next(ticks))
+    first = EventsFile(tmp_path, None)
+    first.close()
+    resumed = EventsFile(tmp_path, 10)
+    resumed.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.path.name, resumed.path.name]

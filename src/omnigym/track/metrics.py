@@ -39,9 +39,11 @@ class EventsFile:
 
         self._event = Event
         now = time.time()
-        # SummaryWriter's name, with nanoseconds in place of its process-wide counter
+        # SummaryWriter's name, with nanoseconds in place of its process-wide counter; zero-padded
+        # so that a run resumed within the same second sorts after the file it continues
+        # (TensorBoard reads a folder's files in name order: "999" sorted after "1000000")
         self.path = run_dir / (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}."
-                               f"{time.time_ns() % 10**9}")
+                               f"{time.time_ns() % 10**9:09d}")
         self._pending = io.BytesIO()  # the records of one step, written in one go by flush
         self._records = RecordWriter(self._pending)
         with write_fault(self.path):
