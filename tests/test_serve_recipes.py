@@ -135,29 +135,9 @@ def _metrics(log_path: Path) -> list[dict]:
 
 # --- the Tinker docs' pig-Latin walk-through, with the SDK in this process -------------------
 
-PIG_LATIN = [
-    ("banana split", "anana-bay plit-say"),
-    ("quantum physics", "uantum-qay ysics-phay"),
-    ("donut shop", "onut-day op-shay"),
-    ("pickle jar", "ickle-pay ar-jay"),
-    ("space exploration", "ace-spay exploration-way"),
-    ("rubber duck", "ubber-ray uck-day"),
-    ("coding wizard", "oding-cay izard-way"),
-]
-
-
-def pig_latin_datum(tokenizer, english: str, pig: str):
-    """Prompt tokens weigh 0 and the answer's 1; inputs and targets are the sequence shifted by one."""
-    from tinker import types
-
-    prompt = tokenizer.encode(f"English: {english}\nPig Latin:", add_special_tokens=True)
-    answer = tokenizer.encode(f" {pig}\n\n", add_special_tokens=False)
-    tokens = prompt + answer
-    weights = [0.0] * len(prompt) + [1.0] * len(answer)
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]},
-    )
+# the walk-through's examples and their tokens, as bench/serve_overhead.py times them
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from serve_overhead import examples  # noqa: E402
 
 
 def test_sdk_pig_latin_loss_falls_then_samples_from_saved_weights(served, monkeypatch):
@@ -172,7 +152,10 @@ def test_sdk_pig_latin_loss_falls_then_samples_from_saved_weights(served, monkey
     service = tinker.ServiceClient(base_url=base_url)
     training = service.create_lora_training_client(base_model=MODEL_NAME, rank=8).result()
     tokenizer = training.get_tokenizer()
-    data = [pig_latin_datum(tokenizer, e, p) for e, p in PIG_LATIN]
+    # prompt tokens weigh 0 and the answer's 1; inputs and targets are the sequence shifted by one
+    data = [types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs={"target_tokens": targets,
+                                                                                         "weights": weights})
+            for tokens, targets, weights in examples(tokenizer)]
 
     losses = []
     for _ in range(6):
