@@ -64,6 +64,28 @@ def test_port_in_use_one_line(base, tmp_path, capsys, monkeypatch):
     assert f"cannot listen on 127.0.0.1:{port}" in line
 
 
+@pytest.mark.parametrize("damage, text", [
+    ("no weights", "has no weights"),
+    ("cut weights", "is damaged or incomplete"),
+    ("run config", "is a ppo run's config"),
+])
+def test_a_base_model_that_cannot_load_is_one_line_and_no_store(damage, text, tmp_path, capsys, monkeypatch):
+    from omnigym.models.lm import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m")
+    if damage == "no weights":
+        (model / "model.safetensors").unlink()
+    elif damage == "cut weights":
+        data = (model / "model.safetensors").read_bytes()
+        (model / "model.safetensors").write_bytes(data[:40])
+    else:
+        (model / "config.json").write_text('{"algo": "ppo"}')
+    from serve_helpers import free_port
+
+    line = one_line(capsys, ["--base-model", str(model), "--port", str(free_port())], tmp_path, monkeypatch)
+    assert text in line and f"--base-model {model}" in line, line
+
+
 def test_a_run_directory_is_its_model(tmp_path, base):
     from omnigym.serve.command import resolve_base
 

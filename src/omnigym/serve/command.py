@@ -111,6 +111,12 @@ def check(argv: list[str]) -> ServeArgs:
             s.bind((args.host, args.port))
     except OSError as exc:
         raise OmnigymError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
+    if args.base_model != "tiny":
+        from omnigym.models.lm import check_model_folder
+
+        # the checks every --model gets (weights present and whole, not a run's config), here
+        # rather than when the hub loads it: a refused start must not have made the store
+        check_model_folder(f"--base-model {args.base_model}", base)
     limits = Limits(max_request_bytes=int(args.max_request_mb * 1024 * 1024), max_data=args.max_data,
                     max_samples=args.max_samples, max_runs=args.max_runs, session_ttl_s=args.session_ttl)
     return ServeArgs(base, args.host, args.port, store, keys, limits)
