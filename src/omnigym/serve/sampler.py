@@ -92,8 +92,9 @@ class SamplerPool:
         return SampleResult(sequences, prompt_logprobs)
 
     def _cut(self, tokens: list[int], logprobs: list[float], finished: bool, params: SampleParams) -> SampledSequence:
-        """End a completion at its first stop token or stop string (the engine stops at the end
-        token only); the stop token is kept, as Tinker's samplers keep it."""
+        """End a completion at its first stop token or stop string and say why it ended (the
+        engine stops at stop tokens itself but cuts no text); the stop token is kept, as
+        Tinker's samplers keep it."""
         stops = set(params.stop_tokens)
         for i, token in enumerate(tokens):
             if token in stops:
