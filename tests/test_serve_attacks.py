@@ -140,9 +140,9 @@ def test_max_runs_flag_is_checked(tmp_path, capsys, monkeypatch):
     from omnigym.cli import main
     from omnigym.serve.command import check
 
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / "config.json").write_text("{}")
+    from omnigym.models.lm import build_tiny_model
+
+    base = build_tiny_model(tmp_path / "base")  # a whole model folder: check() reads its weights' headers
     monkeypatch.chdir(tmp_path)
     assert main(["serve", "--base-model", str(base), "--max-runs", "0", "--port", str(free_port())]) == 2
     err = capsys.readouterr().err.strip().splitlines()
