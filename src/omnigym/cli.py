@@ -13,11 +13,13 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,plot,list,import-gguf,serve} ...
+USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]]
                                  --video: the episodes as .mp4 in RUN_DIR/videos/eval (docs/video.md)
+  omnigym export RUN_DIR --format onnx|torchscript [--out FILE] [--force]
+                                 the policy as one file, normalization folded in (docs/export.md)
   omnigym plot RUN_DIR... [--out FILE] [--metric NAME]
   omnigym list                   algorithms and env backends available here
   omnigym import-gguf [GGUF_FILE] --out DIR
@@ -175,6 +177,23 @@ def evaluate(argv: list[str]) -> None:
         print(f"videos: {len(written)} in {video_dir}" + (f" ({written[0].name} ...)" if written else ""))
 
 
+def export(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="omnigym export", description="Write a control run's policy as one file.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--format", required=True, help="onnx (needs the [export] extra) or torchscript")
+    parser.add_argument("--out", help="the file to write (default RUN_DIR/policy.onnx or RUN_DIR/policy.pt)")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    args = parser.parse_args(argv)
+    from omnigym.export import export_run
+
+    done = export_run(args.run_dir, args.format, args.out, force=args.force)
+    print(f"wrote {done['path']} ({done['bytes'] / 1024:.0f} KiB, {done['algorithm']}, obs "
+          f"{tuple(done['input']['shape'][1:])} {done['input']['dtype']} -> {done['action_space']['type']} action; "
+          f"normalization {'folded in' if done['observation_normalization'] else 'none'}"
+          f"{', opset ' + str(done['opset']) if 'opset' in done else ''}); its actions equal the checkpoint "
+          f"policy's on {done['probes']} probe observations")
+
+
 def plot(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds).")
     parser.add_argument("run_dirs", nargs="+")
@@ -293,6 +312,8 @@ def run_command(argv: list[str]) -> int:
             train(rest, call)
         elif command == "eval":
             evaluate(rest)
+        elif command == "export":
+            export(rest)
         elif command == "plot":
             plot(rest)
         elif command == "list":

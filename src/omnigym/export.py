@@ -1,0 +1,331 @@
+"""``omnigym export``: a trained control policy as one standalone file, ONNX or TorchScript.
+
+The file maps a batch of raw observations (the env's, float32; uint8 for images) to the
+actions the env receives, deterministically: PPO's and REINFORCE's Gaussian mean (or argmax
+of the logits), SAC's squashed mean scaled to the action bounds, TD3's actor, DQN's argmax
+Q. What training put between the env and the network is folded in: PPO's ``--normalize-obs``
+running statistics (in float64, clipped to +-10, as ``RunningMeanStd.normalize`` does) and,
+for PPO and REINFORCE on a Box, the clip into the action bounds that their rollouts and
+``omnigym eval`` apply at the env boundary. SAC and TD3 need no clip: tanh, scaled to the
+bounds, keeps their actions inside, and no clip is added, so the file does what their
+``load_policy`` does. Environment wrappers (Atari's frame preprocessing) stay outside.
+
+The networks are the algorithms' own classes (models/control.py, models/continuous.py)
+loaded from the checkpoint; nothing here redefines them. Before the file is moved into
+place it is run (onnxruntime, or ``torch.jit.load``) on probe observations and compared
+with the checkpoint's policy as ``omnigym eval`` rebuilds it (the algorithm's
+``load_policy``); a file that disagrees is never written. docs/export.md has the details
+and the per-step latency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from omnigym.errors import OmnigymError, missing_extra
+
+FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
+"""each format and the file it writes into the run directory by default"""
+OBS_CLIP = 10.0
+"""RunningMeanStd.normalize's clip of normalized observations"""
+PROBES = 256
+"""random observations the written file is checked on"""
+TOLERANCE = 1e-5
+"""the largest difference allowed between the file's actions and the checkpoint policy's"""
+METADATA_FILE = "omnigym.json"
+"""the TorchScript archive's extra file with the metadata (ONNX keeps it in metadata_props)"""
+
+
+class ExportedPolicy(nn.Module):
+    """``obs batch -> actions``: normalization, the deterministic actor, the action clip."""
+
+    def __init__(self, actor: nn.Module, obs_rms: dict | None, clip_to: gym.spaces.Box | None):
+        super().__init__()
+        self.actor, self.normalize, self.clip = actor, obs_rms is not None, clip_to is not None
+        if obs_rms is not None:  # float64, as the numpy statistics: the same numbers as training
+            self.register_buffer("obs_mean", torch.as_tensor(np.asarray(obs_rms["mean"], np.float64)))
+            self.register_buffer("obs_std", torch.as_tensor(np.sqrt(np.asarray(obs_rms["var"], np.float64) + 1e-8)))
+        if clip_to is not None:
+            self.register_buffer("action_low", torch.as_tensor(clip_to.low, dtype=torch.float32))
+            self.register_buffer("action_high", torch.as_tensor(clip_to.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.normalize:
+            obs = ((obs.double() - self.obs_mean) / self.obs_std).clamp(-OBS_CLIP, OBS_CLIP).float()
+        action = self.actor(obs)
+        if self.clip:
+            action = torch.minimum(torch.maximum(action, self.action_low), self.action_high)
+        return action
+
+
+class _GreedyActorCritic(nn.Module):
+    def __init__(self, agent):
+        super().__init__()
+        self.agent = agent
+
+    def forward(self, obs):
+        return self.agent.greedy(obs)
+
+
+class _GreedyQ(nn.Module):
+    def __init__(self, q_network):
+        super().__init__()
+        self.q_network = q_network
+
+    def forward(self, obs):
+        return self.q_network(obs).argmax(-1)
+
+
+class _SquashedMean(nn.Module):
+    def __init__(self, actor):
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, obs):
+        return self.actor.mode(obs)
+
+
+def _actor_critic(cfg, components, obs_space, action_space):
+    from omnigym.models.control import ActorCritic
+
+    agent = ActorCritic(obs_space, action_space, tuple(cfg.hidden))
+    agent.load_state_dict(components["model"])
+    obs_rms = (components.get("collector") or {}).get("obs_rms")
+    return _GreedyActorCritic(agent), obs_rms, action_space if isinstance(action_space, gym.spaces.Box) else None
+
+
+def _q_network(cfg, components, obs_space, action_space):
+    from omnigym.models.control import QNetwork
+
+    q_network = QNetwork(obs_space, int(action_space.n), tuple(cfg.hidden))
+    q_network.load_state_dict(components["model"])
+    return _GreedyQ(q_network), None, None
+
+
+def _sac_actor(cfg, components, obs_space, action_space):
+    from omnigym.models.continuous import SquashedGaussianActor
+
+    actor = SquashedGaussianActor(obs_space.shape[0], action_space, tuple(cfg.hidden))
+    actor.load_state_dict(components["actor"])
+    return _SquashedMean(actor), None, None
+
+
+def _td3_actor(cfg, components, obs_space, action_space):
+    from omnigym.models.continuous import DeterministicActor
+
+    actor = DeterministicActor(obs_space.shape[0], action_space, tuple(cfg.hidden))
+    actor.load_state_dict(components["actor"])
+    return actor, None, None
+
+
+ACTORS = {"ppo": _actor_critic, "reinforce": _actor_critic, "dqn": _q_network, "sac": _sac_actor, "td3": _td3_actor}
+"""each exportable algorithm's deterministic actor: ``(cfg, components, spaces) -> (actor, obs stats, clip)``"""
+
+
+def describe_space(space: gym.Space) -> dict:
+    """A JSON description of an observation or action space, for the file's metadata."""
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.Box):
+        described = {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype)}
+        if len(space.shape) == 1:  # an image's bounds are one number repeated: left out
+            described.update(low=space.low.tolist(), high=space.high.tolist())
+        return described
+    return {"type": type(space).__name__, "repr": repr(space)}
+
+
+def default_out(run_dir: str | os.PathLike, fmt: str) -> Path:
+    return Path(run_dir) / FORMATS[fmt]
+
+
+def check_request(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, force: bool) -> None:
+    """The refusals that need nothing loaded: format, extra, output file. Nothing is written."""
+    if fmt not in FORMATS:
+        raise OmnigymError(f"unknown export format {fmt!r}; choose onnx or torchscript")
+    if fmt == "onnx":
+        for package in ("onnx", "onnxscript", "onnxruntime"):
+            try:
+                __import__(package)
+            except ImportError:
+                raise missing_extra(package, "export") from None
+    out, run = Path(out), Path(run_dir).resolve()
+    if out.is_dir():
+        raise OmnigymError(f"--out {out} is a directory; name the file to write")
+    if out.exists():
+        inside_run = run in out.resolve().parents
+        if inside_run and out.resolve() not in {default_out(run, f).resolve() for f in FORMATS}:
+            raise OmnigymError(f"--out {out} is one of the run's own files; export never replaces those")
+        if not force:
+            raise OmnigymError(f"{out} exists; pass --force to replace it")
+    if not out.resolve().parent.is_dir():
+        raise OmnigymError(f"--out {out}: no such folder {out.parent}")
+
+
+def load_run_policy(run_dir: str | os.PathLike, env=None):
+    """The run's config, checkpoint, env (for its spaces) and algorithm module, or one line why not."""
+    from omnigym.algos import ALGORITHMS, config_class, get_algorithm
+    from omnigym.config import config_from_dict
+    from omnigym.envs.vector import make_vec
+    from omnigym.track.checkpoint import Checkpointer
+    from omnigym.track.files import CONFIG_NAME, load_config_dict
+
+    values = load_config_dict(run_dir)
+    algo = values["algo"]
+    if algo not in ACTORS:
+        kind = "a language-model" if ALGORITHMS.get(algo, "").startswith("omnigym.algos.lm.") else "an"
+        raise OmnigymError(f"{run_dir} is {kind} {algo} run; omnigym export writes the control policies of "
+                           f"{', '.join(ACTORS)} runs")
+    module = get_algorithm(algo)
+    cfg = config_from_dict(config_class(module), values, str(Path(run_dir) / CONFIG_NAME))
+    saved = Checkpointer(run_dir).load()
+    env = env if env is not None else cfg.env_id
+    if isinstance(env, str) and env.startswith("<"):
+        raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that export cannot find by name; "
+                           "export it from Python with export_run(run_dir, ..., env=...)")
+    envs = make_vec(env, 1, backend="sync", seed=0)
+    return algo, module, cfg, saved, envs
+
+
+def build_policy(algo: str, cfg, components: dict, obs_space: gym.Space, action_space: gym.Space) -> ExportedPolicy:
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise OmnigymError(f"export takes Box observations, and this run's env has {obs_space}")
+    try:
+        actor, obs_rms, clip_to = ACTORS[algo](cfg, components, obs_space, action_space)
+    except (KeyError, RuntimeError) as exc:  # a checkpoint of other networks than these classes build
+        raise OmnigymError(f"the checkpoint's networks do not match {algo}'s ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0]})") from None
+    return ExportedPolicy(actor, obs_rms, clip_to).eval()
+
+
+def probe_observations(space: gym.spaces.Box, obs_rms: dict | None, n: int = PROBES, seed: int = 0) -> np.ndarray:
+    """Observations where the policy works: around the run's statistics when it normalized
+    (out to 3 standard deviations, so the +-10 clip is crossed rarely), else in the Box."""
+    rng = np.random.default_rng(seed)
+    shape = (n, *space.shape)
+    if space.dtype == np.uint8:
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    if obs_rms is not None:
+        return (obs_rms["mean"] + np.sqrt(obs_rms["var"]) * rng.uniform(-3, 3, shape)).astype(np.float32)
+    low, high = np.broadcast_to(space.low, space.shape), np.broadcast_to(space.high, space.shape)
+    bounded = np.isfinite(low) & np.isfinite(high)
+    wide = rng.normal(size=shape) * 2
+    return np.where(bounded, rng.uniform(np.where(bounded, low, 0), np.where(bounded, high, 1), shape),
+                    wide).astype(np.float32)
+
+
+def load_exported(path: str | os.PathLike, fmt: str):
+    """The written file as ``obs (numpy batch) -> actions (numpy)``, run by onnxruntime or TorchScript."""
+    if fmt == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return lambda obs: session.run(None, {"obs": obs})[0]
+    module = torch.jit.load(str(path))
+
+    @torch.inference_mode()
+    def policy(obs):
+        return module(torch.as_tensor(obs)).numpy()
+
+    return policy
+
+
+def read_metadata(path: str | os.PathLike, fmt: str) -> dict:
+    """The metadata the file carries (as written by ``export_run``)."""
+    if fmt == "onnx":
+        import onnx
+
+        return {p.key: json.loads(p.value) for p in onnx.load(str(path)).metadata_props}
+    files = {METADATA_FILE: ""}
+    torch.jit.load(str(path), _extra_files=files)
+    return json.loads(files[METADATA_FILE])
+
+
+def mismatch(exported, reference, observations: np.ndarray, discrete: bool) -> str | None:
+    """How the exported file's actions differ from the reference policy's, or None if they agree."""
+    got, want = np.asarray(exported(observations)), np.asarray(reference(observations))
+    if got.shape != want.shape:
+        return f"actions of shape {got.shape}, not {want.shape}"
+    if discrete:
+        wrong = int((got != want).sum())
+        return f"{wrong} of {len(want)} actions differ" if wrong else None
+    worst = float(np.max(np.abs(got.astype(np.float64) - want)))
+    return f"actions differ by up to {worst:.3g} (tolerance {TOLERANCE})" if not worst <= TOLERANCE else None
+
+
+def _write_onnx(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, path: Path) -> None:
+    import logging
+
+    import onnx
+
+    # its registry logs a warning per torchvision op it cannot find: noise for a policy
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    # torch.export-based exporter (torch's default since 2.9; the TorchScript-based one is
+    # deprecated). The batch axis is symbolic; the example has two rows so it is not fixed at 1.
+    batch = torch.export.Dim("batch")
+    program = torch.onnx.export(policy, (example,), dynamo=True, input_names=["obs"], output_names=["action"],
+                                dynamic_shapes=({0: batch},), verbose=False)
+    proto = program.model_proto
+    metadata["opset"] = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    for key, value in metadata.items():
+        proto.metadata_props.add(key=key, value=json.dumps(value))
+    onnx.checker.check_model(proto)
+    onnx.save(proto, str(path))
+
+
+def _write_torchscript(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, path: Path) -> None:
+    # Traced, not scripted: the policy has no data-dependent branches, and tracing takes the
+    # networks as they are (scripting would need their optional mask arguments typed).
+    traced = torch.jit.trace(policy, (example,), check_trace=True)
+    torch.jit.save(traced, str(path), _extra_files={METADATA_FILE: json.dumps(metadata)})
+
+
+def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.PathLike | None = None,
+               force: bool = False, env=None) -> dict:
+    """Writes the run's policy as ``fmt`` to ``out`` (default ``RUN_DIR/policy.onnx`` or
+    ``policy.pt``), checked against the checkpoint's policy; returns what was written."""
+    out = Path(out) if out is not None else default_out(run_dir, fmt) if fmt in FORMATS else Path("-")
+    check_request(run_dir, fmt, out, force)
+    algo, module, cfg, saved, envs = load_run_policy(run_dir, env)
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    policy = build_policy(algo, cfg, saved["components"], obs_space, action_space)
+    obs_rms = (saved["components"].get("collector") or {}).get("obs_rms")
+    observations = probe_observations(obs_space, obs_rms)
+    example = torch.as_tensor(observations[:2])
+    metadata = {"format": fmt, "algorithm": algo, "run": str(Path(run_dir).resolve()),
+                "env_id": str(cfg.env_id), "global_step": saved.get("counters", {}).get("global_step"),
+                "observation_space": describe_space(obs_space), "action_space": describe_space(action_space),
+                "input": {"name": "obs", "shape": ["batch", *obs_space.shape], "dtype": str(example.dtype)[6:]},
+                "observation_normalization": policy.normalize, "action_clipping": policy.clip,
+                "torch": torch.__version__}
+    from omnigym import __version__
+
+    metadata["omnigym"] = __version__
+    reference = module.load_policy(cfg, saved["components"], envs, greedy=True)
+    envs.close()
+    # Written beside the target and renamed over it: a reader never sees half a file, and a
+    # failed export (or one that disagrees with the checkpoint) leaves what was there.
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.resolve().parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the exporters' deprecation and tracer chatter
+            (_write_onnx if fmt == "onnx" else _write_torchscript)(policy, example, metadata, tmp)
+        differs = mismatch(load_exported(tmp, fmt), reference, observations,
+                           isinstance(action_space, gym.spaces.Discrete))
+        if differs:
+            raise OmnigymError(f"the exported {fmt} policy does not reproduce the checkpoint's: {differs} on "
+                               f"{len(observations)} probe observations; nothing written")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"path": str(out), "bytes": out.stat().st_size, "probes": len(observations), **metadata}
