@@ -229,7 +229,9 @@ def load_exported(path: str | os.PathLike, fmt: str):
 
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return lambda obs: session.run(None, {"obs": obs})[0]
-    module = torch.jit.load(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript; it still runs
+        module = torch.jit.load(str(path))
 
     @torch.inference_mode()
     def policy(obs):
