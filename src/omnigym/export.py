@@ -67,13 +67,15 @@ class ExportedPolicy(nn.Module):
         return action
 
 
-class _GreedyActorCritic(nn.Module):
-    def __init__(self, agent):
+class Deterministic(nn.Module):
+    """``net.<method>(obs)``: the deterministic action method of an algorithm's network."""
+
+    def __init__(self, net: nn.Module, method: str):
         super().__init__()
-        self.agent = agent
+        self.net, self.method = net, method
 
     def forward(self, obs):
-        return self.agent.greedy(obs)
+        return getattr(self.net, self.method)(obs)
 
 
 class _GreedyQ(nn.Module):
@@ -85,22 +87,13 @@ class _GreedyQ(nn.Module):
         return self.q_network(obs).argmax(-1)
 
 
-class _SquashedMean(nn.Module):
-    def __init__(self, actor):
-        super().__init__()
-        self.actor = actor
-
-    def forward(self, obs):
-        return self.actor.mode(obs)
-
-
 def _actor_critic(cfg, components, obs_space, action_space):
     from omnigym.models.control import ActorCritic
 
     agent = ActorCritic(obs_space, action_space, tuple(cfg.hidden))
     agent.load_state_dict(components["model"])
     obs_rms = (components.get("collector") or {}).get("obs_rms")
-    return _GreedyActorCritic(agent), obs_rms, action_space if isinstance(action_space, gym.spaces.Box) else None
+    return Deterministic(agent, "greedy"), obs_rms, action_space if isinstance(action_space, gym.spaces.Box) else None
 
 
 def _q_network(cfg, components, obs_space, action_space):
@@ -116,7 +109,7 @@ def _sac_actor(cfg, components, obs_space, action_space):
 
     actor = SquashedGaussianActor(obs_space.shape[0], action_space, tuple(cfg.hidden))
     actor.load_state_dict(components["actor"])
-    return _SquashedMean(actor), None, None
+    return Deterministic(actor, "mode"), None, None
 
 
 def _td3_actor(cfg, components, obs_space, action_space):
@@ -263,7 +256,7 @@ def mismatch(exported, reference, observations: np.ndarray, discrete: bool) -> s
     return f"actions differ by up to {worst:.3g} (tolerance {TOLERANCE})" if not worst <= TOLERANCE else None
 
 
-def _write_onnx(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, path: Path) -> None:
+def write_onnx(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, path: Path) -> None:
     import logging
 
     import onnx
@@ -283,7 +276,7 @@ def _write_onnx(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, p
     onnx.save(proto, str(path))
 
 
-def _write_torchscript(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, path: Path) -> None:
+def write_torchscript(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, path: Path) -> None:
     # Traced, not scripted: the policy has no data-dependent branches, and tracing takes the
     # networks as they are (scripting would need their optional mask arguments typed).
     traced = torch.jit.trace(policy, (example,), check_trace=True)
@@ -321,7 +314,7 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporters' deprecation and tracer chatter
-            (_write_onnx if fmt == "onnx" else _write_torchscript)(policy, example, metadata, tmp)
+            (write_onnx if fmt == "onnx" else write_torchscript)(policy, example, metadata, tmp)
         differs = mismatch(load_exported(tmp, fmt), reference, observations,
                            isinstance(action_space, gym.spaces.Discrete))
         if differs:
