@@ -184,7 +184,8 @@ def load_run_policy(run_dir: str | os.PathLike, env=None):
     if isinstance(env, str) and env.startswith("<"):
         raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that export cannot find by name; "
                            "export it from Python with export_run(run_dir, ..., env=...)")
-    envs = make_vec(env, 1, backend="sync", seed=0)
+    # one env, for its spaces: a --backend mjlab run's (GPU) task ids are only mjlab's to make
+    envs = make_vec(env, 1, backend="mjlab" if getattr(cfg, "backend", "") == "mjlab" else "sync", seed=0)
     return algo, module, cfg, saved, envs
 
 

@@ -28,7 +28,7 @@ from omnigym.envs.envpool import EnvPoolVectorEnv
 from omnigym.errors import OmnigymError, missing_extra, require
 from omnigym.user_code import import_object, import_reference, is_reference, where
 
-BACKENDS = ("auto", "sync", "async", "native", "envpool", "ale")
+BACKENDS = ("auto", "sync", "async", "native", "envpool", "ale", "mjlab")
 
 
 def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -108,6 +108,8 @@ def available_backends() -> list[str]:
         names.append("ale")
     if importlib.util.find_spec("envpool") is not None:
         names.append("envpool")
+    if importlib.util.find_spec("mjlab") is not None:
+        names.append("mjlab")  # mjlab's GPU tasks (envs/mjlab_backend.py); it needs an NVIDIA GPU
     return names
 
 
@@ -199,6 +201,10 @@ def make_vec(
         raise OmnigymError(f"--num-envs must be positive, got {num_envs!r}")
     if backend not in BACKENDS:
         raise OmnigymError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "mjlab":  # its own task ids, on the GPU (envs/mjlab_backend.py)
+        from omnigym.envs.mjlab_backend import make_mjlab_vec
+
+        return gym.wrappers.vector.RecordEpisodeStatistics(make_mjlab_vec(env, num_envs, seed, video_dir, **env_kwargs))
     env_id = resolve_env(env)
     video = None
     if video_dir is not None:

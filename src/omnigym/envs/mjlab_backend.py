@@ -1,0 +1,156 @@
+"""``--backend mjlab``: mjlab's GPU-batched tasks (Isaac Lab's manager API on MuJoCo Warp) as
+a gymnasium ``VectorEnv``, behind the ``[gpu-sim]`` extra; it needs an NVIDIA GPU.
+
+mjlab keeps its own task registry (``mjlab.tasks.registry``: ids such as
+``Mjlab-Velocity-Flat-Unitree-Go1``), not gymnasium's. A task is an env config
+(``load_env_cfg``) that ``ManagerBasedRlEnv(cfg, device)`` builds into ``cfg.scene.num_envs``
+envs stepped together on the GPU. Its ``step(actions)`` takes a torch tensor and returns torch
+tensors on the GPU: an observation dict by group (``actor``: what the policy sees, ``critic``:
+privileged terms), rewards (scaled by the control dt), ``terminated`` and ``truncated`` (time
+outs), and ``extras``. Any ``Mjlab-...`` id runs as it is; omnigym's locomotion ids map to
+mjlab's velocity task on the same terrain. mjlab ships the Unitree Go1, not the Go2, so those
+runs train a Go1 (one line says so), and their observation layout is mjlab's, not omnigym's.
+
+How the step semantics map. mjlab resets a finished env inside the same ``step`` by default,
+returning its reset observation and dropping the terminal one. omnigym's vector envs reset on
+the NEXT step (envs/vector.py): the step that ends an episode returns its true terminal
+observation, the following step returns the reset observation with reward 0, not done, and
+ignores that env's action. The adapter builds the env with ``auto_reset=False`` (mjlab then
+returns the terminal observation and refuses to step until those envs are reset) and, on the
+step after an episode ended: resets those envs (``reset(env_ids=...)``), steps all envs
+together (mjlab cannot step a subset), then resets the finished ones again, and returns their
+fresh reset observations with reward 0 and no done flag, the other envs' rows as the step gave
+them. The finished envs' one simulated step in between is thrown away, so what a policy sees
+is exactly gymnasium's NEXT_STEP; the cost is one extra reset of the finished envs and a
+physics step they waste. mjlab's own episode logs (``extras["log"]``) count that thrown-away
+step as a one-step episode; omnigym's episode statistics (``RecordEpisodeStatistics``) do not.
+
+Observations come back as float32 numpy arrays on the CPU and actions go to the GPU as a
+tensor, one copy each way per step (4096 envs x 48 floats is 0.8 MB): omnigym's algorithms
+work on numpy batches. The critic's privileged group is left out (omnigym's PPO is not
+asymmetric). docs/gpu_sim.md says what was run and what was not (no GPU was lent).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from omnigym.errors import OmnigymError, missing_extra
+
+LOCOMOTION_TASKS = {
+    "omnigym/Go2-Velocity-Flat-v0": "Mjlab-Velocity-Flat-Unitree-Go1",
+    "omnigym/Go2-Velocity-Rough-v0": "Mjlab-Velocity-Rough-Unitree-Go1",
+}
+"""omnigym's locomotion ids and mjlab's velocity task on the same terrain"""
+POLICY_GROUP = "actor"
+"""mjlab's observation group the policy reads (its velocity tasks'; a task without one gives its first)"""
+
+
+def _box(space, bound: float | None = None) -> gym.spaces.Box:
+    """An mjlab space (shape, dtype, low, high; mjlab.utils.spaces) as a gymnasium Box."""
+    low, high = (-bound, bound) if bound is not None else (getattr(space, "low", -np.inf), getattr(space, "high", np.inf))
+    return gym.spaces.Box(np.float32(low) if np.isscalar(low) else np.asarray(low, np.float32),
+                          np.float32(high) if np.isscalar(high) else np.asarray(high, np.float32),
+                          tuple(space.shape), np.float32)
+
+
+class MjlabVectorEnv(gym.vector.VectorEnv):
+    """An mjlab ``ManagerBasedRlEnv`` (built with ``auto_reset=False``) as a NEXT_STEP
+    ``VectorEnv`` of numpy batches. ``clip_actions``: the Box bound the task's RL config
+    clips actions to (rsl_rl's ``clip_actions``), or None for mjlab's unbounded actions."""
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, env, clip_actions: float | None = None, group: str = POLICY_GROUP):
+        if getattr(env.cfg, "auto_reset", False):
+            raise ValueError("MjlabVectorEnv needs an env built with cfg.auto_reset = False")
+        self.env, self.clip_actions = env, clip_actions
+        groups = env.single_observation_space.spaces
+        self.group = group if group in groups else next(iter(groups))
+        self.num_envs = env.num_envs
+        self.device = torch.device(env.device)
+        self.single_observation_space = _box(groups[self.group])
+        self.single_action_space = _box(env.single_action_space, clip_actions)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self._ended = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+
+    def _numpy(self, obs: dict) -> np.ndarray:
+        return obs[self.group].detach().to("cpu", torch.float32).numpy()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        obs, _ = self.env.reset(seed=seed)
+        self._ended.zero_()
+        return self._numpy(obs), {}
+
+    def step(self, actions):
+        actions = torch.as_tensor(np.asarray(actions), dtype=torch.float32, device=self.device)
+        if self.clip_actions is not None:
+            actions = actions.clamp(-self.clip_actions, self.clip_actions)
+        ended = self._ended
+        ids = ended.nonzero(as_tuple=False).squeeze(-1)
+        if len(ids):  # mjlab steps no env it left at its terminal state
+            self.env.reset(env_ids=ids)
+        obs, rewards, terminated, truncated, _ = self.env.step(actions)
+        obs = {self.group: obs[self.group].clone()}  # mjlab reuses its buffers; the next reset rewrites them
+        if len(ids):  # the autoreset step: fresh reset observations, reward 0, not done
+            reset_obs, _ = self.env.reset(env_ids=ids)
+            obs[self.group] = torch.where(ended.unsqueeze(-1), reset_obs[self.group], obs[self.group])
+            rewards = rewards.masked_fill(ended, 0.0)
+            terminated, truncated = terminated & ~ended, truncated & ~ended
+        self._ended = terminated | truncated
+        return (self._numpy(obs), rewards.detach().to("cpu", torch.float64).numpy(),
+                terminated.cpu().numpy(), truncated.cpu().numpy(), {})
+
+    def close(self, **kwargs):
+        self.env.close()
+
+
+def check_available() -> None:
+    """mjlab installed and a CUDA GPU seen, or one line naming what is missing."""
+    if importlib.util.find_spec("mjlab") is None:
+        raise missing_extra("mjlab", "gpu-sim")
+    if not torch.cuda.is_available():
+        raise OmnigymError("--backend mjlab needs an NVIDIA GPU with CUDA (mjlab runs on MuJoCo Warp); torch sees none "
+                           "here; use the CPU backends (--backend auto)")
+
+
+def mjlab_task(env_id) -> str:
+    """The mjlab task id for ``env_id``, saying so in one line where it is a stand-in."""
+    if not isinstance(env_id, str):
+        raise OmnigymError(f"--backend mjlab runs mjlab's task ids (Mjlab-...) and {', '.join(LOCOMOTION_TASKS)}; "
+                           f"got {env_id!r}")
+    if env_id in LOCOMOTION_TASKS:
+        task = LOCOMOTION_TASKS[env_id]
+        print(f"mjlab ships the Unitree Go1, not the Go2: --backend mjlab runs {task} for {env_id}", flush=True)
+        return task
+    return env_id
+
+
+def make_mjlab_vec(env_id, num_envs: int, seed: int | None = None, video_dir: str | None = None,
+                   device: str = "cuda:0") -> MjlabVectorEnv:
+    """``num_envs`` envs of the mjlab task for ``env_id`` on ``device``."""
+    if video_dir is not None:
+        raise OmnigymError("--capture-video does not record --backend mjlab runs (mjlab renders its own videos: "
+                           "mjlab's play script)")
+    check_available()
+    task = mjlab_task(env_id)
+    import mjlab.tasks  # noqa: F401  (registers mjlab's own tasks)
+    from mjlab.envs import ManagerBasedRlEnv
+    from mjlab.tasks.registry import list_tasks, load_env_cfg, load_rl_cfg
+
+    if task not in list_tasks():
+        close = difflib.get_close_matches(task, list_tasks(), n=3, cutoff=0.5)
+        raise OmnigymError(f"unknown mjlab task {task!r}; " + (f"closest: {', '.join(close)}" if close else
+                                                                f"mjlab has {', '.join(list_tasks())}"))
+    cfg = load_env_cfg(task)
+    cfg.scene.num_envs, cfg.auto_reset = num_envs, False
+    if seed is not None:
+        cfg.seed = seed
+    return MjlabVectorEnv(ManagerBasedRlEnv(cfg=cfg, device=device), clip_actions=load_rl_cfg(task).clip_actions)
