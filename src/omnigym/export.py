@@ -140,8 +140,8 @@ def default_out(run_dir: str | os.PathLike, fmt: str) -> Path:
     return Path(run_dir) / FORMATS[fmt]
 
 
-def check_request(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, force: bool) -> None:
-    """The refusals that need nothing loaded: format, extra, output file. Nothing is written."""
+def check_format(fmt: str) -> None:
+    """The format is known and, for ONNX, the [export] extra is installed."""
     if fmt not in FORMATS:
         raise OmnigymError(f"unknown export format {fmt!r}; choose onnx or torchscript")
     if fmt == "onnx":
@@ -150,7 +150,11 @@ def check_request(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, 
                 __import__(package)
             except ImportError:
                 raise missing_extra(package, "export") from None
-    out, run = Path(out), Path(run_dir).resolve()
+
+
+def check_out(run_dir: str | os.PathLike, out: Path, force: bool) -> None:
+    """``out`` may be written: not a folder, not one of the run's files, not replaced unasked."""
+    run = Path(run_dir).resolve()
     if out.is_dir():
         raise OmnigymError(f"--out {out} is a directory; name the file to write")
     if out.exists():
@@ -163,11 +167,10 @@ def check_request(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, 
         raise OmnigymError(f"--out {out}: no such folder {out.parent}")
 
 
-def load_run_policy(run_dir: str | os.PathLike, env=None):
-    """The run's config, checkpoint, env (for its spaces) and algorithm module, or one line why not."""
+def read_run(run_dir: str | os.PathLike):
+    """The run's algorithm, its module, config and checkpoint, or one line why it has no policy to export."""
     from omnigym.algos import ALGORITHMS, config_class, get_algorithm
     from omnigym.config import config_from_dict
-    from omnigym.envs.vector import make_vec
     from omnigym.track.checkpoint import Checkpointer
     from omnigym.track.files import CONFIG_NAME, load_config_dict
 
@@ -179,14 +182,19 @@ def load_run_policy(run_dir: str | os.PathLike, env=None):
                            f"{', '.join(ACTORS)} runs")
     module = get_algorithm(algo)
     cfg = config_from_dict(config_class(module), values, str(Path(run_dir) / CONFIG_NAME))
-    saved = Checkpointer(run_dir).load()
+    return algo, module, cfg, Checkpointer(run_dir).load()
+
+
+def run_envs(run_dir: str | os.PathLike, cfg, env=None):
+    """One env of the run's (or ``env``), for its spaces."""
+    from omnigym.envs.vector import make_vec
+
     env = env if env is not None else cfg.env_id
     if isinstance(env, str) and env.startswith("<"):
         raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that export cannot find by name; "
                            "export it from Python with export_run(run_dir, ..., env=...)")
-    # one env, for its spaces: a --backend mjlab run's (GPU) task ids are only mjlab's to make
-    envs = make_vec(env, 1, backend="mjlab" if getattr(cfg, "backend", "") == "mjlab" else "sync", seed=0)
-    return algo, module, cfg, saved, envs
+    # a --backend mjlab run's (GPU) task ids are only mjlab's to make
+    return make_vec(env, 1, backend="mjlab" if getattr(cfg, "backend", "") == "mjlab" else "sync", seed=0)
 
 
 def build_policy(algo: str, cfg, components: dict, obs_space: gym.Space, action_space: gym.Space) -> ExportedPolicy:
@@ -223,15 +231,19 @@ def load_exported(path: str | os.PathLike, fmt: str):
 
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return lambda obs: session.run(None, {"obs": obs})[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript; it still runs
-        module = torch.jit.load(str(path))
+    module = _jit_load(path)
 
     @torch.inference_mode()
     def policy(obs):
         return module(torch.as_tensor(obs)).numpy()
 
     return policy
+
+
+def _jit_load(path, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript; it still runs
+        return torch.jit.load(str(path), **kwargs)
 
 
 def read_metadata(path: str | os.PathLike, fmt: str) -> dict:
@@ -241,7 +253,7 @@ def read_metadata(path: str | os.PathLike, fmt: str) -> dict:
 
         return {p.key: json.loads(p.value) for p in onnx.load(str(path)).metadata_props}
     files = {METADATA_FILE: ""}
-    torch.jit.load(str(path), _extra_files=files)
+    _jit_load(path, _extra_files=files)
     return json.loads(files[METADATA_FILE])
 
 
@@ -288,9 +300,11 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
                force: bool = False, env=None) -> dict:
     """Writes the run's policy as ``fmt`` to ``out`` (default ``RUN_DIR/policy.onnx`` or
     ``policy.pt``), checked against the checkpoint's policy; returns what was written."""
-    out = Path(out) if out is not None else default_out(run_dir, fmt) if fmt in FORMATS else Path("-")
-    check_request(run_dir, fmt, out, force)
-    algo, module, cfg, saved, envs = load_run_policy(run_dir, env)
+    check_format(fmt)
+    algo, module, cfg, saved = read_run(run_dir)
+    out = Path(out) if out is not None else default_out(run_dir, fmt)
+    check_out(run_dir, out, force)
+    envs = run_envs(run_dir, cfg, env)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     policy = build_policy(algo, cfg, saved["components"], obs_space, action_space)
     obs_rms = (saved["components"].get("collector") or {}).get("obs_rms")
