@@ -25,6 +25,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
+from types import MappingProxyType
 
 import gymnasium as gym
 import numpy as np
@@ -33,7 +34,7 @@ from torch import nn
 
 from omnigym.errors import OmnigymError, missing_extra
 
-FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
+FORMATS = MappingProxyType({"onnx": "policy.onnx", "torchscript": "policy.pt"})
 """each format and the file it writes into the run directory by default"""
 OBS_CLIP = 10.0
 """RunningMeanStd.normalize's clip of normalized observations"""
@@ -120,7 +121,8 @@ def _td3_actor(cfg, components, obs_space, action_space):
     return actor, None, None
 
 
-ACTORS = {"ppo": _actor_critic, "reinforce": _actor_critic, "dqn": _q_network, "sac": _sac_actor, "td3": _td3_actor}
+ACTORS = MappingProxyType({"ppo": _actor_critic, "reinforce": _actor_critic, "dqn": _q_network, "sac": _sac_actor,
+                          "td3": _td3_actor})
 """each exportable algorithm's deterministic actor: ``(cfg, components, spaces) -> (actor, obs stats, clip)``"""
 
 

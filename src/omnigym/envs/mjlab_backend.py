@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+from types import MappingProxyType
 
 import gymnasium as gym
 import numpy as np
@@ -43,10 +44,10 @@ from gymnasium.vector import AutoresetMode
 
 from omnigym.errors import OmnigymError, missing_extra
 
-LOCOMOTION_TASKS = {
+LOCOMOTION_TASKS = MappingProxyType({
     "omnigym/Go2-Velocity-Flat-v0": "Mjlab-Velocity-Flat-Unitree-Go1",
     "omnigym/Go2-Velocity-Rough-v0": "Mjlab-Velocity-Rough-Unitree-Go1",
-}
+})
 """omnigym's locomotion ids and mjlab's velocity task on the same terrain"""
 POLICY_GROUP = "actor"
 """mjlab's observation group the policy reads (its velocity tasks'; a task without one gives its first)"""
