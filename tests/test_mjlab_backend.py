@@ -19,6 +19,7 @@ import test_bad_input
 from omnigym.cli import main
 from omnigym.envs.mjlab_backend import LOCOMOTION_TASKS, MjlabVectorEnv, mjlab_task
 from omnigym.envs.vector import make_vec
+from omnigym.errors import OmnigymError
 
 LIMITS = (3, 5, 4)
 """env i's episode ends after LIMITS[i] steps: env 0 by time out (truncated), the others by termination"""
@@ -160,6 +161,10 @@ def test_spaces_actions_and_groups():
     assert fake.closed
     fake.cfg.auto_reset = True
     with pytest.raises(ValueError, match="auto_reset = False"):
+        MjlabVectorEnv(fake)
+    fake.cfg.auto_reset = False
+    fake.single_observation_space.spaces["actor"] = SimpleNamespace(shape=(), spaces={"joint_pos": None})
+    with pytest.raises(OmnigymError, match="is a dict of terms; omnigym's networks take one array"):
         MjlabVectorEnv(fake)
 
 

@@ -74,6 +74,9 @@ class MjlabVectorEnv(gym.vector.VectorEnv):
         self.env, self.clip_actions = env, clip_actions
         groups = env.single_observation_space.spaces
         self.group = group if group in groups else next(iter(groups))
+        if getattr(groups[self.group], "spaces", None) is not None:  # a group whose terms are not concatenated
+            raise OmnigymError(f"mjlab's observation group {self.group!r} is a dict of terms; omnigym's networks take "
+                               "one array: set concatenate_terms=True in the task's ObservationGroupCfg")
         self.num_envs = env.num_envs
         self.device = torch.device(env.device)
         self.single_observation_space = _box(groups[self.group])
@@ -102,7 +105,8 @@ class MjlabVectorEnv(gym.vector.VectorEnv):
         obs = {self.group: obs[self.group].clone()}  # mjlab reuses its buffers; the next reset rewrites them
         if len(ids):  # the autoreset step: fresh reset observations, reward 0, not done
             reset_obs, _ = self.env.reset(env_ids=ids)
-            obs[self.group] = torch.where(ended.unsqueeze(-1), reset_obs[self.group], obs[self.group])
+            rows = ended.view(-1, *[1] * (obs[self.group].dim() - 1))
+            obs[self.group] = torch.where(rows, reset_obs[self.group], obs[self.group])
             rewards = rewards.masked_fill(ended, 0.0)
             terminated, truncated = terminated & ~ended, truncated & ~ended
         self._ended = terminated | truncated
@@ -136,7 +140,8 @@ def mjlab_task(env_id) -> str:
 
 def make_mjlab_vec(env_id, num_envs: int, seed: int | None = None, video_dir: str | None = None,
                    device: str = "cuda:0") -> MjlabVectorEnv:
-    """``num_envs`` envs of the mjlab task for ``env_id`` on ``device``."""
+    """``num_envs`` envs of the mjlab task for ``env_id`` on ``device`` (from Python:
+    ``make_vec(id, n, backend="mjlab", device="cuda:1")``; the command line uses the first GPU)."""
     if video_dir is not None:
         raise OmnigymError("--capture-video does not record --backend mjlab runs (mjlab renders its own videos: "
                            "mjlab's play script)")
