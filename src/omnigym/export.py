@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from types import MappingProxyType
@@ -276,13 +275,17 @@ def write_onnx(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, pa
 
     import onnx
 
-    # its registry logs a warning per torchvision op it cannot find: noise for a policy
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     # torch.export-based exporter (torch's default since 2.9; the TorchScript-based one is
     # deprecated). The batch axis is symbolic; the example has two rows so it is not fixed at 1.
     batch = torch.export.Dim("batch")
-    program = torch.onnx.export(policy, (example,), dynamo=True, input_names=["obs"], output_names=["action"],
-                                dynamic_shapes=({0: batch},), verbose=False)
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # a warning per torchvision op it cannot find: noise for a policy
+    try:
+        program = torch.onnx.export(policy, (example,), dynamo=True, input_names=["obs"], output_names=["action"],
+                                    dynamic_shapes=({0: batch},), verbose=False)
+    finally:
+        logger.setLevel(level)
     proto = program.model_proto
     metadata["opset"] = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     for key, value in metadata.items():
@@ -325,9 +328,8 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
     envs.close()
     # Written beside the target and renamed over it: a reader never sees half a file, and a
     # failed export (or one that disagrees with the checkpoint) leaves what was there.
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.resolve().parent)
-    os.close(fd)
-    tmp = Path(tmp)
+    # (Named by process id rather than by mkstemp, whose file is private: the policy keeps the umask's permissions.)
+    tmp = out.resolve().with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporters' deprecation and tracer chatter
