@@ -327,7 +327,7 @@ def run_command(argv: list[str]) -> int:
 
             serve(rest)
         else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, plot, list or serve")
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, export, plot, list or serve")
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault
