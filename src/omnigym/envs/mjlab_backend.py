@@ -102,7 +102,7 @@ class MjlabVectorEnv(gym.vector.VectorEnv):
         if len(ids):  # mjlab steps no env it left at its terminal state
             self.env.reset(env_ids=ids)
         obs, rewards, terminated, truncated, _ = self.env.step(actions)
-        obs = {self.group: obs[self.group].clone()}  # mjlab reuses its buffers; the next reset rewrites them
+        obs = {self.group: obs[self.group].clone()}  # kept apart from what the reset below recomputes
         if len(ids):  # the autoreset step: fresh reset observations, reward 0, not done
             reset_obs, _ = self.env.reset(env_ids=ids)
             rows = ended.view(-1, *[1] * (obs[self.group].dim() - 1))
