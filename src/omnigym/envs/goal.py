@@ -122,12 +122,17 @@ def goal_reward_function(envs):
 
 # --- gymnasium-robotics' Fetch tasks ---
 
-def register_goal_envs(env_id) -> None:
-    """Register omnigym's own goal envs, and gymnasium-robotics' envs when ``env_id`` is one of
-    theirs not registered yet (its import registers them; the shim is applied where needed)."""
+def register_own_envs() -> None:
+    """omnigym's goal envs, registered when this module is imported (``gym.make`` then knows them)."""
     for own, entry in zip(OWN_IDS, ("omnigym.envs.goal:BitFlipEnv", "omnigym.envs.goal:PointReachEnv")):
         if own not in gym.registry:
             gym.register(own, entry_point=entry)
+
+
+def register_goal_envs(env_id) -> None:
+    """Register omnigym's own goal envs, and gymnasium-robotics' envs when ``env_id`` is one of
+    theirs not registered yet (its import registers them; the shim is applied where needed)."""
+    register_own_envs()
     if not isinstance(env_id, str) or env_id in gym.registry or not env_id.startswith(ROBOTICS_PREFIXES):
         return
     if importlib.util.find_spec("gymnasium_robotics") is None:
@@ -184,6 +189,8 @@ def apply_joint_enum_shim() -> bool:
     def get_joint_qvel(model, data, name):
         return data.joint(name).qvel.copy()
 
+    mujoco_utils._omnigym_replaced = {name: getattr(mujoco_utils, name) for name in
+                                      ("set_joint_qpos", "set_joint_qvel", "get_joint_qpos", "get_joint_qvel")}
     mujoco_utils.set_joint_qpos, mujoco_utils.set_joint_qvel = set_joint_qpos, set_joint_qvel
     mujoco_utils.get_joint_qpos, mujoco_utils.get_joint_qvel = get_joint_qpos, get_joint_qvel
     mujoco_utils._omnigym_shim = True
@@ -283,3 +290,6 @@ class PointReachEnv(gym.Env):
 
     def compute_reward(self, achieved_goal, desired_goal, info):
         return sparse_reward(achieved_goal, desired_goal, self.TOLERANCE)
+
+
+register_own_envs()
