@@ -41,8 +41,7 @@ class HindsightFlags:
     before ``ControlConfig`` in a config's bases, so that its ``check`` runs with theirs."""
 
     her: bool = False
-    """hindsight experience replay: relabel stored transitions with goals achieved later in their episode (goal envs:
-    Dict observations with observation/achieved_goal/desired_goal; docs/her.md)"""
+    """hindsight experience replay: relabel transitions with goals achieved in their episode (goal envs; docs/her.md)"""
     her_strategy: str = "future"
     """which achieved goal replaces the desired one: future (later in the episode), final (the episode's last),
     episode (any of the episode's)"""
