@@ -174,14 +174,17 @@ def test_interrupted_her_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("algo", [sac, td3])
-def test_a_goal_env_without_her_trains_on_the_flattened_observation(algo, tmp_path):
+@pytest.mark.parametrize("her", [False, True])
+def test_sac_and_td3_train_on_the_flattened_goal_observation_with_and_without_her(algo, her, tmp_path):
     config = algo.SACConfig if algo is sac else algo.TD3Config
-    cfg = config(seed=1, run_dir=str(tmp_path / "run"), progress=False, plot=False, tensorboard=False,
-                 **{**SMALL, "her": False, "total_timesteps": 400})
-    algo.train(cfg)
-    saved = load_checkpoint(tmp_path / "run")["components"]
-    assert saved["actor"]["torso.0.weight"].shape[1] == 4  # observation ++ desired goal
-    assert "charts/success_rate" in metrics(tmp_path / "run")[-1]
+    for run, steps in (("untrained", SMALL["learning_starts"]), ("run", 400)):  # same seed, same initial weights
+        algo.train(config(seed=1, run_dir=str(tmp_path / run), progress=False, plot=False, tensorboard=False,
+                          **{**SMALL, "her": her, "total_timesteps": steps}))
+    before = load_checkpoint(tmp_path / "untrained")["components"]["actor"]
+    saved = load_checkpoint(tmp_path / "run")["components"]["actor"]
+    assert saved["torso.0.weight"].shape[1] == 4  # observation ++ desired goal
+    assert not torch.equal(saved["torso.0.weight"], before["torso.0.weight"])  # it learned
+    assert "charts/success_rate" in metrics(tmp_path / "run")[-1] and "losses/actor_loss" in metrics(tmp_path / "run")[-1]
 
 
 def success_rates(run_dir) -> list[float]:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.cursor import EnvCursor
+from omnigym.envs.goal import network_view
 from omnigym.envs.atari import is_atari
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
@@ -31,7 +32,6 @@ from omnigym.models.control import QNetwork, obs_tensor, q_network_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
-from omnigym.envs.goal import network_view
 from omnigym.rl.her import HindsightFlags, replay_buffer
 from omnigym.rl.replay import Replay
 from omnigym.track.episodes import EpisodeStats, close_control_run
