@@ -164,14 +164,18 @@ def evaluate(argv: list[str]) -> None:
     writes_in_run = video_dir is not None and Path(args.run_dir).resolve() in Path(video_dir).resolve().parents
     if writes_in_run and Path(args.run_dir).is_dir():
         lock.acquire()
+    successes: list[float] = []  # goal envs: info["is_success"] at each episode's end
     try:
-        returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed, video_dir=video_dir)
+        returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed, video_dir=video_dir,
+                               successes=successes)
     finally:
         lock.release()
     import numpy as np
 
     print(f"{len(returns)} episodes: mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} "
           f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+    if successes:
+        print(f"success rate: {np.mean(successes):.2f} ({int(np.sum(successes))} of {len(successes)} episodes)")
     if video_dir:
         written = sorted(set(Path(video_dir).glob("*.mp4")) - before)
         print(f"videos: {len(written)} in {video_dir}" + (f" ({written[0].name} ...)" if written else ""))
@@ -237,6 +241,9 @@ def list_available() -> None:
     from omnigym.envs.text import TEXT_ENVS
 
     print("text envs:    " + ", ".join(sorted(TEXT_ENVS)) + "  (grpo --env python|search|guess, or --task ID)")
+    from omnigym.envs.goal import available_goal_envs
+
+    print("goal envs:    " + ", ".join(available_goal_envs()) + "  (sac, td3, dqn with --her; docs/her.md)")
     print(isolation().line())
 
 

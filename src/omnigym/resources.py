@@ -103,7 +103,10 @@ def check_envs(cfg, family: str | None, available: int | None = None) -> None:
 
 def stored_bytes(space) -> int:
     """One observation or action as the buffers hold it: images as bytes, the rest as float32
-    (float64 observations are stored as float32)."""
+    (float64 observations are stored as float32); a Dict (a goal env's), its parts together."""
+    parts = getattr(space, "spaces", None)
+    if isinstance(parts, dict):
+        return sum(stored_bytes(part) for part in parts.values())
     shape = getattr(space, "shape", None) or ()
     itemsize = 1 if getattr(space, "dtype", None) == np.uint8 else 4
     return int(np.prod(shape, dtype=np.int64)) * itemsize if shape else 8

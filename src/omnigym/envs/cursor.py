@@ -27,7 +27,12 @@ from omnigym.errors import OmnigymError
 
 def check_finite_obs(obs, step: int):
     """NaN or inf in an observation would surface later as a NaN loss or a sampling error
-    far from its cause; stop here and say where it came from."""
+    far from its cause; stop here and say where it came from. Dict observations (goal envs):
+    each of their arrays."""
+    if isinstance(obs, dict):
+        for value in obs.values():
+            check_finite_obs(value, step)
+        return obs
     if isinstance(obs, np.ndarray) and obs.dtype.kind == "f" and not np.isfinite(obs).all():
         bad = obs[~np.isfinite(obs)][0]
         raise OmnigymError(f"the env returned a non-finite observation ({bad}) at env step {step}; fix the env, "
@@ -117,9 +122,11 @@ def _mujoco_envs(envs) -> list:
 
 
 def _physics_state(envs) -> list | None:
-    """Each MuJoCo env's simulation (``MjData``, which pickles whole) and random generator."""
+    """Each MuJoCo env's simulation (``MjData``, which pickles whole) and random generator, and
+    a goal env's goal (gymnasium-robotics' ``goal``, not among its constructor's arguments)."""
     found = _mujoco_envs(envs)
-    return [(pickle.dumps(env.data), env.np_random.bit_generator.state) for env in found] or None
+    return [(pickle.dumps(env.data), env.np_random.bit_generator.state, getattr(env, "goal", None))
+            for env in found] or None
 
 
 def _set_physics_state(envs, saved: list | None) -> None:
@@ -127,9 +134,11 @@ def _set_physics_state(envs, saved: list | None) -> None:
         return
     import mujoco
 
-    for env, (data, generator) in zip(_mujoco_envs(envs), saved):
+    for env, (data, generator, *goal) in zip(_mujoco_envs(envs), saved):
         mujoco.mj_copyData(env.data, env.model, pickle.loads(data))
         env.np_random.bit_generator.state = generator
+        if goal and goal[0] is not None:
+            env.goal = goal[0]
 
 
 class ActionMasks:

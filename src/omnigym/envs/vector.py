@@ -43,6 +43,9 @@ def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 
 def _register_optional_envs(env_id: str) -> None:
+    from omnigym.envs.goal import register_goal_envs
+
+    register_goal_envs(env_id)  # omnigym's goal envs; gymnasium-robotics' (Fetch) for their ids
     # Atari ids (ALE/Pong-v5, PongNoFrameskip-v4) live in ale-py's registry, which is only
     # filled once ale_py is imported.
     if env_id in gym.registry:

@@ -21,10 +21,12 @@ MAX_EPISODE_STEPS = 1_000_000
 
 
 def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None,
-                 video_dir: str | None = None) -> list[float]:
+                 video_dir: str | None = None, successes: list | None = None) -> list[float]:
     """Returns of ``episodes`` episodes of the run's env (or ``env``: the id, class, factory or
     env object to use instead, for a run trained on a Python object eval cannot rebuild).
-    ``video_dir`` records every episode there as .mp4 (the returns are the same without it)."""
+    ``video_dir`` records every episode there as .mp4 (the returns are the same without it).
+    ``successes``: a list that gets each episode's ``info["is_success"]`` at its end, where the
+    env gives one (goal envs)."""
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
     if not 0 <= seed < 2**32:
@@ -59,6 +61,8 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
             steps_since_episode += 1
             if "episode" in info and info["_episode"][0]:
                 returns.append(float(info["episode"]["r"][0]))
+                if successes is not None and "is_success" in info:
+                    successes.append(float(info["is_success"][0]))
                 steps_since_episode = 0
             elif steps_since_episode >= MAX_EPISODE_STEPS:
                 raise OmnigymError(f"no episode ended in {MAX_EPISODE_STEPS} steps; give the env a time limit "

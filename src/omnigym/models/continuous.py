@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from omnigym.envs.goal import network_view
 from omnigym.errors import OmnigymError
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -137,12 +138,13 @@ class DeterministicActor(_BoxActor):
 def squashed_gaussian_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = False):
     """A checkpointed ``SquashedGaussianActor`` (SAC) as ``obs batch (numpy) -> actions (numpy)``:
     sampled actions, or with ``greedy`` the squashed mean."""
-    actor = SquashedGaussianActor(envs.single_observation_space.shape[0], envs.single_action_space, tuple(hidden))
+    obs_space, network_input = network_view(envs.single_observation_space)  # goal envs: observation ++ goal
+    actor = SquashedGaussianActor(obs_space.shape[0], envs.single_action_space, tuple(hidden))
     actor.load_state_dict(components["actor"])
 
     @torch.inference_mode()
     def policy(obs):
-        x = torch.as_tensor(obs, dtype=torch.float32)
+        x = torch.as_tensor(network_input(obs), dtype=torch.float32)
         return (actor.mode(x) if greedy else actor.sample(x)[0]).numpy()
 
     return policy
@@ -151,11 +153,12 @@ def squashed_gaussian_policy(hidden: tuple[int, ...], components: dict, envs, gr
 def deterministic_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = True):
     """A checkpointed ``DeterministicActor`` (TD3) as ``obs batch (numpy) -> actions (numpy)``,
     without exploration noise (``greedy`` changes nothing: the policy is deterministic)."""
-    actor = DeterministicActor(envs.single_observation_space.shape[0], envs.single_action_space, tuple(hidden))
+    obs_space, network_input = network_view(envs.single_observation_space)
+    actor = DeterministicActor(obs_space.shape[0], envs.single_action_space, tuple(hidden))
     actor.load_state_dict(components["actor"])
 
     @torch.inference_mode()
     def policy(obs):
-        return actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        return actor(torch.as_tensor(network_input(obs), dtype=torch.float32)).numpy()
 
     return policy

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from omnigym.envs.goal import network_view
 from omnigym.errors import OmnigymError
 
 
@@ -193,12 +194,13 @@ def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy:
 
 def q_network_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = True):
     """A checkpointed ``QNetwork`` (DQN) as ``obs batch (numpy) -> greedy actions``."""
-    q_network = QNetwork(envs.single_observation_space, int(envs.single_action_space.n), tuple(hidden))
+    obs_space, network_input = network_view(envs.single_observation_space)  # goal envs: observation ++ goal
+    q_network = QNetwork(obs_space, int(envs.single_action_space.n), tuple(hidden))
     q_network.load_state_dict(components["model"])
 
     @torch.inference_mode()
     def policy(obs, mask=None):  # the best valid action, where the env gives a mask
-        q = q_network(obs_tensor(obs, "cpu"))
+        q = q_network(obs_tensor(network_input(obs), "cpu"))
         return (q if mask is None else q.masked_fill(~torch.as_tensor(mask), -torch.inf)).argmax(-1).numpy()
 
     return policy

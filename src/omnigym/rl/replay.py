@@ -19,6 +19,13 @@ each 84 x 84 frame eight times; here it is kept once:
 
 Only ``terminated`` is stored: a truncated transition still bootstraps from its next
 observation, which is the episode's true final observation.
+
+Goal envs (envs/goal.py: Dict observations) store ``observation ++ achieved_goal ++
+desired_goal`` as one vector and are sampled as the networks see them, ``observation ++
+goal``. Their transitions also know their episode (its first transition, and its last once it
+has ended: ``truncated`` or ``terminated``), so that a ``relabel`` strategy (rl/her.py,
+hindsight replay) can swap a sampled transition's goal for one achieved in its episode, with the
+reward the env's ``compute_reward`` gives for it.
 """
 
 from __future__ import annotations
@@ -31,9 +38,11 @@ import torch
 
 class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape: tuple, action_shape: tuple, obs_dtype=np.float32,
-                 action_dtype=np.int64, num_envs: int = 1, frame_stack: int = 1):
+                 action_dtype=np.int64, num_envs: int = 1, frame_stack: int = 1, goals=None, relabel=None):
         """``frame_stack`` > 1: observations are stacks along their first axis (Atari's
-        ``frame_stack`` frames), and each frame is stored once."""
+        ``frame_stack`` frames), and each frame is stored once. ``goals``: a goal env's
+        ``GoalLayout`` (observations are its Dicts, ``obs_shape`` its stored size); ``relabel``:
+        a ``HindsightRelabelling`` that gives sampled transitions achieved goals."""
         obs_shape = tuple(obs_shape)
         if frame_stack > 1 and (not obs_shape or obs_shape[0] != frame_stack):
             raise ValueError(f"frame_stack {frame_stack} needs observations stacked on their first axis, got {obs_shape}")
@@ -52,14 +61,19 @@ class ReplayBuffer:
         self.oldest = np.zeros(num_envs, dtype=np.int64)  # absolute index of the oldest live one
         self.last_next_obs = np.zeros((num_envs, *obs_shape), dtype=obs_dtype)
         self.has_last = np.zeros(num_envs, dtype=bool)
+        self.goals, self.relabel = goals, relabel
+        if goals is not None:  # each transition's episode, as absolute transition indices of its env
+            self.episode_first = np.zeros((num_envs, self.env_capacity), dtype=np.int64)
+            self.episode_last = np.full((num_envs, self.env_capacity), -1, dtype=np.int64)  # -1: still running
+            self.current_first = np.zeros(num_envs, dtype=np.int64)
+            self.episode_over = np.ones(num_envs, dtype=bool)  # the env's next transition starts an episode
 
     def __len__(self) -> int:
         return int((self.added - self.oldest).sum())
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.frames, self.obs_frame, self.next_frame, self.actions, self.rewards,
-                                      self.terminated, self.last_next_obs))
+        return sum(getattr(self, name).nbytes for name in self._state_names())
 
     def _push(self, envs: np.ndarray, frames: np.ndarray) -> None:
         """Push ``frames[i]`` (one frame, or ``[k, *frame]``) onto the ring of env ``envs[i]``."""
@@ -67,11 +81,14 @@ class ReplayBuffer:
         self.frames[envs, slots] = frames
         self.frames_pushed[envs] += 1
 
-    def add(self, obs, actions, rewards, next_obs, terminated, valid=None) -> None:
-        """Add one vector step (row ``i`` from env ``i``); ``valid`` masks out autoreset steps."""
+    def add(self, obs, actions, rewards, next_obs, terminated, valid=None, truncated=None) -> None:
+        """Add one vector step (row ``i`` from env ``i``); ``valid`` masks out autoreset steps.
+        ``truncated`` (with ``terminated``) ends goal envs' episodes for hindsight relabelling."""
         envs = np.arange(len(rewards)) if valid is None else np.flatnonzero(valid)
         if len(envs) == 0:
             return
+        if self.goals is not None:
+            obs, next_obs = self.goals.stored(obs), self.goals.stored(next_obs)
         obs, next_obs = np.asarray(obs)[envs], np.asarray(next_obs)[envs]
         axes = tuple(range(1, obs.ndim))
         continues = self.has_last[envs] & np.all(obs == self.last_next_obs[envs], axis=axes)
@@ -92,9 +109,23 @@ class ReplayBuffer:
         self.actions[envs, rows] = np.asarray(actions)[envs]
         self.rewards[envs, rows] = np.asarray(rewards)[envs]
         self.terminated[envs, rows] = np.asarray(terminated)[envs]
+        if self.goals is not None:
+            self._episodes_of(envs, rows, np.asarray(terminated)[envs] |
+                              (False if truncated is None else np.asarray(truncated)[envs]))
         self.added[envs] += 1
         self.last_next_obs[envs], self.has_last[envs] = next_obs, True
         self._evict(envs)
+        if self.goals is not None:  # an episode that ended: its live transitions learn where it ends
+            for env in envs[self.episode_over[envs]]:
+                last = self.added[env] - 1
+                live = np.arange(max(self.current_first[env], self.oldest[env]), last + 1) % self.env_capacity
+                self.episode_last[env, live] = last
+
+    def _episodes_of(self, envs: np.ndarray, rows: np.ndarray, ended: np.ndarray) -> None:
+        starts = self.episode_over[envs]
+        self.current_first[envs[starts]] = self.added[envs[starts]]
+        self.episode_first[envs, rows], self.episode_last[envs, rows] = self.current_first[envs], -1
+        self.episode_over[envs] = ended.astype(bool)
 
     def _evict(self, envs: np.ndarray) -> None:
         """Drop transitions past the transition ring's size or whose oldest frame was overwritten."""
@@ -113,28 +144,59 @@ class ReplayBuffer:
         return self.frames[envs[:, None], slots].reshape(len(envs), *self.obs_shape)
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
-        """Transitions drawn uniformly from all live ones."""
+        """Transitions drawn uniformly from all live ones (goal envs: the first of them
+        relabelled, with ``relabel``; ``relabelled`` says which)."""
         sizes = self.added - self.oldest
         ends = np.cumsum(sizes)
         draw = rng.integers(0, ends[-1], size=batch_size)
         envs = np.searchsorted(ends, draw, side="right")
-        rows = (self.oldest[envs] + draw - (ends[envs] - sizes[envs])) % self.env_capacity
+        index = self.oldest[envs] + draw - (ends[envs] - sizes[envs])  # absolute, in the env's own memory
+        rows = index % self.env_capacity
+        obs = self._observations(envs, self.obs_frame[envs, rows])
+        next_obs = self._observations(envs, self.next_frame[envs, rows])
+        rewards = self.rewards[envs, rows]
+        batch = {}
+        if self.goals is not None:
+            goals = self.goals.desired(obs).copy()
+            relabelled = np.zeros(batch_size, dtype=bool)
+            if self.relabel is not None:
+                n = self.relabel.relabelled(batch_size)
+                goals[:n], rewards[:n] = self._hindsight(envs[:n], index[:n], next_obs[:n], rng)
+                relabelled[:n] = True
+            obs, next_obs = self.goals.with_goal(obs, goals), self.goals.with_goal(next_obs, goals)
+            batch["relabelled"] = torch.from_numpy(relabelled)
         return {
-            "obs": torch.from_numpy(self._observations(envs, self.obs_frame[envs, rows])),
+            "obs": torch.from_numpy(obs),
             "actions": torch.from_numpy(self.actions[envs, rows]),
-            "rewards": torch.from_numpy(self.rewards[envs, rows]),
-            "next_obs": torch.from_numpy(self._observations(envs, self.next_frame[envs, rows])),
+            "rewards": torch.from_numpy(rewards),
+            "next_obs": torch.from_numpy(next_obs),
             "terminated": torch.from_numpy(self.terminated[envs, rows]),
+            **batch,
         }
+
+    def _hindsight(self, envs: np.ndarray, index: np.ndarray, next_obs: np.ndarray, rng: np.random.Generator):
+        """New goals for transitions ``index`` of ``envs`` (goals achieved in their episodes, as
+        the strategy picks them) and the rewards the env gives for them."""
+        rows = index % self.env_capacity
+        last = self.episode_last[envs, rows]
+        last = np.where(last < 0, self.added[envs] - 1, last)  # a running episode ends at its newest transition
+        first = np.maximum(self.episode_first[envs, rows], self.oldest[envs])
+        sources = self.relabel.goal_sources(index, first, last, rng) % self.env_capacity
+        goals = self.goals.achieved(self._observations(envs, self.next_frame[envs, sources]))
+        return goals, self.relabel.rewards(self.goals.achieved(next_obs), goals)
 
     STATE = ("frames", "frames_pushed", "obs_frame", "next_frame", "actions", "rewards", "terminated", "added",
              "oldest", "last_next_obs", "has_last")
+    GOAL_STATE = ("episode_first", "episode_last", "current_first", "episode_over")
+
+    def _state_names(self) -> tuple[str, ...]:
+        return self.STATE + (self.GOAL_STATE if self.goals is not None else ())
 
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.STATE}
+        return {k: getattr(self, k) for k in self._state_names()}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in self.STATE:
+        for k in self._state_names():
             setattr(self, k, state[k])
 
 

@@ -13,12 +13,17 @@ class EpisodeStats:
         self.print_episodes = print_episodes
         self._returns: list[float] = []
         self._lengths: list[int] = []
+        self._successes: list[float] = []
+        self.goal_env = False  # an episode ended with info["is_success"]: the curve shows the success rate too
 
     def add(self, info: dict, global_step: int) -> None:
         if "episode" not in info:
             return
         for i in np.flatnonzero(info["_episode"]):
             self._record(float(info["episode"]["r"][i]), int(info["episode"]["l"][i]), global_step)
+            if "is_success" in info:  # goal envs: whether the episode's last step reached the goal
+                self._successes.append(float(info["is_success"][i]))
+                self.goal_env = True
 
     def _record(self, r: float, length: int, global_step: int) -> None:
         self.recent.append(r)
@@ -31,7 +36,7 @@ class EpisodeStats:
         """The (return, length) of each episode finished since the last drain or take, removed
         (a rollout worker sends them to the learner)."""
         episodes = list(zip(self._returns, self._lengths))
-        self._returns, self._lengths = [], []
+        self._returns, self._lengths, self._successes = [], [], []
         return episodes
 
     def add_episodes(self, episodes: list[tuple[float, int]], global_step: int) -> None:
@@ -47,7 +52,9 @@ class EpisodeStats:
                "charts/episodic_length": float(np.mean(self._lengths)),
                "charts/episodes": len(self._returns),
                "charts/return_last_20": self.mean_recent}
-        self._returns, self._lengths = [], []
+        if self._successes:
+            out["charts/success_rate"] = float(np.mean(self._successes))
+        self._returns, self._lengths, self._successes = [], [], []
         return out
 
     @property
@@ -58,16 +65,18 @@ class EpisodeStats:
         # the episodes not yet drained into a metric line too: a checkpoint between two log lines
         # (SAC, DQN: --log-every and --checkpoint-every differ) must not lose them on resume
         return {"recent": list(self.recent), "maxlen": self.recent.maxlen, "returns": list(self._returns),
-                "lengths": list(self._lengths)}
+                "lengths": list(self._lengths), "successes": list(self._successes), "goal_env": self.goal_env}
 
     def load_state_dict(self, state: dict) -> None:
         self.recent = deque(state["recent"], maxlen=state["maxlen"])
         self._returns, self._lengths = list(state.get("returns", [])), list(state.get("lengths", []))
+        self._successes, self.goal_env = list(state.get("successes", [])), state.get("goal_env", False)
 
 
 def close_control_run(run, stats: EpisodeStats, plot: bool, global_step: int) -> dict:
     """Close the run and tell a person where it is and how it ended."""
-    plot_path = run.close(plot=plot)
+    plot_path = run.close(plot=plot, metric=("charts/episodic_return", "charts/success_rate") if stats.goal_env
+                          else "charts/episodic_return")
     run.say(f"run: {run.dir}", *([f"learning curve: {plot_path}"] if plot_path else []),
             f"final mean return (last {len(stats.recent)} episodes): {stats.mean_recent:.2f}")
     return {"run_dir": str(run.dir), "global_step": global_step, "mean_return_last_20": stats.mean_recent,

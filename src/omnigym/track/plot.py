@@ -22,8 +22,9 @@ from omnigym.track.run_dir import STAGES_FOLDER
 # RLHF's RM score; SFT's held-out loss; text REINFORCE's reward).
 MAIN_METRICS = ("charts/episodic_return", "eval/gold_reward", "eval/accuracy", "eval/rm_score", "eval/loss",
                 "reward/mean")
-# Drawn under the main metric when the run logged it: a language run's reward beside its accuracy.
-COMPANION = "reward/mean"
+# Drawn under the main metric when the run logged them: a language run's reward beside its
+# accuracy, a goal env's success rate under its return.
+COMPANIONS = ("reward/mean", "charts/success_rate")
 # What a stage logged in place of a panel's metric: the warm-up's accuracy is measured on
 # problems from the training split (its label says so), the run's on held-out ones.
 STAGE_METRICS = (("eval/accuracy", "sft/val_accuracy"),)
@@ -52,13 +53,14 @@ def logged_metrics(runs: dict[Path, list[dict]]) -> list[str]:
 
 
 def default_metrics(runs: dict[Path, list[dict]]) -> tuple[str, ...]:
-    """The runs' main metric (the first of ``MAIN_METRICS`` any logged) and their reward below it."""
+    """The runs' main metric (the first of ``MAIN_METRICS`` any logged) and, below it, their
+    reward or success rate."""
     have = set(logged_metrics(runs))
     main = next((m for m in MAIN_METRICS if m in have), None)
     if main is None:
         raise OmnigymError(f"no run among {', '.join(map(str, runs))} logged a metric to plot by default "
                            f"({', '.join(MAIN_METRICS)}); name one with --metric: {', '.join(sorted(have)) or 'none'}")
-    return (main, COMPANION) if COMPANION in have and main != COMPANION else (main,)
+    return (main, *(m for m in COMPANIONS if m in have and m != main))
 
 
 def stages_of(run_dir: Path) -> list[tuple[str, list[dict]]]:

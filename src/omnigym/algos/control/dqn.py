@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.cursor import EnvCursor
+from omnigym.envs.goal import network_view
 from omnigym.envs.atari import is_atari
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
@@ -31,14 +32,15 @@ from omnigym.models.control import QNetwork, obs_tensor, q_network_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
-from omnigym.rl.replay import Replay, ReplayBuffer
+from omnigym.rl.her import HindsightFlags, replay_buffer
+from omnigym.rl.replay import Replay
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
 
 
 @dataclass
-class DQNConfig(ControlConfig):
+class DQNConfig(HindsightFlags, ControlConfig):
     total_timesteps: int = 50_000
     num_envs: int = 1
     learning_rate: float = 2.3e-3
@@ -92,20 +94,22 @@ def epsilon(cfg: DQNConfig, step: int) -> float:
 @scoped_run
 def train(cfg: DQNConfig) -> dict:
     envs, signal = make_run_envs(cfg, "dqn")
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+    obs_space, network_input = network_view(envs.single_observation_space)  # goal envs: observation ++ goal
+    try:  # before the run directory exists
+        require(isinstance(envs.single_action_space, gym.spaces.Discrete),
+                f"DQN needs a discrete action space, but {cfg.env_id} has {envs.single_action_space}; use ppo")
+        stacked = len(obs_space.shape) == 3 and is_atari(cfg.env_id)
+        buffer = replay_buffer(cfg, envs, (), np.int64, obs_dtype=obs_space.dtype,
+                               frame_stack=cfg.frame_stack if stacked else 1)  # --her relabels goal envs'
+    except OmnigymError:
         envs.close()
-        raise OmnigymError(f"DQN needs a discrete action space, but {cfg.env_id} has {envs.single_action_space}; "
-                           "use ppo")
+        raise
     run = start_run(cfg, "dqn", cfg.env_id)
     device = torch.device(cfg.device)
-    q_network = QNetwork(envs.single_observation_space, int(envs.single_action_space.n), cfg.hidden).to(device)
+    q_network = QNetwork(obs_space, int(envs.single_action_space.n), cfg.hidden).to(device)
     target_network = copy.deepcopy(q_network)
     optimizer = Adam(q_network.parameters(), lr=cfg.learning_rate)
-    obs_space = envs.single_observation_space
-    stacked = len(obs_space.shape) == 3 and is_atari(cfg.env_id)
-    replay = Replay(ReplayBuffer(cfg.buffer_size, obs_space.shape, (), obs_dtype=obs_space.dtype,
-                                 num_envs=cfg.num_envs, frame_stack=cfg.frame_stack if stacked else 1),
-                    cfg.seed, cfg.save_buffer)
+    replay = Replay(buffer, cfg.seed, cfg.save_buffer)
     stats = EpisodeStats(cfg.print_episodes)
     cursor = EnvCursor(envs, cfg.seed, signal=signal)
     components = {"model": q_network, "target": target_network, "optimizer": optimizer, "replay": replay,
@@ -126,9 +130,9 @@ def train(cfg: DQNConfig) -> dict:
             actions = np.array([cursor.envs.single_action_space.sample() for _ in range(cfg.num_envs)])
         else:
             with torch.inference_mode():
-                actions = q_network(obs_tensor(obs, device)).argmax(-1).cpu().numpy()
+                actions = q_network(obs_tensor(network_input(obs), device)).argmax(-1).cpu().numpy()
         next_obs, rewards, terminated, truncated, info, valid = cursor.step(actions)
-        buffer.add(obs, actions, rewards, next_obs, terminated, valid=valid)
+        buffer.add(obs, actions, rewards, next_obs, terminated, valid=valid, truncated=truncated)
         global_step += int(valid.sum())
         stats.add(info, global_step)
 

@@ -25,20 +25,22 @@ import torch.nn.functional as F
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.cursor import EnvCursor
+from omnigym.envs.goal import network_view
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.continuous import QNetwork, SquashedGaussianActor, check_spaces, squashed_gaussian_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
-from omnigym.rl.replay import Replay, ReplayBuffer
+from omnigym.rl.her import HindsightFlags, replay_buffer
+from omnigym.rl.replay import Replay
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
 
 
 @dataclass
-class SACConfig(ControlConfig):
+class SACConfig(HindsightFlags, ControlConfig):
     env_id: str = "Pendulum-v1"
     total_timesteps: int = 1_000_000
     num_envs: int = 1
@@ -93,9 +95,11 @@ class Temperature(torch.nn.Module):
 @scoped_run
 def train(cfg: SACConfig) -> dict:
     envs, _ = make_run_envs(cfg, "sac")  # continuous control: no Atari learning signal
-    obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    try:
-        check_spaces("sac", obs_space, action_space)  # before the run directory exists
+    action_space = envs.single_action_space
+    obs_space, network_input = network_view(envs.single_observation_space)  # goal envs: observation ++ goal
+    try:  # before the run directory exists
+        check_spaces("sac", obs_space, action_space)
+        buffer = replay_buffer(cfg, envs, (action_space.shape[0],), np.float32)  # --her relabels goal envs'
     except OmnigymError:
         envs.close()
         raise
@@ -110,8 +114,7 @@ def train(cfg: SACConfig) -> dict:
     actor_optimizer = Adam(actor.parameters(), lr=cfg.policy_lr)
     alpha_optimizer = Adam(temperature.parameters(), lr=cfg.q_lr)
     target_entropy = -float(action_dim)
-    replay = Replay(ReplayBuffer(cfg.buffer_size, obs_space.shape, (action_dim,), obs_dtype=np.float32,
-                                 action_dtype=np.float32, num_envs=cfg.num_envs), cfg.seed, cfg.save_buffer)
+    replay = Replay(buffer, cfg.seed, cfg.save_buffer)
     stats = EpisodeStats(cfg.print_episodes)
     cursor = EnvCursor(envs, cfg.seed)
     components = {"actor": actor, "qf": qf, "qf_target": qf_target, "temperature": temperature,
@@ -137,9 +140,10 @@ def train(cfg: SACConfig) -> dict:
             actions = rng.uniform(low, high, (cfg.num_envs, action_dim)).astype(np.float32)
         else:
             with torch.inference_mode():
-                actions = actor.sample(torch.as_tensor(obs, dtype=torch.float32, device=device))[0].cpu().numpy()
+                x = torch.as_tensor(network_input(obs), dtype=torch.float32, device=device)
+                actions = actor.sample(x)[0].cpu().numpy()
         next_obs, rewards, terminated, truncated, info, valid = cursor.step(actions)
-        buffer.add(obs, actions, rewards, next_obs, terminated, valid=valid)
+        buffer.add(obs, actions, rewards, next_obs, terminated, valid=valid, truncated=truncated)
         global_step += int(valid.sum())
         stats.add(info, global_step)
 

@@ -24,20 +24,22 @@ import torch.nn.functional as F
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.cursor import EnvCursor
+from omnigym.envs.goal import network_view
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.continuous import DeterministicActor, QNetwork, check_spaces, deterministic_policy
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
-from omnigym.rl.replay import Replay, ReplayBuffer
+from omnigym.rl.her import HindsightFlags, replay_buffer
+from omnigym.rl.replay import Replay
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
 
 
 @dataclass
-class TD3Config(ControlConfig):
+class TD3Config(HindsightFlags, ControlConfig):
     env_id: str = "Pendulum-v1"
     total_timesteps: int = 1_000_000
     num_envs: int = 1
@@ -81,9 +83,11 @@ CONFIG = TD3Config
 @scoped_run
 def train(cfg: TD3Config) -> dict:
     envs, _ = make_run_envs(cfg, "td3")  # continuous control: no Atari learning signal
-    obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    try:
-        check_spaces("td3", obs_space, action_space)  # before the run directory exists
+    action_space = envs.single_action_space
+    obs_space, network_input = network_view(envs.single_observation_space)  # goal envs: observation ++ goal
+    try:  # before the run directory exists
+        check_spaces("td3", obs_space, action_space)
+        buffer = replay_buffer(cfg, envs, (action_space.shape[0],), np.float32)  # --her relabels goal envs'
     except OmnigymError:
         envs.close()
         raise
@@ -95,8 +99,7 @@ def train(cfg: TD3Config) -> dict:
     actor_target, qf_target = copy.deepcopy(actor), copy.deepcopy(qf)
     q_optimizer = Adam(qf.parameters(), lr=cfg.learning_rate)
     actor_optimizer = Adam(actor.parameters(), lr=cfg.learning_rate)
-    replay = Replay(ReplayBuffer(cfg.buffer_size, obs_space.shape, (action_dim,), obs_dtype=np.float32,
-                                 action_dtype=np.float32, num_envs=cfg.num_envs), cfg.seed, cfg.save_buffer)
+    replay = Replay(buffer, cfg.seed, cfg.save_buffer)
     stats = EpisodeStats(cfg.print_episodes)
     cursor = EnvCursor(envs, cfg.seed)
     components = {"actor": actor, "qf": qf, "actor_target": actor_target, "qf_target": qf_target,
@@ -126,11 +129,11 @@ def train(cfg: TD3Config) -> dict:
             actions = rng.uniform(low, high, (cfg.num_envs, action_dim)).astype(np.float32)
         else:
             with torch.inference_mode():
-                mu = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                mu = actor(torch.as_tensor(network_input(obs), dtype=torch.float32, device=device))
                 actions = (mu + torch.randn_like(mu) * (scale * cfg.exploration_noise)).cpu().numpy()
             actions = actions.clip(low, high)
         next_obs, rewards, terminated, truncated, info, valid = cursor.step(actions)
-        buffer.add(obs, actions, rewards, next_obs, terminated, valid=valid)
+        buffer.add(obs, actions, rewards, next_obs, terminated, valid=valid, truncated=truncated)
         global_step += int(valid.sum())
         stats.add(info, global_step)
 
