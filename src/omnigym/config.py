@@ -243,7 +243,7 @@ class ControlConfig(RunConfig):
             from omnigym.envs.vector import env_family
 
             family = env_family(self.env_id)
-            if family not in self.PRESETS:
+            if family not in self.PRESETS or self.pixels:  # a state preset (MuJoCo's normalization) does not fit frames
                 return dataclasses.replace(self, preset="none"), None
         require(family in self.PRESETS, f"unknown --preset {family!r}; choose auto, none"
                 + "".join(f", {p}" for p in self.PRESETS))

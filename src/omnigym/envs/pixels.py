@@ -20,10 +20,14 @@ flag               default    what it does
 =================  =========  ==============================================================
 
 The wrappers are gymnasium's where it has one (``FrameStackObservation`` repeats the first
-frame after a reset, as DrQ-v2's ``FrameStackWrapper`` does; ``ReshapeObservation`` folds the
-stack into channels), and two small ones here: ``ActionRepeat`` (gymnasium has none for
-continuous control) and ``RenderedFrames`` (the rendered frame, channels first, as the
-observation; a frame is rendered only after the last repeated step, not after each).
+frame after a reset, as DrQ-v2's ``FrameStackWrapper`` does), and three small ones here:
+``ActionRepeat`` (gymnasium has none for continuous control), ``RenderedFrames`` (the
+rendered frame, channels first, as the observation; a frame is rendered only after the
+last repeated step, not after each) and ``StackedChannels`` (the stack folded into channels).
+
+Resuming: gymnasium's MuJoCo envs continue mid-episode from a checkpoint (their physics
+state is saved, envs/cursor.py); dm_control's physics is not saved, so a resumed dm_control
+run starts fresh episodes, seeded by the step count.
 
 A frame is one simulator step: a run with action repeat 8 takes one decision per 8 frames.
 dm_control's episodes are 1000 frames long whatever the repeat.
@@ -58,6 +62,10 @@ ACTION_REPEAT = {"cartpole": 8, "reacher": 4, "cheetah": 4, "ball_in_cup": 4, "f
 CURL and SAC-AE use for the PlaNet benchmark"""
 DEFAULT_ACTION_REPEAT = 2
 """DrQ-v2's action repeat, the same for every task (Yarats et al., 2021, Appendix B)"""
+NOT_REBUILT = ("InvertedPendulumEnv", "InvertedDoublePendulumEnv")
+"""gymnasium 1.4's v5 pendulums leave ``default_camera_config`` out of their ``EzPickle`` arguments,
+so a copy rebuilt from a checkpoint gets ``reset_noise_scale`` as its camera and cannot render:
+they restart their episodes on resume, as dm_control does"""
 CAMERA_ID = {"quadruped": 2}
 """the camera DrQ-v2 renders (``camera_id = 2 if domain == 'quadruped' else 0``)"""
 
@@ -135,6 +143,19 @@ def check_renderer() -> None:
                            "install EGL (apt-get install libegl1) or OSMesa (libosmesa6 with MUJOCO_GL=osmesa)") from None
 
 
+class StackedChannels(gym.ObservationWrapper):
+    """``[stack, 3, H, W]`` frames as one ``[3 * stack, H, W]`` image (gymnasium's
+    ``ReshapeObservation`` holds a lambda, which a checkpoint cannot pickle)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        stack, channels, height, width = env.observation_space.shape
+        self.observation_space = gym.spaces.Box(0, 255, (stack * channels, height, width), np.uint8)
+
+    def observation(self, observation):
+        return np.asarray(observation).reshape(self.observation_space.shape)
+
+
 class ActionRepeat(gym.Wrapper):
     """Each action acts ``repeat`` simulator steps (fewer when the episode ends first); the
     rewards are summed."""
@@ -154,13 +175,44 @@ class ActionRepeat(gym.Wrapper):
 
 
 class RenderedFrames(gym.ObservationWrapper):
-    """The observation is the env's rendered RGB frame, channels first (``3 x H x W`` uint8)."""
+    """The observation is the env's rendered RGB frame, channels first (``3 x H x W`` uint8).
 
-    def __init__(self, env: gym.Env, size: int):
+    ``resumable`` False (dm_control, whose physics a checkpoint does not hold) makes the env
+    refuse to pickle, so that a resumed run starts fresh seeded episodes (envs/cursor.py)
+    rather than step a rebuilt env that was never reset (or, ``NOT_REBUILT``, cannot render)."""
+
+    CAMERA = ("lookat", "distance", "azimuth", "elevation")
+    """gymnasium's MuJoCo viewer camera, which moves as it renders (its lookat drifts by
+    millimetres): not in MjData, so a checkpoint carries it, or resumed frames differ"""
+
+    def __init__(self, env: gym.Env, size: int, resumable: bool = True):
         super().__init__(env)
         self.observation_space = gym.spaces.Box(0, 255, (3, size, size), np.uint8)
+        self.resumable, self.camera = resumable, None
+
+    def __reduce_ex__(self, protocol):
+        if not self.resumable:
+            raise TypeError("a dm_control env's physics is not saved: a resumed run starts fresh episodes")
+        return super().__reduce_ex__(protocol)
+
+    def _viewer(self):
+        return getattr(getattr(self.env.unwrapped, "mujoco_renderer", None), "viewer", None)
+
+    def __getstate__(self):
+        state, viewer = dict(self.__dict__), self._viewer()
+        if viewer is not None:
+            state["camera"] = {name: np.array(getattr(viewer.cam, name)) for name in self.CAMERA}
+        return state
 
     def observation(self, observation):
+        if self.camera is not None:  # restored from a checkpoint: the viewer exists after one render
+            self.env.render()
+            for name, value in self.camera.items():
+                if np.ndim(value):
+                    getattr(self._viewer().cam, name)[:] = value
+                else:
+                    setattr(self._viewer().cam, name, float(value))
+            self.camera = None
         frame = np.asarray(self.env.render())
         if frame.shape != (*self.observation_space.shape[1:], 3):
             raise OmnigymError(f"the env rendered a frame of shape {frame.shape}, not "
@@ -172,13 +224,14 @@ def make_pixel_env(env_id: str, options: PixelOptions) -> gym.Env:
     """One env of ``env_id`` rendered at ``options.image_size``, repeated and stacked."""
     size = options.image_size
     if env_id.startswith(DM_CONTROL_PREFIX):
+        register_dm_control()  # in this process: async envs make theirs in subprocesses
         env = gym.make(env_id, render_mode="rgb_array",
                        render_kwargs={"width": size, "height": size, "camera_id": CAMERA_ID.get(domain(env_id), 0)})
     else:  # gymnasium's MujocoEnv renders width x height from its default camera
         env = gym.make(env_id, render_mode="rgb_array", width=size, height=size)
-    env = RenderedFrames(ActionRepeat(env, options.action_repeat), size)
-    env = gym.wrappers.FrameStackObservation(env, options.frame_stack, padding_type="reset")
-    return gym.wrappers.ReshapeObservation(env, (3 * options.frame_stack, size, size))
+    resumable = not env_id.startswith(DM_CONTROL_PREFIX) and type(env.unwrapped).__name__ not in NOT_REBUILT
+    env = RenderedFrames(ActionRepeat(env, options.action_repeat), size, resumable)
+    return StackedChannels(gym.wrappers.FrameStackObservation(env, options.frame_stack, padding_type="reset"))
 
 
 def make_pixel_vec(env_id: str, num_envs: int, backend: str, options: PixelOptions) -> gym.vector.VectorEnv:
