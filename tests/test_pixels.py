@@ -292,3 +292,19 @@ def test_pixels_without_a_renderer_is_one_line_before_anything_is_made(tmp_path,
     test_bad_input.test_bad_input_gets_one_line_and_writes_nothing(
         tmp_path, monkeypatch, capsys, ["train", "drq", "--env-id", "InvertedPendulum-v5"],
         "--pixels needs MuJoCo to render offscreen and MUJOCO_GL=")
+
+
+def test_the_default_pixel_replay_fits_a_16_gb_machine_and_is_refused_clearly_on_a_small_one():
+    """DrQ's 100k transitions of 3 stacked 84 x 84 RGB frames, each frame stored once: about
+    2.7 GB; a 1 GB machine is told which flag to lower before anything is made."""
+    from omnigym import resources
+    from omnigym.algos.control.drq import DrQConfig
+    from omnigym.errors import OmnigymError
+
+    cfg = DrQConfig()
+    frames, actions = gym.spaces.Box(0, 255, (9, 84, 84), np.uint8), gym.spaces.Box(-1, 1, (1,), np.float32)
+    needs = resources.buffer_needs(cfg, None, frames, actions)
+    assert 2 * 1024**3 < needs["replay memory"][1] < 3 * 1024**3  # once per frame, not 3 x 2 times
+    resources.check_buffers(cfg, None, frames, actions, available=16 * 1024**3)
+    with pytest.raises(OmnigymError, match="--buffer-size 100000 needs about .* give a smaller --buffer-size"):
+        resources.check_buffers(cfg, None, frames, actions, available=1024**3)
