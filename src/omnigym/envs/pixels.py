@@ -32,8 +32,9 @@ run starts fresh episodes, seeded by the step count.
 A frame is one simulator step: a run with action repeat 8 takes one decision per 8 frames.
 dm_control's episodes are 1000 frames long whatever the repeat.
 
-Rendering is headless: ``MUJOCO_GL`` is set to ``egl`` here when unset, before MuJoCo is
-imported (osmesa works too: ``MUJOCO_GL=osmesa``). ``check_renderer`` renders one frame of a
+Rendering is headless: envs are made (and MuJoCo first imported) inside envs/video.py's
+``headless_gl``, which sets ``MUJOCO_GL=egl`` while it runs unless you chose a backend
+(``MUJOCO_GL=osmesa`` works too). ``check_renderer`` renders one frame of a
 tiny model before any env or run directory exists, so a machine that cannot render is told
 so in one line.
 """
@@ -44,20 +45,20 @@ import functools
 import importlib.util
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # read when mujoco (and dm_control) is first imported
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-from gymnasium.vector import AutoresetMode  # noqa: E402
-
-from omnigym.errors import OmnigymError, missing_extra, require  # noqa: E402
+from omnigym.envs.video import HEADLESS_HINT, headless_gl
+from omnigym.errors import OmnigymError, missing_extra, require
 
 DM_CONTROL_PREFIX = "dm_control/"
 MIN_IMAGE_SIZE = 16
 """the DrQ encoder's smallest input (its four 3x3 convolutions leave 1 x 1); ppo's Nature CNN needs 36"""
 MAX_IMAGE_SIZE = 512
-ACTION_REPEAT = {"cartpole": 8, "reacher": 4, "cheetah": 4, "ball_in_cup": 4, "finger": 2, "walker": 2}
+ACTION_REPEAT = MappingProxyType({"cartpole": 8, "reacher": 4, "cheetah": 4, "ball_in_cup": 4, "finger": 2, "walker": 2})
 """PlaNet's action repeat per dm_control domain (Hafner et al., 2019, Table F.1), which DrQ,
 CURL and SAC-AE use for the PlaNet benchmark"""
 DEFAULT_ACTION_REPEAT = 2
@@ -66,7 +67,7 @@ NOT_REBUILT = ("InvertedPendulumEnv", "InvertedDoublePendulumEnv")
 """gymnasium 1.4's v5 pendulums leave ``default_camera_config`` out of their ``EzPickle`` arguments,
 so a copy rebuilt from a checkpoint gets ``reset_noise_scale`` as its camera and cannot render:
 they restart their episodes on resume, as dm_control does"""
-CAMERA_ID = {"quadruped": 2}
+CAMERA_ID = MappingProxyType({"quadruped": 2})
 """the camera DrQ-v2 renders (``camera_id = 2 if domain == 'quadruped' else 0``)"""
 
 
@@ -128,19 +129,20 @@ def check_renderable(env_id, family: str | None) -> None:
 
 def check_renderer() -> None:
     """Render one frame of an empty MuJoCo model offscreen, or refuse ``--pixels`` in one line."""
-    backend = os.environ.get("MUJOCO_GL", "egl")
     try:
-        import mujoco
+        with headless_gl():
+            backend = os.environ.get("MUJOCO_GL")
+            import mujoco
 
-        renderer = mujoco.Renderer(mujoco.MjModel.from_xml_string("<mujoco/>"), MIN_IMAGE_SIZE, MIN_IMAGE_SIZE)
-        try:
-            renderer.render()
-        finally:
-            renderer.close()
+            renderer = mujoco.Renderer(mujoco.MjModel.from_xml_string("<mujoco/>"), MIN_IMAGE_SIZE, MIN_IMAGE_SIZE)
+            try:
+                renderer.render()
+            finally:
+                renderer.close()
     except Exception as exc:  # no libEGL / libOSMesa, no display, a bad MUJOCO_GL value
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise OmnigymError(f"--pixels needs MuJoCo to render offscreen and MUJOCO_GL={backend} failed here ({detail}); "
-                           "install EGL (apt-get install libegl1) or OSMesa (libosmesa6 with MUJOCO_GL=osmesa)") from None
+                           f"{HEADLESS_HINT}") from None
 
 
 class StackedChannels(gym.ObservationWrapper):
@@ -222,6 +224,11 @@ class RenderedFrames(gym.ObservationWrapper):
 
 def make_pixel_env(env_id: str, options: PixelOptions) -> gym.Env:
     """One env of ``env_id`` rendered at ``options.image_size``, repeated and stacked."""
+    with headless_gl():  # mujoco and dm_control pick their GL backend when first imported
+        return _make_pixel_env(env_id, options)
+
+
+def _make_pixel_env(env_id: str, options: PixelOptions) -> gym.Env:
     size = options.image_size
     if env_id.startswith(DM_CONTROL_PREFIX):
         register_dm_control()  # in this process: async envs make theirs in subprocesses
