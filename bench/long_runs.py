@@ -33,6 +33,11 @@ RUNS = {
     "sac-halfcheetah": ("sac", "HalfCheetah-v5", 1_000_000, ["--hidden", "256", "256"], None),
     "ppo-pong": ("ppo", "ALE/Pong-v5", 10_000_000, ["--sticky-actions", "0"], None),
     "dqn-pong": ("dqn", "PongNoFrameskip-v4", 10_000_000, ["--buffer-size", "500000"], None),
+    # DrQ from pixels (docs/pixels.md): 64 x 64 frames, batch 64 and an update every 2 agent steps to fit a CPU
+    "drq-cartpole": ("drq", "dm_control/cartpole-swingup-v0", 100_000,
+                     ["--image-size", "64", "--batch-size", "64", "--update-every", "2", "--log-every", "5000",
+                      "--checkpoint-every", "10000"],
+                     (759.0, 92.0, "DrQ, cartpole swingup from pixels, 100k frames (Kostrikov et al. 2020, Table 1)")),
 }
 
 

@@ -48,7 +48,7 @@ EDITS = [
     ({"num_envs": -3}, (), "--num-envs must be positive, got -3"),
     ({"gamma": 1.5}, (), "--gamma must be between 0 and 1, got 1.5"),
     ({}, ("env_id",), "has no 'env_id'"),
-    ({"buffer_size": 1000}, (), "'buffer_size' is a setting of dqn, sac, td3, not of ppo"),
+    ({"buffer_size": 1000}, (), "'buffer_size' is a setting of dqn, sac, td3, drq, not of ppo"),
 ]
 
 

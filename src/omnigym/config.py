@@ -201,12 +201,22 @@ class ControlConfig(RunConfig):
     clip_rewards: bool = ATARI.clip_rewards
     """Atari: learn from each reward's sign; returns report the game score"""
     frame_stack: int = ATARI.frame_stack
-    """Atari: the observation is the last N 84x84 grayscale frames"""
+    """Atari: the observation is the last N 84x84 grayscale frames (--pixels: the last N RGB frames)"""
     sticky_actions: float | None = ATARI.sticky_actions
     """Atari: repeat-previous-action probability (default: the id's own, 0.25 for ALE/*-v5, 0 for NoFrameskip-v4)"""
 
+    pixels: bool = False
+    """observe rendered RGB frames instead of the state (dm_control/... and gymnasium MuJoCo ids, headless with
+    MUJOCO_GL=egl or osmesa); frames stack along channels; docs/pixels.md"""
+    image_size: int = 84
+    """--pixels: frames are this many pixels square (DrQ-v2's 84)"""
+    action_repeat: int | None = None
+    """--pixels: simulator steps per action, rewards summed (default: PlaNet's per-domain value, cartpole 8, reacher
+    and cheetah 4, ..., else DrQ-v2's 2)"""
+
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden",
-                                                                       "frame_stack")
+                                                                       "frame_stack", "pixels", "image_size",
+                                                                       "action_repeat")
     SAVED_REQUIRED = ("env_id",)
     BUDGET = ("total_timesteps", "global_step")
     PRESETS: ClassVar[dict[str, tuple[str, dict]]] = {}
@@ -233,7 +243,7 @@ class ControlConfig(RunConfig):
             from omnigym.envs.vector import env_family
 
             family = env_family(self.env_id)
-            if family not in self.PRESETS:
+            if family not in self.PRESETS or self.pixels:  # a state preset (MuJoCo's normalization) does not fit frames
                 return dataclasses.replace(self, preset="none"), None
         require(family in self.PRESETS, f"unknown --preset {family!r}; choose auto, none"
                 + "".join(f", {p}" for p in self.PRESETS))

@@ -129,7 +129,8 @@ def buffer_needs(cfg, family: str | None, observation_space, action_space) -> di
         held = min(cfg.buffer_size, cfg.total_timesteps + cfg.num_envs)
         stack = getattr(cfg, "frame_stack", 1)
         shape = getattr(observation_space, "shape", None) or ()
-        per_obs = obs // stack if stack > 1 and len(shape) == 3 and shape[0] == stack else obs
+        # stacked along channels (Atari: one channel a frame; --pixels: three): a frame is stored once
+        per_obs = obs // stack if stack > 1 and len(shape) == 3 and shape[0] % stack == 0 else obs
         # each observation once (a frame once) with its slack, the next-observation index, action, reward, flags
         needs["replay memory"] = (f"--buffer-size {cfg.buffer_size}",
                                   held * (per_obs * 5 // 4 + action + 2 * 8 + 2 * 4))

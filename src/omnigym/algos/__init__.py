@@ -18,6 +18,7 @@ ALGORITHMS = {
     "dqn": "omnigym.algos.control.dqn",
     "sac": "omnigym.algos.control.sac",
     "td3": "omnigym.algos.control.td3",
+    "drq": "omnigym.algos.control.drq",
     "grpo": "omnigym.algos.lm.grpo",
     "text_reinforce": "omnigym.algos.lm.text_reinforce",
     "sft": "omnigym.algos.lm.sft",

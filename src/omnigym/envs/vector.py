@@ -50,6 +50,11 @@ def _register_optional_envs(env_id: str) -> None:
     # filled once ale_py is imported.
     if env_id in gym.registry:
         return
+    if env_id.startswith("dm_control/"):  # shimmy's ids (envs/pixels.py)
+        from omnigym.envs.pixels import register_dm_control
+
+        register_dm_control()
+        return
     if importlib.util.find_spec("ale_py") is not None:
         import ale_py
 
@@ -63,17 +68,26 @@ def make_run_envs(cfg, algo: str) -> tuple[gym.vector.VectorEnv, LearningSignal]
     and what its algorithm learns from (Atari's clipped rewards and episodic life)."""
     from omnigym.envs.video import training_video_dir
 
-    options = AtariOptions.from_config(cfg)
+    from omnigym.envs.pixels import PixelOptions, check_renderable, check_renderer
+
+    options, pixels = AtariOptions.from_config(cfg), PixelOptions.from_config(cfg)
     atari = is_atari(cfg.env_id) or (isinstance(cfg.env_id, str) and cfg.env_id.startswith("ALE/"))
-    changed = [flag for flag in AtariOptions.FLAGS if getattr(options, flag) != getattr(AtariOptions(), flag)]
+    changed = [flag for flag in AtariOptions.FLAGS if getattr(options, flag) != getattr(AtariOptions(), flag)
+               and not (pixels.enabled and flag == "frame_stack")]  # --pixels stacks frames too
     if changed and not atari:
         raise OmnigymError(f"--{changed[0].replace('_', '-')} is Atari preprocessing; {cfg.env_id} is not an Atari game")
     from omnigym.resources import check_buffers, check_envs
 
     family = env_family(cfg.env_id)
+    if pixels.enabled:  # what cannot render is refused before an env or a run directory exists
+        require(algo not in ("sac", "td3", "dqn"), f"{algo} learns from state vectors; for continuous control from "
+                                                   "pixels run omnigym train drq (SAC with a shared CNN encoder) or ppo")
+        require(not cfg.capture_video, "--capture-video records a state-based run; with --pixels it is not supported yet")
+        check_renderable(cfg.env_id, family)
+        check_renderer()
     check_envs(cfg, family)  # before thousands of envs are made, not after
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
-                    video_dir=training_video_dir(cfg, algo), atari=options)
+                    video_dir=training_video_dir(cfg, algo), atari=options, pixels=pixels)
     try:  # the rollout storage and replay memory, sized by what an observation turned out to cost
         check_buffers(cfg, family, envs.single_observation_space, envs.single_action_space)
     except OmnigymError:
@@ -190,6 +204,7 @@ def make_vec(
     video_dir: str | None = None,
     video_episodes=None,
     atari: "AtariOptions | None" = None,
+    pixels=None,
     **env_kwargs,
 ) -> gym.vector.VectorEnv:
     """Make ``num_envs`` copies of ``env`` as one vector env with episode statistics.
@@ -198,7 +213,8 @@ def make_vec(
     ``reset`` too, as the algorithms do, and two runs see the same trajectories.
     ``video_dir`` records env 0's episodes there (envs/video.py; ``video_episodes(episode) ->
     bool`` picks them, by default the capped cubic schedule); it needs a sync or async backend.
-    Atari ids get ``atari``'s preprocessing (envs/atari.py; its defaults when None).
+    Atari ids get ``atari``'s preprocessing (envs/atari.py; its defaults when None); MuJoCo
+    ids are rendered, repeated and stacked with ``pixels`` (envs/pixels.py) when it is enabled.
     """
     if not isinstance(num_envs, int) or num_envs <= 0:
         raise OmnigymError(f"--num-envs must be positive, got {num_envs!r}")
@@ -219,8 +235,14 @@ def make_vec(
         envs = _vectorize_factory(env_id, num_envs, backend, env_kwargs, video)
     else:
         try:
-            envs = make_atari_vec(env_id, num_envs, backend, seed, atari or AtariOptions(), video) \
-                if is_atari(env_id) else _make_registered(env_id, num_envs, backend, seed, env_kwargs, video)
+            if pixels is not None and pixels.enabled:
+                from omnigym.envs.pixels import make_pixel_vec
+
+                envs = make_pixel_vec(env_id, num_envs, backend, pixels)
+            elif is_atari(env_id):
+                envs = make_atari_vec(env_id, num_envs, backend, seed, atari or AtariOptions(), video)
+            else:
+                envs = _make_registered(env_id, num_envs, backend, seed, env_kwargs, video)
         except OmnigymError:
             raise
         except Exception as exc:  # a missing dependency (MuJoCo, ROMs) or an env that fails to build

@@ -8,6 +8,7 @@ from omnigym.algos import check_foreign_settings, config_class, get_algorithm
 from omnigym.config import config_from_dict, unknown_settings
 from omnigym.envs.atari import AtariOptions, is_atari
 from omnigym.envs.cursor import ActionMasks
+from omnigym.envs.pixels import PixelOptions
 from omnigym.envs.vector import make_vec
 from omnigym.envs.video import every_episode
 from omnigym.errors import OmnigymError
@@ -46,7 +47,7 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
     # Atari plays on the run's own backend and preprocessing (video needs gymnasium's sync env).
     backend = cfg.backend if is_atari(env) and video_dir is None else "sync"
     envs = make_vec(env, 1, backend=backend, seed=seed, video_dir=video_dir, video_episodes=every_episode,
-                    atari=AtariOptions.from_config(cfg))
+                    atari=AtariOptions.from_config(cfg), pixels=PixelOptions.from_config(cfg))
     if video_dir is not None:
         os.makedirs(video_dir, exist_ok=True)  # the env could render: its videos have a place to go
     with run_scope(seed):  # sampled actions come from torch's generator: same seed, same returns

@@ -37,7 +37,7 @@ def check_spaces(algo: str, observation_space: gym.Space, action_space: gym.Spac
         raise OmnigymError(f"{algo.upper()} here takes vector observations (a 1-D Box), got {observation_space}; "
                            "wrap the env in gymnasium.wrappers.FlattenObservation")
     if len(observation_space.shape) != 1:
-        image = " (images need a CNN encoder, which it does not have; ppo and dqn train on pixels)" \
+        image = " (images need a CNN encoder, which it does not have; drq, ppo and dqn train on pixels)" \
             if len(observation_space.shape) == 3 else "; wrap the env in gymnasium.wrappers.FlattenObservation"
         raise OmnigymError(f"{algo.upper()} here takes vector observations (a 1-D Box), got shape "
                            f"{observation_space.shape}{image}")

@@ -44,16 +44,23 @@ def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_gain: float, activat
     return nn.Sequential(*torso(n_in, hidden, activation), layer(width, n_out, out_gain))
 
 
-class NatureCNN(nn.Module):
-    """The DQN-Nature encoder for stacked 84x84 frames (uint8 in, features out)."""
+def nature_cnn_side(size: int) -> int:
+    """Side of the Nature CNN's last feature map for ``size`` x ``size`` frames (84 -> 7; 36 -> 1)."""
+    return ((size - 8) // 4 + 1 - 4) // 2 + 1 - 2
 
-    def __init__(self, channels: int, features: int = 512):
+
+class NatureCNN(nn.Module):
+    """The DQN-Nature encoder for stacked 84x84 frames (uint8 in, features out); other square
+    sizes of 36 pixels or more (``--pixels --image-size``) get a flatten layer of their size."""
+
+    def __init__(self, channels: int, features: int = 512, size: int = 84):
         super().__init__()
+        side = nature_cnn_side(size)
         self.net = nn.Sequential(
             nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
             nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(),
-            layer(64 * 7 * 7, features), nn.ReLU(),
+            layer(64 * side * side, features), nn.ReLU(),
         )
         self.out_features = features
 
@@ -114,9 +121,10 @@ def check_observation_space(space: gym.Space) -> None:
     if not isinstance(space, gym.spaces.Box):
         raise OmnigymError(f"the networks take Box observations (a vector, or C x 84 x 84 images), got {space}; "
                            "wrap the env in gymnasium.wrappers.FlattenObservation")
-    if len(space.shape) == 3 and space.shape[1:] != (84, 84):
-        raise OmnigymError(f"image observations must be channels-first C x 84 x 84 (the Nature CNN's input), got "
-                           f"{space.shape}; resize them (gymnasium.wrappers.ResizeObservation) and put channels first")
+    if len(space.shape) == 3 and (space.shape[1] != space.shape[2] or nature_cnn_side(space.shape[1]) < 1):
+        raise OmnigymError(f"image observations must be channels-first C x 84 x 84 (the Nature CNN's input; any "
+                           f"square of 36 pixels or more works too), got {space.shape}; resize them "
+                           "(gymnasium.wrappers.ResizeObservation) and put channels first")
 
 
 class ActorCritic(nn.Module):
@@ -126,7 +134,7 @@ class ActorCritic(nn.Module):
         super().__init__()
         check_observation_space(observation_space)
         if len(observation_space.shape) == 3:
-            self.encoder = NatureCNN(observation_space.shape[0])
+            self.encoder = NatureCNN(observation_space.shape[0], size=observation_space.shape[1])
             n_in, hidden = self.encoder.out_features, ()
         else:
             self.encoder = nn.Flatten() if len(observation_space.shape) > 1 else nn.Identity()
@@ -160,7 +168,7 @@ class QNetwork(nn.Module):
         super().__init__()
         check_observation_space(observation_space)
         if len(observation_space.shape) == 3:
-            encoder = NatureCNN(observation_space.shape[0])
+            encoder = NatureCNN(observation_space.shape[0], size=observation_space.shape[1])
             self.net = nn.Sequential(encoder, layer(encoder.out_features, n_actions, 1.0))
         else:
             self.net = mlp(int(np.prod(observation_space.shape)), hidden, n_actions, 1.0, activation=nn.ReLU)

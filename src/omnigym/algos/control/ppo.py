@@ -38,6 +38,7 @@ from omnigym.models.control import ActorCritic, actor_critic_policy
 from omnigym.optim import Adam, clip_grad_norm
 from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, gae, normalize
+from omnigym.rl.augment import random_shift
 from omnigym.rl.losses import PolicyLossConfig, check_finite, ppo_clip, value_loss
 from omnigym.runtime import RolloutRuntimeConfig
 from omnigym.runtime.control_workers import make_control_rollouts
@@ -72,6 +73,9 @@ class PPOConfig(RolloutRuntimeConfig, ControlConfig):
     normalize_reward: bool = False
     """scale rewards by the running std of the discounted return, clipped to +-10 (MuJoCo)"""
     hidden: tuple[int, ...] = (64, 64)
+    image_pad: int = 0
+    """images: random shifts of up to this many pixels on each minibatch (DrQ's augmentation, rl/augment.py; 4 is
+    DrQ's; 0 = off)"""
     compile: bool = False
     """compile the minibatch loss with torch.compile (its backward too): ~25 s to build on a cold cache, then
     1.09x the training SPS on PPO HalfCheetah (docs/benchmarks.md); needs a C++ compiler on CPU (docs/ppo.md)"""
@@ -99,6 +103,9 @@ class PPOConfig(RolloutRuntimeConfig, ControlConfig):
                                                "transitions of a rollout (--num-steps x --num-envs)")
         require(self.target_kl is None or self.target_kl > 0, f"--target-kl must be positive, got {self.target_kl}")
         require_positive(self, "hidden")
+        require_non_negative(self, "image_pad")
+        require(not (self.pixels and self.normalize_obs), "--normalize-obs normalizes state vectors; the CNN scales "
+                                                          "the frames of --pixels itself")
         self.check_runtime(self.num_envs, "envs of --num-envs, split between the rollout workers")
         require(self.runtime == "ray" or self.behaviour_cap is None,
                 "--behaviour-cap corrects for rollouts stepped by an older policy: read by --runtime ray only")
@@ -201,6 +208,8 @@ def minibatch_objective(agent, cfg: PPOConfig, loss_cfg: PolicyLossConfig, obs, 
                         old_values, advantages, returns, behaviour_logprobs=None):
     """PPO's loss on one minibatch: ``(loss, policy loss, policy stats, value loss, entropy)``.
     ``behaviour_logprobs``: the rollout workers' (``--runtime ray``), for the --behaviour-cap weight."""
+    if cfg.image_pad and obs.dtype == torch.uint8:  # the rollout's policy saw the unshifted frames
+        obs = random_shift(obs, cfg.image_pad)
     _, new_logprob, entropy, new_value = agent.act(obs, actions, masks)
     if cfg.norm_adv and len(advantages) > 1:
         advantages = normalize(advantages)
