@@ -6,6 +6,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # so that main() called in this process prints what the command prints.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# A test process imports mujoco once for many tests, and mujoco and PyOpenGL fix their GL backend
+# then: headless (EGL), as the entry point sets it (test_video checks the unset case in a fresh process).
+from omnigym.cli import headless_by_default  # noqa: E402
+
+headless_by_default(os.environ)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -255,6 +255,17 @@ def set_up_process() -> None:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    headless_by_default(os.environ)
+
+
+def headless_by_default(environ) -> None:
+    """MuJoCo renders offscreen through EGL where there is no display, unless MUJOCO_GL says
+    otherwise. For the whole process: mujoco and PyOpenGL fix their GL backend when first
+    imported, and a goal env's registration (gymnasium-robotics) or a locomotion task imports
+    mujoco long before ``headless_gl``'s blocks (envs/video.py) render the first frame."""
+    if not environ.get("DISPLAY") and not environ.get("WAYLAND_DISPLAY") and "MUJOCO_GL" not in environ:
+        environ["MUJOCO_GL"] = "egl"
+        environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 
 class Stopped(KeyboardInterrupt):

@@ -207,6 +207,12 @@ class RenderedFrames(gym.ObservationWrapper):
         return state
 
     def observation(self, observation):
+        # gymnasium's MuJoCo viewer picks its GL backend when it is made, at the first render: here,
+        # and (a resumed run) maybe long after the block that made the env.
+        with headless_gl():
+            return self._frame()
+
+    def _frame(self):
         if self.camera is not None:  # restored from a checkpoint: the viewer exists after one render
             self.env.render()
             for name, value in self.camera.items():
