@@ -4,6 +4,7 @@ exact resume with the HER buffer, same seed => same metrics, DQN+HER learns bit 
 on a goal env without --her, the gymnasium-robotics shim, bad input; FetchReach learning (slow)."""
 
 import json
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -14,6 +15,7 @@ import test_bad_input
 from omnigym.algos import dqn, sac, td3
 from omnigym.cli import main
 from omnigym.envs.goal import GoalLayout, PointReachEnv, network_view
+from omnigym.errors import OmnigymError
 from omnigym.evaluation.control import evaluate_run
 from omnigym.resources import stored_bytes
 from omnigym.rl.her import HindsightRelabelling
@@ -102,6 +104,26 @@ def test_a_running_episode_relabels_up_to_its_newest_transition():
     buffer.add(step_obs(23), np.array([0]), np.array([7.0]), step_obs(24), np.array([False]),
                truncated=np.array([True]))
     assert set(buffer.sample(100, np.random.default_rng(3))["obs"].numpy()[:80, 1]) == {24.0}
+
+
+def _fails_on_big_batches(achieved, goals, info):
+    if len(goals) > 2:  # passes the probe's batch of 2 (envs/goal.py), not a real minibatch
+        raise RuntimeError("only small batches")
+    return recorded_reward(achieved, goals, info)
+
+
+@pytest.mark.parametrize("compute_reward, message", [
+    (_fails_on_big_batches, "compute_reward failed on a minibatch of 26 relabelled goals (RuntimeError: only small"),
+    (lambda a, g, info: np.zeros((len(g), 2)), "compute_reward returned shape (26, 2) for a minibatch of 26 goals"),
+    (lambda a, g, info: np.full(len(g), np.nan), "compute_reward returned a non-finite reward (nan)"),
+], ids=["raises", "shape", "nan"])
+def test_a_compute_reward_that_goes_wrong_on_a_minibatch_is_named_not_a_traceback_or_nan_loss(compute_reward, message):
+    """Found attacking: a NaN reward surfaced steps later as 'the env returned a non-finite
+    observation' (NaN loss -> NaN action -> NaN position); a raise or a wrong shape, as a traceback."""
+    buffer = hand_built("future")
+    buffer.relabel.compute_reward = compute_reward
+    with pytest.raises(OmnigymError, match=re.escape(message)):
+        buffer.sample(32, np.random.default_rng(0))
 
 
 def test_the_goal_replay_memory_round_trips_through_its_state_dict():

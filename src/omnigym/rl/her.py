@@ -78,7 +78,23 @@ class HindsightRelabelling:
         return low + np.floor(rng.random(len(t)) * (last - low + 1)).astype(np.int64)
 
     def rewards(self, achieved: np.ndarray, goals: np.ndarray) -> np.ndarray:
-        return np.asarray(self.compute_reward(achieved, goals, {}), dtype=np.float32).reshape(len(goals))
+        """The env's rewards for relabelled goals. Its ``compute_reward`` was probed on a batch of
+        2 before the run (envs/goal.py); one that fails, or answers another shape or a NaN, only on
+        a real minibatch is stopped here with its name, not as a traceback or a NaN loss later."""
+        try:
+            rewards = np.asarray(self.compute_reward(achieved, goals, {}), dtype=np.float32)
+        except Exception as exc:
+            raise OmnigymError(f"--her: the env's compute_reward failed on a minibatch of {len(goals)} relabelled goals "
+                               f"({type(exc).__name__}: {exc}); it must take batches (arrays [n, goal]) and return "
+                               "[n] rewards") from None
+        if rewards.size != len(goals):
+            raise OmnigymError(f"--her: the env's compute_reward returned shape {rewards.shape} for a minibatch of "
+                               f"{len(goals)} goals; it must return one reward per goal")
+        rewards = rewards.reshape(len(goals))
+        if not np.isfinite(rewards).all():
+            raise OmnigymError(f"--her: the env's compute_reward returned a non-finite reward "
+                               f"({rewards[~np.isfinite(rewards)][0]}) for a relabelled goal; it must return finite rewards")
+        return rewards
 
 
 def replay_buffer(cfg, envs, action_shape: tuple, action_dtype, obs_dtype=np.float32, frame_stack: int = 1):
