@@ -126,6 +126,17 @@ def test_a_compute_reward_that_goes_wrong_on_a_minibatch_is_named_not_a_tracebac
         buffer.sample(32, np.random.default_rng(0))
 
 
+def test_an_env_that_terminates_under_her_gets_one_warning(capsys):
+    """Found attacking: a goal env that terminates on success trained with --her silently; its
+    relabelled transitions keep the terminated of the original goal (docs/her.md)."""
+    buffer = hand_built("future")
+    assert "warning" not in capsys.readouterr().err  # truncation only: nothing to say
+    for _ in range(2):
+        buffer.add(step_obs(40), np.array([0]), np.array([0.0]), step_obs(41), np.array([True]))
+    err = capsys.readouterr().err
+    assert err.count("omnigym: warning: --her: the env terminated an episode") == 1
+
+
 def test_the_goal_replay_memory_round_trips_through_its_state_dict():
     buffer, copy_ = hand_built("future"), hand_built("future", episodes=(), running=(50, 1))
     copy_.load_state_dict(buffer.state_dict())

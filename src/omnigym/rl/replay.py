@@ -31,6 +31,7 @@ reward the env's ``compute_reward`` gives for it.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -62,6 +63,7 @@ class ReplayBuffer:
         self.last_next_obs = np.zeros((num_envs, *obs_shape), dtype=obs_dtype)
         self.has_last = np.zeros(num_envs, dtype=bool)
         self.goals, self.relabel = goals, relabel
+        self.warned_termination = False
         if goals is not None:  # each transition's episode, as absolute transition indices of its env
             self.episode_first = np.zeros((num_envs, self.env_capacity), dtype=np.int64)
             self.episode_last = np.full((num_envs, self.env_capacity), -1, dtype=np.int64)  # -1: still running
@@ -109,6 +111,11 @@ class ReplayBuffer:
         self.actions[envs, rows] = np.asarray(actions)[envs]
         self.rewards[envs, rows] = np.asarray(rewards)[envs]
         self.terminated[envs, rows] = np.asarray(terminated)[envs]
+        if self.relabel is not None and not self.warned_termination and np.asarray(terminated)[envs].any():
+            self.warned_termination = True  # once a process: a relabelled transition keeps its terminated
+            print("omnigym: warning: --her: the env terminated an episode; a relabelled transition keeps its "
+                  "terminated, which is wrong where termination depends on the goal (stopping on success): end "
+                  "goal-env episodes by time only (truncated), as gymnasium-robotics' do (docs/her.md)", file=sys.stderr)
         if self.goals is not None:
             self._episodes_of(envs, rows, np.asarray(terminated)[envs] |
                               (False if truncated is None else np.asarray(truncated)[envs]))
