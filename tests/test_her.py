@@ -261,7 +261,20 @@ BAD = [
     (["train", "td3", "--her-k", "-2"], "--her-k must be positive"),
     (["train", "dqn", "--her-strategy", "past"], "unknown --her-strategy 'past'; choose future, final, episode"),
     (["train", "sac", "--env-id", "omnigym/BitFlip-v0", "--her"], "SAC needs a continuous (Box) action space"),
+    # found attacking: a Dict without the three keys heard "wrap the env in FlattenObservation" under --her
+    (["train", "td3", "--her", "--env-id", "test_her:DictWithoutGoals"], "--her needs a goal env (Dict observations with "
+                                                                         "observation, achieved_goal and desired_goal"),
 ]
+
+
+class DictWithoutGoals(PointReachEnv):
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gym.spaces.Dict({"observation": self.observation_space["observation"],
+                                                  "goal": self.observation_space["desired_goal"]})
+
+    def _obs(self) -> dict:
+        return {"observation": self.position.copy(), "goal": self.goal.copy()}
 
 
 @pytest.mark.parametrize("argv, message", BAD, ids=[" ".join(a) for a, _ in BAD])

@@ -97,6 +97,16 @@ class HindsightRelabelling:
         return rewards
 
 
+def check_goal_env(cfg, space) -> None:
+    """``--her`` on an env without goals: one line saying so, before any other check of its
+    observations (a Dict without the three keys would otherwise hear "wrap it in FlattenObservation")."""
+    from omnigym.envs.goal import GoalLayout
+
+    if cfg.her:
+        require(GoalLayout.of(space) is not None, f"{flag('her')} needs a goal env (Dict observations with observation, "
+                                                  f"achieved_goal and desired_goal, and compute_reward); {cfg.env_id} has {space}")
+
+
 def replay_buffer(cfg, envs, action_shape: tuple, action_dtype, obs_dtype=np.float32, frame_stack: int = 1):
     """The replay memory of an off-policy run: goal envs store observation, achieved and
     desired goal, and ``--her`` relabels them; other envs, their observations as they are.
@@ -109,8 +119,7 @@ def replay_buffer(cfg, envs, action_shape: tuple, action_dtype, obs_dtype=np.flo
     goals = GoalLayout.of(space)
     relabel = None
     if cfg.her:
-        require(goals is not None, f"{flag('her')} needs a goal env (Dict observations with observation, "
-                                   f"achieved_goal and desired_goal, and compute_reward); {cfg.env_id} has {space}")
+        check_goal_env(cfg, space)
         relabel = HindsightRelabelling(cfg.her_strategy, cfg.her_k, goal_reward_function(envs))
     if goals is not None:
         return ReplayBuffer(cfg.buffer_size, (goals.stored_dim,), action_shape, obs_dtype=np.float32,

@@ -31,7 +31,7 @@ from omnigym.models.continuous import DeterministicActor, QNetwork, check_spaces
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
-from omnigym.rl.her import HindsightFlags, replay_buffer
+from omnigym.rl.her import HindsightFlags, check_goal_env, replay_buffer
 from omnigym.rl.replay import Replay
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
@@ -86,6 +86,7 @@ def train(cfg: TD3Config) -> dict:
     action_space = envs.single_action_space
     obs_space, network_input = network_view(envs.single_observation_space)  # goal envs: observation ++ goal
     try:  # before the run directory exists
+        check_goal_env(cfg, envs.single_observation_space)  # --her on a Dict without goals: say that first
         check_spaces("td3", obs_space, action_space)
         buffer = replay_buffer(cfg, envs, (action_space.shape[0],), np.float32)  # --her relabels goal envs'
     except OmnigymError:
