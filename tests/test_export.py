@@ -159,7 +159,8 @@ def test_cli_writes_into_the_run_and_refuses_to_overwrite(tmp_path, capsys):
                           (["--out", f"{run_dir}/config.json", "--force"], "is one of the run's own files"),
                           (["--out", f"{run_dir}/checkpoint.pt"], "is one of the run's own files"),
                           (["--out", f"{tmp_path}/no/such/policy.pt"], "no such folder"),
-                          (["--out", str(tmp_path)], "is a directory; name the file to write")]:
+                          (["--out", str(tmp_path)], "is a directory; name the file to write"),
+                          (["--out", f"{tmp_path}/new-folder/"], "names a folder; name the file to write")]:
         assert main(["export", run_dir, "--format", "torchscript", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("omnigym: error: ") and message in err[0], err

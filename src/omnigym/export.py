@@ -318,6 +318,8 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
     ``policy.pt``), checked against the checkpoint's policy; returns what was written."""
     check_format(fmt)
     algo, module, cfg, saved = read_run(run_dir)
+    if out is not None and str(out).endswith(("/", os.sep)):  # Path() would drop the slash and write a file "x"
+        raise OmnigymError(f"--out {out} names a folder; name the file to write")
     out = Path(out) if out is not None else default_out(run_dir, fmt)
     check_out(run_dir, out, force)
     envs = run_envs(run_dir, cfg, env)
