@@ -6,6 +6,7 @@ can fail (a changed normalization statistic is caught, and such a file is never 
 input is one line with nothing written."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,7 +159,8 @@ def test_cli_writes_into_the_run_and_refuses_to_overwrite(tmp_path, capsys):
                           (["--out", f"{run_dir}/config.json", "--force"], "is one of the run's own files"),
                           (["--out", f"{run_dir}/checkpoint.pt"], "is one of the run's own files"),
                           (["--out", f"{tmp_path}/no/such/policy.pt"], "no such folder"),
-                          (["--out", str(tmp_path)], "is a directory; name the file to write")]:
+                          (["--out", str(tmp_path)], "is a directory; name the file to write"),
+                          (["--out", f"{tmp_path}/new-folder/"], "names a folder; name the file to write")]:
         assert main(["export", run_dir, "--format", "torchscript", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("omnigym: error: ") and message in err[0], err
@@ -207,3 +209,55 @@ def test_onnx_without_the_export_extra_names_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if not installed
     refused(tmp_path, capsys, prepare(tmp_path, ["export", "RUN", "--format", "onnx"]),
             "onnxscript is not installed; install it with: pip install 'omnigym[export]'")
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path, fmt):
+    """A write that cannot finish (here a 4 KiB file-size limit, EFBIG, as test_disk_full plays
+    ENOSPC where mounting is not permitted): one DiskFault line naming --out, exit 2, no
+    ``.tmp`` left. torch.jit.save writing to a path aborted the whole process (a C++
+    ``terminate``, exit 134, its temporary left); onnx.save raised a bare OSError traceback."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    run_dir = trained(tmp_path, "ppo-discrete")
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "omnigym", "export", run_dir, "--format", fmt, "--out",
+                           str(out / "policy.bin")], capture_output=True, text=True, preexec_fn=limit,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=300)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr[-2000:]
+    assert err[0].startswith(f"omnigym: error: cannot write {out / 'policy.bin'}: file too large"), err
+    assert list(out.iterdir()) == []
+
+
+def test_a_symlinked_out_gets_its_temporary_beside_the_link(tmp_path, monkeypatch):
+    """--out a symlink (here to the run's own policy.pt, replaced with --force): the temporary
+    is written beside the link and renamed over it. It was written beside the link's target,
+    inside the run, and where the link sits on another file system (/dev/shm -> the run)
+    os.replace failed with EXDEV, an OSError traceback."""
+    import os
+
+    from omnigym import export as export_module
+
+    run_dir = trained(tmp_path, "ppo-discrete")
+    assert main(["export", run_dir, "--format", "torchscript"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "link.pt").symlink_to(f"{run_dir}/policy.pt")
+    renamed = []
+    real_replace = os.replace
+    monkeypatch.setattr(export_module.os, "replace", lambda a, b: (renamed.append((a, b)), real_replace(a, b)))
+    assert main(["export", run_dir, "--format", "torchscript", "--out", str(elsewhere / "link.pt"), "--force"]) == 0
+    assert [Path(a).parent for a, b in renamed if str(b).endswith("link.pt")] == [elsewhere]
+    assert not (elsewhere / "link.pt").is_symlink()  # the link was replaced by the file, the run's file kept
+    assert sorted(p.name for p in Path(run_dir).iterdir() if p.name.startswith(".")) == []

@@ -20,6 +20,7 @@ and the per-step latency.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import warnings
@@ -291,14 +292,24 @@ def write_onnx(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, pa
     for key, value in metadata.items():
         proto.metadata_props.add(key=key, value=json.dumps(value))
     onnx.checker.check_model(proto)
-    onnx.save(proto, str(path))
+    _write_bytes(path, proto.SerializeToString())
 
 
 def write_torchscript(policy: ExportedPolicy, example: torch.Tensor, metadata: dict, path: Path) -> None:
     # Traced, not scripted: the policy has no data-dependent branches, and tracing takes the
     # networks as they are (scripting would need their optional mask arguments typed).
     traced = torch.jit.trace(policy, (example,), check_trace=True)
-    torch.jit.save(traced, str(path), _extra_files={METADATA_FILE: json.dumps(metadata)})
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer, _extra_files={METADATA_FILE: json.dumps(metadata)})
+    _write_bytes(path, buffer.getvalue())
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """The serialized file, written from memory by Python: a full disk is one ``DiskFault`` line.
+    (torch.jit.save writing to a path aborts the whole process on a short write, a C++
+    ``terminate`` from its writer; onnx.save raises a bare OSError.)"""
+    with open(path, "wb") as file:
+        file.write(data)
 
 
 def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.PathLike | None = None,
@@ -307,6 +318,8 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
     ``policy.pt``), checked against the checkpoint's policy; returns what was written."""
     check_format(fmt)
     algo, module, cfg, saved = read_run(run_dir)
+    if out is not None and str(out).endswith(("/", os.sep)):  # Path() would drop the slash and write a file "x"
+        raise OmnigymError(f"--out {out} names a folder; name the file to write")
     out = Path(out) if out is not None else default_out(run_dir, fmt)
     check_out(run_dir, out, force)
     envs = run_envs(run_dir, cfg, env)
@@ -322,6 +335,7 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
                 "observation_normalization": policy.normalize, "action_clipping": policy.clip,
                 "torch": torch.__version__}
     from omnigym import __version__
+    from omnigym.track.files import write_fault
 
     metadata["omnigym"] = __version__
     reference = module.load_policy(cfg, saved["components"], envs, greedy=True)
@@ -329,9 +343,11 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
     # Written beside the target and renamed over it: a reader never sees half a file, and a
     # failed export (or one that disagrees with the checkpoint) leaves what was there.
     # (Named by process id rather than by mkstemp, whose file is private: the policy keeps the umask's permissions.)
-    tmp = out.resolve().with_name(f".{out.name}.{os.getpid()}.tmp")
+    # Beside --out itself, not beside what a symlink there points to: os.replace replaces the
+    # link, and a link to another file system (or into the run) must not put the temporary there.
+    tmp = Path(os.path.abspath(out)).with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), write_fault(out):
             warnings.simplefilter("ignore")  # the exporters' deprecation and tracer chatter
             (write_onnx if fmt == "onnx" else write_torchscript)(policy, example, metadata, tmp)
         differs = mismatch(load_exported(tmp, fmt), reference, observations,
