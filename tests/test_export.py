@@ -261,3 +261,25 @@ def test_a_symlinked_out_gets_its_temporary_beside_the_link(tmp_path, monkeypatc
     assert [Path(a).parent for a, b in renamed if str(b).endswith("link.pt")] == [elsewhere]
     assert not (elsewhere / "link.pt").is_symlink()  # the link was replaced by the file, the run's file kept
     assert sorted(p.name for p in Path(run_dir).iterdir() if p.name.startswith(".")) == []
+
+
+def test_an_output_written_while_the_export_ran_is_not_replaced_without_force(tmp_path, monkeypatch, capsys):
+    """Two exports to one new --out at once: both pass the existence check; the second to
+    finish is refused instead of replacing the first's file."""
+    import omnigym.export as export
+
+    run_dir = trained(tmp_path, "ppo-discrete")
+    capsys.readouterr()  # the training's own lines
+    out = tmp_path / "raced.pt"
+    write = export.write_torchscript
+
+    def another_export_finishes_first(policy, example, metadata, path):
+        write(policy, example, metadata, path)
+        out.write_bytes(b"the other export's file")
+
+    monkeypatch.setattr(export, "write_torchscript", another_export_finishes_first)
+    assert main(["export", run_dir, "--format", "torchscript", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exists (written while this export ran); pass --force" in err[0], err
+    assert out.read_bytes() == b"the other export's file"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

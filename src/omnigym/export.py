@@ -304,6 +304,21 @@ def write_torchscript(policy: ExportedPolicy, example: torch.Tensor, metadata: d
     _write_bytes(path, buffer.getvalue())
 
 
+def place(tmp: Path, out: Path, force: bool) -> None:
+    """Move the finished file to ``out``. Without ``force``, by a hard link, which fails if
+    ``out`` exists: another export that wrote it since ``check_out`` looked is not replaced.
+    Where hard links are not allowed (some network and FAT file systems), by a rename."""
+    if not force:
+        try:
+            os.link(tmp, out)
+            return
+        except FileExistsError:
+            raise OmnigymError(f"{out} exists (written while this export ran); pass --force to replace it") from None
+        except OSError:
+            pass
+    os.replace(tmp, out)
+
+
 def _write_bytes(path: Path, data: bytes) -> None:
     """The serialized file, written from memory by Python: a full disk is one ``DiskFault`` line.
     (torch.jit.save writing to a path aborts the whole process on a short write, a C++
@@ -355,7 +370,7 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
         if differs:
             raise OmnigymError(f"the exported {fmt} policy does not reproduce the checkpoint's: {differs} on "
                                f"{len(observations)} probe observations; nothing written")
-        os.replace(tmp, out)
+        place(tmp, out, force)
     finally:
         tmp.unlink(missing_ok=True)
     return {"path": str(out), "bytes": out.stat().st_size, "probes": len(observations), **metadata}
