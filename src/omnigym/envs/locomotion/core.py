@@ -219,5 +219,23 @@ class LocomotionBatch:
             obs = obs + self.rng.uniform(-1.0, 1.0, size=obs.shape) * self.noise_scale
         return obs.astype(np.float32)
 
+    # --- checkpoints: the numbers, not 64 MjModels (a resumed run rebuilds those) -------------
+    RANDOMIZED = ("geom_friction", "body_mass", "actuator_gainprm", "actuator_biasprm")
+
+    def __getstate__(self) -> dict:
+        keep = {k: v for k, v in self.__dict__.items() if k not in ("models", "stepper", "robot", "terrain")}
+        keep["_physics"] = (self.stepper.qpos.copy(), self.stepper.qvel.copy())
+        keep["_params"] = {name: np.stack([getattr(m, name) for m in self.models]) for name in self.RANDOMIZED}
+        return keep
+
+    def __setstate__(self, state: dict) -> None:
+        physics, params = state.pop("_physics"), state.pop("_params")
+        self.__init__(state["n"], state["cfg"])
+        self.__dict__.update(state)
+        for i, model in enumerate(self.models):
+            for name, values in params.items():
+                getattr(model, name)[:] = values[i]
+        self.stepper.set_state(np.arange(self.n), *physics)
+
     def close(self) -> None:
         self.stepper.close()
