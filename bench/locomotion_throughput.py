@@ -3,8 +3,9 @@ with raw MuJoCo ``mj_step`` on the same model (docs/robots.md).
 
     python bench/locomotion_throughput.py [--num-envs 64] [--seconds 5] [--threads 2]
 
-Rows: (raw) one MjData stepped by ``mujoco.mj_step`` in a loop, nothing else: the physics' own rate
-on one thread; (a) the task's vector env on ``mujoco.rollout`` (persistent pool, ``--threads``
+Rows: (raw) one MjData stepped by ``mujoco.mj_step`` in a loop under the same kind of random PD
+targets, nothing else: the physics' own rate on one thread (a robot held still steps ~3x faster, so
+raw is driven as the envs are); (a) the task's vector env on ``mujoco.rollout`` (persistent pool, ``--threads``
 threads, ``nstep = decimation``); (b) the vector env on a Python loop of ``mj_step`` over N MjData;
 (c) gymnasium's ``SyncVectorEnv`` of N single envs. (a)-(c) include the whole task (rewards,
 observations, resets, randomization), stepped with random actions. The ratio column is physics
@@ -31,6 +32,8 @@ def timed(step, seconds: float) -> tuple[int, float]:
 
 
 def raw_mj_step(seconds: float) -> float:
+    """The same model driven the same way (a new random PD target every 4 steps, the default pose
+    plus 0.25 x N(0, 0.5) as the envs below get), with nothing else around ``mj_step``."""
     import mujoco
 
     from omnigym.envs.locomotion.robots import build_model
@@ -38,14 +41,26 @@ def raw_mj_step(seconds: float) -> float:
     robot = build_model("go2")
     data = mujoco.MjData(robot.model)
     data.qpos[:] = robot.default_qpos
-    data.ctrl[:] = robot.default_joint_pos
     model, step = robot.model, mujoco.mj_step
+    targets = robot.default_joint_pos + 0.25 * np.random.default_rng(0).normal(0.0, 0.5, size=(256, 12))
+    i = [0]
+
+    base_contact = robot.sensors["base"].start
+    since_reset = [0]
 
     def hundred():
-        for _ in range(100):
-            step(model, data)
-        if data.qpos[2] < 0.15:  # keep it standing-ish: a fallen robot has other contacts
-            data.qpos[:], data.qvel[:] = robot.default_qpos, 0.0
+        for _ in range(25):
+            data.ctrl[:] = targets[i[0] % 256]
+            i[0] += 1
+            for _ in range(4):
+                step(model, data)
+            since_reset[0] += 1
+            w, x, y, _ = data.qpos[3:7]
+            upright = 1 - 2 * (x * x + y * y)  # the base z axis' world z
+            if data.sensordata[base_contact] > 0 or upright < np.cos(1.0) or since_reset[0] == 1000:
+                # the task's episode ends (a fall: base contact or tilt; or 20 s): back to the start
+                data.qpos[:], data.qvel[:] = robot.default_qpos, 0.0
+                since_reset[0] = 0
     calls, elapsed = timed(hundred, seconds)
     return calls * 100 / elapsed
 

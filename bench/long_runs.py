@@ -33,6 +33,11 @@ RUNS = {
     "sac-halfcheetah": ("sac", "HalfCheetah-v5", 1_000_000, ["--hidden", "256", "256"], None),
     "ppo-pong": ("ppo", "ALE/Pong-v5", 10_000_000, ["--sticky-actions", "0"], None),
     "dqn-pong": ("dqn", "PongNoFrameskip-v4", 10_000_000, ["--buffer-size", "500000"], None),
+    # docs/robots.md: forward commands only (0-1 m/s), no pushes, the locomotion preset with a smaller MLP
+    # (CPU); the bar is checked with: omnigym eval RUN --command 0.5,0,0 --greedy --episodes 20
+    "ppo-go2-flat": ("ppo", "omnigym/Go2-Velocity-Flat-v0", 1_500_000,
+                     ["--hidden", "256", "128", "--checkpoint-every", "100000", "--env-kwargs", "lin_vel_x=0.0,1.0",
+                      "lin_vel_y=0,0", "ang_vel_yaw=0,0", "push_interval=none"], None),
 }
 
 
