@@ -16,7 +16,7 @@ from omnigym.errors import OmnigymError
 USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
-  omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]]
+  omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]] [--randomize] [--command VX,VY,YAW]
                                  --video: the episodes as .mp4 in RUN_DIR/videos/eval (docs/video.md)
   omnigym export RUN_DIR --format onnx|torchscript [--out FILE] [--force]
                                  the policy as one file, normalization folded in (docs/export.md)
@@ -149,7 +149,14 @@ def evaluate(argv: list[str]) -> None:
     parser.add_argument("--video", action="store_true",
                         help="record every episode as .mp4 into RUN_DIR/videos/eval (docs/video.md)")
     parser.add_argument("--video-dir", help="where --video writes (default RUN_DIR/videos/eval); implies --video")
+    parser.add_argument("--randomize", action="store_true",
+                        help="locomotion runs: play in a differently parameterized model (friction, mass, motor "
+                             "strength, pushes) and report falls and velocity tracking (docs/robots.md)")
+    parser.add_argument("--command", metavar="VX,VY,YAW", help="locomotion runs: the fixed velocity command to "
+                        "track, reporting falls and tracking (default with --randomize: 0.5,0,0)")
     args = parser.parse_args(argv)
+    if args.randomize or args.command:
+        return evaluate_locomotion(args)
     from pathlib import Path
 
     from omnigym.envs.video import VIDEO_FOLDER
@@ -198,6 +205,22 @@ def export(argv: list[str]) -> None:
           f"policy's on {done['probes']} probe observations")
 
 
+def evaluate_locomotion(args) -> None:
+    from omnigym.evaluation.locomotion import evaluate_tracking
+
+    try:
+        command = tuple(float(x) for x in (args.command or "0.5,0,0").split(","))
+    except ValueError:
+        command = ()
+    if len(command) != 3:
+        raise OmnigymError(f"--command takes VX,VY,YAW (three numbers), got {args.command!r}")
+    if args.video or args.video_dir:
+        raise OmnigymError("--video records the run's own env; give it without --randomize/--command")
+    report = evaluate_tracking(args.run_dir, args.episodes, randomize=args.randomize, command=command,
+                               greedy=args.greedy, seed=args.seed)
+    print(report.line())
+
+
 def plot(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds).")
     parser.add_argument("run_dirs", nargs="+")
@@ -244,6 +267,9 @@ def list_available() -> None:
     from omnigym.envs.goal import available_goal_envs
 
     print("goal envs:    " + ", ".join(available_goal_envs()) + "  (sac, td3, dqn with --her; docs/her.md)")
+    from omnigym.envs.locomotion import TASK_IDS
+
+    print("locomotion:   " + ", ".join(TASK_IDS) + "  (ppo --preset auto picks locomotion; docs/robots.md)")
     print(isolation().line())
 
 

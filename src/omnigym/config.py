@@ -189,7 +189,10 @@ class ControlConfig(RunConfig):
 
     preset: str = "auto"
     """published hyperparameters for the env's family, for every flag you do not give: auto picks
-    by env id (atari, mujoco; none elsewhere), none keeps the defaults shown here; printed at start"""
+    by env id (atari, mujoco, locomotion; none elsewhere), none keeps the defaults shown here; printed at start"""
+    env_kwargs: tuple[str, ...] = ()
+    """KEY=VALUE settings passed to the env's constructor, e.g. --env-kwargs friction=0.4,1.0 push_interval=none
+    (values are Python literals or strings; docs/robots.md lists the locomotion task's)"""
     noop_max: int = ATARI.noop_max
     """Atari: up to this many no-op actions after a reset"""
     frame_skip: int = ATARI.frame_skip
@@ -216,7 +219,7 @@ class ControlConfig(RunConfig):
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden",
                                                                        "frame_stack", "pixels", "image_size",
-                                                                       "action_repeat")
+                                                                       "action_repeat", "env_kwargs")
     SAVED_REQUIRED = ("env_id",)
     BUDGET = ("total_timesteps", "global_step")
     PRESETS: ClassVar[dict[str, tuple[str, dict]]] = {}

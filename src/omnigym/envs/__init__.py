@@ -11,3 +11,7 @@ register_text_env("search-v0", search_env)
 register_text_env("guess-v0", guess_env)
 
 __all__ = ["BACKENDS", "available_backends", "make_vec"]
+
+from omnigym.envs.locomotion import register as register_locomotion
+
+register_locomotion()  # omnigym/Go2-Velocity-Flat-v0, omnigym/Go2-Velocity-Rough-v0 (docs/robots.md)

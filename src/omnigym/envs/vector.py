@@ -87,7 +87,8 @@ def make_run_envs(cfg, algo: str) -> tuple[gym.vector.VectorEnv, LearningSignal]
         check_renderer()
     check_envs(cfg, family)  # before thousands of envs are made, not after
     envs = make_vec(cfg.env_id, cfg.num_envs, backend=cfg.backend, seed=cfg.seed,
-                    video_dir=training_video_dir(cfg, algo), atari=options, pixels=pixels)
+                    video_dir=training_video_dir(cfg, algo), atari=options, pixels=pixels,
+                    **parse_env_kwargs(cfg.env_kwargs))
     try:  # the rollout storage and replay memory, sized by what an observation turned out to cost
         check_buffers(cfg, family, envs.single_observation_space, envs.single_action_space)
     except OmnigymError:
@@ -100,9 +101,30 @@ def make_run_envs(cfg, algo: str) -> tuple[gym.vector.VectorEnv, LearningSignal]
     return envs, signal
 
 
+def parse_env_kwargs(pairs) -> dict:
+    """``--env-kwargs KEY=VALUE ...`` as a dict: a value that reads as a Python literal (``3``,
+    ``0.5,1.0``, ``None``) is that value, anything else stays a string for the env to check."""
+    import ast
+
+    kwargs = {}
+    for pair in pairs or ():
+        key, sep, value = str(pair).partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise OmnigymError(f"--env-kwargs takes KEY=VALUE pairs, got {pair!r}")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key.strip()] = value
+    return kwargs
+
+
 def env_family(env) -> str | None:
-    """``atari`` (ale-py's games), ``mujoco`` (gymnasium's MuJoCo robots), or None: which
-    algorithm presets (``--preset auto``) fit the env."""
+    """``atari`` (ale-py's games), ``mujoco`` (gymnasium's MuJoCo robots), ``locomotion``
+    (envs/locomotion's quadrupeds), or None: which algorithm presets (``--preset auto``) fit the env."""
+    from omnigym.envs.locomotion import FAMILY, is_locomotion
+
+    if is_locomotion(env):
+        return FAMILY
     if not isinstance(env, str) or is_reference(env):
         return None
     if is_atari(env) or env.startswith("ALE/"):

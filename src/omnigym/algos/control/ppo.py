@@ -28,12 +28,13 @@ from __future__ import annotations
 from contextlib import closing
 from dataclasses import dataclass
 
+import gymnasium as gym
 import torch
 
 from omnigym.config import (ControlConfig, check_compiler, require_fraction, require_non_negative,
                             require_positive)
 from omnigym.envs.vector import make_run_envs
-from omnigym.errors import require
+from omnigym.errors import OmnigymError, require
 from omnigym.models.control import ActorCritic, actor_critic_policy
 from omnigym.optim import Adam, clip_grad_norm
 from omnigym.process import scoped_run
@@ -68,6 +69,9 @@ class PPOConfig(RolloutRuntimeConfig, ControlConfig):
     norm_adv: bool = True
     target_kl: float | None = None
     """stop the epochs of an update early once approx-KL exceeds this"""
+    desired_kl: float | None = None
+    """rsl_rl's adaptive learning rate: after each update, divide it by 1.5 when approx-KL was over twice this,
+    multiply by 1.5 when under half (kept in [1e-5, 1e-2]); replaces --anneal-lr (the locomotion preset: 0.01)"""
     normalize_obs: bool = False
     """normalize observations with running statistics (MuJoCo)"""
     normalize_reward: bool = False
@@ -91,6 +95,12 @@ class PPOConfig(RolloutRuntimeConfig, ControlConfig):
             total_timesteps=1_000_000, num_envs=1, num_steps=2048, learning_rate=3e-4, gamma=0.99, gae_lambda=0.95,
             num_minibatches=32, update_epochs=10, clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5,
             max_grad_norm=0.5, normalize_obs=True, normalize_reward=True, hidden=(64, 64))),
+        # rsl_rl's PPO for legged_gym / Isaac Lab velocity tasks (rsl_rl_ppo_cfg.py): 24 steps x 4096 envs there,
+        # 64 envs here (2 CPU cores); ELU (512, 256, 128) there, omnigym's tanh MLP of the same widths here.
+        "locomotion": ("rsl_rl PPO as legged_gym / Isaac Lab train quadrupeds, 4096 envs scaled to 64", dict(
+            total_timesteps=5_000_000, num_envs=64, num_steps=24, learning_rate=1e-3, desired_kl=0.01, gamma=0.99,
+            gae_lambda=0.95, num_minibatches=4, update_epochs=5, clip_coef=0.2, clip_vloss=True, ent_coef=0.01,
+            vf_coef=1.0, max_grad_norm=1.0, normalize_obs=True, hidden=(512, 256, 128))),
     }
 
     def check(self) -> None:
@@ -102,6 +112,7 @@ class PPOConfig(RolloutRuntimeConfig, ControlConfig):
         require(self.num_minibatches <= batch, f"--num-minibatches {self.num_minibatches} is more than the {batch} "
                                                "transitions of a rollout (--num-steps x --num-envs)")
         require(self.target_kl is None or self.target_kl > 0, f"--target-kl must be positive, got {self.target_kl}")
+        require(self.desired_kl is None or self.desired_kl > 0, f"--desired-kl must be positive, got {self.desired_kl}")
         require_positive(self, "hidden")
         require_non_negative(self, "image_pad")
         require(not (self.pixels and self.normalize_obs), "--normalize-obs normalizes state vectors; the CNN scales "
@@ -122,6 +133,10 @@ CONFIG = PPOConfig
 @scoped_run
 def train(cfg: PPOConfig) -> dict:
     envs, signal = make_run_envs(cfg, "ppo")  # bad ids fail before the run dir exists
+    if cfg.preset == "locomotion" and not isinstance(envs.single_action_space, gym.spaces.Box):
+        envs.close()
+        raise OmnigymError(f"--preset locomotion is for joint-position (Box) actions; {cfg.env_id} has "
+                           f"{envs.single_action_space}: use --preset auto or none")
     run = start_run(cfg, "ppo", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
@@ -144,7 +159,7 @@ def train(cfg: PPOConfig) -> dict:
         clock = Clock(global_step)
         rollouts.update_weights(agent.named_parameters(), version=first_update)  # the rollout workers start from the learner's policy
         for update in range(first_update, num_updates):
-            if cfg.anneal_lr:
+            if cfg.anneal_lr and cfg.desired_kl is None:
                 optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
 
             # 1. Roll out the current policy (ray: a rollout up to K versions old, with values and
@@ -183,6 +198,11 @@ def train(cfg: PPOConfig) -> dict:
                 if cfg.target_kl is not None and pg_stats["approx_kl"].item() > cfg.target_kl:
                     stop_early = True
                     break
+
+            if cfg.desired_kl is not None:  # rsl_rl's adaptive schedule (the lr lives in the optimizer's checkpoint)
+                kl, lr = pg_stats["approx_kl"].item(), optimizer.param_groups[0]["lr"]
+                lr = lr / 1.5 if kl > 2 * cfg.desired_kl else lr * 1.5 if kl < cfg.desired_kl / 2 else lr
+                optimizer.param_groups[0]["lr"] = min(max(lr, 1e-5), 1e-2)
 
             rollouts.update_weights(agent.named_parameters(), version=update + 1)  # ray: the workers step on with the new policy
 
