@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
 from omnigym.errors import OmnigymError
 
-SIM_TO_SIM = {
+SIM_TO_SIM = MappingProxyType({
     "friction": (0.3, 1.5),          # training default 0.5-1.25 (legged_gym)
     "added_base_mass": (-1.0, 3.0),  # Isaac Lab's Go2 rough config add_base_mass range; training default: none
     "motor_strength": (0.8, 1.2),    # training default: none
     "push_interval": 5.0,            # training default 15 s (legged_gym)
     "push_velocity": 0.5,            # Isaac Lab's push_robot velocity range +-0.5 m/s
-}
+})
 SETTLE_S = 2.0
 TOLERANCE = 0.25
 

@@ -14,12 +14,14 @@ is made).
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import gymnasium as gym
 
-TASK_IDS = {
+TASK_IDS = MappingProxyType({
     "omnigym/Go2-Velocity-Flat-v0": {"robot": "go2", "terrain": "flat"},
     "omnigym/Go2-Velocity-Rough-v0": {"robot": "go2", "terrain": "rough"},
-}
+})
 FAMILY = "locomotion"
 
 

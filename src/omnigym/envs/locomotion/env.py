@@ -16,6 +16,7 @@ resets it and returns the reset observation with reward 0.
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 
 import gymnasium as gym
 import numpy as np
@@ -27,7 +28,7 @@ from omnigym.envs.locomotion.sim import STEPPERS
 from omnigym.envs.locomotion.task import Commands, Randomization, RewardWeights
 from omnigym.errors import OmnigymError
 
-GROUPS = {"rewards": RewardWeights, "commands": Commands, "randomization": Randomization}
+GROUPS = MappingProxyType({"rewards": RewardWeights, "commands": Commands, "randomization": Randomization})
 
 
 def task_config(**settings) -> TaskConfig:

