@@ -1,5 +1,10 @@
 import os
 
+# torch picks its CPU kernels by the instruction set (AVX-512 where there is one, else AVX2), and
+# the two round differently: the learning tests' trajectories (the GRPO tool-env tests pass by a few
+# hundredths) were measured on AVX2 kernels and moved on an AVX-512 machine. Same seed, same numbers
+# on any x86 machine: the tests use the AVX2 kernels (read when torch is imported, so first here).
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # What omnigym.cli sets for its own process, set before transformers is first imported here,
