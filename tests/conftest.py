@@ -1,10 +1,18 @@
 import os
+import tempfile
 
 # torch picks its CPU kernels by the instruction set (AVX-512 where there is one, else AVX2), and
 # the two round differently: the learning tests' trajectories (the GRPO tool-env tests pass by a few
 # hundredths) were measured on AVX2 kernels and moved on an AVX-512 machine. Same seed, same numbers
 # on any x86 machine: the tests use the AVX2 kernels (read when torch is imported, so first here).
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+# Inductor's compiled kernels are cached on disk keyed by their source, not by the kernels torch
+# loaded beside them: a cache written by a process on the AVX-512 kernels (any `omnigym --compile`
+# run outside the tests) segfaults a test process on the AVX2 ones. The tests keep their own cache.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"omnigym-tests-inductor-{os.environ['ATEN_CPU_CAPABILITY']}"),
+)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # What omnigym.cli sets for its own process, set before transformers is first imported here,
