@@ -115,18 +115,19 @@ def save_reward_model(folder: Path, model, tokenizer, info: dict) -> None:
     save_model_folder(plain, tokenizer, folder, {MARKER: json.dumps(info, indent=2)})  # whole or absent
 
 
-def reward_model_folder(given: str) -> Path:
-    """The folder of a trained reward model: a ``train rm`` run directory or its ``model/``
-    folder. Anything else is refused in one line, before any weights are read."""
-    path = Path(given).expanduser()
+def reward_model_folder(given: str, prefix: str = "rm:") -> Path:
+    """The folder of a trained reward model: a ``train rm`` (``train prm`` for ``prefix``
+    "prm:") run directory or its ``model/`` folder. Anything else is refused in one line,
+    before any weights are read."""
+    path, algo = Path(given).expanduser(), prefix.rstrip(":")
     for candidate in (path / "model", path):
         if (candidate / MARKER).is_file() and (candidate / "config.json").is_file():
-            check_model_folder(f"rm:{given}", candidate)
+            check_model_folder(f"{prefix}{given}", candidate)
             return candidate
     if not path.exists():
-        raise OmnigymError(f"rm:{given}: no such folder; give the run directory of `omnigym train rm`")
-    raise OmnigymError(f"rm:{given} is not a reward model (no model/{MARKER}); give the run directory of a finished "
-                       "`omnigym train rm`")
+        raise OmnigymError(f"{prefix}{given}: no such folder; give the run directory of `omnigym train {algo}`")
+    raise OmnigymError(f"{prefix}{given} is not a reward model (no model/{MARKER}); give the run directory of a "
+                       f"finished `omnigym train {algo}`")
 
 
 def read_reward_info(folder: Path) -> dict:

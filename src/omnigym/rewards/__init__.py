@@ -45,7 +45,8 @@ def builtin_rewards() -> dict[str, Reward]:
 def get_reward(name: str) -> Reward:
     """A built-in or registered reward, or ``module:name`` from your own code: a reward the
     module registers under ``name`` on import, or the module's batched reward object ``name``;
-    ``rm:RUN_DIR`` is a reward model trained by ``omnigym train rm``."""
+    ``rm:RUN_DIR`` is a reward model trained by ``omnigym train rm``, ``prm:RUN_DIR`` a process
+    reward model trained by ``omnigym train prm`` (a reply's weakest step)."""
     builtins = builtin_rewards()
     if name in builtins:
         return builtins[name]
@@ -55,6 +56,10 @@ def get_reward(name: str) -> Reward:
         from omnigym.rewards.reward_model import RewardModelScorer
 
         return RewardModelScorer(name[3:])
+    if name.startswith("prm:"):  # a process reward model: prm:RUN_DIR (rewards/process.py)
+        from omnigym.rewards.process import ProcessRewardScorer
+
+        return ProcessRewardScorer(name[4:])
     if is_reference(name):
         _, attr = import_reference(name, "reward")
         reward = REWARDS.get(attr) or import_object(name, "reward")

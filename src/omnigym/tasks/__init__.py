@@ -3,7 +3,8 @@
 ``load_task`` turns ``--task`` into training and held-out examples (each a dict with at
 least ``question`` and ``answer``), trying in this order:
 
-1. ``arithmetic`` (built in, procedural), ``reasoning_gym:<task>``, ``gsm8k:<file.jsonl>``,
+1. ``arithmetic`` and ``chain`` (built in, procedural; ``chain`` is worked one checkable step a
+   line: ``omnigym.tasks.steps``), ``reasoning_gym:<task>``, ``gsm8k:<file.jsonl>``,
    ``humaneval:<file.jsonl[.gz]>`` (scored by the ``code`` reward: its tests, in the sandbox);
 2. a registered text env id (``arithmetic-tools-v0``): its examples, and the env itself
    (its class and reward) to train in;
@@ -42,6 +43,13 @@ def load_task(spec: str, seed: int, eval_size: int, digits: int = 2, terms: int 
 
         task = ArithmeticTask(digits, terms, operations)
         return Task(task.sample(20_000, seed), task.sample(eval_size, 10_000 + seed, split="heldout"))
+    if spec == "chain":
+        from omnigym.envs.chain import chain_env
+        from omnigym.tasks.steps import ChainTask
+
+        chain = ChainTask(digits, terms, operations)
+        train = chain.sample(20_000, seed)
+        return Task(train, chain.sample(eval_size, 10_000 + seed, split="heldout"), chain_env(train))
     env = None
     if spec.startswith("reasoning_gym:"):
         from omnigym.tasks.reasoning_gym import load_reasoning_gym
@@ -87,7 +95,7 @@ def _hub_dataset(spec: str) -> list[dict]:
     from omnigym.envs.text import TEXT_ENVS
     from omnigym.tasks.datasets import load_prompt_answer
 
-    close = difflib.get_close_matches(spec, ["arithmetic", *TEXT_ENVS], n=3, cutoff=0.6)
+    close = difflib.get_close_matches(spec, ["arithmetic", "chain", *TEXT_ENVS], n=3, cutoff=0.6)
     if close:
         raise OmnigymError(f"unknown --task {spec!r}; closest known: {', '.join(close)}")
     try:
