@@ -2,7 +2,8 @@
 
 Every estimator is called the same way::
 
-    advantages, returns = estimator(rewards, mask, group_ids=None, values=None, cfg=AdvantageConfig(), ends=None)
+    advantages, returns = estimator(rewards, mask, group_ids=None, values=None, cfg=AdvantageConfig(), ends=None,
+                                    steps=None)
 
 - ``rewards`` ``[B, T]``: per-step (control: B envs, T steps) or per-token (language: B
   sequences, T tokens; an outcome reward sits on the last completion token);
@@ -11,7 +12,10 @@ Every estimator is called the same way::
 - ``group_ids`` ``[B]``: which prompt each sequence answers (group estimators need it);
 - ``values`` ``[B, T]``: the critic's values, where there is a critic;
 - ``ends``: where episodes end inside a row (control). Without it, each row is one episode
-  that terminates at its last valid step, as a completion does.
+  that terminates at its last valid step, as a completion does;
+- ``steps`` ``[B, T]``: process rewards inside a sequence, on the tokens that end its steps,
+  NaN elsewhere (GRPO's ``--step-rewards``; they are in ``rewards`` too). Only ``process``
+  reads them apart; the others see them as part of ``rewards``.
 
 ``gae`` and ``returns`` as functions are the time-step estimators control PPO, REINFORCE and
 RLHF call with their critic. In the registry (what ``--advantage`` names for GRPO, which has no
@@ -75,7 +79,7 @@ def _sequence_ends(mask: torch.Tensor, values: torch.Tensor | None) -> EpisodeEn
     return EpisodeEnds(ended, torch.zeros_like(ended), bootstrap)
 
 
-def gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None):
+def gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None, steps=None):
     """Generalized advantage estimation (Schulman et al., 2016); no critic means values of 0."""
     values = torch.zeros_like(rewards) if values is None else values
     ends = ends or _sequence_ends(mask, values)
@@ -97,7 +101,7 @@ def gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = Advan
 
 @register_advantage("returns")
 def discounted_returns(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(),
-                       ends=None):
+                       ends=None, steps=None):
     """Monte-Carlo discounted returns, bootstrapped only at truncation and at the rollout's end.
 
     With ``values`` the advantage is ``return - value`` (a learned baseline); without, it is
@@ -153,7 +157,8 @@ def _per_group(scores: torch.Tensor, group_ids: torch.Tensor | None, fn) -> torc
 def _outcome(fn):
     """Wrap ``fn(scores, group_ids) -> [B]`` into the token-level contract."""
 
-    def estimator(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None):
+    def estimator(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None,
+                  steps=None):
         mask = mask.to(rewards.dtype)
         scores = (rewards * mask).sum(-1)
         return fn(scores, group_ids)[:, None] * mask, scores[:, None] * mask
@@ -164,9 +169,13 @@ def _outcome(fn):
 
 @register_advantage("grpo")
 @_outcome
-def group_normalized(scores, group_ids, eps: float = 1e-4):
+def group_normalized(scores, group_ids):
     """GRPO (Shao et al., 2024): reward minus its group's mean, over the group's std."""
-    return _per_group(scores, group_ids, lambda g: (g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps))
+    return _per_group(scores, group_ids, _standardized)
+
+
+def _standardized(g: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    return (g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)
 
 
 @register_advantage("dr_grpo")
@@ -208,7 +217,8 @@ def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
     return spans
 
 
-def turn_gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None):
+def turn_gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(), ends=None,
+             steps=None):
     """GAE over the turns of each episode (one row), every token of a turn given its turn's advantage.
 
     Turn ``k``'s reward ``r_k`` is the sum of the rewards from its first token up to the next
@@ -256,6 +266,39 @@ def turn_gae(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = 
 
 
 register_advantage("gae")(turn_gae)
+
+
+# Process rewards: steps inside one reply.
+
+
+@register_advantage("process")
+def process_supervision(rewards, mask, group_ids=None, values=None, cfg: AdvantageConfig = AdvantageConfig(),
+                        ends=None, steps=None):
+    """Outcome and step rewards together: DeepSeekMath's process supervision (Shao et al., 2024,
+    section 4.1.3) with the outcome kept beside it, as PRIME (Cui et al., 2025) keeps it.
+
+    The outcome (a row's rewards off its step ends) gets GRPO's advantage, the same on every
+    token. Each step reward is centred on the mean of the step rewards of its group (all
+    replies to the prompt, all their steps), and a token's process advantage is the sum of the
+    centred rewards of the step it is in and of the steps after it: a wrong step lowers the
+    tokens that led to it, not the right steps after it. Centred, not divided by the std, so
+    the weight in --step-rewards sets the process part's scale against the outcome's. Without
+    ``steps`` this is GRPO. Returns ``(advantages, returns)``: the returns are the outcome
+    plus the step rewards still to come, 0 off the mask."""
+    mask = mask.to(rewards.dtype)
+    steps = torch.full(mask.shape, float("nan"), device=mask.device) if steps is None else steps
+    at_step = ~torch.isnan(steps)
+    step_values = torch.nan_to_num(steps, nan=0.0).to(rewards.dtype)
+    outcome = ((rewards - step_values) * mask).sum(-1)
+    advantages = _per_group(outcome, group_ids, _standardized)[:, None] * mask  # refuses a missing group_ids
+    centred = torch.zeros_like(step_values)
+    for group in group_ids.unique().tolist():
+        members = (group_ids == group)[:, None] & at_step
+        if members.any():
+            centred[members] = step_values[members] - step_values[members].mean()
+    to_go = centred.flip(-1).cumsum(-1).flip(-1)
+    advantages = advantages + to_go * mask
+    return advantages, (outcome[:, None] + step_values.flip(-1).cumsum(-1).flip(-1)) * mask
 
 
 def outcome_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,7 @@ from omnigym.rewards import WeightedSum, leading_part, parse_weights
 from omnigym.rl.advantages import AdvantageConfig, get_advantage, outcome_rewards, turn_spans
 from omnigym.rl.losses import (AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, masked_mean,
                                ppo_clip)
+from omnigym.rl.step_rewards import place_step_rewards, step_reward_tensor, step_scorer
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.runtime.episodes import EpisodeScheduleConfig
 from omnigym.tasks import Task, load_task
@@ -83,6 +84,10 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
     rewards: str | None = None
     """weighted rewards, name:weight,... (module:name:weight for your own); default: the task env's
     own reward, else math:1.0,format:0.1"""
+    step_rewards: str | None = None
+    """rewards on the steps inside a reply, name:weight (prm:RUN_DIR:1.0, a model of omnigym train prm): each
+    step's score on the token that ends it, beside --rewards' outcome; read apart by --advantage process
+    (docs/prm.md)"""
     accuracy_reward: str | None = None
     """the reward that decides correctness for sft/val_accuracy and eval/accuracy (an episode is
     correct when it scores >= 1); default: the first of --rewards"""
@@ -96,8 +101,9 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
     advantage: str = "grpo"
     """grpo, dr_grpo, rloo, reinforce_pp (group estimators: every token of an episode gets its
     episode's advantage), gae (per turn: GAE over the episode's turns with --gamma and --lam,
-    the baseline the group's mean return at each turn index; docs/agents.md), or returns (no
-    baseline: every token gets the episode's reward)"""
+    the baseline the group's mean return at each turn index; docs/agents.md), returns (no
+    baseline: every token gets the episode's reward), or process (GRPO's advantage of the outcome plus each
+    --step-rewards step's centred reward to go; docs/prm.md)"""
     gamma: float = 1.0
     """--advantage gae: the discount from one turn to the next"""
     lam: float = 1.0
@@ -166,6 +172,8 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
         require(self.kl_estimator in ("k1", "k2", "k3"), f"unknown --kl-estimator {self.kl_estimator!r}; "
                                                           "choose k1, k2 or k3")
         self.check_agent()
+        require(not self.step_rewards or (self.env == "single-turn" and not self.agent),
+                "--step-rewards reads the steps of one reply: use it with --env single-turn and no --agent")
         require(not self.agent or (self.rewards is None and self.env == "single-turn"),
                 f"--agent {self.agent} plays its own episodes and returns their reward: leave out --rewards and --env")
 
@@ -237,6 +245,7 @@ def train(cfg: GRPOConfig) -> dict:
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step or --sft-batch-size")
     env, correct = task_env(cfg, task)
+    step_reward = step_scorer(cfg.step_rewards) if cfg.step_rewards else None  # not a PRM: one line, no run
     run = start_run(cfg, "grpo", cfg.model)
     # The demo's model first learns the answer format from demonstrations: a stage of its own
     # (pipelines/grpo_warmup.py), whose model is GRPO's starting policy and reference.
@@ -272,6 +281,8 @@ def train(cfg: GRPOConfig) -> dict:
             # 1. Sample group_size episodes of each prompt, each scored by the env's reward (ray:
             # sampled up to --max-staleness versions ago; the sampler's log-probs come along).
             trajectories = rollouts.trajectories(step)
+            if step_reward is not None:  # --step-rewards: each step's score, on the token that ends it
+                metrics.update(place_step_rewards(step_reward, trajectories, tokenizer))
             # 2. Advantages within each group; a group whose rewards are all equal carries no signal.
             advantages, informative = group_advantages(cfg, estimator, trajectories)
             trained = torch.nonzero(informative).squeeze(1).tolist()
@@ -343,7 +354,8 @@ def group_advantages(cfg: GRPOConfig, estimator, trajectories) -> tuple[torch.Te
     advantages = torch.zeros(masks.shape)
     if valid.any():
         advantages[valid], _ = estimator(rewards[valid], masks[valid], group_ids[valid],
-                                         cfg=AdvantageConfig(cfg.gamma, cfg.lam))
+                                         cfg=AdvantageConfig(cfg.gamma, cfg.lam),
+                                         steps=step_reward_tensor(trajectories, masks)[valid])
     informative = valid.clone()
     if cfg.skip_equal_groups:  # an episode's score: its reward and its turns' step rewards
         scores = rewards.sum(1)
@@ -356,15 +368,16 @@ def group_advantages(cfg: GRPOConfig, estimator, trajectories) -> tuple[torch.Te
 def token_rewards(trajectories, masks: torch.Tensor) -> torch.Tensor:
     """``[episodes, tokens]``: each episode's reward on its last generated token, plus, where an
     episode source gave them, its env's step rewards (``info["turn_rewards"]``, one per model
-    turn) on the last token of their turns. Only the per-turn estimator (--advantage gae) tells
-    the turns apart; the group estimators sum a row."""
+    turn) on the last token of their turns, and its --step-rewards on the tokens that end its
+    steps. Only the per-turn estimator (--advantage gae) tells the turns apart, and only
+    --advantage process the steps; the group estimators sum a row."""
     rewards = outcome_rewards(trajectories.rewards(), masks)
     for b, t in enumerate(trajectories.items):
         spans = turn_spans(masks[b])
         for k, r in enumerate(t.info.get("turn_rewards") or ()):
             if spans and r:  # a turn the mask does not separate (nothing inserted) joins the last one
                 rewards[b, spans[min(k, len(spans) - 1)][1] - 1] += float(r)
-    return rewards
+    return rewards + step_reward_tensor(trajectories, masks).nan_to_num(nan=0.0)
 
 
 @dataclass
