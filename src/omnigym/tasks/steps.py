@@ -14,7 +14,8 @@ whether it is right: step k (k < number of operations) must state the chain's k-
 with its true values, ``v_k op b_k = v_{k+1}`` (spaces aside); the step after the last
 operation must be ``<answer>v_n</answer>``; any further line is wrong. The true running value
 is what a step is held to, so a slip makes its step wrong and every step that carries the
-wrong value on wrong as well: Math-Shepherd's "can this step still reach the right answer"
+wrong value on wrong as well (a wrong operand that happens to give the true value, 2*2 for
+2+2, leaves the steps after it right): Math-Shepherd's "can this step still reach the right answer"
 label (Wang et al., 2024), which PRM800K's graders gave by hand (Lightman et al., 2023).
 
 ``labelled_replies`` makes step-labelled data without a model: the right solution and copies
@@ -153,6 +154,6 @@ def labelled_replies(example: dict, rng: random.Random, wrong: int) -> list[tupl
     with its steps' labels from ``check_steps``."""
     replies = ["\n".join(solution_lines(example))]
     for _ in range(wrong):
-        replies.append("\n".join(perturbed(example, rng, rng.choice(PERTURBATIONS),
-                                           rng.randint(0, len(example["chain"])))))
+        kind, at = rng.choice(PERTURBATIONS), rng.randint(0, len(example["chain"]))
+        replies.append("\n".join(perturbed(example, rng, kind, len(example["chain"]) if kind == "answer" else at)))
     return [(reply, check_steps(reply, example)) for reply in replies]
