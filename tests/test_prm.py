@@ -114,7 +114,9 @@ def test_prm_reward_scores_each_step_at_its_end_and_a_reply_by_its_weakest_step(
     assert scores.shape == (3,) and scores.dtype == torch.float64
     assert scores[:2].tolist() == pytest.approx([min(p for _, p in s) for s in steps[:2]]) and scores[2] == 0
     # scored one at a time or together, a reply's steps score the same
-    assert scorer.step_scores(replies[1:2], [EXAMPLE]) == [pytest.approx(steps[1])]
+    alone = scorer.step_scores(replies[1:2], [EXAMPLE])[0]
+    assert [end for end, _ in alone] == [end for end, _ in steps[1]]
+    assert [p for _, p in alone] == pytest.approx([p for _, p in steps[1]], abs=1e-5)
 
 
 def test_prm_same_seed_same_metrics(tmp_path):
@@ -215,7 +217,7 @@ def whole_reply_model(tmp_path_factory):
     (["train", "grpo", "--env", "tools", "--step-rewards", "prm:{tmp}:1.0"], "--step-rewards reads the steps of one "
                                                                               "reply"),
     (["train", "prm", "--task", "arithmetic"], "--task arithmetic has no steps to label"),
-    (["train", "prm", "--wrong-per-problem", "-1"], "--wrong-per-problem must be non-negative"),
+    (["train", "prm", "--wrong-per-problem", "-1"], "--wrong-per-problem must be 0 or more, got -1"),
     (["train", "grpo", "--advantage", "procss"], "unknown advantage estimator 'procss'"),
 ])
 def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, whole_reply_model, argv, message):
