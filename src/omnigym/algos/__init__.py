@@ -23,9 +23,9 @@ ALGORITHMS = {
     "text_reinforce": "omnigym.algos.lm.text_reinforce",
     "sft": "omnigym.algos.lm.sft",
     "rm": "omnigym.algos.lm.rm",
-    "prm": "omnigym.algos.lm.prm",
     "dpo": "omnigym.algos.lm.dpo",
     "rlhf": "omnigym.algos.lm.rlhf",
+    "prm": "omnigym.algos.lm.prm",
 }
 
 
