@@ -24,6 +24,7 @@ ALGORITHMS = {
     "sft": "omnigym.algos.lm.sft",
     "rm": "omnigym.algos.lm.rm",
     "dpo": "omnigym.algos.lm.dpo",
+    "online_dpo": "omnigym.algos.lm.online_dpo",
     "rlhf": "omnigym.algos.lm.rlhf",
 }
 
