@@ -327,3 +327,13 @@ def test_async_grpo_on_ray_with_the_served_model_matches_the_folder(tmp_path, re
     assert [r.keys() for r in remote] == [r.keys() for r in local]
     for mine, theirs in zip(remote, local):  # a merged batch pads differently: equal to float32 rounding
         assert mine == pytest.approx(theirs, rel=1e-4, abs=1e-5)
+
+
+def test_serve_rm_without_the_extra_is_one_line_naming_it(tmp_path, capsys, monkeypatch, reward_dir):
+    import sys
+
+    for name in ("fastapi", "uvicorn"):  # unimportable, as where [serve] is not installed
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["serve-rm", str(reward_dir), "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'omnigym[serve]'" in err[0], err
