@@ -337,3 +337,17 @@ def test_serve_rm_without_the_extra_is_one_line_naming_it(tmp_path, capsys, monk
     assert main(["serve-rm", str(reward_dir), "--port", str(free_port())]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'omnigym[serve]'" in err[0], err
+
+
+def test_with_api_keys_a_request_without_one_is_refused_in_one_line(reward_dir, monkeypatch):
+    from omnigym.rewards.remote import KEY_ENV
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with served(reward_dir, api_keys=["first-key-0123", "second-key-4567"]) as (url, batcher, _):
+        message = one_line_error(lambda: RemoteRewardModel(url))
+        assert message == f"rm:{url}: the server wants an API key; set ${KEY_ENV} to one of its keys"
+        monkeypatch.setenv(KEY_ENV, "wrong-key-89ab")
+        assert "wants an API key" in one_line_error(lambda: RemoteRewardModel(url))
+        monkeypatch.setenv(KEY_ENV, "second-key-4567")
+        scores = RemoteRewardModel(url)(COMPLETIONS[:3], EXAMPLES[:3])
+    assert scores.shape == (3,) and batcher.requests == 1
