@@ -184,6 +184,28 @@ def silent_server():
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
+@contextlib.contextmanager
+def junk_server():
+    """A loopback port that answers every connection with a line that is not HTTP."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def answer():
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = listener.accept()
+                with connection:
+                    connection.recv(65536)
+                    connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
 def one_line_error(make) -> str:
     with pytest.raises(OmnigymError) as error:
         make()
@@ -199,6 +221,8 @@ def test_a_server_that_is_down_garbage_or_silent_is_one_line():
         assert "answered /info with something that is not JSON" in one_line_error(lambda: RemoteRewardModel(url))
     with garbage_server(b'{"status": "ok"}') as url:
         assert "without a reward model's description" in one_line_error(lambda: RemoteRewardModel(url))
+    with junk_server() as url:
+        assert "answered /info with something that is not HTTP" in one_line_error(lambda: RemoteRewardModel(url))
     with silent_server() as url:
         assert f"rm:{url}: no answer within 0.5 s" in one_line_error(lambda: RemoteRewardModel(url, timeout_s=0.5))
 

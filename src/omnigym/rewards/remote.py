@@ -14,6 +14,7 @@ the URL and settings, never a connection: Ray generator actors unpickle it and c
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -100,6 +101,9 @@ class RemoteRewardModel(Reward):
                     time.sleep(self.backoff_s * 2 ** attempt)
                     continue
                 raise OmnigymError(self._http_failure(exc.code, detail, attempt)) from None
+            except http.client.HTTPException as exc:  # something answered, but not in HTTP
+                raise OmnigymError(f"{self.label} answered {path} with something that is not HTTP "
+                                   f"({type(exc).__name__}); is it an `omnigym serve-rm` server?") from None
             except (TimeoutError, socket.timeout):
                 raise OmnigymError(f"{self.label}: no answer within {timeout_s:g} s; the server is overloaded or "
                                    "stuck (check its console, or give it a larger --batch-size)") from None
