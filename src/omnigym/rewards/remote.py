@@ -17,7 +17,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import time
 import urllib.error
 import urllib.parse
@@ -104,14 +103,11 @@ class RemoteRewardModel(Reward):
             except http.client.HTTPException as exc:  # something answered, but not in HTTP
                 raise OmnigymError(f"{self.label} answered {path} with something that is not HTTP "
                                    f"({type(exc).__name__}); is it an `omnigym serve-rm` server?") from None
-            except (TimeoutError, socket.timeout):
-                raise OmnigymError(f"{self.label}: no answer within {timeout_s:g} s; the server is overloaded or "
-                                   "stuck (check its console, or give it a larger --batch-size)") from None
-            except (urllib.error.URLError, OSError) as exc:
+            except OSError as exc:  # refused, reset, unreachable, or timed out (URLError wraps the first ones)
                 reason = getattr(exc, "reason", exc)
-                if isinstance(reason, (TimeoutError, socket.timeout)):
+                if isinstance(reason, TimeoutError):
                     raise OmnigymError(f"{self.label}: no answer within {timeout_s:g} s; the server is overloaded "
-                                       "or stuck (check its console)") from None
+                                       "or stuck (check its console, or give it a larger --batch-size)") from None
                 raise OmnigymError(f"{self.label}: no reward server answers there ({reason}); start one with "
                                    "`omnigym serve-rm RM_RUN_DIR --port PORT`") from None
         try:
