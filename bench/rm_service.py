@@ -13,7 +13,9 @@ process, one after another on the same cores:
            generators send each batch in one POST and the server merges concurrent batches
 
 samples/s is measured between step ends, leaving out the first and last steps (they evaluate).
-The server's counters (requests, rows, forward passes) are read from its /info afterwards.
+The server's counters (requests, rows, forward passes) are read from its /info afterwards,
+and the two runs' per-step mean rewards compared (same seed: equal in sync, equal to float32
+rounding on Ray, where the server may merge two actors' batches).
 
     python bench/rm_service.py [--runtime ray|sync] [--steps 12] [--num-generators 2]
                                [--rm-hidden 512 --rm-layers 8] [--batch-size 32]
@@ -77,7 +79,7 @@ def one_run(reward: str, args) -> dict:
     step_s = statistics.mean(intervals)
     samples = cfg.prompts_per_step * cfg.group_size
     out = {"samples_per_s": samples / step_s, "step_seconds": step_s, "samples_per_step": samples,
-           "reward_mean": statistics.mean(m["reward/mean"] for m in rows)}
+           "rewards": [m["reward/mean"] for m in rows if "reward/mean" in m]}
     print(RESULT + json.dumps(out), flush=True)
     return out
 
@@ -165,7 +167,10 @@ def main() -> None:
     for name, r in runs.items():
         print(f"| rm:{'RUN_DIR' if name == 'folder' else 'URL'} | {r['samples_per_s']:.1f} | {r['step_seconds']:.2f} "
               f"| {r['samples_per_s'] / runs['folder']['samples_per_s']:.2f}x | {copies[name]} |")
-    print(f"\nserver: {counts['requests']} requests, {counts['rows']} rows in {counts['forward_passes']} forward passes "
+    gap = max(abs(a - b) for a, b in zip(runs["served"]["rewards"], runs["folder"]["rewards"]))
+    print(f"\nsame seed: the steps' mean rewards with rm:URL and rm:RUN_DIR differ by at most {gap:.2e} "
+          f"({len(runs['folder']['rewards'])} steps)")
+    print(f"server: {counts['requests']} requests, {counts['rows']} rows in {counts['forward_passes']} forward passes "
           f"of up to {counts['batch_size']} rows ({counts['rows'] / max(1, counts['forward_passes']):.1f} rows a pass)")
 
 
