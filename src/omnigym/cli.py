@@ -378,7 +378,8 @@ def run_command(argv: list[str]) -> int:
 
             serve_rm(rest)
         else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, export, plot, list or serve (or serve-rm)")
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, export, plot, list or serve "
+                               "(or serve-rm)")
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault
