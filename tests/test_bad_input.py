@@ -85,6 +85,11 @@ CASES = [
     (["train", "ppo", "--total-timesteps", "1e5"], "Error parsing --total-timesteps: invalid literal for int() with "
                                                    "base 10: '1e5'"),
     (["train", "grpo", "--rewards", "math:1.0,math:0.5"], "--rewards names math twice"),
+    (["train", "grpo", "--rewards", "rm:http://127.0.0.1:8000"], "--rewards rm:http://127.0.0.1:8000: give the weight "
+                                                                 "after the port (rm:http://127.0.0.1:8000:1.0)"),
+    (["train", "grpo", "--rewards", "rm:http://127.0.0.1:1:1.0"], "rm:http://127.0.0.1:1: no reward server answers "
+                                                                  "there"),
+    (["serve-rm", "NOT_A_RUN"], "rm:not-a-run is not a reward model"),
     (["plot", "RUN_LOG", "--out", "RUN_LOG"], "--out 'log' must name an image file"),
     (["train", "ppo", "--no-such-flag"], "Unrecognized options: --no-such-flag; see omnigym train ppo --help"),
     (["train", "ppo", "--frame-stack", "2"], "--frame-stack is Atari preprocessing; CartPole-v1 is not an Atari game"),

@@ -13,7 +13,7 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve} ...
+USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve,serve-rm} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]] [--randomize] [--command VX,VY,YAW]
@@ -26,6 +26,9 @@ USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve} ...
                                  a .gguf model as a folder for --model (default: SmolLM2-135M-Instruct)
   omnigym serve --base-model PATH_OR_RUN [--host 127.0.0.1 --port 8000 --store DIR --api-key-env NAME]
                                  the tinker SDK's training API over one base model (docs/serve.md)
+  omnigym serve-rm RM_RUN_DIR [--host 127.0.0.1 --port 8000 --batch-size 32 --max-queue 64]
+                                 a reward model over HTTP, for --rewards rm:http://HOST:PORT:1.0
+                                 (docs/reward_service.md)
 """
 
 
@@ -370,8 +373,13 @@ def run_command(argv: list[str]) -> int:
             from omnigym.serve.command import serve
 
             serve(rest)
+        elif command == "serve-rm":
+            from omnigym.serve.reward_server import serve_rm
+
+            serve_rm(rest)
         else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, export, plot, list or serve")
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, export, plot, list or serve "
+                               "(or serve-rm)")
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault
