@@ -138,6 +138,7 @@ def sampling_config(args):
 def sample_groups(generator, tokenizer, correct, examples: list[dict], n: int, progress: bool) -> list[dict]:
     """Per example: its ``n`` replies (text), their scores and reward parts, whether each is correct
     and whether it finished (ended before ``--max-new-tokens``)."""
+    from omnigym.rewards import scored_with_parts
     from omnigym.track.progress import ProgressBar
 
     bar = ProgressBar(len(examples), "sample", enabled=progress)
@@ -146,7 +147,8 @@ def sample_groups(generator, tokenizer, correct, examples: list[dict], n: int, p
         batch = examples[begin:begin + PROMPTS_PER_CALL]
         items = generator.generate(batch, n).items
         texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in items]
-        right = correct(texts, [t.example for t in items]).tolist()
+        right, _ = scored_with_parts(correct, texts, [t.example for t in items])  # checked: one float per reply
+        right = right.tolist()
         for g, example in enumerate(batch):
             mine = range(g * n, (g + 1) * n)
             names = dict.fromkeys(name for i in mine for name in items[i].info["reward_parts"])
