@@ -164,6 +164,7 @@ def snapshot(root):
     (["sample", "tiny", "--curve", "--prompts", "600"], "--prompts 600 is more than the 500 held-out problems"),
     (["sample", "tiny", "--curve", "--min-reward", "1"], "--min-reward drops dataset rows"),
     (["sample", "/nonexistent/model"], "/nonexistent/model: no such folder"),
+    (["sample", "./grpo-run"], "a grpo run writes no model folder"),  # its policy is in checkpoint.pt
     (["sample", "tiny", "--out", "taken.jsonl"], "taken.jsonl already exists; give another --out, or --overwrite"),
     (["sample", "tiny", "--task", "arithmetic-tools-v0"], "--task arithmetic-tools-v0 is a multi-turn env"),
     (["sample", "tiny", *SMALL, "--min-reward", "5"],
@@ -173,6 +174,8 @@ def snapshot(root):
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "taken.jsonl").write_text("mine\n")
+    (tmp_path / "grpo-run").mkdir()
+    (tmp_path / "grpo-run" / "config.json").write_text(json.dumps({"algo": "grpo", "model": "tiny"}))
     before = snapshot(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
