@@ -43,7 +43,7 @@ def add_flags(parser) -> None:
 
     grpo = GRPOConfig()
     add = parser.add_argument
-    add("model", help="a finished run's directory (sft, dpo, rm, rlhf: its model/), a GRPO run's stages/warmup, a model "
+    add("model", help="a finished run's directory (sft, dpo, rlhf: its model/), a GRPO run's stages/warmup, a model "
                       "folder, a hub id available offline, or tiny")
     add("--n", type=int, default=8, help="replies sampled per prompt (default 8)")
     add("--rewards", help=f"the reranker, weighted rewards name:weight,... as train grpo reads them (default: the "
