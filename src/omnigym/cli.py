@@ -13,11 +13,14 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve,serve-rm} ...
+USAGE = """usage: omnigym {train,eval,sample,export,plot,list,import-gguf,serve,serve-rm} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]] [--randomize] [--command VX,VY,YAW]
                                  --video: the episodes as .mp4 in RUN_DIR/videos/eval (docs/video.md)
+  omnigym sample RUN_DIR_OR_MODEL --n N [--rewards NAME:W,...] [--min-reward R] [--out DATA.jsonl] [--curve]
+                                 the best of N replies per prompt as an SFT dataset, or with --curve
+                                 best-of-N accuracy vs N on held-out prompts (docs/best_of_n.md)
   omnigym export RUN_DIR --format onnx|torchscript [--out FILE] [--force]
                                  the policy as one file, normalization folded in (docs/export.md)
   omnigym plot RUN_DIR... [--out FILE] [--metric NAME]
@@ -191,6 +194,15 @@ def evaluate(argv: list[str]) -> None:
         print(f"videos: {len(written)} in {video_dir}" + (f" ({written[0].name} ...)" if written else ""))
 
 
+def sample(argv: list[str]) -> None:
+    from omnigym.rejection_sampling import add_flags, sample_command
+
+    parser = ArgumentParser(prog="omnigym sample", description="Sample N replies per prompt, score them with "
+                            "rewards, and write the best of each as an SFT dataset, or measure best-of-N.")
+    add_flags(parser)
+    sample_command(parser.parse_args(argv))
+
+
 def export(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym export", description="Write a control run's policy as one file.")
     parser.add_argument("run_dir")
@@ -359,6 +371,8 @@ def run_command(argv: list[str]) -> int:
             train(rest, call)
         elif command == "eval":
             evaluate(rest)
+        elif command == "sample":
+            sample(rest)
         elif command == "export":
             export(rest)
         elif command == "plot":
@@ -378,8 +392,8 @@ def run_command(argv: list[str]) -> int:
 
             serve_rm(rest)
         else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, export, plot, list or serve "
-                               "(or serve-rm)")
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, sample, export, plot, list, "
+                               "import-gguf, serve or serve-rm")
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault

@@ -268,7 +268,11 @@ def train(cfg: GRPOConfig) -> dict:
         for step in range(step, cfg.steps):
             metrics = {}
             if step % cfg.eval_every == 0:
-                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
+                before = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
+                if step == cfg.steps - 1:  # the last step is evaluated again after it: this one gets a row of its own
+                    run.log(step, {"eval/accuracy": before})
+                else:
+                    metrics["eval/accuracy"] = before
 
             # 1. Sample group_size episodes of each prompt, each scored by the env's reward (ray:
             # sampled up to --max-staleness versions ago; the sampler's log-probs come along).
