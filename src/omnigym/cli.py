@@ -13,11 +13,13 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve} ...
+USAGE = """usage: omnigym {train,eval,collect,export,plot,list,import-gguf,serve} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]] [--randomize] [--command VX,VY,YAW]
                                  --video: the episodes as .mp4 in RUN_DIR/videos/eval (docs/video.md)
+  omnigym collect RUN_OR_POLICY... --episodes N --dataset NAME [--expert RUN] [--overwrite]
+                                 a Minari dataset from runs or a random policy (docs/offline.md)
   omnigym export RUN_DIR --format onnx|torchscript [--out FILE] [--force]
                                  the policy as one file, normalization folded in (docs/export.md)
   omnigym plot RUN_DIR... [--out FILE] [--metric NAME]
@@ -356,6 +358,10 @@ def run_command(argv: list[str]) -> int:
             train(rest, call)
         elif command == "eval":
             evaluate(rest)
+        elif command == "collect":
+            from omnigym.offline.collect import main as collect
+
+            collect(rest)
         elif command == "export":
             export(rest)
         elif command == "plot":
@@ -371,7 +377,7 @@ def run_command(argv: list[str]) -> int:
 
             serve(rest)
         else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, export, plot, list or serve")
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, collect, export, plot, list or serve")
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault
