@@ -123,7 +123,8 @@ def first_line(exc: BaseException) -> str:
 
 def dataset_env_id(dataset) -> str | None:
     """The id of the env a dataset was collected in (its eval env where it names one)."""
-    spec = dataset.spec.eval_env_spec or dataset.spec.env_spec
+    # the eval env's spec is read by MinariDataset but kept private (recover_environment uses it)
+    spec = getattr(dataset, "_eval_env_spec", None) or dataset.spec.env_spec
     return spec.id if spec is not None else None
 
 
