@@ -56,7 +56,8 @@ CASES = [
     (["train", "sft", "--eval-size", "5000"], "--data arithmetic has 5000 examples and --eval-size 5000 holds out"),
     (["train", "sft", "--max-length", "1"], "--max-length must be at least 2 tokens, got 1"),
     (["train", "sft", "--max-length", "5"], "no held-out example has a token left to learn from within --max-length 5"),
-    (["train"], "name an algorithm: omnigym train {reinforce,ppo,dqn,sac,td3,drq,grpo,text_reinforce,sft,rm,dpo,rlhf}"),
+    (["train"], "name an algorithm: omnigym train {reinforce,ppo,dqn,sac,td3,drq,bc,td3_bc,iql,grpo,text_reinforce,"
+                "sft,rm,dpo,rlhf}"),
     (["train", "a3c"], "unknown algorithm 'a3c'; choose one of"),
     (["eval", "NOT_A_RUN"], "is not a run directory (no config.json)"),
     (["eval", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),

@@ -235,9 +235,11 @@ def read_episodes(dataset, label: str, obs_space, action_space) -> list[tuple]:
                                  np.asarray(episode.terminations, dtype=np.float32)))
     except OmnigymError:
         raise
-    except KeyError as exc:  # HDF5/Arrow storage without a field
-        raise OmnigymError(f"{label}: its episodes have no {exc.args[0] if exc.args else 'field'!s} (a dataset "
-                           "without actions?); offline RL learns from (observation, action, reward) steps") from None
+    except KeyError as exc:  # HDF5/Arrow storage without a field (h5py names it inside its own sentence)
+        missing = next((f for f in ("actions", "observations", "rewards", "terminations", "truncations")
+                        if f in str(exc)), f"a field ({first_line(exc)})")
+        raise OmnigymError(f"{label}: its episodes have no {missing}; offline RL learns from (observation, action, "
+                           "reward) steps") from None
     except Exception as exc:
         raise OmnigymError(f"{label}: its episodes cannot be read ({first_line(exc)})") from None
     require(episodes, f"{label} is empty (no episode with a step); collect some episodes into it first")
