@@ -207,6 +207,32 @@ def export(argv: list[str]) -> None:
           f"policy's on {done['probes']} probe observations")
 
 
+def collect(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="omnigym collect", description="Write a Minari dataset from policies "
+                            "(docs/offline.md).")
+    parser.add_argument("sources", nargs="+", metavar="RUN_OR_POLICY",
+                        help="'random', or a control run's directory; several: --episodes from each (a mixture)")
+    parser.add_argument("--episodes", type=int, required=True, help="episodes from each source")
+    parser.add_argument("--dataset", required=True, help="the dataset's Minari id, NAME-vN or NAMESPACE/NAME-vN, "
+                        "written under MINARI_DATASETS_PATH (default ~/.minari/datasets)")
+    parser.add_argument("--env-id", help="the env (default: the runs'; required for random alone)")
+    parser.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i (default 0)")
+    parser.add_argument("--greedy", action="store_true", help="the runs' most likely actions instead of sampled ones")
+    parser.add_argument("--expert", metavar="RUN", help="the run whose mean (greedy) return is ref_max_score")
+    parser.add_argument("--ref-min-score", type=float, help="the random policy's return (default: measured)")
+    parser.add_argument("--ref-max-score", type=float, help="the expert's return (default: --expert's, measured)")
+    parser.add_argument("--reference-episodes", type=int, default=100,
+                        help="episodes the reference returns are measured over (default 100)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset of that id")
+    args = parser.parse_args(argv)
+    from omnigym.offline.collect import collect as write_dataset, summary
+
+    print(summary(write_dataset(args.sources, args.episodes, args.dataset, env_id=args.env_id, seed=args.seed,
+                                greedy=args.greedy, expert=args.expert, ref_min_score=args.ref_min_score,
+                                ref_max_score=args.ref_max_score, reference_episodes=args.reference_episodes,
+                                overwrite=args.overwrite)))
+
+
 def evaluate_locomotion(args) -> None:
     from omnigym.evaluation.locomotion import evaluate_tracking
 
@@ -359,8 +385,6 @@ def run_command(argv: list[str]) -> int:
         elif command == "eval":
             evaluate(rest)
         elif command == "collect":
-            from omnigym.offline.collect import main as collect
-
             collect(rest)
         elif command == "export":
             export(rest)

@@ -17,7 +17,6 @@ only with ``--overwrite`` (after the new one is complete).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
@@ -88,7 +87,7 @@ def mean_return(env_id: str, act, episodes: int, seed: int) -> float:
 def collect(sources: list[str], episodes: int, dataset_id: str, env_id: str | None = None, seed: int = 0,
             greedy: bool = False, expert: str | None = None, ref_min_score: float | None = None,
             ref_max_score: float | None = None, reference_episodes: int = 100, overwrite: bool = False) -> dict:
-    """Write the dataset (see the module's docstring); returns what was written."""
+    """Write the dataset (see the module's docstring); returns what was written (``summary`` says it in a line)."""
     minari = import_minari()
     from minari.dataset.minari_dataset import parse_dataset_id
 
@@ -195,32 +194,10 @@ def replace_into(new: Path, target: Path, staging: Path) -> None:
         os.replace(new, target)
 
 
-def main(argv: list[str]) -> None:
-    from omnigym.cli import ArgumentParser
-
-    parser = ArgumentParser(prog="omnigym collect", description="Write a Minari dataset from policies "
-                            "(docs/offline.md).", formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sources", nargs="+", metavar="RUN_OR_POLICY",
-                        help="'random', or a control run's directory; several: --episodes from each (a mixture)")
-    parser.add_argument("--episodes", type=int, required=True, help="episodes from each source")
-    parser.add_argument("--dataset", required=True, help="the dataset's Minari id, NAME-vN or NAMESPACE/NAME-vN, "
-                        "written under MINARI_DATASETS_PATH (default ~/.minari/datasets)")
-    parser.add_argument("--env-id", help="the env (default: the runs'; required for random alone)")
-    parser.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i (default 0)")
-    parser.add_argument("--greedy", action="store_true", help="the runs' most likely actions instead of sampled ones")
-    parser.add_argument("--expert", metavar="RUN", help="the run whose mean (greedy) return is ref_max_score")
-    parser.add_argument("--ref-min-score", type=float, help="the random policy's return (default: measured)")
-    parser.add_argument("--ref-max-score", type=float, help="the expert's return (default: --expert's, measured)")
-    parser.add_argument("--reference-episodes", type=int, default=100,
-                        help="episodes the reference returns are measured over (default 100)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a dataset of that id")
-    args = parser.parse_args(argv)
-    done = collect(args.sources, args.episodes, args.dataset, env_id=args.env_id, seed=args.seed, greedy=args.greedy,
-                   expert=args.expert, ref_min_score=args.ref_min_score, ref_max_score=args.ref_max_score,
-                   reference_episodes=args.reference_episodes, overwrite=args.overwrite)
+def summary(done: dict) -> str:
     refs = (f"; reference returns {done['ref_min_score']:.1f} (random) to {done['ref_max_score']:.1f} (expert)"
             if done["ref_max_score"] is not None else "; no reference returns (give --expert RUN or --ref-max-score "
             "for the normalized score)")
     shown = ", ".join(f"{k} {v:.1f}" for k, v in done["returns"].items())
-    print(f"wrote {done['dataset']} ({done['episodes']} episodes, {done['steps']} steps of {done['env_id']}) to "
-          f"{done['path']}; mean return: {shown}{refs}")
+    return (f"wrote {done['dataset']} ({done['episodes']} episodes, {done['steps']} steps of {done['env_id']}) to "
+            f"{done['path']}; mean return: {shown}{refs}")
