@@ -98,6 +98,22 @@ def test_the_replay_buffer_holds_the_datasets_transitions_as_stored():
     assert np.array_equal(buffer.terminated[0, rows], np.concatenate([e.terminations for e in episodes]))
 
 
+def test_add_episode_stores_what_adding_step_by_step_stores():
+    from omnigym.rl.replay import ReplayBuffer
+
+    rng = np.random.default_rng(0)
+    whole, stepwise = (ReplayBuffer(40, (3,), (2,), action_dtype=np.float32) for _ in range(2))
+    for steps in (5, 9, 30):  # the last one wraps the rings: the oldest transitions leave
+        obs, actions = rng.normal(size=(steps + 1, 3)).astype(np.float32), rng.normal(size=(steps, 2))
+        rewards, terminated = rng.normal(size=steps), (np.arange(steps) == steps - 1)
+        whole.add_episode(obs, actions, rewards, terminated)
+        for t in range(steps):
+            stepwise.add(obs[t:t + 1], actions[t:t + 1], rewards[t:t + 1], obs[t + 1:t + 2], terminated[t:t + 1])
+    for name, value in whole.state_dict().items():
+        assert np.array_equal(value, stepwise.state_dict()[name]), name
+    assert len(whole) == 40
+
+
 def test_normalized_score_is_d4rls_and_minaris():
     assert normalized_score([-500.0], -1000.0, 0.0)[0] == pytest.approx(50.0)
     dataset = minari.load_dataset("pendulum/random-v0")

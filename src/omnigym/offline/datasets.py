@@ -69,6 +69,8 @@ class OfflineConfig(ControlConfig):
         require(bool(self.dataset), "--dataset is required: a Minari dataset id or folder (omnigym collect "
                                     "writes one; docs/offline.md)")
         require_positive(self, "batch_size", "eval_every", "eval_episodes", "log_every", "hidden")
+        require(not self.pixels and not self.capture_video, "--pixels and --capture-video are online flags; an "
+                                                            "offline run learns from the dataset's observations")
         require(self.num_envs == 1, "--num-envs: offline runs train from the dataset and evaluate in one env at a "
                                     "time; leave it at 1 (--eval-episodes sets how many episodes)")
 
