@@ -278,3 +278,25 @@ def test_a_missing_dataset_is_not_downloaded_while_the_hub_is_offline(monkeypatc
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(Exception, match="downloading is off \\(HF_HUB_OFFLINE=1\\)"):
         load_offline_data(iql.CONFIG(dataset="D4RL/door/human-v2"), "iql")
+
+
+@pytest.mark.slow
+def test_offline_algorithms_learn_from_a_sac_runs_episodes(tmp_path, monkeypatch):
+    """A short SAC run's episodes on InvertedPendulum (D4RL's "medium": a policy above random, far
+    below the 1000-step expert) as a dataset: BC clones it, TD3+BC reaches it, IQL goes past it.
+    (Pendulum is no test of this: its zero-torque policy beats a medium one.)"""
+    pytest.importorskip("mujoco")
+    from omnigym.algos import sac
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    sac.train(sac.CONFIG(env_id="InvertedPendulum-v5", total_timesteps=4000, learning_starts=1000, hidden=(64, 64),
+                         run_dir=str(tmp_path / "sac"), progress=False, plot=False, tensorboard=False))
+    done = collect([str(tmp_path / "sac")], 20, "ip/medium-v0", ref_max_score=1000.0, reference_episodes=20)
+    behaviour = normalized_score([done["returns"][str(tmp_path / "sac")]], done["ref_min_score"], 1000.0)[0]
+    scores = {name: train(name, tmp_path / name, dataset="ip/medium-v0", hidden=(64, 64), batch_size=256, seed=1,
+                          total_timesteps=2000, eval_every=1000, eval_episodes=10)["eval/normalized_score"]
+              for name in ALGOS}
+    print(f"behaviour {behaviour:.1f}, " + ", ".join(f"{k} {v:.1f}" for k, v in scores.items()))
+    assert 3 < behaviour < 50  # random is 0, the expert 100
+    assert scores["bc"] > behaviour / 2 and scores["td3_bc"] > behaviour / 2
+    assert scores["iql"] > behaviour
