@@ -76,6 +76,9 @@ class OfflineConfig(ControlConfig):
 
 
 def import_minari():
+    import sys
+
+    require(sys.version_info >= (3, 11), "offline datasets need minari, and minari 0.5 needs Python 3.11 or newer")
     try:
         import minari
     except ImportError:
