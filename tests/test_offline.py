@@ -98,6 +98,13 @@ def test_the_replay_buffer_holds_the_datasets_transitions_as_stored():
     assert np.array_equal(buffer.terminated[0, rows], np.concatenate([e.terminations for e in episodes]))
 
 
+def test_top_fraction_keeps_the_best_episodes_by_return():
+    returns = [float(e.rewards.sum()) for e in minari.load_dataset("pendulum/random-v0").iterate_episodes()]
+    data = load_offline_data(bc.CONFIG(dataset="pendulum/random-v0"), "bc", top_fraction=0.5)
+    assert sorted(data.returns.tolist()) == pytest.approx(sorted(returns)[2:])
+    assert data.transitions == 400 and len(data.buffer) == 400
+
+
 def test_add_episode_stores_what_adding_step_by_step_stores():
     from omnigym.rl.replay import ReplayBuffer
 
