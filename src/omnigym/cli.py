@@ -13,7 +13,7 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,sample,export,plot,list,import-gguf,serve,serve-rm} ...
+USAGE = """usage: omnigym {train,eval,sample,collect,export,plot,list,import-gguf,serve,serve-rm} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]] [--randomize] [--command VX,VY,YAW]
@@ -21,6 +21,8 @@ USAGE = """usage: omnigym {train,eval,sample,export,plot,list,import-gguf,serve,
   omnigym sample RUN_DIR_OR_MODEL --n N [--rewards NAME:W,...] [--min-reward R] [--out DATA.jsonl] [--curve]
                                  the best of N replies per prompt as an SFT dataset, or with --curve
                                  best-of-N accuracy vs N on held-out prompts (docs/best_of_n.md)
+  omnigym collect RUN_OR_POLICY... --episodes N --dataset NAME [--expert RUN] [--overwrite]
+                                 a Minari dataset from runs or a random policy (docs/offline.md)
   omnigym export RUN_DIR --format onnx|torchscript [--out FILE] [--force]
                                  the policy as one file, normalization folded in (docs/export.md)
   omnigym plot RUN_DIR... [--out FILE] [--metric NAME]
@@ -220,6 +222,32 @@ def export(argv: list[str]) -> None:
           f"policy's on {done['probes']} probe observations")
 
 
+def collect(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="omnigym collect", description="Write a Minari dataset from policies "
+                            "(docs/offline.md).")
+    parser.add_argument("sources", nargs="+", metavar="RUN_OR_POLICY",
+                        help="'random', or a control run's directory; several: --episodes from each (a mixture)")
+    parser.add_argument("--episodes", type=int, required=True, help="episodes from each source")
+    parser.add_argument("--dataset", required=True, help="the dataset's Minari id, NAME-vN or NAMESPACE/NAME-vN, "
+                        "written under MINARI_DATASETS_PATH (default ~/.minari/datasets)")
+    parser.add_argument("--env-id", help="the env (default: the runs'; required for random alone)")
+    parser.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i (default 0)")
+    parser.add_argument("--greedy", action="store_true", help="the runs' most likely actions instead of sampled ones")
+    parser.add_argument("--expert", metavar="RUN", help="the run whose mean (greedy) return is ref_max_score")
+    parser.add_argument("--ref-min-score", type=float, help="the random policy's return (default: measured)")
+    parser.add_argument("--ref-max-score", type=float, help="the expert's return (default: --expert's, measured)")
+    parser.add_argument("--reference-episodes", type=int, default=100,
+                        help="episodes the reference returns are measured over (default 100)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset of that id")
+    args = parser.parse_args(argv)
+    from omnigym.offline.collect import collect as write_dataset, summary
+
+    print(summary(write_dataset(args.sources, args.episodes, args.dataset, env_id=args.env_id, seed=args.seed,
+                                greedy=args.greedy, expert=args.expert, ref_min_score=args.ref_min_score,
+                                ref_max_score=args.ref_max_score, reference_episodes=args.reference_episodes,
+                                overwrite=args.overwrite)))
+
+
 def evaluate_locomotion(args) -> None:
     from omnigym.evaluation.locomotion import evaluate_tracking
 
@@ -373,6 +401,8 @@ def run_command(argv: list[str]) -> int:
             evaluate(rest)
         elif command == "sample":
             sample(rest)
+        elif command == "collect":
+            collect(rest)
         elif command == "export":
             export(rest)
         elif command == "plot":
@@ -392,8 +422,8 @@ def run_command(argv: list[str]) -> int:
 
             serve_rm(rest)
         else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, sample, export, plot, list, "
-                               "import-gguf, serve or serve-rm")
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, sample, collect, export, plot, "
+                               "list, import-gguf, serve or serve-rm")
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault
