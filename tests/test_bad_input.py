@@ -56,13 +56,12 @@ CASES = [
     (["train", "sft", "--eval-size", "5000"], "--data arithmetic has 5000 examples and --eval-size 5000 holds out"),
     (["train", "sft", "--max-length", "1"], "--max-length must be at least 2 tokens, got 1"),
     (["train", "sft", "--max-length", "5"], "no held-out example has a token left to learn from within --max-length 5"),
-    (["train"], "name an algorithm: omnigym train {reinforce,ppo,dqn,sac,td3,drq,grpo,text_reinforce,sft,rm,dpo,rlhf,"
-                "prm}"),
+    (["train"], "name an algorithm: omnigym train {reinforce,ppo,dqn,sac,td3,"),  # then the rest of ALGORITHMS
     (["train", "a3c"], "unknown algorithm 'a3c'; choose one of"),
     (["eval", "NOT_A_RUN"], "is not a run directory (no config.json)"),
     (["eval", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
     (["train", "ppo", "--resume", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
-    (["fit", "ppo"], "unknown command 'fit'; choose train, eval, export, plot, list or serve"),
+    (["fit", "ppo"], "unknown command 'fit'; choose train, eval, sample, collect, export, plot, list"),
     ([], "name a command: train, eval, plot or list"),
     (["list", "extra"], "omnigym list takes no arguments, got extra"),
     (["train", "ppo", "--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
@@ -86,6 +85,11 @@ CASES = [
     (["train", "ppo", "--total-timesteps", "1e5"], "Error parsing --total-timesteps: invalid literal for int() with "
                                                    "base 10: '1e5'"),
     (["train", "grpo", "--rewards", "math:1.0,math:0.5"], "--rewards names math twice"),
+    (["train", "grpo", "--rewards", "rm:http://127.0.0.1:8000"], "--rewards rm:http://127.0.0.1:8000: give the weight "
+                                                                 "after the port (rm:http://127.0.0.1:8000:1.0)"),
+    (["train", "grpo", "--rewards", "rm:http://127.0.0.1:1:1.0"], "rm:http://127.0.0.1:1: no reward server answers "
+                                                                  "there"),
+    (["serve-rm", "NOT_A_RUN"], "rm:not-a-run is not a reward model"),
     (["plot", "RUN_LOG", "--out", "RUN_LOG"], "--out 'log' must name an image file"),
     (["train", "ppo", "--no-such-flag"], "Unrecognized options: --no-such-flag; see omnigym train ppo --help"),
     (["train", "ppo", "--frame-stack", "2"], "--frame-stack is Atari preprocessing; CartPole-v1 is not an Atari game"),

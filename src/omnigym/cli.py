@@ -13,11 +13,16 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve} ...
+USAGE = """usage: omnigym {train,eval,sample,collect,export,plot,list,import-gguf,serve,serve-rm} ...
 
   omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]] [--randomize] [--command VX,VY,YAW]
                                  --video: the episodes as .mp4 in RUN_DIR/videos/eval (docs/video.md)
+  omnigym sample RUN_DIR_OR_MODEL --n N [--rewards NAME:W,...] [--min-reward R] [--out DATA.jsonl] [--curve]
+                                 the best of N replies per prompt as an SFT dataset, or with --curve
+                                 best-of-N accuracy vs N on held-out prompts (docs/best_of_n.md)
+  omnigym collect RUN_OR_POLICY... --episodes N --dataset NAME [--expert RUN] [--overwrite]
+                                 a Minari dataset from runs or a random policy (docs/offline.md)
   omnigym export RUN_DIR --format onnx|torchscript [--out FILE] [--force]
                                  the policy as one file, normalization folded in (docs/export.md)
   omnigym plot RUN_DIR... [--out FILE] [--metric NAME]
@@ -26,6 +31,9 @@ USAGE = """usage: omnigym {train,eval,export,plot,list,import-gguf,serve} ...
                                  a .gguf model as a folder for --model (default: SmolLM2-135M-Instruct)
   omnigym serve --base-model PATH_OR_RUN [--host 127.0.0.1 --port 8000 --store DIR --api-key-env NAME]
                                  the tinker SDK's training API over one base model (docs/serve.md)
+  omnigym serve-rm RM_RUN_DIR [--host 127.0.0.1 --port 8000 --batch-size 32 --max-queue 64]
+                                 a reward model over HTTP, for --rewards rm:http://HOST:PORT:1.0
+                                 (docs/reward_service.md)
 """
 
 
@@ -188,6 +196,15 @@ def evaluate(argv: list[str]) -> None:
         print(f"videos: {len(written)} in {video_dir}" + (f" ({written[0].name} ...)" if written else ""))
 
 
+def sample(argv: list[str]) -> None:
+    from omnigym.rejection_sampling import add_flags, sample_command
+
+    parser = ArgumentParser(prog="omnigym sample", description="Sample N replies per prompt, score them with "
+                            "rewards, and write the best of each as an SFT dataset, or measure best-of-N.")
+    add_flags(parser)
+    sample_command(parser.parse_args(argv))
+
+
 def export(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym export", description="Write a control run's policy as one file.")
     parser.add_argument("run_dir")
@@ -203,6 +220,32 @@ def export(argv: list[str]) -> None:
           f"normalization {'folded in' if done['observation_normalization'] else 'none'}"
           f"{', opset ' + str(done['opset']) if 'opset' in done else ''}); its actions equal the checkpoint "
           f"policy's on {done['probes']} probe observations")
+
+
+def collect(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="omnigym collect", description="Write a Minari dataset from policies "
+                            "(docs/offline.md).")
+    parser.add_argument("sources", nargs="+", metavar="RUN_OR_POLICY",
+                        help="'random', or a control run's directory; several: --episodes from each (a mixture)")
+    parser.add_argument("--episodes", type=int, required=True, help="episodes from each source")
+    parser.add_argument("--dataset", required=True, help="the dataset's Minari id, NAME-vN or NAMESPACE/NAME-vN, "
+                        "written under MINARI_DATASETS_PATH (default ~/.minari/datasets)")
+    parser.add_argument("--env-id", help="the env (default: the runs'; required for random alone)")
+    parser.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i (default 0)")
+    parser.add_argument("--greedy", action="store_true", help="the runs' most likely actions instead of sampled ones")
+    parser.add_argument("--expert", metavar="RUN", help="the run whose mean (greedy) return is ref_max_score")
+    parser.add_argument("--ref-min-score", type=float, help="the random policy's return (default: measured)")
+    parser.add_argument("--ref-max-score", type=float, help="the expert's return (default: --expert's, measured)")
+    parser.add_argument("--reference-episodes", type=int, default=100,
+                        help="episodes the reference returns are measured over (default 100)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset of that id")
+    args = parser.parse_args(argv)
+    from omnigym.offline.collect import collect as write_dataset, summary
+
+    print(summary(write_dataset(args.sources, args.episodes, args.dataset, env_id=args.env_id, seed=args.seed,
+                                greedy=args.greedy, expert=args.expert, ref_min_score=args.ref_min_score,
+                                ref_max_score=args.ref_max_score, reference_episodes=args.reference_episodes,
+                                overwrite=args.overwrite)))
 
 
 def evaluate_locomotion(args) -> None:
@@ -356,6 +399,10 @@ def run_command(argv: list[str]) -> int:
             train(rest, call)
         elif command == "eval":
             evaluate(rest)
+        elif command == "sample":
+            sample(rest)
+        elif command == "collect":
+            collect(rest)
         elif command == "export":
             export(rest)
         elif command == "plot":
@@ -370,8 +417,13 @@ def run_command(argv: list[str]) -> int:
             from omnigym.serve.command import serve
 
             serve(rest)
+        elif command == "serve-rm":
+            from omnigym.serve.reward_server import serve_rm
+
+            serve_rm(rest)
         else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, export, plot, list or serve")
+            raise OmnigymError(f"unknown command {command!r}; choose train, eval, sample, collect, export, plot, "
+                               "list, import-gguf, serve or serve-rm")
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault

@@ -21,6 +21,19 @@ MAX_EPISODE_STEPS = 1_000_000
 """an episode this long means an env without a time limit: eval stops instead of hanging"""
 
 
+def load_run(run_dir: str, command: str = "omnigym eval"):
+    """A finished (or checkpointed) control run: its algorithm's module, its config and its last
+    checkpoint, for ``module.load_policy(cfg, saved["components"], envs)``."""
+    values = load_config_dict(run_dir)
+    module = get_algorithm(values.get("algo", "?"))
+    if not hasattr(module, "load_policy"):
+        raise OmnigymError(f"{command} does not support {values['algo']} runs; their eval metrics are in metrics.jsonl")
+    source = os.path.join(run_dir, CONFIG_NAME)
+    check_foreign_settings(values["algo"], unknown_settings(config_class(module), values), source)
+    cfg = config_from_dict(config_class(module), values, source)
+    return module, cfg, Checkpointer(run_dir).load()
+
+
 def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None,
                  video_dir: str | None = None, successes: list | None = None) -> list[float]:
     """Returns of ``episodes`` episodes of the run's env (or ``env``: the id, class, factory or
@@ -32,14 +45,7 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
     if not 0 <= seed < 2**32:
         raise OmnigymError(f"--seed must be between 0 and 2**32 - 1, got {seed}")
-    values = load_config_dict(run_dir)
-    module = get_algorithm(values.get("algo", "?"))
-    if not hasattr(module, "load_policy"):
-        raise OmnigymError(f"omnigym eval does not support {values['algo']} runs; their eval metrics are in metrics.jsonl")
-    source = os.path.join(run_dir, CONFIG_NAME)
-    check_foreign_settings(values["algo"], unknown_settings(config_class(module), values), source)
-    cfg = config_from_dict(config_class(module), values, source)
-    saved = Checkpointer(run_dir).load()
+    module, cfg, saved = load_run(run_dir)
     env = env if env is not None else cfg.env_id
     if isinstance(env, str) and env.startswith("<"):  # config.json holds a repr: a lambda or an env object
         raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that eval cannot find by name; "

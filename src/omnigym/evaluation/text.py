@@ -87,3 +87,40 @@ def sampled_rewards(policy, reference, engine, tokenizer, examples: list[dict], 
                     for i in range(min(SAMPLES_SHOWN, len(texts)))]
     return {**{f"eval/{name}": v.mean().item() for name, v in scores.items()}, "eval/kl": kl.mean().item(),
             "eval/reply_length": sum(len(s.completion_ids) for s in replies) / max(len(replies), 1)}
+
+
+def heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout: list, judges: dict, params: SamplingParams,
+                    step: int) -> dict[str, float]:
+    """``sampled_rewards`` on held-out ``(example, prompt ids)`` pairs, seeded by the step, with
+    a few samples logged at ``step``. Training's random stream is left alone."""
+    samples: list = []
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed + step)
+        metrics = sampled_rewards(policy, reference, engine, tokenizer, [e for e, _ in heldout],
+                                  [ids for _, ids in heldout], judges, params, samples)
+    run.log_samples(step, samples)
+    return metrics
+
+
+def finish_sampled_run(run, cfg, policy, tokenizer, has_gold: bool, score: str, what: str) -> dict:
+    """The end of a run evaluated by ``heldout_rewards``: its model folder, its curve, and the
+    judge's ``eval/<score>`` (``what`` names it) and the gold reward before and after.
+    ``policy``: the whole trained model (None in the other processes of a data-parallel run)."""
+    from omnigym.track.files import read_metrics
+
+    if not run.writer:
+        run.close()
+        return {"run_dir": str(run.dir)}
+    evaluated = [r for r in read_metrics(run.dir) if f"eval/{score}" in r]
+    run.export_model(policy, tokenizer)
+    plot_path = run.close(plot=cfg.plot, metric="eval/gold_reward" if has_gold else f"eval/{score}")
+    start, end = evaluated[0], evaluated[-1]
+    lines = [f"run: {run.dir}  (the policy: {run.dir / 'model'})",
+             f"{what} of sampled replies: {start[f'eval/{score}']:.3f} -> {end[f'eval/{score}']:.3f}  "
+             f"at KL {end['eval/kl']:.2f} nats to the reference"]
+    if has_gold:
+        lines.append(f"gold reward (never trained on): {start['eval/gold_reward']:.3f} -> {end['eval/gold_reward']:.3f}")
+    run.say(*lines)
+    return {"run_dir": str(run.dir), "score_before": start[f"eval/{score}"], "score_after": end[f"eval/{score}"],
+            "gold_before": start.get("eval/gold_reward"), "gold_after": end.get("eval/gold_reward"),
+            "kl": end["eval/kl"], "plot": str(plot_path) if plot_path else None}

@@ -30,3 +30,18 @@ class PromptGenerator:
                                         0.0, group_id, self.engine.version, example,
                                         {"finished": s.finished, "cut_off": not s.finished}))
         return Trajectories(items)
+
+
+def remote_prompt_generator(cfg, policy_source: str, cwd: str) -> PromptGenerator:
+    """What a Ray generator actor runs: a policy of the same shape (its weights come from the
+    trainer before it samples) with the same sampling settings. Paths are the trainer's."""
+    import os
+
+    from omnigym.inference import make_engine
+    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+
+    os.chdir(cwd)
+    policy, tokenizer = load_policy_and_tokenizer(policy_source, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
+                                                  cfg.device, need_chat_template=False)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    return PromptGenerator(make_engine(policy, tokenizer), params, tokenizer.eos_token_id)

@@ -162,3 +162,36 @@ def deterministic_policy(hidden: tuple[int, ...], components: dict, envs, greedy
         return actor(torch.as_tensor(network_input(obs), dtype=torch.float32)).numpy()
 
     return policy
+
+
+class StateValueNetwork(nn.Module):
+    """``V(s)``: an MLP (ReLU, default init) to one value per observation, ``[batch]`` (IQL's value function)."""
+
+    def __init__(self, obs_dim: int, hidden: tuple[int, ...] = (256, 256)):
+        super().__init__()
+        self.torso = _torso(obs_dim, hidden)
+        self.head = nn.Linear(hidden[-1] if hidden else obs_dim, 1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.torso(obs)).squeeze(-1)
+
+
+class GaussianActor(_BoxActor):
+    """IQL's actor (as CORL writes it): a Gaussian whose mean is ``scale * tanh(mu(s)) + bias`` and
+    whose log-std is one learned vector for all states (clamped to [-20, 2]); acts with its mean."""
+
+    LOG_STD_RANGE = (-20.0, 2.0)
+
+    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: tuple[int, ...] = (256, 256)):
+        super().__init__(obs_dim, action_space, hidden, action_space.shape[0])
+        self.log_std = nn.Parameter(torch.zeros(action_space.shape[0]))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mean action."""
+        return torch.tanh(self.head(self.torso(obs))) * self.action_scale + self.action_bias
+
+    def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``log N(actions; mean(obs), std)`` summed over the action's dimensions, ``[batch]``."""
+        log_std = self.log_std.clamp(*self.LOG_STD_RANGE)
+        z = (actions - self(obs)) / log_std.exp()
+        return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)

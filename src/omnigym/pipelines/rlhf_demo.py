@@ -88,6 +88,21 @@ def prepare(cfg, run: Run, reward_model: bool) -> Stages:
 
 
 @dataclass
+class DemoModels:
+    """Where an RL-on-prompts run's models come from: the user's flags, or the demo's stages."""
+    policy: str
+    reward_model: str
+    gold_reward: str | None
+
+
+def demo_models(cfg, run: Run) -> DemoModels:
+    """The offline demo (no reward model given): its SFT policy and reward model, made or reused
+    as stages of this run, and the hidden gold rule as the gold reward."""
+    stages = prepare(cfg, run, reward_model=True)
+    return DemoModels(str(stages.sft), str(stages.reward_model), cfg.gold_reward or f"{GOLD_REWARD}:1.0")
+
+
+@dataclass
 class DemoPairs:
     pairs: str
     model: str

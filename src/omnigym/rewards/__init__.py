@@ -19,6 +19,7 @@ also reports each part, so each can be logged as its own metric (``reward/math``
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import torch
@@ -45,16 +46,20 @@ def builtin_rewards() -> dict[str, Reward]:
 def get_reward(name: str) -> Reward:
     """A built-in or registered reward, or ``module:name`` from your own code: a reward the
     module registers under ``name`` on import, or the module's batched reward object ``name``;
-    ``rm:RUN_DIR`` is a reward model trained by ``omnigym train rm``, ``prm:RUN_DIR`` a process
-    reward model trained by ``omnigym train prm`` (a reply's weakest step)."""
+    ``rm:RUN_DIR`` is a reward model trained by ``omnigym train rm``, ``rm:http://HOST:PORT`` one
+    served by ``omnigym serve-rm``, ``prm:RUN_DIR`` a process reward model trained by ``omnigym train
+    prm`` (a reply's weakest step)."""
     builtins = builtin_rewards()
     if name in builtins:
         return builtins[name]
     if name in REWARDS:
         return REWARDS[name]
-    if name.startswith("rm:"):  # a trained reward model: rm:RUN_DIR
+    if name.startswith("rm:"):  # a trained reward model: rm:RUN_DIR, or rm:http://HOST:PORT serving one
+        from omnigym.rewards.remote import RemoteRewardModel, is_reward_url
         from omnigym.rewards.reward_model import RewardModelScorer
 
+        if is_reward_url(name[3:]):
+            return RemoteRewardModel(name[3:])
         return RewardModelScorer(name[3:])
     if name.startswith("prm:"):  # a process reward model: prm:RUN_DIR (rewards/process.py)
         from omnigym.rewards.process import ProcessRewardScorer
@@ -121,10 +126,15 @@ def leading_part(reward) -> Reward:
 
 def parse_weights(spec: str) -> WeightedSum:
     """``"math:1.0,format:0.1"`` as a ``WeightedSum``; every name must be a known reward
-    (``my_module:my_reward:1.0`` names your own: the weight follows the last colon)."""
+    (``my_module:my_reward:1.0`` names your own, ``rm:http://127.0.0.1:8000:1.0`` a served reward
+    model: the weight follows the last colon)."""
     weights = {}
     for part in spec.split(","):
         name, _, weight = part.strip().rpartition(":")
+        if re.fullmatch(r"rm:https?://(\[[^\]]*\]|[^/:\[\]]+)", name, flags=re.IGNORECASE) and weight.isdigit():
+            # rm:http://HOST:PORT with its weight left out: the port would be read as the weight
+            raise OmnigymError(f"--rewards {part.strip()}: give the weight after the port "
+                               f"({part.strip()}:1.0)")
         if name in weights:
             raise OmnigymError(f"--rewards names {name} twice; give each reward once, with its weight")
         try:

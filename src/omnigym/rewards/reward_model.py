@@ -48,6 +48,11 @@ class RewardModelScorer(Reward):
             self._model.to(device)
         return self
 
+    def load(self) -> "RewardModelScorer":
+        """The weights read now rather than at the first call (a server loads before it listens)."""
+        self._load()
+        return self
+
     def _load(self):
         if self._model is None:
             from omnigym.models.lm import load_tokenizer

@@ -128,6 +128,27 @@ class ReplayBuffer:
                 live = np.arange(max(self.current_first[env], self.oldest[env]), last + 1) % self.env_capacity
                 self.episode_last[env, live] = last
 
+    def add_episode(self, observations, actions, rewards, terminated) -> None:
+        """Add a whole logged episode at once (offline datasets: ``observations`` has one row more
+        than the episode has steps, as Minari stores it), as ``add`` would store it step by step:
+        its frames once each, its transitions in order. One env, no frame stack, no goals."""
+        if self.num_envs != 1 or self.stack != 1 or self.goals is not None:
+            raise ValueError("add_episode takes plain vector episodes into a one-env buffer")
+        steps = len(rewards)
+        if steps == 0:
+            return
+        if steps + 1 > self.frame_capacity:
+            raise ValueError(f"an episode of {steps} steps does not fit a buffer of {self.capacity} transitions")
+        first = self.frames_pushed[0]  # the absolute index of the episode's first observation's frame
+        self.frames[0, (first + np.arange(steps + 1)) % self.frame_capacity] = observations
+        self.frames_pushed[0] += steps + 1
+        rows = (self.added[0] + np.arange(steps)) % self.env_capacity
+        self.obs_frame[0, rows], self.next_frame[0, rows] = first + np.arange(steps), first + 1 + np.arange(steps)
+        self.actions[0, rows], self.rewards[0, rows], self.terminated[0, rows] = actions, rewards, terminated
+        self.added[0] += steps
+        self.last_next_obs[0], self.has_last[0] = observations[-1], True
+        self._evict(np.zeros(1, dtype=np.int64))
+
     def _episodes_of(self, envs: np.ndarray, rows: np.ndarray, ended: np.ndarray) -> None:
         starts = self.episode_over[envs]
         self.current_first[envs[starts]] = self.added[envs[starts]]

@@ -66,6 +66,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_can_listen(host: str, port: int) -> None:
+    """A port out of range or taken (another server on it) is one line, before anything starts."""
+    if not 1 <= port <= 65535:
+        raise OmnigymError(f"--port {port}: choose 1-65535")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            # as uvicorn binds: a port whose last connections linger in TIME_WAIT is free, one
+            # that a server listens on is not
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as exc:
+        raise OmnigymError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+
+
 def resolve_base(path: str) -> Path:
     folder = Path(path).expanduser()
     if (folder / "model" / "config.json").is_file():  # a run directory: its trained model
@@ -106,11 +120,7 @@ def check(argv: list[str]) -> ServeArgs:
             raise OmnigymError(f"{flag} {value}: must be at least {low}")
     if store.exists() and not store.is_dir():
         raise OmnigymError(f"--store {args.store} is a file; name a folder")
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as s:
-            s.bind((args.host, args.port))
-    except OSError as exc:
-        raise OmnigymError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
+    check_can_listen(args.host, args.port)
     if args.base_model != "tiny":
         from omnigym.models.lm import check_model_folder
 

@@ -137,6 +137,7 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
                                                        "operations", "runtime", "max_staleness", "num_generators",
                                                        "rollouts", "agent")
     BUDGET = ("steps", "step")
+    FINAL_MODEL = True
 
     def check(self) -> None:
         super().check()
@@ -276,7 +277,11 @@ def train(cfg: GRPOConfig) -> dict:
         for step in range(step, cfg.steps):
             metrics = {}
             if step % cfg.eval_every == 0:
-                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
+                before = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
+                if step == cfg.steps - 1:  # the last step is evaluated again after it: this one gets a row of its own
+                    run.log(step, {"eval/accuracy": before})
+                else:
+                    metrics["eval/accuracy"] = before
 
             # 1. Sample group_size episodes of each prompt, each scored by the env's reward (ray:
             # sampled up to --max-staleness versions ago; the sampler's log-probs come along).
@@ -302,7 +307,7 @@ def train(cfg: GRPOConfig) -> dict:
             if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):
                 run.save(components, step=step + 1)
         progress.close()
-    return finish_lm(run, cfg)
+    return finish_lm(run, cfg, trainer.full_model(), tokenizer)
 
 
 def examples_for(cfg: GRPOConfig, train_set: list[dict], step: int) -> list[dict]:
@@ -458,16 +463,19 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
     return metrics
 
 
-def finish_lm(run: Run, cfg) -> dict:
+def finish_lm(run: Run, cfg, policy, tokenizer) -> dict:
+    """``policy``: the whole trained model (None in the other processes of a data-parallel run),
+    written to RUN_DIR/model for the next stage (omnigym sample, train sft, --model)."""
     if not run.writer:  # the first process of a data-parallel run reports
         run.close(plot=False)
         return {"run_dir": str(run.dir)}
+    run.export_model(policy, tokenizer)
     logged = read_metrics(run.dir)
     rows = [r for r in logged if "eval/accuracy" in r]
     # accuracy, and the reward GRPO learns from below it (curve.png; the warm-up drawn first)
     plot_path = run.close(plot=cfg.plot and bool(rows), metric=("eval/accuracy", "reward/mean"))
     before, after = (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if rows else (float("nan"),) * 2
-    run.say(f"run: {run.dir}",
+    run.say(f"run: {run.dir}  (the policy: {run.dir / 'model'})",
             f"held-out accuracy before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)")
     cut = [r["completion/cut_off_fraction"] for r in logged if "completion/cut_off_fraction" in r]
     if cut:

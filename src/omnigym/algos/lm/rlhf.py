@@ -35,8 +35,8 @@ import torch
 from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.errors import OmnigymError, require
-from omnigym.evaluation.text import sampled_rewards
-from omnigym.generators.prompts import PromptGenerator
+from omnigym.evaluation.text import finish_sampled_run, heldout_rewards
+from omnigym.generators.prompts import PromptGenerator, remote_prompt_generator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
 from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, load_tokenizer, model_folder
@@ -44,7 +44,7 @@ from omnigym.models.reference import FrozenReference
 from omnigym.models.scalar_head import completion_values, load_scalar_model, reward_model_folder
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
-from omnigym.pipelines.rlhf_demo import GOLD_REWARD, prepare
+from omnigym.pipelines.rlhf_demo import DemoModels, demo_models
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
 from omnigym.rewards.reward_model import RewardModelScorer
@@ -52,24 +52,17 @@ from omnigym.rl.advantages import AdvantageConfig, gae, normalize
 from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_clip, value_loss
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
-from omnigym.tasks.sft_data import prompt_tokens
-from omnigym.track.files import read_metrics
+from omnigym.tasks.prompt_set import PromptSetConfig, prompts_for_step, split_prompts
 from omnigym.track.progress import Clock, Laps, ProgressBar, crossed_multiple
 from omnigym.track.run import start_run
 
 
 @dataclass
-class RLHFConfig(RolloutRuntimeConfig, LanguageModelConfig):
+class RLHFConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig):
     reward_model: str | None = None
     """the run directory of `omnigym train rm`; none (with --model tiny): the offline demo trains one first"""
     value_init: str = "reward"
     """initialise the value model from the reward model or from the policy"""
-    data: str = "words"
-    """prompts: a .jsonl/.json file or dataset (rows with prompt, question, messages, or
-    chosen/rejected pairs), or "words" (the demo's built-in prompts)"""
-    split: str = "train"
-    max_prompt_length: int = 256
-    """longer prompts are left out (and counted)"""
     steps: int = 20
     prompts_per_step: int = 64
     """replies sampled per step (one per prompt): the rollout batch"""
@@ -97,7 +90,6 @@ class RLHFConfig(RolloutRuntimeConfig, LanguageModelConfig):
     gold_reward: str | None = None
     """rewards (name:weight,...) scored on held-out samples at each evaluation, never trained on;
     the demo uses its hidden rule, gold_vowels:1.0"""
-    eval_prompts: int = 128
     eval_every: int = 5
     checkpoint_every: int = 10
 
@@ -127,21 +119,14 @@ class RLHFConfig(RolloutRuntimeConfig, LanguageModelConfig):
 CONFIG = RLHFConfig
 
 
-@dataclass
-class Models:
-    """Where the run's models come from: the user's flags, or the offline demo's stages."""
-    policy: str
-    reward_model: str
-    gold_reward: str | None
-
-
 @scoped_run
 def train(cfg: RLHFConfig) -> dict:
     if cfg.reward_model is not None:
         reward_model_folder(cfg.reward_model)  # not a reward model: one line before anything is written
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)  # bad data: one line before the demo's stages run
     run = start_run(cfg, "rlhf", cfg.model)
-    models = demo_models(cfg, run) if cfg.reward_model is None else Models(cfg.model, cfg.reward_model, cfg.gold_reward)
+    models = demo_models(cfg, run) if cfg.reward_model is None else DemoModels(cfg.model, cfg.reward_model,
+                                                                                cfg.gold_reward)
     scorer = RewardModelScorer(models.reward_model, cfg.device)
     gold = parse_weights(models.gold_reward).to(cfg.device) if models.gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,
@@ -158,8 +143,8 @@ def train(cfg: RLHFConfig) -> dict:
     components = {"trainer": trainer, "value_trainer": value_trainer}
     # sync: the engine above samples in this process; ray: generator actors, up to K steps ahead
     rollouts = make_rollouts(cfg, PromptGenerator(engine, params, tokenizer.eos_token_id),
-                             functools.partial(remote_generator, cfg, models.policy, os.getcwd()),
-                             functools.partial(examples_for, cfg, training), 1, cfg.steps, cfg.seed)
+                             functools.partial(remote_prompt_generator, cfg, models.policy, os.getcwd()),
+                             functools.partial(prompts_for_step, cfg, training), 1, cfg.steps, cfg.seed)
     if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
         components["rollouts"] = rollouts
     judges = {"rm_score": scorer, **({"gold_reward": gold} if gold is not None else {})}
@@ -168,7 +153,7 @@ def train(cfg: RLHFConfig) -> dict:
         counters = run.begin(components)
         step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
         if step == 0:
-            run.log(0, {**evaluate(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, 0),
+            run.log(0, {**heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, 0),
                         "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
         progress = ProgressBar(cfg.steps, "rlhf", start=step, enabled=cfg.progress)
         clock = Clock(step)
@@ -194,20 +179,15 @@ def train(cfg: RLHFConfig) -> dict:
                        "perf/steps_per_second": clock.sps(step), **rollouts.metrics()}
             beta = adapted_beta(cfg, beta, batch.kl.sum(1).mean().item(), len(items))
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                metrics.update(evaluate(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, step))
+                metrics.update(heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params,
+                                               step))
             run.log(step, metrics)
             progress.update(step, score=metrics["reward/score"], kl=metrics["kl/mean"])
             if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
                 run.save(components, step=step, beta=beta)
         progress.close()
-        return finish(run, cfg, trainer.full_model(), tokenizer, gold is not None)
-
-
-def demo_models(cfg: RLHFConfig, run) -> Models:
-    """The offline demo (no --reward-model): its SFT policy and reward model, made or reused as
-    stages of this run (pipelines/rlhf_demo.py), and the hidden gold rule as the gold reward."""
-    stages = prepare(cfg, run, reward_model=True)
-    return Models(str(stages.sft), str(stages.reward_model), cfg.gold_reward or f"{GOLD_REWARD}:1.0")
+        return finish_sampled_run(run, cfg, trainer.full_model(), tokenizer, gold is not None, "rm_score",
+                                  "reward-model score")
 
 
 def load_value_model(cfg: RLHFConfig, models: Models, scorer, tokenizer):
@@ -220,42 +200,6 @@ def load_value_model(cfg: RLHFConfig, models: Models, scorer, tokenizer):
         # A new head on the policy starts at V = 0 (zero weights, as lm-human-preferences does).
         return load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device,
                                  zero_head=cfg.value_init == "policy")
-
-
-def split_prompts(cfg: RLHFConfig, rows: list, tokenizer) -> tuple[list, list, int]:
-    """(held-out, training, left out): the prompts that fit --max-prompt-length, shuffled by the
-    seed, each as (example, token ids); the first --eval-prompts are held out."""
-    prompts = []
-    for where, prompt in rows:
-        ids = prompt_tokens(where, prompt, tokenizer)
-        if 2 <= len(ids) <= cfg.max_prompt_length:
-            prompts.append(({"prompt": prompt}, ids))
-    left_out = len(rows) - len(prompts)
-    if len(prompts) <= cfg.eval_prompts:
-        raise OmnigymError(f"--data {cfg.data} has {len(prompts)} prompts within --max-prompt-length "
-                           f"{cfg.max_prompt_length} ({left_out} longer or empty) and --eval-prompts {cfg.eval_prompts} "
-                           "holds out that many or more")
-    random.Random(cfg.seed).shuffle(prompts)
-    return prompts[:cfg.eval_prompts], prompts[cfg.eval_prompts:], left_out
-
-
-def examples_for(cfg: RLHFConfig, training: list, step: int) -> list[dict]:
-    """Step ``step``'s prompts: a seeded draw, the same whether the run was resumed or not."""
-    batch = random.Random(cfg.seed * 7_919 + step).sample(training, min(cfg.prompts_per_step, len(training)))
-    return [{**example, "prompt_ids": ids} for example, ids in batch]
-
-
-def evaluate(cfg: RLHFConfig, run, policy, reference, engine, tokenizer, heldout: list, judges: dict, params,
-             step: int) -> dict:
-    """Sampled replies to the held-out prompts scored by each judge, with their KL to the
-    reference; a few go to samples.jsonl. Training's random stream is left alone."""
-    samples: list = []
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed + step)
-        metrics = sampled_rewards(policy, reference, engine, tokenizer, [e for e, _ in heldout],
-                                  [ids for _, ids in heldout], judges, params, samples)
-    run.log_samples(step, samples)
-    return metrics
 
 
 @dataclass
@@ -380,32 +324,3 @@ def step_metrics(batch: ScoredBatch, beta: float, policy_stats: dict, value_stat
             "losses/clipped_objective_fraction": policy_stats["clipped_objective_fraction"].item(),
             "losses/approx_kl": policy_stats["approx_kl"].item(),
             "losses/value_clip_fraction": value_stats["value_clip_fraction"].item()}
-
-
-def remote_generator(cfg: RLHFConfig, policy_source: str, cwd: str) -> PromptGenerator:
-    """What a Ray generator actor runs: a policy of the same shape (its weights come from the
-    trainer before it samples) with the same sampling settings. Paths are the trainer's."""
-    os.chdir(cwd)
-    policy, tokenizer = load_policy_and_tokenizer(policy_source, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
-                                                  cfg.device, need_chat_template=False)
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    return PromptGenerator(make_engine(policy, tokenizer), params, tokenizer.eos_token_id)
-
-def finish(run, cfg: RLHFConfig, policy, tokenizer, has_gold: bool) -> dict:
-    """``policy``: the whole trained model (None in the other processes of a data-parallel run)."""
-    if not run.writer:
-        run.close()
-        return {"run_dir": str(run.dir)}
-    evaluated = [r for r in read_metrics(run.dir) if "eval/rm_score" in r]
-    run.export_model(policy, tokenizer)
-    plot_path = run.close(plot=cfg.plot, metric="eval/gold_reward" if has_gold else "eval/rm_score")
-    start, end = evaluated[0], evaluated[-1]
-    lines = [f"run: {run.dir}  (the policy: {run.dir / 'model'})",
-             f"reward-model score of sampled replies: {start['eval/rm_score']:.3f} -> {end['eval/rm_score']:.3f}  "
-             f"at KL {end['eval/kl']:.2f} nats to the reference"]
-    if has_gold:
-        lines.append(f"gold reward (never trained on): {start['eval/gold_reward']:.3f} -> {end['eval/gold_reward']:.3f}")
-    run.say(*lines)
-    return {"run_dir": str(run.dir), "score_before": start["eval/rm_score"], "score_after": end["eval/rm_score"],
-            "gold_before": start.get("eval/gold_reward"), "gold_after": end.get("eval/gold_reward"),
-            "kl": end["eval/kl"], "plot": str(plot_path) if plot_path else None}

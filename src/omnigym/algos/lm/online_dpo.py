@@ -1,0 +1,236 @@
+"""Online DPO (Guo et al., 2024; the asynchronous RLHF of Noukhovitch et al., 2025): DPO on pairs
+the current policy samples, ranked by a judge.
+
+Each step:
+
+1. sample ``--samples-per-prompt`` k replies to each of ``prompts_per_step`` prompts (with
+   ``--runtime ray`` on generator actors, up to ``--max-staleness`` policy versions old);
+2. the judge (``--rewards``: a reward model ``rm:RUN_DIR`` or ``rm:URL``, a verifiable reward,
+   any weighted sum of the registry) scores every reply, less ``--missing-eos-penalty`` where
+   the reply never ended;
+3. each prompt's best and worst reply become a (chosen, rejected) pair; a prompt whose replies
+   all score the same gives none;
+4. one AdamW step on the preference loss (``--loss``: DPO's sigmoid, IPO, hinge; the shared
+   ``preference_loss``) of the pairs' sequence log-probs against the frozen reference.
+
+DPO needs no importance ratio: a pair is a pair whichever policy sampled it, which is why the
+Asynchronous RLHF paper finds it the loss that degrades least when samples are stale.
+``omnigym train online_dpo`` with no flags runs on the offline RLHF demo's world (as
+``train rlhf`` does): its SFT policy, its reward model as the judge, and the hidden gold rule
+scored on held-out prompts (never trained on) beside the KL to the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from contextlib import closing
+from dataclasses import dataclass
+
+import torch
+
+from omnigym.backends import make_backend
+from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
+from omnigym.errors import require
+from omnigym.evaluation.text import finish_sampled_run, heldout_rewards
+from omnigym.generators.prompts import PromptGenerator, remote_prompt_generator
+from omnigym.inference import make_engine
+from omnigym.inference.engine import SamplingParams
+from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
+from omnigym.models.reference import FrozenReference
+from omnigym.models.tokens import completion_logprobs, make_completion_batch
+from omnigym.optim import adamw
+from omnigym.pipelines.rlhf_demo import DemoModels, demo_models
+from omnigym.process import scoped_run
+from omnigym.rewards import parse_weights
+from omnigym.rl.losses import PREFERENCE_LOSSES, check_finite, preference_loss
+from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
+from omnigym.tasks.preference_data import read_prompts
+from omnigym.tasks.prompt_set import PromptSetConfig, prompts_for_step, split_prompts
+from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.run import start_run
+
+
+@dataclass
+class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig):
+    rewards: str | None = None
+    """the judge, name:weight,... of the reward registry: rm:RUN_DIR (omnigym train rm), rm:URL
+    (omnigym serve-rm), a verifiable reward, your own module:name; none (with --model tiny):
+    the offline demo's reward model"""
+    gold_reward: str | None = None
+    """rewards scored on held-out samples at each evaluation, never trained on; the demo uses
+    its hidden rule, gold_vowels:1.0"""
+    samples_per_prompt: int = 2
+    """k replies sampled per prompt; the best and the worst make its pair"""
+    loss: str = "sigmoid"
+    """sigmoid (DPO), ipo, hinge or simpo"""
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    simpo_gamma: float = 0.5
+    steps: int = 100
+    prompts_per_step: int = 16
+    learning_rate: float = 2e-4
+    missing_eos_penalty: float = 1.0
+    """subtracted from the judge's score of a reply that never emitted the end-of-sequence token"""
+    max_new_tokens: int = 40
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    eval_every: int = 25
+    checkpoint_every: int = 50
+
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("rewards", "data", "split", "max_prompt_length",
+                                                       "eval_prompts", "samples_per_prompt", "loss", "runtime",
+                                                       "max_staleness", "num_generators")
+    BUDGET = ("steps", "step")
+    FINAL_MODEL = True
+
+    def check(self) -> None:
+        super().check()
+        self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
+        require_positive(self, "steps", "prompts_per_step", "learning_rate", "beta", "max_new_tokens", "temperature",
+                         "max_grad_norm", "eval_prompts", "eval_every", "max_prompt_length")
+        require_non_negative(self, "missing_eos_penalty", "checkpoint_every", "simpo_gamma")
+        require_fraction(self, "label_smoothing")
+        require(self.label_smoothing < 0.5, f"--label-smoothing must be below 0.5, got {self.label_smoothing}")
+        require(self.samples_per_prompt >= 2,
+                f"--samples-per-prompt must be at least 2 (a pair is two replies), got {self.samples_per_prompt}")
+        require(self.loss in PREFERENCE_LOSSES, f"unknown --loss {self.loss!r}; choose one of "
+                                                f"{', '.join(PREFERENCE_LOSSES)}")
+        require(self.behaviour_cap is None, "--behaviour-cap weighs a policy-gradient loss by pi_old / pi_behaviour; "
+                                            "online DPO's loss has no such ratio (a stale pair is still a pair)")
+        require(self.rewards is not None or self.model == "tiny",
+                "give --rewards, the judge (rm:RUN_DIR of a finished `omnigym train rm`, rm:URL of `omnigym serve-rm`, "
+                "or any reward); only the built-in demo (--model tiny) trains its own")
+
+
+CONFIG = OnlineDPOConfig
+
+
+@scoped_run
+def train(cfg: OnlineDPOConfig) -> dict:
+    judge = parse_weights(cfg.rewards) if cfg.rewards else None  # a misspelt reward: one line before any run
+    rows = read_prompts(cfg.data, cfg.split, cfg.seed)
+    run = start_run(cfg, "online_dpo", cfg.model)
+    if judge is None:  # the demo: its SFT policy, its reward model as the judge, its gold rule
+        models = demo_models(cfg, run)
+        judge = parse_weights(f"rm:{models.reward_model}:1.0")
+    else:
+        models = DemoModels(cfg.model, cfg.rewards, cfg.gold_reward)
+    judge = judge.to(cfg.device)
+    gold = parse_weights(models.gold_reward).to(cfg.device) if models.gold_reward else None
+    policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,
+                                                  LoraSettings(r=cfg.lora_r), cfg.device, need_chat_template=False)
+    check_context(policy, cfg.max_new_tokens)
+    heldout, training, left_out = split_prompts(cfg, rows, tokenizer)
+
+    reference = FrozenReference(policy)  # the policy as it starts; rebuilt from it on resume
+    engine = make_engine(policy, tokenizer)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
+    components = {"trainer": trainer}
+    rollouts = make_rollouts(cfg, PromptGenerator(engine, params, tokenizer.eos_token_id),
+                             functools.partial(remote_prompt_generator, cfg, models.policy, os.getcwd()),
+                             functools.partial(prompts_for_step, cfg, training), cfg.samples_per_prompt, cfg.steps,
+                             cfg.seed)
+    if cfg.runtime == "ray":  # the finished rollouts in flight, for an exact resume
+        components["rollouts"] = rollouts
+    judges = {"judge_score": judge, **({"gold_reward": gold} if gold is not None else {})}
+    loss_fn = functools.partial(pair_loss, cfg=cfg, pad_id=tokenizer.pad_token_id)
+    with closing(rollouts):  # Ray's actors end with the run, however it ends
+        step = run.begin(components).get("step", 0)
+        if step == 0:
+            run.log(0, {**heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, 0),
+                        "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
+        progress = ProgressBar(cfg.steps, "online_dpo", start=step, enabled=cfg.progress)
+        clock = Clock(step)
+        rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
+        while step < cfg.steps:
+            # 1. k replies a prompt (ray: sampled up to --max-staleness versions ago).
+            items = rollouts.trajectories(step).items
+            # 2. The judge scores every reply; 3. each prompt's best and worst make its pair.
+            scores = judged_scores(cfg, judge, items, tokenizer)
+            pairs = best_and_worst(items, scores)
+            # 4. One step on the preference loss of the pairs, against the reference's log-probs.
+            stats = {}
+            if pairs:
+                rows, share = trainer.local_part(range(len(pairs)))
+                mine = [pairs[i] for i in rows]
+                ref = reference.run(functools.partial(sequence_logps, cfg=cfg, pad_id=tokenizer.pad_token_id), mine) \
+                    if cfg.loss != "simpo" else None
+                stats = trainer.forward_backward((mine, ref, step), loss_fn, share)
+                trainer.optim_step()
+            rollouts.update_weights(policy.named_parameters() if pairs else (), version=step + 1)
+
+            step += 1
+            metrics = {**step_metrics(items, scores, pairs, stats), "perf/steps_per_second": clock.sps(step),
+                       **rollouts.metrics()}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                metrics.update(heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params,
+                                               step))
+            run.log(step, metrics)
+            progress.update(step, score=metrics["reward/score"], pairs=metrics["pairs/kept_fraction"])
+            if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
+                run.save(components, step=step)
+        progress.close()
+        return finish_sampled_run(run, cfg, trainer.full_model(), tokenizer, gold is not None, "judge_score",
+                                  "judge's score")
+
+
+@torch.no_grad()
+def judged_scores(cfg: OnlineDPOConfig, judge, items: list, tokenizer) -> torch.Tensor:
+    """The judge's score of each reply, less --missing-eos-penalty where it never ended."""
+    texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in items]
+    scores = judge(texts, [t.example for t in items]).double().cpu()
+    unfinished = torch.tensor([not t.info["finished"] for t in items], dtype=torch.float64)
+    return scores - cfg.missing_eos_penalty * unfinished
+
+
+def best_and_worst(items: list, scores: torch.Tensor) -> list[tuple]:
+    """(chosen, rejected) per prompt: its highest- and lowest-scored replies (the first of equal
+    ones); none where all its replies score the same."""
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(items):
+        groups.setdefault(t.group_id, []).append(i)
+    pairs = []
+    for members in groups.values():
+        best = max(members, key=lambda i: scores[i].item())
+        worst = min(members, key=lambda i: scores[i].item())
+        if scores[best] > scores[worst]:
+            pairs.append((items[best], items[worst]))
+    return pairs
+
+
+def sequence_logps(model, pairs: list[tuple], cfg: OnlineDPOConfig, pad_id: int) -> torch.Tensor:
+    """``[2P]``: every pair's chosen reply, then every pair's rejected reply, as the sum of its
+    tokens' log-probs (IPO and SimPO: their mean)."""
+    replies = [chosen for chosen, _ in pairs] + [rejected for _, rejected in pairs]
+    tokens = make_completion_batch([t.prompt_ids for t in replies], [t.response_ids for t in replies], pad_id,
+                                   device=cfg.device)
+    mask = tokens.loss_mask
+    total = (completion_logprobs(model, tokens) * mask).sum(1)
+    return total / mask.sum(1).clamp(min=1) if cfg.loss in ("ipo", "simpo") else total
+
+
+def pair_loss(model, batch, cfg: OnlineDPOConfig, pad_id: int):
+    pairs, ref, step = batch
+    logps, n = sequence_logps(model, pairs, cfg, pad_id), len(pairs)
+    loss, stats = preference_loss(logps[:n], logps[n:], *((ref[:n], ref[n:]) if ref is not None else (None, None)),
+                                  cfg.loss, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma)
+    check_finite(loss, step)
+    return loss, stats
+
+
+def step_metrics(items: list, scores: torch.Tensor, pairs: list, stats: dict) -> dict:
+    prompts = len({t.group_id for t in items})
+    metrics = {"reward/score": scores.mean().item(), "pairs/kept_fraction": len(pairs) / max(prompts, 1),
+               "completion/length": sum(len(t.response_ids) for t in items) / len(items),
+               "completion/eos_fraction": sum(bool(t.info["finished"]) for t in items) / len(items)}
+    if pairs:
+        index = {id(t): i for i, t in enumerate(items)}
+        metrics.update({"reward/chosen_score": sum(scores[index[id(c)]].item() for c, _ in pairs) / len(pairs),
+                        "reward/rejected_score": sum(scores[index[id(r)]].item() for _, r in pairs) / len(pairs),
+                        "completion/chosen_length": sum(len(c.response_ids) for c, _ in pairs) / len(pairs)})
+    if stats:
+        metrics["losses/loss"] = stats["loss"].item()
+        metrics.update({k: v.item() for k, v in stats.items() if k.startswith("rewards/")})
+    return metrics

@@ -1,0 +1,106 @@
+"""The loop every offline algorithm runs: sample a batch from the dataset's replay buffer, take the
+algorithm's update on it, and every so often log the losses, evaluate in the env (return and D4RL
+normalized score) and checkpoint. The algorithm files (algos/control/bc.py, td3_bc.py, iql.py) hold
+their networks and their update; this holds what they share, as ``track/`` does for the online ones.
+
+A checkpoint holds the networks and optimizers (the algorithm's components), the observation
+statistics, the replay sampler's random stream and the RNGs: a resumed run samples the same
+batches and logs the same numbers. The dataset is read again on resume (it is not copied into
+the checkpoint); ``--dataset`` is fixed for a run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from omnigym.errors import OmnigymError
+from omnigym.offline.datasets import Evaluator, ObservationStats, OfflineConfig, OfflineData, load_offline_data
+from omnigym.rl.losses import check_finite
+from omnigym.rl.replay import Replay
+from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.run import Run, start_run
+
+
+def start_offline_run(cfg: OfflineConfig, algo: str, top_fraction: float = 1.0) -> tuple[OfflineData, Evaluator, Run]:
+    """The dataset read and checked, the env to evaluate in made, then the run directory: a
+    refusal (a dataset for another env, no actions, ...) leaves nothing written."""
+    data = load_offline_data(cfg, algo, top_fraction)
+    cfg.env_id = data.env_id  # config.json records the env the run was evaluated in
+    evaluator = Evaluator(cfg, data)
+    try:
+        run = start_run(cfg, algo, cfg.env_id)
+    except BaseException:
+        evaluator.close()
+        raise
+    print(f"dataset: {cfg.dataset} ({data.episodes} episodes, {data.transitions} steps of {data.env_id}, mean return "
+          f"{data.returns.mean():.1f})" + ("" if data.ref_max_score is not None else "; it has no reference returns, "
+                                          "so no normalized score is logged (docs/offline.md)"), flush=True)
+    return data, evaluator, run
+
+
+def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, evaluator: Evaluator,
+                  components: dict, update: Callable[[dict, int], dict], act: Callable) -> dict:
+    """Run ``update(batch, step) -> {metric: tensor}`` for ``--total-timesteps`` gradient steps;
+    ``act(normalized obs) -> actions`` is the policy evaluations play."""
+    device = torch.device(cfg.device)
+    replay = Replay(data.buffer, cfg.seed, save_buffer=False)  # the dataset is read again on resume
+    components = {**components, "obs_stats": data.obs_stats, "replay": replay}
+    try:
+        counters = run.begin(components)  # restores the checkpoint when resuming
+    except BaseException:
+        evaluator.close()
+        raise
+    step = counters.get("global_step", 0)
+    losses: dict[str, torch.Tensor] = {}
+    last_eval: dict = {}
+    progress = ProgressBar(cfg.total_timesteps, algo, start=step, enabled=cfg.progress)
+    clock = Clock(step)
+    try:
+        while step < cfg.total_timesteps:
+            batch = {k: v.to(device, non_blocking=True) for k, v in data.buffer.sample(cfg.batch_size, replay.rng).items()}
+            losses = update(batch, step)
+            previous_step, step = step, step + 1
+            done = step >= cfg.total_timesteps
+            metrics = {}
+            if crossed_multiple(step, previous_step, cfg.log_every) or done:
+                metrics.update({k: v.item() for k, v in losses.items()})
+                # NaN weights make every later loss NaN: a poisoned run is never saved
+                check_finite(torch.tensor(sum(metrics.values())), step)
+                metrics["perf/sps"] = clock.sps(step)  # gradient steps per second
+            if crossed_multiple(step, previous_step, cfg.eval_every) or done:
+                last_eval = evaluator(act, step)
+                metrics.update(last_eval)
+            if metrics:
+                run.log(step, metrics)
+            progress.update(step, sps=int(clock.sps(step)),
+                            score=last_eval.get("eval/normalized_score", last_eval.get("eval/episodic_return")))
+            if done or crossed_multiple(step, previous_step, cfg.checkpoint_every):
+                run.save(components, global_step=step)
+    finally:
+        progress.close()
+        evaluator.close()
+    main = "eval/normalized_score" if data.ref_max_score is not None else "eval/episodic_return"
+    plot_path = run.close(plot=cfg.plot, metric=main)
+    shown = f"{last_eval[main]:.1f}" if main in last_eval else "not evaluated"
+    run.say(f"run: {run.dir}", *([f"learning curve: {plot_path}"] if plot_path else []),
+            f"final {main.split('/')[1].replace('_', ' ')}: {shown}")
+    return {"run_dir": str(run.dir), "global_step": step, **last_eval, "plot": str(plot_path) if plot_path else None}
+
+
+def offline_policy(actor: torch.nn.Module, components: dict):
+    """A checkpointed offline actor as ``obs batch (numpy) -> actions (numpy)`` for ``omnigym
+    eval`` and ``omnigym collect``: observations standardized as in training first."""
+    if "obs_stats" not in components:
+        raise OmnigymError("the checkpoint has no observation statistics; it is not an offline run's")
+    stats = ObservationStats(np.zeros(1), np.ones(1))
+    stats.load_state_dict(components["obs_stats"])
+    actor.load_state_dict(components["actor"])
+
+    @torch.inference_mode()
+    def policy(obs):
+        return actor(torch.as_tensor(stats(obs))).numpy()
+
+    return policy
