@@ -118,22 +118,28 @@ class DeepSpeedBackend:
         return deepspeed.zero.GatheredParameters(list(self.model.parameters()) if params is None else params,
                                   modifier_rank=modifier_rank)
 
-    def _whole_model_state(self, fp32: bool) -> dict:
-        """The model's state dict with whole tensors (a collective at ZeRO-3): the fp32 master
-        weights where DeepSpeed keeps them (``fp32``), the working weights otherwise."""
+    def _whole_model_state(self, fp32: bool, everywhere: bool = False) -> dict:
+        """The model's state dict with whole tensors: the fp32 master weights where DeepSpeed
+        keeps them (``fp32``), the working weights otherwise. A collective (every process must
+        call it); one tensor is gathered at a time, and only the first process keeps them
+        unless ``everywhere``, so that no other process ever holds the whole model."""
         from deepspeed.utils import safe_get_full_fp32_param
 
-        with self._gathered():
-            state = {name: tensor.detach().clone().cpu() for name, tensor in self.model.state_dict().items()}
-        if fp32:
-            for name, param in self.model.named_parameters():
-                master = safe_get_full_fp32_param(param)  # None for a frozen weight (LoRA's base)
-                if master is not None:
-                    state[name] = master.cpu()
+        keep = everywhere or self.rank == 0
+        state = {}
+        for name, tensor in self.model.state_dict(keep_vars=True).items():
+            trained = fp32 and isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad
+            whole = safe_get_full_fp32_param(tensor) if trained else None  # None: a frozen weight, a buffer
+            if whole is None:
+                with self._gathered([tensor] if hasattr(tensor, "ds_id") else []):
+                    whole = tensor.detach().clone()
+            if keep:
+                state[name] = whole.cpu()
         return state
 
     def state_dict(self) -> dict:
-        """Whole tensors in the single-process layout (every process must call it)."""
+        """Whole tensors in the single-process layout, in the first process (every process
+        must call it; the others return theirs empty, as FSDP2's do, which ``Run.save`` drops)."""
         from deepspeed.utils import safe_get_full_optimizer_state
 
         model = self._whole_model_state(fp32=True)
@@ -144,7 +150,7 @@ class DeepSpeedBackend:
         # them raises inside DeepSpeed): a checkpoint then holds none, as a fresh AdamW's would.
         for i, (_, param) in enumerate(self.params if steps else ()):
             moments = {key: safe_get_full_optimizer_state(param, key) for key in ("exp_avg", "exp_avg_sq")}
-            if all(value is not None for value in moments.values()):
+            if self.rank == 0 and all(value is not None for value in moments.values()):
                 state[i] = {"step": steps[0].clone().cpu(), **{k: v.cpu() for k, v in moments.items()}}
         groups = [{k: v for k, v in group.items() if k != "params"} for group in inner.param_groups[:1]]
         groups[0]["params"] = list(range(len(self.params)))
@@ -163,11 +169,13 @@ class DeepSpeedBackend:
         inner = self.optimizer.optimizer
         if saved["state"] and not inner.state:
             # Before its first step DeepSpeed has no moments to write into: it makes them at
-            # that step (and ZeRO 1-2 link each parameter's view of them). Make them now.
-            for group in inner.param_groups:
-                for flat in group["params"]:
-                    inner.state[flat] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(flat),
-                                         "exp_avg_sq": torch.zeros_like(flat)}
+            # that step (and ZeRO 1-2 link each parameter's view of them). Make them now. ZeRO-3
+            # hands its flat partitions to the optimizer only for the time of a step.
+            flats = (self.optimizer.fp32_partitioned_groups_flat if self.stage == 3 else
+                     [flat for group in inner.param_groups for flat in group["params"]])
+            for flat in flats:
+                inner.state[flat] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(flat),
+                                     "exp_avg_sq": torch.zeros_like(flat)}
             if self.stage < 3:
                 self.optimizer._lazy_init_hp_params_optimizer_state()
         for i, moments in saved["state"].items():
@@ -185,7 +193,7 @@ class DeepSpeedBackend:
     def frozen_copy(self) -> torch.nn.Module:
         """A plain copy of the model as it is now (a reference model), without DeepSpeed's hooks,
         in every process (every process must call it: ZeRO-3 gathers)."""
-        return frozen(rebuilt(self.skeleton, self._whole_model_state(fp32=False), self.model))
+        return frozen(rebuilt(self.skeleton, self._whole_model_state(fp32=False, everywhere=True), self.model))
 
     def full_model(self) -> torch.nn.Module | None:
         """The trained model in the first process, None in the others. ZeRO 0-2 keep whole
