@@ -123,7 +123,8 @@ def test_a_zero3_config_with_another_backend_is_one_line(tmp_path, capsys, monke
 @pytest.mark.parametrize("zero, message", [
     ({"stage": 2, "offload_param": {"device": "cpu"}},
      "sets zero_optimization.offload_param with stage 2; only ZeRO-3 partitions the weights it moves"),
-    ({"stage": 0, "offload_optimizer": {"device": "cpu"}}, "offload_optimizer with stage 0; offload needs ZeRO stage 1, 2 or 3"),
+    ({"stage": 0, "offload_optimizer": {"device": "cpu"}},
+     "offload_optimizer with stage 0; offload needs ZeRO stage 1, 2 or 3"),
     ({"stage": 4}, "asks for ZeRO stage 4; DeepSpeed has stages 0-3")])
 def test_an_offload_key_without_zero3_is_one_line(tmp_path, capsys, monkeypatch, zero, message):
     launched(monkeypatch)

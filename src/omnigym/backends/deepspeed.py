@@ -58,10 +58,11 @@ def read_config(path: str) -> dict:
     stage = zero.get("stage", 0) if isinstance(zero, dict) else None
     if stage not in (0, 1, 2, 3):
         raise OmnigymError(f"--deepspeed-config {path} asks for ZeRO stage {stage}; DeepSpeed has stages 0-3")
-    # DeepSpeed would start and then fail (or ignore the key) deep inside its engine
+    # said here, before the run directory is made, not by DeepSpeed once every process has started
     if offloaded(zero, "offload_param") and stage != 3:
         raise OmnigymError(f"--deepspeed-config {path} sets zero_optimization.offload_param with stage {stage}; "
-                           "only ZeRO-3 partitions the weights it moves: set \"stage\": 3 (configs/deepspeed/zero3-offload.json)")
+                           "only ZeRO-3 partitions the weights it moves: set \"stage\": 3 "
+                           "(configs/deepspeed/zero3-offload.json)")
     if offloaded(zero, "offload_optimizer") and stage == 0:
         raise OmnigymError(f"--deepspeed-config {path} sets zero_optimization.offload_optimizer with stage 0; "
                            "offload needs ZeRO stage 1, 2 or 3")
