@@ -111,13 +111,15 @@ class DeepSpeedBackend:
         norm = self.engine.get_global_grad_norm()
         return {} if norm is None or self.max_grad_norm is None else {"grad_norm": torch.as_tensor(float(norm))}
 
-    def _gathered(self, params=None, modifier_rank=None):
-        """ZeRO-3: the whole ``params`` (all of the model's by default) for the time of a block;
-        a no-op at the other stages, where every process holds them whole."""
+    @staticmethod
+    def _gathered(tensor: torch.Tensor, modifier_rank: int | None = None):
+        """ZeRO-3: the whole ``tensor`` for the time of a block (with ``modifier_rank``: what that
+        process writes into it is partitioned after); a no-op for a tensor DeepSpeed did not
+        partition (any tensor at the other stages, a buffer)."""
         import deepspeed
 
-        return deepspeed.zero.GatheredParameters(list(self.model.parameters()) if params is None else params,
-                                  modifier_rank=modifier_rank)
+        return deepspeed.zero.GatheredParameters([tensor] if hasattr(tensor, "ds_id") else [],
+                                                 modifier_rank=modifier_rank)
 
     def _whole_model_state(self, fp32: bool, everywhere: bool = False) -> dict:
         """The model's state dict with whole tensors: the fp32 master weights where DeepSpeed
@@ -132,7 +134,7 @@ class DeepSpeedBackend:
             trained = fp32 and isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad
             whole = safe_get_full_fp32_param(tensor) if trained else None  # None: a frozen weight, a buffer
             if whole is None:
-                with self._gathered([tensor] if hasattr(tensor, "ds_id") else []):
+                with self._gathered(tensor):
                     whole = tensor.detach().clone()
             if keep:
                 state[name] = whole.cpu()
@@ -160,9 +162,15 @@ class DeepSpeedBackend:
     def load_state_dict(self, state: dict) -> None:
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-        # Every process read the whole file: each writes the whole weights, ZeRO-3 keeps its partition.
-        with self._gathered(modifier_rank=0):
-            self.model.load_state_dict(state["model"], strict=False)
+        # Every process read the whole file; one tensor at a time, ZeRO-3 keeps its partition of it.
+        for name, tensor in self.model.state_dict(keep_vars=True).items():
+            if name in state["model"]:
+                saved, shape = state["model"][name], getattr(tensor, "ds_shape", tensor.shape)
+                if saved.shape != shape:  # as load_state_dict says it (copy_ would broadcast)
+                    raise ValueError(f"size mismatch for {name}: the checkpoint has {tuple(saved.shape)}, "
+                                     f"the model {tuple(shape)}")
+                with self._gathered(tensor, modifier_rank=0), torch.no_grad():
+                    tensor.copy_(saved)
         for name, param in self.model.named_parameters():
             if param.requires_grad:
                 safe_set_full_fp32_param(param, state["model"][name].to(param.device))
