@@ -92,7 +92,8 @@ def run(stage: str, model: str, steps: int, batch_size: int) -> dict:
     # the peak of live tensors, not of what the allocator keeps cached (which favours whichever
     # stage allocates in fewer, larger pieces)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
-    launcher = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = run_dir.parent / "stderr.log"  # a file, not a pipe: an unread pipe fills and stalls the run
+    launcher = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
     peaks = {"start": None, "steps": None, "whole": 0}
     started = time.perf_counter()
     while launcher.poll() is None:
@@ -106,9 +107,8 @@ def run(stage: str, model: str, steps: int, batch_size: int) -> dict:
         elif peaks["start"] is not None and peaks["steps"] is None and steps - 1 in logged:
             peaks["steps"] = now
         time.sleep(0.05)
-    stderr = launcher.stderr.read()
     if launcher.returncode != 0 or None in peaks.values():
-        sys.exit(f"{stage} on {model} failed (or its steps went unseen):\n{stderr[-3000:]}")
+        sys.exit(f"{stage} on {model} failed (or its steps went unseen):\n{log.read_text()[-3000:]}")
     return {"stage": stage, **{k: v / 1024 for k, v in peaks.items()}, "seconds": time.perf_counter() - started}
 
 
