@@ -222,7 +222,7 @@ def test_grpo_with_its_warm_up_stage_matches_one_process_under_deepspeed(tmp_pat
 
 @needs_deepspeed
 @pytest.mark.parametrize("config, message", [
-    ({"zero_optimization": {"stage": 3}}, "asks for ZeRO stage 3; omnigym runs stages 0-2"),
+    ({"zero_optimization": {"stage": 5}}, "asks for ZeRO stage 5; DeepSpeed has stages 0-3"),
     ({"optimizer": {"type": "Adam"}}, "sets optimizer; omnigym sets those itself"),
     (None, "cannot read --deepspeed-config"),
     ("{not json", "is not JSON")])

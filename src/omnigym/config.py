@@ -279,8 +279,8 @@ class LanguageModelConfig(RunConfig):
     --deepspeed-config; the [deepspeed] extra); docs/scale_out.md. Its old name --backend works until
     the next release"""
     deepspeed_config: str | None = None
-    """DeepSpeed JSON config for --training-backend deepspeed (ZeRO stage, precision); omnigym's optimizer
-    and batch sizes are used, so leave those out of it"""
+    """DeepSpeed JSON config for --training-backend deepspeed (ZeRO stage 0-3, precision, CPU offload);
+    omnigym's optimizer and batch sizes are used, so leave those out of it"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("model", "lora_r")
     SAVED_REQUIRED = ("model",)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 BACKENDS = ("local", "ddp", "fsdp2", "deepspeed")
 
 
@@ -22,3 +24,16 @@ def make_backend(cfg, model, make_optimizer, max_grad_norm: float | None = None)
     from omnigym.backends.data_parallel import DataParallelBackend
 
     return DataParallelBackend(model, make_optimizer, max_grad_norm, backend)
+
+
+def whole_weights(model):
+    """A context in which ``model``'s weights are whole in this process, for a reader that takes
+    them without calling the model's forward (the KV-cache sampler). Only DeepSpeed ZeRO-3
+    partitions them at rest (its parameters carry ``ds_id``): gathered for the block, partitioned
+    again after; every process must enter it (a collective). Elsewhere: nothing to do."""
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params)

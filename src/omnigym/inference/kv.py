@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from omnigym.backends import whole_weights
 from omnigym.errors import OmnigymError
 from omnigym.inference.engine import BatchedEngine, SamplingParams
 from omnigym.models.tokens import distinct_rows, left_pad
@@ -88,6 +89,10 @@ class LlamaFamilyEngine(BatchedEngine):
         return layers
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams):
+        with whole_weights(self.model):  # DeepSpeed ZeRO-3 partitions them at rest: gathered for the batch
+            return self._sample(prompts, params)
+
+    def _sample(self, prompts: list[list[int]], params: SamplingParams):
         config, backbone = self.model.config, self.model.model
         device = backbone.embed_tokens.weight.device
         heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or \
