@@ -278,8 +278,8 @@ def train(cfg: GRPOConfig) -> dict:
             metrics = {}
             if step % cfg.eval_every == 0:
                 before = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
-                if step == cfg.steps - 1:  # the last step is evaluated again after it: this one gets a row of its own
-                    run.log(step, {"eval/accuracy": before})
+                if step == 0 == cfg.steps - 1:  # --steps 1: the only step's row gets the accuracy after it, so the
+                    run.log(step, {"eval/accuracy": before})  # accuracy before GRPO gets a row of its own
                 else:
                     metrics["eval/accuracy"] = before
 
