@@ -26,9 +26,9 @@ from typing import Sequence
 import torch
 
 from omnigym.errors import OmnigymError
-from omnigym.models.scalar_head import read_reward_info, reward_model_folder, token_values
+from omnigym.models.scalar_head import token_values
 from omnigym.models.tokens import make_sequence_batch
-from omnigym.rewards.base import Reward
+from omnigym.rewards.reward_model import RewardModelScorer, prompt_of
 from omnigym.tasks.steps import reply_steps
 
 PREFIX = "prm:"
@@ -67,41 +67,20 @@ def fit(prompt: list[int], reply: list[int], ends: list[int], limit: int | None)
     return prompt, reply, ends
 
 
-class ProcessRewardScorer(Reward):
+class ProcessRewardScorer(RewardModelScorer):
+    """A reward model's loading, pickling and device moves (``RewardModelScorer``), scoring steps."""
+    PREFIX = PREFIX
+
     def __init__(self, given: str, device: str = "cpu", batch_size: int = 32):
-        self.label = PREFIX + given
-        self.folder = reward_model_folder(given, PREFIX)
-        self.info = read_reward_info(self.folder)
+        super().__init__(given, device, batch_size)
         if self.info.get("kind") != KIND:
             raise OmnigymError(f"{PREFIX}{given} scores whole replies (a reward model of `omnigym train rm`), not "
                                f"steps; use rm:{given}, or give the run directory of `omnigym train prm`")
-        self.device, self.batch_size = device, batch_size
-        self._model = self._tokenizer = None
-
-    def __getstate__(self):
-        return {**self.__dict__, "_model": None, "_tokenizer": None}
-
-    def to(self, device: str) -> "ProcessRewardScorer":
-        self.device = device
-        if self._model is not None:
-            self._model.to(device)
-        return self
-
-    def _load(self):
-        if self._model is None:
-            from omnigym.models.lm import load_tokenizer
-            from omnigym.models.scalar_head import load_scalar_model
-
-            self._tokenizer = load_tokenizer(str(self.folder), need_chat_template=False)
-            self._model = load_scalar_model(str(self.folder), self._tokenizer.pad_token_id, device=self.device).eval()
-            self._model.requires_grad_(False)
-        return self._model, self._tokenizer
 
     @torch.no_grad()
     def step_scores(self, completions: Sequence[str], examples: Sequence[dict]) -> list[list[tuple[int, float]]]:
         """For each completion, ``(end, probability)`` per step: ``end`` is the character after
         the step's last one (``completion[end - 1]`` ends it)."""
-        from omnigym.rewards.reward_model import prompt_of
         from omnigym.tasks.sft_data import prompt_tokens
 
         if len(completions) != len(examples):

@@ -31,9 +31,12 @@ def prompt_of(example: dict):
 
 
 class RewardModelScorer(Reward):
+    PREFIX = PREFIX
+    """what names it in --rewards (a process reward model's scorer, rewards/process.py, is ``prm:``)"""
+
     def __init__(self, given: str, device: str = "cpu", batch_size: int = 32):
-        self.label = PREFIX + given
-        self.folder = reward_model_folder(given)
+        self.label = self.PREFIX + given
+        self.folder = reward_model_folder(given, self.PREFIX)
         self.info = read_reward_info(self.folder)
         self.device, self.batch_size = device, batch_size
         self._model = self._tokenizer = None
