@@ -117,9 +117,13 @@ def test_concurrent_requests_share_forward_passes(reward_dir, monkeypatch):
             results[i] = reward(COMPLETIONS[i:i + 1] * 2, EXAMPLES[i:i + 1] * 2)
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-        for thread in threads:
+        # the first alone, held at the gate, and only then the seven (started together, two could
+        # be taken into the first batch on a busy machine, and seven would never wait)
+        threads[0].start()
+        wait_for(scorer.entered.is_set, "the first request was not taken")
+        for thread in threads[1:]:
             thread.start()
-        wait_for(lambda: scorer.entered.is_set() and batcher.waiting() == 7, "the seven requests did not queue up")
+        wait_for(lambda: batcher.waiting() == 7, "the seven requests did not queue up")
         scorer.gate.set()
         for thread in threads:
             thread.join(60)
