@@ -333,6 +333,9 @@ def test_an_async_run_resumes_mid_way(tmp_path, monkeypatch):
     (["--env", "tools", "--overlong-buffer", "4"], "--overlong-buffer in a multi-turn env needs --max-episode-tokens"),
     (["--max-episode-tokens", "-1"], "--max-episode-tokens must be 0 or more, got -1"),
     (["--rollouts", "async", "--engine", "vllm"], "it does not run --engine vllm yet"),
+    (["--rollouts", "async", "--overlap-scoring", "2"], "--overlap-scoring is for --rollouts sync"),
+    (["--overlap-scoring", "0"], "--overlap-scoring must be positive, got 0"),
+    (["--prompts-per-step", "4", "--overlap-scoring", "5"], "--overlap-scoring 5 is more than the 4 prompts of a step"),
 ])
 def test_bad_flag_combinations_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
     from omnigym.cli import main

@@ -75,12 +75,20 @@ class EpisodeScheduleConfig:
     overlong_buffer: int = 0
     """DAPO's soft overlong penalty: an episode that generates more than (limit - this) tokens loses up to
     1 reward, linearly (limit: --max-episode-tokens, else --max-new-tokens); 0: off"""
+    overlap_scoring: int = 1
+    """with --rollouts sync: each batch of rollouts (a Ray generator's job, or a step's) is played in this many
+    parts, and a part's replies are scored in a thread while the next part generates: worth it when scoring is
+    slow (a reward model, served or not; a sandbox); 1: score after generating. --rollouts async already
+    scores each episode while others sample"""
 
     def check_episodes(self, batch_groups: int, multi_turn: bool) -> None:
         """``batch_groups``: the groups of a step (--prompts-per-step); ``multi_turn``: the env
         may take more than one reply (then an overlong penalty needs an episode limit)."""
         require(self.rollouts in ROLLOUTS, f"unknown --rollouts {self.rollouts!r}; choose sync or async")
         require_non_negative(self, "concurrency", "max_episode_tokens", "overlong_buffer")
+        require_positive(self, "overlap_scoring")
+        require(self.overlap_scoring <= batch_groups, f"--overlap-scoring {self.overlap_scoring} is more than the "
+                                                      f"{batch_groups} prompts of a step; use at most that many parts")
         require_positive(self, "max_refill_factor")
         require(self.max_refill_factor >= 1, f"--max-refill-factor must be at least 1 (a step draws at least its "
                                              f"own groups), got {self.max_refill_factor}")
@@ -92,6 +100,8 @@ class EpisodeScheduleConfig:
             require(not given, f"{', '.join(given)}: read by --rollouts async only; add --rollouts async or "
                                "leave them out")
         else:
+            require(self.overlap_scoring == 1, "--overlap-scoring is for --rollouts sync: with --rollouts async each "
+                                               "episode is already scored while the others sample; leave it out")
             require(self.runtime == "sync", f"--rollouts async runs episodes in this process; it does not combine "
                                             f"with --runtime {self.runtime}")
             require(self.max_staleness >= 1, "--rollouts async needs --max-staleness 1 or more (a step trains while "

@@ -320,7 +320,7 @@ def make_generator(cfg: GRPOConfig, env, engine, tokenizer, greedy: bool = False
     # the held-out judge plays by the same budgets, but without the overlong penalty: it reads correctness
     return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns,
                             max_episode_tokens=cfg.max_episode_tokens or None,
-                            overlong_buffer=0 if greedy else cfg.overlong_buffer)
+                            overlong_buffer=0 if greedy else cfg.overlong_buffer, overlap_scoring=cfg.overlap_scoring)
 
 
 def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
