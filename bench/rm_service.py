@@ -1,5 +1,6 @@
 """GRPO samples/s with a served reward model (``rm:http://...``) vs the reward model loaded in
-every process that scores (``rm:RUN_DIR``), side by side in one run.
+every process that scores (``rm:RUN_DIR``), and with the served model's scoring overlapped with
+generation (``--overlap-scoring K``), side by side in one run.
 
 The reward model is the tiny Llama backbone widened to ``--rm-hidden`` x ``--rm-layers`` with
 a seeded random scalar head, saved as ``omnigym train rm`` saves one (throughput does not depend
@@ -11,14 +12,17 @@ process, one after another on the same cores:
            the reward model and scores its own replies
   served   --rewards rm:http://127.0.0.1:PORT:1.0: one `omnigym serve-rm` process holds it; the
            generators send each batch in one POST and the server merges concurrent batches
+  overlap  served, with --overlap-scoring K (--overlap): each generator plays its batch in K
+           parts and the server scores a part while the generator samples the next
 
 samples/s is measured between step ends, leaving out the first and last steps (they evaluate).
 The server's counters (requests, rows, forward passes) are read from its /info afterwards,
-and the two runs' per-step mean rewards compared (same seed: equal in sync, equal to float32
+and the folder and served runs' per-step mean rewards compared (the overlapped run samples its
+parts one after another, so its replies, and rewards, are other ones) (same seed: equal in sync, equal to float32
 rounding on Ray, where the server may merge two actors' batches).
 
     python bench/rm_service.py [--runtime ray|sync] [--steps 12] [--num-generators 2]
-                               [--rm-hidden 512 --rm-layers 8] [--batch-size 32]
+                               [--rm-hidden 512 --rm-layers 8] [--batch-size 32] [--overlap 4]
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def build_reward_model(folder: str, hidden: int, layers: int, seed: int) -> tupl
     return os.path.join(folder, "run"), sum(p.numel() for p in model.parameters())
 
 
-def one_run(reward: str, args) -> dict:
+def one_run(reward: str, overlap: int, args) -> dict:
     """One mode in this process; prints its figures as JSON."""
     from omnigym.algos import grpo
     from omnigym.track.run import Run
@@ -72,7 +76,7 @@ def one_run(reward: str, args) -> dict:
                           prompts_per_step=args.prompts_per_step, group_size=args.group_size,
                           max_new_tokens=args.max_new_tokens, eval_size=8, eval_every=args.steps,
                           checkpoint_every=args.steps, skip_equal_groups=False, run_dir=tempfile.mkdtemp(),
-                          progress=False, plot=False, tensorboard=False, **runtime)
+                          overlap_scoring=overlap, progress=False, plot=False, tensorboard=False, **runtime)
     grpo.train(cfg)
     intervals = [b[0] - a[0] for a, b in zip(stamps, stamps[1:])][1:-1]  # the first and last steps evaluate
     rows = [m for _, m in stamps]
@@ -113,10 +117,10 @@ def info(url: str) -> dict:
         return json.loads(response.read())
 
 
-def run_mode(reward: str, args, env: dict) -> dict:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("one", "reward")]
-    done = subprocess.run([sys.executable, __file__, "--one", "--reward", reward, *flags], env=env,
-                          capture_output=True, text=True)
+def run_mode(reward: str, args, env: dict, overlap: int = 1) -> dict:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("one", "reward", "overlap")]
+    done = subprocess.run([sys.executable, __file__, "--one", "--reward", reward, "--overlap", str(overlap), *flags],
+                          env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode != 0 or not lines:
         sys.exit(f"{reward} failed:\n{done.stderr[-3000:]}")
@@ -135,13 +139,14 @@ def main() -> None:
     parser.add_argument("--rm-hidden", type=int, default=512)
     parser.add_argument("--rm-layers", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32, help="the server's --batch-size (and the folder's)")
+    parser.add_argument("--overlap", type=int, default=4, help="--overlap-scoring of the third run (1: no third run)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--reward", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 4:
         parser.error(f"--steps must be at least 4 (the first and last steps evaluate), got {args.steps}")
     if args.one:
-        one_run(args.reward, args)
+        one_run(args.reward, args.overlap, args)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     folder = tempfile.mkdtemp(prefix="rm-bench-")
@@ -153,20 +158,25 @@ def main() -> None:
     try:
         runs["served"] = run_mode(f"rm:{url}", args, env)
         counts = info(url)
+        print(f"served  {runs['served']['samples_per_s']:7.1f} samples/s", flush=True)
+        if args.overlap > 1:
+            runs["overlap"] = run_mode(f"rm:{url}", args, env, args.overlap)
+            print(f"overlap {runs['overlap']['samples_per_s']:7.1f} samples/s", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=60)
-    print(f"served  {runs['served']['samples_per_s']:7.1f} samples/s", flush=True)
     where = (f"--runtime ray --max-staleness 1, {args.num_generators} generator actors" if args.runtime == "ray"
              else "--runtime sync")
     print(f"\n{args.steps} GRPO steps x {runs['folder']['samples_per_step']} samples ({where}), "
           f"{parameters / 1e6:.1f}M-parameter reward model, seed {args.seed}\n")
-    print("| reward | samples/s | s/step | vs folder | copies of the reward model |")
-    print("|---|---|---|---|---|")
-    copies = {"folder": args.num_generators if args.runtime == "ray" else 1, "served": 1}
+    print("| reward | samples/s | s/step | vs folder | vs served | copies of the reward model |")
+    print("|---|---|---|---|---|---|")
+    copies = {"folder": args.num_generators if args.runtime == "ray" else 1, "served": 1, "overlap": 1}
+    label = {"folder": "rm:RUN_DIR", "served": "rm:URL", "overlap": f"rm:URL --overlap-scoring {args.overlap}"}
     for name, r in runs.items():
-        print(f"| rm:{'RUN_DIR' if name == 'folder' else 'URL'} | {r['samples_per_s']:.1f} | {r['step_seconds']:.2f} "
-              f"| {r['samples_per_s'] / runs['folder']['samples_per_s']:.2f}x | {copies[name]} |")
+        print(f"| {label[name]} | {r['samples_per_s']:.1f} | {r['step_seconds']:.2f} "
+              f"| {r['samples_per_s'] / runs['folder']['samples_per_s']:.2f}x "
+              f"| {r['samples_per_s'] / runs['served']['samples_per_s']:.2f}x | {copies[name]} |")
     gap = max(abs(a - b) for a, b in zip(runs["served"]["rewards"], runs["folder"]["rewards"]))
     print(f"\nsame seed: the steps' mean rewards with rm:URL and rm:RUN_DIR differ by at most {gap:.2e} "
           f"({len(runs['folder']['rewards'])} steps)")

@@ -336,6 +336,9 @@ def test_an_async_run_resumes_mid_way(tmp_path, monkeypatch):
     (["--rollouts", "async", "--overlap-scoring", "2"], "--overlap-scoring is for --rollouts sync"),
     (["--overlap-scoring", "0"], "--overlap-scoring must be positive, got 0"),
     (["--prompts-per-step", "4", "--overlap-scoring", "5"], "--overlap-scoring 5 is more than the 4 prompts of a step"),
+    (["--engine", "vllm", "--training-backend", "fsdp2"], "--training-backend fsdp2 (FSDP2) keeps a shard"),
+    (["--engine", "vllm", "--training-backend", "deepspeed", "--deepspeed-config", "configs/deepspeed/zero3.json"],
+     "--training-backend deepspeed (ZeRO-3) keeps a shard"),
 ])
 def test_bad_flag_combinations_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
     from omnigym.cli import main

@@ -140,6 +140,12 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
     FINAL_MODEL = True
 
     def check(self) -> None:
+        # before the backend's own checks, so it is said even where the launcher or DeepSpeed is missing
+        require(self.engine != "vllm" or not shards_weights(self),
+                f"--engine vllm is sent the trainer's whole weights after each step, and --training-backend "
+                f"{self.training_backend} ({'ZeRO-3' if self.training_backend == 'deepspeed' else 'FSDP2'}) keeps "
+                "a shard of them in each process; use --engine auto (it samples with the trainer's own model, which "
+                "gathers the shards), or --training-backend ddp or ZeRO stage 0-2")
         super().check()
         self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
         self.check_episodes(self.prompts_per_step, multi_turn=self.env != "single-turn")
@@ -308,6 +314,15 @@ def train(cfg: GRPOConfig) -> dict:
                 run.save(components, step=step + 1)
         progress.close()
     return finish_lm(run, cfg, trainer.full_model(), tokenizer)
+
+
+def shards_weights(cfg: GRPOConfig) -> bool:
+    """Whether the training backend keeps only a shard of the weights in each process."""
+    if cfg.training_backend == "deepspeed" and cfg.deepspeed_config:
+        from omnigym.backends.deepspeed import read_config
+
+        return read_config(cfg.deepspeed_config).get("zero_optimization", {}).get("stage", 0) == 3
+    return cfg.training_backend == "fsdp2"
 
 
 def examples_for(cfg: GRPOConfig, train_set: list[dict], step: int) -> list[dict]:
