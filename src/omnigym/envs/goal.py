@@ -71,7 +71,8 @@ class GoalLayout:
         """A batch of Dict observations as the replay memory keeps them: ``[n, obs + 2 goal]``."""
         return np.concatenate([np.asarray(obs[k], dtype=np.float32) for k in GOAL_KEYS], -1)
 
-    def network_input(self, obs: dict) -> np.ndarray:
+    @staticmethod
+    def network_input(obs: dict) -> np.ndarray:
         """A batch of Dict observations as the networks see them: ``[n, obs + goal]``."""
         return np.concatenate([np.asarray(obs[k], dtype=np.float32) for k in ("observation", "desired_goal")], -1)
 

@@ -165,17 +165,30 @@ def play(sources: list[Source], episodes: int, env_id: str, seed: int):
                 obs, _ = env.reset(seed=seed + index)
                 observations, actions, rewards, terminations, truncations = [obs], [], [], [], []
                 while not (terminations and (terminations[-1] or truncations[-1])):
-                    action = env.action_space.sample() if source.act is None else source.act(obs[None])[0]
+                    action = env.action_space.sample() if source.act is None else source.act(batch_of_one(obs))[0]
                     obs, reward, terminated, truncated, _ = env.step(action)
                     observations.append(obs), actions.append(action), rewards.append(float(reward))
                     terminations.append(bool(terminated)), truncations.append(bool(truncated))
-                buffers.append(EpisodeBuffer(id=index, seed=seed + index, observations=np.stack(observations),
+                buffers.append(EpisodeBuffer(id=index, seed=seed + index, observations=stacked(observations),
                                              actions=np.stack(actions), rewards=np.array(rewards),
                                              terminations=np.array(terminations), truncations=np.array(truncations)))
                 totals.append(sum(rewards))
             returns[source.name] = float(np.mean(totals))
     env.close()
     return buffers, returns
+
+
+def batch_of_one(obs):
+    """One observation as a batch of one (a goal env's Dict: each key's)."""
+    return {key: value[None] for key, value in obs.items()} if isinstance(obs, dict) else obs[None]
+
+
+def stacked(observations: list):
+    """An episode's observations as arrays over time (a goal env's Dicts: an array per key, as
+    Minari stores Dict spaces)."""
+    if isinstance(observations[0], dict):
+        return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
+    return np.stack(observations)
 
 
 def replace_into(new: Path, target: Path, staging: Path) -> None:

@@ -11,6 +11,11 @@ stored once, transitions in order), and the algorithm samples from it as SAC and
 Observations are standardized by the dataset's mean and std, as CORL does (``ObservationStats``,
 saved in the checkpoint so that the trained policy is evaluated on the same scale).
 
+Goal-conditioned datasets (Dict observations ``observation``, ``achieved_goal``,
+``desired_goal``: Fetch, PointMaze and AntMaze style) are read as the online goal envs are
+(``envs/goal.py``'s ``network_view``): the networks see ``observation ++ desired_goal``, in
+training and in evaluation alike.
+
 The score every evaluation logs is D4RL's normalized score,
 ``100 * (return - ref_min_score) / (ref_max_score - ref_min_score)``, with the reference returns
 stored in the dataset's metadata (``omnigym collect --expert`` or ``--ref-max-score`` writes
@@ -28,6 +33,7 @@ import numpy as np
 import torch
 
 from omnigym.config import ControlConfig, require_positive
+from omnigym.envs.goal import network_view
 from omnigym.errors import OmnigymError, missing_extra, require
 from omnigym.models.continuous import check_spaces
 from omnigym.rl.replay import ReplayBuffer
@@ -164,6 +170,7 @@ class OfflineData:
     obs_stats: ObservationStats
     env_id: str
     observation_space: gym.spaces.Box
+    """what the networks see (a goal dataset's ``observation ++ desired_goal``)"""
     action_space: gym.spaces.Box
     ref_min_score: float | None
     ref_max_score: float | None
@@ -171,6 +178,8 @@ class OfflineData:
     transitions: int
     returns: np.ndarray
     """the undiscounted return of each episode kept"""
+    dataset_observation_space: gym.spaces.Space | None = None
+    """the dataset's own (a Dict for a goal dataset): what the env it is evaluated in must have"""
 
     def score(self, returns) -> dict:
         """The metrics of one evaluation's episode returns."""
@@ -194,14 +203,15 @@ def load_offline_data(cfg: OfflineConfig, algo: str, top_fraction: float = 1.0) 
     env_id = cfg.env_id or env_id
     require(env_id is not None, f"{label} names no env to evaluate in; give --env-id")
     require(dataset.total_steps > 0, f"{label} is empty (0 steps); collect some episodes into it first")
-    obs_space, action_space = dataset.observation_space, dataset.action_space
+    action_space = dataset.action_space
     require(action_space is not None, f"{label} has no action space in its metadata (a dataset without actions); "
                                       "offline RL learns from (observation, action, reward) steps")
+    obs_space, to_network = network_view(dataset.observation_space)  # a goal dataset's Dicts: observation ++ goal
     try:
         check_spaces(algo, obs_space, action_space)
     except OmnigymError as exc:
         raise OmnigymError(f"{label}: {str(exc).replace('the env has', 'the dataset has')}") from None
-    episodes = read_episodes(dataset, label, obs_space, action_space)
+    episodes = read_episodes(dataset, label, obs_space, action_space, to_network)
     returns = np.array([float(e[2].sum()) for e in episodes])
     if top_fraction < 1.0:  # the best episodes by return, at least one
         keep = np.argsort(-returns, kind="stable")[:max(1, int(round(top_fraction * len(episodes))))]
@@ -218,16 +228,18 @@ def load_offline_data(cfg: OfflineConfig, algo: str, top_fraction: float = 1.0) 
         buffer.add_episode(stats(observations), actions, rewards, terminations)
     metadata = dataset.storage.metadata
     refs = [metadata.get("ref_min_score"), metadata.get("ref_max_score")]
-    return OfflineData(buffer, stats, env_id, obs_space, action_space, *refs, len(episodes), transitions, returns)
+    return OfflineData(buffer, stats, env_id, obs_space, action_space, *refs, len(episodes), transitions, returns,
+                       dataset.observation_space)
 
 
-def read_episodes(dataset, label: str, obs_space, action_space) -> list[tuple]:
-    """Each episode as (observations [T+1], actions [T], rewards [T], terminations [T]), checked."""
+def read_episodes(dataset, label: str, obs_space, action_space, to_network=lambda obs: obs) -> list[tuple]:
+    """Each episode as (observations [T+1] as the networks see them, actions [T], rewards [T],
+    terminations [T]), checked."""
     episodes = []
     try:
         for episode in dataset.iterate_episodes():
             actions = np.asarray(episode.actions, dtype=np.float32)
-            observations = np.asarray(episode.observations, dtype=np.float32)
+            observations = np.asarray(to_network(episode.observations), dtype=np.float32)
             steps = len(episode.rewards)
             require(actions.shape == (steps, *action_space.shape),
                     f"{label}: episode {episode.id} has actions of shape {actions.shape}, not ({steps}, "
@@ -261,13 +273,13 @@ class Evaluator:
         self.cfg, self.data = cfg, data
         self.envs = make_vec(data.env_id, cfg.eval_episodes, backend="sync", seed=cfg.seed,
                              **parse_env_kwargs(cfg.env_kwargs))
-        space = self.envs.single_observation_space
-        if space.shape != data.observation_space.shape or self.envs.single_action_space.shape != \
-                data.action_space.shape:
+        space, expected = self.envs.single_observation_space, data.dataset_observation_space or data.observation_space
+        if shapes(space) != shapes(expected) or self.envs.single_action_space.shape != data.action_space.shape:
             self.envs.close()
-            raise OmnigymError(f"--dataset {cfg.dataset}: its observations {data.observation_space.shape} and "
-                               f"actions {data.action_space.shape} do not fit {data.env_id}'s {space.shape} and "
+            raise OmnigymError(f"--dataset {cfg.dataset}: its observations {shapes(expected)} and "
+                               f"actions {data.action_space.shape} do not fit {data.env_id}'s {shapes(space)} and "
                                f"{self.envs.single_action_space.shape}; it was collected in another env")
+        self.to_network = network_view(space)[1]
 
     @torch.no_grad()
     def __call__(self, act, step: int) -> dict:
@@ -277,7 +289,7 @@ class Evaluator:
         returns, done = np.zeros(n), np.zeros(n, dtype=bool)
         low, high = self.data.action_space.low, self.data.action_space.high
         while not done.all():
-            actions = act(torch.as_tensor(self.data.obs_stats(obs))).cpu().numpy().clip(low, high)
+            actions = act(torch.as_tensor(self.data.obs_stats(self.to_network(obs)))).cpu().numpy().clip(low, high)
             obs, _, _, _, info = self.envs.step(actions)
             if "episode" in info:
                 ended = info["_episode"] & ~done
@@ -286,3 +298,10 @@ class Evaluator:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def shapes(space: gym.spaces.Space):
+    """A space's shape, or each key's for a Dict (what must match between a dataset and its env)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: shapes(part) for key, part in space.spaces.items()}
+    return space.shape

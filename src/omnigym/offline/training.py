@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from omnigym.envs.goal import GoalLayout, network_view
 from omnigym.errors import OmnigymError
 from omnigym.offline.datasets import Evaluator, ObservationStats, OfflineConfig, OfflineData, load_offline_data
 from omnigym.rl.losses import check_finite
@@ -101,6 +102,14 @@ def offline_policy(actor: torch.nn.Module, components: dict):
 
     @torch.inference_mode()
     def policy(obs):
+        if isinstance(obs, dict):  # a goal env's observations, as the networks saw them in training
+            obs = GoalLayout.network_input(obs)
         return actor(torch.as_tensor(stats(obs))).numpy()
 
     return policy
+
+
+def network_obs_dim(envs) -> int:
+    """The width of the observations an offline run's networks take in ``envs`` (a goal env's:
+    ``observation ++ desired_goal``)."""
+    return network_view(envs.single_observation_space)[0].shape[0]

@@ -17,7 +17,7 @@ from omnigym.config import require_positive
 from omnigym.errors import require
 from omnigym.models.continuous import DeterministicActor
 from omnigym.offline.datasets import OfflineConfig
-from omnigym.offline.training import offline_policy, start_offline_run, train_offline
+from omnigym.offline.training import network_obs_dim, offline_policy, start_offline_run, train_offline
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 
@@ -58,5 +58,5 @@ def train(cfg: BCConfig) -> dict:
 
 def load_policy(cfg: BCConfig, components: dict, envs, greedy: bool = True):
     """The cloned actor on standardized observations, ``obs (numpy batch) -> actions (numpy)``."""
-    return offline_policy(DeterministicActor(envs.single_observation_space.shape[0], envs.single_action_space,
+    return offline_policy(DeterministicActor(network_obs_dim(envs), envs.single_action_space,
                                              tuple(cfg.hidden)), components)

@@ -28,7 +28,7 @@ from omnigym.config import require_fraction, require_positive
 from omnigym.errors import require
 from omnigym.models.continuous import GaussianActor, QNetwork, StateValueNetwork
 from omnigym.offline.datasets import OfflineConfig
-from omnigym.offline.training import offline_policy, start_offline_run, train_offline
+from omnigym.offline.training import network_obs_dim, offline_policy, start_offline_run, train_offline
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 
@@ -124,5 +124,5 @@ def train(cfg: IQLConfig) -> dict:
 
 def load_policy(cfg: IQLConfig, components: dict, envs, greedy: bool = True):
     """The trained actor's mean action on standardized observations, ``obs (numpy batch) -> actions (numpy)``."""
-    return offline_policy(GaussianActor(envs.single_observation_space.shape[0], envs.single_action_space,
+    return offline_policy(GaussianActor(network_obs_dim(envs), envs.single_action_space,
                                         tuple(cfg.hidden)), components)
