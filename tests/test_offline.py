@@ -287,6 +287,24 @@ def test_a_missing_dataset_is_not_downloaded_while_the_hub_is_offline(monkeypatc
         load_offline_data(iql.CONFIG(dataset="D4RL/door/human-v2"), "iql")
 
 
+def test_a_missing_dataset_with_the_hub_unreachable_is_one_line_at_once(monkeypatch, tmp_path, capsys):
+    """Hub access allowed but no route to it (an offline machine without HF_HUB_OFFLINE): one
+    line, before huggingface_hub's half a minute of printed retries, and no run directory."""
+    import minari.storage.hosting as hosting
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("tried to download")
+
+    monkeypatch.setattr(hosting, "download_dataset", no_network)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
+    assert main(["train", "iql", "--dataset", "D4RL/door/human-v2", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
+    assert err.startswith("omnigym: error: --dataset D4RL/door/human-v2: not a local Minari dataset") and \
+        "the hub cannot be reached to download it (127.0.0.1:9: " in err
+
+
 @pytest.mark.slow
 def test_offline_algorithms_learn_from_a_sac_runs_episodes(tmp_path, monkeypatch):
     """A short SAC run's episodes on InvertedPendulum (D4RL's "medium": a policy above random, far

@@ -120,11 +120,30 @@ def open_dataset(name: str):
     fix = f"write one with: omnigym collect RUN_OR_POLICY --episodes N --dataset {name}"
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
         raise OmnigymError(f"--dataset {name}: {where}, and downloading is off (HF_HUB_OFFLINE=1); {fix}")
+    unreachable = hub_unreachable()
+    if unreachable:  # said at once: huggingface_hub would retry for half a minute, printing each try
+        raise OmnigymError(f"--dataset {name}: {where}, and the hub cannot be reached to download it "
+                           f"({unreachable}); {fix}")
     try:  # Minari's remote: its Hugging Face datasets (farama-minari/...)
         return minari.load_dataset(name, download=True)
     except Exception as exc:
         raise OmnigymError(f"--dataset {name}: {where}, and it could not be downloaded ({first_line(exc)}); "
                            f"{fix}") from None
+
+
+def hub_unreachable(timeout_s: float = 5.0) -> str | None:
+    """Why the Hugging Face hub (``HF_ENDPOINT``, default huggingface.co) cannot be reached, or
+    None when a connection to it opens."""
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or type(exc).__name__}"
+    return None
 
 
 def first_line(exc: BaseException) -> str:
