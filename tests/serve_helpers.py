@@ -122,8 +122,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(app, port: int | None = None):
-    """The app on 127.0.0.1 in a thread; yields its base URL and stops it (and its worker)."""
+def serving(app, port: int | None = None, close_clients: bool = True):
+    """The app on 127.0.0.1 in a thread; yields its base URL and stops it (and its worker), after
+    closing the tinker clients made meanwhile (``close_clients``: a test that restarts the server
+    under the same client closes it itself)."""
     import uvicorn
 
     port = port or free_port()
@@ -137,11 +139,40 @@ def serving(app, port: int | None = None):
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        with tinker_clients_closed() if close_clients else contextlib.nullcontext():
+            yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=20)
         app.state.worker.stop()
+
+
+@contextlib.contextmanager
+def tinker_clients_closed():
+    """Each tinker ``ServiceClient`` made in the block is closed at its end, while the server still
+    answers: an open client sends a heartbeat every 10 s for as long as the test process lives,
+    and warns that "Tinker is down" once the test's server has gone."""
+    try:
+        import tinker
+    except ImportError:
+        yield
+        return
+    made, original_init = [], tinker.ServiceClient.__init__
+
+    def recorded_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        made.append(self)
+
+    tinker.ServiceClient.__init__ = recorded_init
+    try:
+        yield
+    finally:
+        tinker.ServiceClient.__init__ = original_init
+        for client in made:
+            try:
+                client.close("success").result(timeout=10)
+            except Exception:  # a session the test ended or broke on purpose: its heartbeats stop all the same
+                pass
 
 
 def serve_fake_forever(store_dir: str, port: int) -> None:

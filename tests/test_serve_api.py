@@ -118,7 +118,7 @@ def test_sdk_trains_samples_and_lists(tmp_path):
 def test_restart_serves_the_same_runs_and_futures(tmp_path):
     port = free_port()
     hub, app = server(tmp_path)
-    with serving(app, port) as url:
+    with serving(app, port, close_clients=False) as url:  # the client lives on across the restart
         sc = client(url)
         tc = sc.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
         tc.forward_backward([datum([1, 2], [3, 4])], "cross_entropy").result()
@@ -147,6 +147,7 @@ def test_restart_serves_the_same_runs_and_futures(tmp_path):
         marks = tinker.RestClient(base_url=url, api_key="tml-alice-key").list_checkpoints(tc.model_id).result()
         assert [c.tinker_path for c in marks.checkpoints] == [path]
         sc.create_sampling_client(model_path=tc.save_weights_for_sampler("after").result().path).result()
+        sc.close("success").result(timeout=10)
 
 
 def test_two_callers_are_isolated(tmp_path):

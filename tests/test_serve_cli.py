@@ -135,6 +135,7 @@ def test_serve_command_answers_the_sdk(tmp_path):
         # the same weights as omnigym's tiny model of seed 0 (every restart serves the same base)
         reference = build_tiny_model(tmp_path / "reference", max_positions=2048, seed=0)
         assert (built / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
+        sc.close("success").result(timeout=10)  # its heartbeats would outlive the server
     finally:
         proc.terminate()
         proc.wait(timeout=30)

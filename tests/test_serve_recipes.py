@@ -99,7 +99,8 @@ def served(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"omnigym serve did not answer healthz in {SERVER_START_S}s")
             time.sleep(0.5)
-        yield work, base_url
+        with tinker_clients_closed():  # before the server goes: an open client heartbeats on
+            yield work, base_url
     finally:
         proc.terminate()
         try:
@@ -137,6 +138,7 @@ def _metrics(log_path: Path) -> list[dict]:
 
 # the walk-through's examples and their tokens, as bench/serve_overhead.py times them
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from serve_helpers import tinker_clients_closed  # noqa: E402
 from serve_overhead import examples  # noqa: E402
 
 
