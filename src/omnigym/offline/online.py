@@ -71,8 +71,10 @@ def online_settings(cfg, algo: str):
     offline run's checkpoint; ``(cfg, None)`` for an offline run or a resumed online one. Refuses
     in one line, before anything is written: no run there, another algorithm's, an online run, an
     unfinished one, or a setting its networks or data cannot take."""
-    if not cfg.resume_online or cfg.resume:
+    if not cfg.resume_online:
         return cfg, None
+    if cfg.resume:  # a resumed online run: its own settings (config.json), its steps counted online
+        return dataclasses.replace(cfg, total_timesteps=cfg.online_steps), None
     from omnigym.config import config_from_dict
     from omnigym.track.checkpoint import Checkpointer
     from omnigym.track.files import CONFIG_NAME, load_config_dict
