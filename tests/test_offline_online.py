@@ -61,7 +61,8 @@ def test_cal_ql_bounds_the_policys_values_by_the_return_to_go():
 def test_returns_to_go_by_hand():
     rewards, gamma = np.array([1.0, 2.0, 3.0]), 0.5
     assert cql.returns_to_go(rewards, np.zeros(3), gamma) == pytest.approx([1 + 0.5 * 2 + 0.25 * 3, 2 + 0.5 * 3, 3])
-    assert cql.returns_to_go(rewards, np.array([0, 1, 0]), gamma) == pytest.approx([1 + 0.5 * 2, 2, 3])  # no bootstrap past the end
+    terminated = np.array([0, 1, 0])  # no bootstrap past a termination
+    assert cql.returns_to_go(rewards, terminated, gamma) == pytest.approx([1 + 0.5 * 2, 2, 3])
     failed = np.array([0.0, -1.0, -1.0])  # a sparse task's failure: valued as staying at -1 forever
     assert cql.returns_to_go(failed, np.zeros(3), 0.9, failure_reward=-1.0) == pytest.approx([-10.0] * 3)
     assert cql.returns_to_go(failed, np.zeros(3), 0.9, failure_reward=-2.0)[2] == pytest.approx(-1.0)
@@ -227,7 +228,8 @@ def sources(tmp_path_factory, datasets):
 BAD = [
     (["--resume-online", "SRC/nowhere", "--online-steps", "10"], "--resume-online SRC/nowhere: SRC/nowhere is not a "
                                                                  "run directory"),
-    (["--resume-online", "SRC/sac", "--online-steps", "10"], "--resume-online SRC/sac is a sac run, not an offline one"),
+    (["--resume-online", "SRC/sac", "--online-steps", "10"],
+     "--resume-online SRC/sac is a sac run, not an offline one"),
     (["--resume-online", "SRC/td3_bc", "--online-steps", "10"], "--resume-online SRC/td3_bc is a td3_bc run; continue "
                                                                 "it online with: omnigym train td3_bc"),
     (["--resume-online", "SRC/unfinished", "--online-steps", "10"], "has not finished (gradient step 40 of 60)"),

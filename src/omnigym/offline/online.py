@@ -93,7 +93,8 @@ def online_settings(cfg, algo: str):
         raise OmnigymError(f"{label} is a {made_by} run; continue it online with: omnigym train {made_by} "
                            f"--resume-online {source} --online-steps {cfg.online_steps}")
     if saved.get("resume_online"):
-        raise OmnigymError(f"{label} is an online run already; continue it with: omnigym train {algo} --resume {source}")
+        raise OmnigymError(f"{label} is an online run already; continue it with: omnigym train {algo} "
+                           f"--resume {source}")
     if cfg.run_dir and Path(cfg.run_dir).resolve() == source.resolve():
         raise OmnigymError(f"{label}: the online run is a new run; give another --run-dir (the offline run is kept "
                            "as it is)")

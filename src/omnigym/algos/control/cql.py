@@ -101,7 +101,8 @@ class CQLConfig(OnlineFlags, OfflineConfig):
         require_non_negative(self, "cql_alpha", "alpha_multiplier")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
         require(self.cql_clip_diff_min is None or self.cql_clip_diff_max is None or
-                self.cql_clip_diff_min < self.cql_clip_diff_max, "--cql-clip-diff-min must be below --cql-clip-diff-max")
+                self.cql_clip_diff_min < self.cql_clip_diff_max,
+                "--cql-clip-diff-min must be below --cql-clip-diff-max")
         require(self.calibrated or not self.sparse_reward, "--sparse-reward is Cal-QL's rule; give it with "
                                                            "--calibrated")
 
@@ -219,7 +220,8 @@ def orthogonal_init_(qf: QNetwork) -> None:
 
 
 def q_of_actions(qf: QNetwork, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    """``Q_i(s, a_j)`` for ``k`` actions per state: ``obs [batch, d]``, ``actions [batch, k, a]`` -> ``[n, batch, k]``."""
+    """``Q_i(s, a_j)`` for ``k`` actions per state: ``obs [batch, d]``, ``actions [batch, k, a]`` ->
+    ``[n, batch, k]``."""
     batch, k = actions.shape[:2]
     return qf(obs.repeat_interleave(k, 0), actions.reshape(batch * k, -1)).reshape(-1, batch, k)
 
