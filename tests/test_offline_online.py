@@ -128,18 +128,19 @@ def test_cql_same_seed_same_metrics_and_exact_resume(name, tmp_path, monkeypatch
     train(name, tmp_path / "a")
     train(name, tmp_path / "b")
     assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
-    interrupt_at_fifth_log(monkeypatch, lambda: train(name, tmp_path / "cut"))
+    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut"))
     train(name, tmp_path / "cut", resume=str(tmp_path / "cut"))
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "a")
 
 
-def interrupt_at_fifth_log(monkeypatch, start):
+def interrupt_at_log(monkeypatch, start, n=5):
+    """``start()`` stopped by Ctrl-C right after its ``n``-th metrics line."""
     original_log, calls = Run.log, {"n": 0}
 
     def interrupting_log(self, step, values):
         original_log(self, step, values)
         calls["n"] += 1
-        if calls["n"] == 5:
+        if calls["n"] == n:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(Run, "log", interrupting_log)
@@ -191,19 +192,23 @@ def test_online_run_keeps_the_dataset_in_its_batches(tmp_path, monkeypatch):
     assert seen == [0.5] * 5 + [0.25] * 5
 
 
-@pytest.mark.parametrize("name", ["iql", "cal_ql"])
-def test_online_run_same_seed_same_metrics_and_exact_resume(name, tmp_path, monkeypatch):
-    """Interrupted on its 5th metrics line, after the checkpoint at step 40: the resumed online run
-    (its env mid-episode, its online steps and the dataset read again) logs the same numbers."""
+@pytest.mark.parametrize("name, steps, cut_at", [("iql", 100, 5), ("cal_ql", 250, 23)])
+def test_online_run_same_seed_same_metrics_and_exact_resume(name, steps, cut_at, tmp_path, monkeypatch):
+    """Interrupted on a metrics line after a checkpoint (iql: mid-episode, at step 50 after the
+    checkpoint at 40; Cal-QL: at 220, after the checkpoint at 200 where Pendulum's first episode
+    ended and its returns-to-go were filled in), the resumed online run (its env, its online steps,
+    the dataset read again) logs the same numbers."""
     train(name, tmp_path / "offline")
-    online(name, tmp_path / "offline", tmp_path / "a")
-    online(name, tmp_path / "offline", tmp_path / "b")
+    online(name, tmp_path / "offline", tmp_path / "a", online_steps=steps)
+    online(name, tmp_path / "offline", tmp_path / "b", online_steps=steps)
     assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
-    interrupt_at_fifth_log(monkeypatch, lambda: online(name, tmp_path / "offline", tmp_path / "cut"))
-    assert len(metrics(tmp_path / "cut")) == 5
+    assert any("charts/episodic_return" in row for row in metrics(tmp_path / "a")) == (steps > 200)
+    interrupt_at_log(monkeypatch, lambda: online(name, tmp_path / "offline", tmp_path / "cut", online_steps=steps),
+                     cut_at)
+    assert len(metrics(tmp_path / "cut")) == cut_at
     # from Python a resumed run is given its settings (the CLI reads them from its config.json)
-    online(name, tmp_path / "offline", tmp_path / "cut", resume=str(tmp_path / "cut"), dataset="pendulum/random-v0",
-           **ALGOS[name][1])
+    online(name, tmp_path / "offline", tmp_path / "cut", online_steps=steps, resume=str(tmp_path / "cut"),
+           dataset="pendulum/random-v0", **ALGOS[name][1])
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "a")
 
 
@@ -219,7 +224,7 @@ def sources(tmp_path_factory, datasets):
         train("cql", root / "cql")
         train("td3_bc", root / "td3_bc")
         online("cql", root / "cql", root / "cql-online", online_steps=10)
-        interrupt_at_fifth_log(patch, lambda: train("cql", root / "unfinished"))
+        interrupt_at_log(patch, lambda: train("cql", root / "unfinished"))
         sac.train(sac.CONFIG(env_id="Pendulum-v1", total_timesteps=50, learning_starts=10, hidden=(8,),
                              run_dir=str(root / "sac"), progress=False, plot=False, tensorboard=False))
     return root
