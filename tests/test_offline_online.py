@@ -14,6 +14,7 @@ minari = pytest.importorskip("minari")
 
 import test_bad_input  # noqa: E402
 from omnigym.algos import cql, iql, td3_bc  # noqa: E402
+from omnigym.evaluation.control import evaluate_run  # noqa: E402
 from omnigym.offline.datasets import load_offline_data  # noqa: E402
 from omnigym.offline.online import mixed_batch  # noqa: E402
 from omnigym.rl.replay import ReplayBuffer  # noqa: E402
@@ -164,6 +165,7 @@ def test_online_run_starts_from_the_offline_run_and_adds_its_env_steps(name, tmp
     rows = metrics(tmp_path / "online")
     assert [r["global_step"] for r in rows if "eval/normalized_score" in r] == [0, 50, 100]
     assert result["global_step"] == 100 and any("losses/actor_loss" in r for r in rows)
+    assert len(evaluate_run(str(tmp_path / "online"), episodes=1)) == 1  # omnigym eval plays it as any run
     offline_actor, online_actor = (load_checkpoint(tmp_path / d)["components"]["actor"] for d in ("offline", "online"))
     assert all(not torch.equal(offline_actor[k], online_actor[k]) for k in offline_actor if k.endswith("weight"))
     # one online step from the offline weights stays next to them (a fresh start of another seed does not)
