@@ -9,8 +9,9 @@ Steps (``omnigym`` commands, one after another, each seed in turn):
    episodes of it collected into ``pendulum/medium-v0`` (``--ref-max-score -150``: a swung-up
    pendulum's return; the random reference measured over 20 episodes);
 2. per seed: Cal-QL (``cql --calibrated``) and IQL offline for ``--offline-steps`` gradient steps,
-   each continued with ``--resume-online ... --online-steps N``; SAC from scratch for the same N
-   env steps (``--learning-starts 1000``). All ``--hidden 64 64``, CORL's other defaults.
+   each continued with ``--resume-online ... --online-steps N`` (Cal-QL twice: with CORL's actor
+   learning rate 3e-5 and with the Cal-QL paper's 1e-4); SAC from scratch for the same N env steps
+   (``--learning-starts 1000``). All ``--hidden 64 64``, CORL's other defaults.
 
 Out: a markdown table (offline score, the online run's greedy score at its start and end, the mean
 normalized return of the training episodes in the last 1000 steps) and a figure of the training
@@ -31,8 +32,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 BIN = 1000
-METHODS = {"calql": ("cql", ["--calibrated"]), "iql": ("iql", [])}
-LABELS = {"calql": "Cal-QL offline -> online", "iql": "IQL offline -> online", "sac": "SAC from scratch"}
+METHODS = {  # name: (algorithm, offline flags, online flags, the offline run it continues)
+    "calql": ("cql", ["--calibrated"], [], "calql"),
+    "calqlfast": ("cql", None, ["--policy-lr", "1e-4"], "calql"),  # the Cal-QL paper's actor learning rate online
+    "iql": ("iql", [], [], "iql"),
+}
+LABELS = {"calql": "Cal-QL offline -> online", "calqlfast": "Cal-QL, online actor lr 1e-4",
+          "iql": "IQL offline -> online", "sac": "SAC from scratch"}
 
 
 def omnigym(*args: str) -> None:
@@ -50,13 +56,15 @@ def make_runs(out: Path, seeds: list[int], offline_steps: int, online_steps: int
                        check=True)
     small = ["--hidden", "64", "64"]
     for seed in seeds:
-        for name, (algo, flags) in METHODS.items():
-            offline = str(out / f"{name}-off-{seed}")
-            omnigym("train", algo, *flags, "--dataset", "pendulum/medium-v0", "--total-timesteps", str(offline_steps),
-                    "--eval-every", "2000", "--log-every", "1000", "--seed", str(seed), "--run-dir", offline, *small)
-            omnigym("train", algo, "--resume-online", offline, "--online-steps", str(online_steps), "--eval-every",
-                    "500", "--eval-episodes", "5", "--log-every", "250", "--seed", str(seed), "--run-dir",
-                    str(out / f"{name}-on-{seed}"))
+        for name, (algo, offline_flags, online_flags, source) in METHODS.items():
+            offline = str(out / f"{source}-off-{seed}")
+            if offline_flags is not None:
+                omnigym("train", algo, *offline_flags, "--dataset", "pendulum/medium-v0", "--total-timesteps",
+                        str(offline_steps), "--eval-every", "2000", "--log-every", "1000", "--seed", str(seed),
+                        "--run-dir", offline, *small)
+            omnigym("train", algo, "--resume-online", offline, "--online-steps", str(online_steps), *online_flags,
+                    "--eval-every", "500", "--eval-episodes", "5", "--log-every", "250", "--seed", str(seed),
+                    "--run-dir", str(out / f"{name}-on-{seed}"))
         omnigym("train", "sac", "--env-id", "Pendulum-v1", "--total-timesteps", str(online_steps), "--learning-starts",
                 "1000", "--seed", str(seed), "--run-dir", str(out / f"sac-{seed}"), *small)
 
@@ -96,7 +104,7 @@ def report(out: Path, seeds: list[int], steps: int) -> str:
             if name == "sac":
                 lines.append(f"| {LABELS[name]} | {seed} | — | — | — | {curves[-1][-1]:.1f} |")
                 continue
-            offline = [r for r in rows(out / f"{name}-off-{seed}") if "eval/normalized_score" in r][-1]
+            offline = [r for r in rows(out / f"{METHODS[name][3]}-off-{seed}") if "eval/normalized_score" in r][-1]
             evals = [r for r in rows(run) if "eval/normalized_score" in r]
             lines.append(f"| {LABELS[name]} | {seed} | {offline['eval/normalized_score']:.1f} | "
                          f"{evals[0]['eval/normalized_score']:.1f} | {evals[-1]['eval/normalized_score']:.1f} | "

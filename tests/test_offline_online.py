@@ -194,6 +194,15 @@ def test_online_run_keeps_the_dataset_in_its_batches(tmp_path, monkeypatch):
     assert seen == [0.5] * 5 + [0.25] * 5
 
 
+def test_online_run_learns_at_the_rate_given_now(tmp_path):
+    train("cql", tmp_path / "offline", policy_lr=2e-5)
+    online("cql", tmp_path / "offline", tmp_path / "kept", online_steps=2)
+    online("cql", tmp_path / "offline", tmp_path / "given", online_steps=2, policy_lr=1e-4)
+    rates = {d: load_checkpoint(tmp_path / d)["components"]["actor_optimizer"]["param_groups"][0]["lr"]
+             for d in ("kept", "given")}
+    assert rates == {"kept": 2e-5, "given": 1e-4}  # the offline run's unless given now
+
+
 @pytest.mark.parametrize("name, steps, cut_at", [("iql", 100, 5), ("cal_ql", 250, 23)])
 def test_online_run_same_seed_same_metrics_and_exact_resume(name, steps, cut_at, tmp_path, monkeypatch):
     """Interrupted on a metrics line after a checkpoint (iql: mid-episode, at step 50 after the
@@ -261,3 +270,23 @@ def test_bad_input_gets_one_line_and_writes_nothing(sources, datasets, tmp_path,
     test_bad_input.test_bad_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv,
                                                                    message.replace("SRC", str(sources)))
     assert (test_bad_input.snapshot(sources), test_bad_input.snapshot(datasets)) == before
+
+
+@pytest.mark.slow
+def test_cal_ql_learns_from_a_sac_runs_episodes(tmp_path, monkeypatch):
+    """D4RL's "medium" recipe on Pendulum (bench/offline_to_online.py's dataset: 20 episodes of a
+    3000-step SAC run, about 27 in normalized score): 4000 gradient steps of Cal-QL take the policy
+    from random (0) well above it."""
+    from omnigym.algos import sac
+    from omnigym.offline.collect import collect
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    sac.train(sac.CONFIG(env_id="Pendulum-v1", total_timesteps=3000, learning_starts=1000, seed=0,
+                         run_dir=str(tmp_path / "sac"), progress=False, plot=False, tensorboard=False))
+    collect([str(tmp_path / "sac")], 20, "pendulum/medium-v0", ref_max_score=-150.0, reference_episodes=20)
+    result = cql.train(cql.CONFIG(dataset="pendulum/medium-v0", calibrated=True, hidden=(64, 64), seed=1,
+                                  total_timesteps=4000, eval_every=2000, run_dir=str(tmp_path / "calql"),
+                                  progress=False, plot=False, tensorboard=False))
+    scores = [r["eval/normalized_score"] for r in metrics(tmp_path / "calql") if "eval/normalized_score" in r]
+    print(f"Cal-QL normalized score at 2000 and 4000 steps: {scores}")
+    assert result["eval/normalized_score"] > 10

@@ -126,11 +126,19 @@ def shown(value) -> str:
 
 def load_offline_state(components: dict, state: dict) -> None:
     """The offline run's networks, optimizers and schedules into the new run's ``components``
-    (not its data sampler, statistics or log: the online run has its own)."""
+    (not its data sampler, statistics or log: the online run has its own). An optimizer keeps
+    the learning rate this run was configured with (``--policy-lr`` given now is used; a loaded
+    optimizer state would bring back the offline one), unless a schedule drives it (IQL's actor:
+    the schedule goes on where it was)."""
     learned = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+    scheduled = {id(c.optimizer) for c in components.values() if isinstance(c, torch.optim.lr_scheduler.LRScheduler)}
     for name, component in components.items():
         if isinstance(component, learned) and name in state["components"]:
+            keep_rate = isinstance(component, torch.optim.Optimizer) and id(component) not in scheduled
+            configured = [group["lr"] for group in component.param_groups] if keep_rate else []
             component.load_state_dict(state["components"][name])
+            for group, lr in zip(component.param_groups if keep_rate else (), configured):
+                group["lr"] = lr
 
 
 def train_online(cfg, algo: str, run: Run, data: OfflineData, evaluator: Evaluator, components: dict,
