@@ -276,7 +276,7 @@ def test_bad_input_gets_one_line_and_writes_nothing(sources, datasets, tmp_path,
 def test_cal_ql_learns_from_a_sac_runs_episodes(tmp_path, monkeypatch):
     """D4RL's "medium" recipe on Pendulum (bench/offline_to_online.py's dataset: 20 episodes of a
     3000-step SAC run, about 27 in normalized score): 4000 gradient steps of Cal-QL take the policy
-    from random (0) well above it."""
+    from random (0) above it (12.9 here; -3.2 at 2000 steps)."""
     from omnigym.algos import sac
     from omnigym.offline.collect import collect
 
@@ -289,4 +289,4 @@ def test_cal_ql_learns_from_a_sac_runs_episodes(tmp_path, monkeypatch):
                                   progress=False, plot=False, tensorboard=False))
     scores = [r["eval/normalized_score"] for r in metrics(tmp_path / "calql") if "eval/normalized_score" in r]
     print(f"Cal-QL normalized score at 2000 and 4000 steps: {scores}")
-    assert result["eval/normalized_score"] > 10
+    assert result["eval/normalized_score"] > 5 and scores[-1] > scores[0]
