@@ -87,6 +87,17 @@ def test_offline_algorithms_train_on_a_goal_dataset_and_evaluate_in_the_goal_env
     minari.delete_dataset("pointreach/replayed-v0")
 
 
+def test_an_offline_run_on_a_goal_dataset_continues_online_in_the_goal_env(tmp_path):
+    offline, online = tmp_path / "offline", tmp_path / "online"
+    td3_bc.train(td3_bc.CONFIG(dataset="pointreach/random-v0", total_timesteps=50, run_dir=str(offline), **SMALL))
+    td3_bc.train(td3_bc.CONFIG(resume_online=str(offline), online_steps=60, run_dir=str(online),
+                               **{**SMALL, "eval_every": 30}))
+    rows = metrics(online)
+    assert [r["global_step"] for r in rows if "eval/normalized_score" in r] == [0, 30, 60]
+    assert [r["global_step"] for r in rows if "charts/episodic_return" in r] == [20, 40, 60]  # 20-step episodes
+    assert all(-20 <= r["charts/episodic_return"] <= 0 for r in rows if "charts/episodic_return" in r)
+
+
 def test_a_goal_dataset_in_another_env_is_one_line(tmp_path, capsys):
     code = main(["train", "td3_bc", "--dataset", "pointreach/random-v0", "--env-id", "Pendulum-v1",
                  "--run-dir", str(tmp_path / "run")])

@@ -22,6 +22,7 @@ ALGORITHMS = {
     "bc": "omnigym.algos.control.bc",
     "td3_bc": "omnigym.algos.control.td3_bc",
     "iql": "omnigym.algos.control.iql",
+    "cql": "omnigym.algos.control.cql",
     "grpo": "omnigym.algos.lm.grpo",
     "text_reinforce": "omnigym.algos.lm.text_reinforce",
     "sft": "omnigym.algos.lm.sft",

@@ -72,7 +72,8 @@ class OfflineConfig(ControlConfig):
 
     def check(self) -> None:
         super().check()
-        require(bool(self.dataset), "--dataset is required: a Minari dataset id or folder (omnigym collect "
+        # --resume-online (offline/online.py) takes the offline run's dataset
+        require(bool(self.dataset) or bool(getattr(self, "resume_online", None)), "--dataset is required: a Minari dataset id or folder (omnigym collect "
                                     "writes one; docs/offline.md)")
         require_positive(self, "batch_size", "eval_every", "eval_episodes", "log_every", "hidden")
         require(not self.pixels and not self.capture_video, "--pixels and --capture-video are online flags; an "

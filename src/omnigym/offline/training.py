@@ -61,7 +61,8 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
     clock = Clock(step)
     try:
         while step < cfg.total_timesteps:
-            batch = {k: v.to(device, non_blocking=True) for k, v in data.buffer.sample(cfg.batch_size, replay.rng).items()}
+            batch = {k: v.to(device, non_blocking=True)
+                     for k, v in data.buffer.sample(cfg.batch_size, replay.rng, with_index=True).items()}
             losses = update(batch, step)
             previous_step, step = step, step + 1
             done = step >= cfg.total_timesteps

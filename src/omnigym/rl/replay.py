@@ -171,9 +171,11 @@ class ReplayBuffer:
         slots = (newest[:, None] + offsets) % self.frame_capacity
         return self.frames[envs[:, None], slots].reshape(len(envs), *self.obs_shape)
 
-    def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    def sample(self, batch_size: int, rng: np.random.Generator, with_index: bool = False) -> dict[str, torch.Tensor]:
         """Transitions drawn uniformly from all live ones (goal envs: the first of them
-        relabelled, with ``relabel``; ``relabelled`` says which)."""
+        relabelled, with ``relabel``; ``relabelled`` says which). ``with_index`` adds each one's
+        absolute index in its env's memory (``index``: the order it was added in, from 0), for
+        per-transition values kept beside the buffer (Cal-QL's returns-to-go)."""
         sizes = self.added - self.oldest
         ends = np.cumsum(sizes)
         draw = rng.integers(0, ends[-1], size=batch_size)
@@ -193,6 +195,8 @@ class ReplayBuffer:
                 relabelled[:n] = True
             obs, next_obs = self.goals.with_goal(obs, goals), self.goals.with_goal(next_obs, goals)
             batch["relabelled"] = torch.from_numpy(relabelled)
+        if with_index:
+            batch["index"] = torch.from_numpy(index)
         return {
             "obs": torch.from_numpy(obs),
             "actions": torch.from_numpy(self.actions[envs, rows]),

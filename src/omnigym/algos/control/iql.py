@@ -13,7 +13,9 @@ IQL never asks the Q-function about actions outside the dataset. Each gradient s
 The actor is a Gaussian with a tanh mean and a state-independent std; evaluations play its mean.
 Observations are standardized by the dataset's mean and std; with ``normalize_reward`` rewards
 are scaled by ``1000 / (max episode return - min episode return)``, as CORL does on Gym-MuJoCo.
-Defaults are CORL's.
+Defaults are CORL's. Online (``--resume-online``, offline/online.py): the same losses, acting with
+actions sampled from the Gaussian, rewards scaled as the dataset's; the actor's cosine schedule goes
+on from where the offline run left it, as in CORL's finetune/iql.py.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from omnigym.config import require_fraction, require_positive
 from omnigym.errors import require
 from omnigym.models.continuous import GaussianActor, QNetwork, StateValueNetwork
 from omnigym.offline.datasets import OfflineConfig
+from omnigym.offline.online import OnlineFlags, online_settings, train_online
 from omnigym.offline.training import network_obs_dim, offline_policy, start_offline_run, train_offline
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 
 
 @dataclass
-class IQLConfig(OfflineConfig):
+class IQLConfig(OnlineFlags, OfflineConfig):
     learning_rate: float = 3e-4
     """learning rate of the value function, the Q-networks and (at the start of its schedule) the actor"""
     tau: float = 0.005
@@ -48,8 +51,11 @@ class IQLConfig(OfflineConfig):
     normalize_reward: bool = True
     """scale rewards by 1000 / (max - min episode return) in the dataset (CORL, Gym-MuJoCo)"""
 
+    RESUME_FIXED = OfflineConfig.RESUME_FIXED + OnlineFlags.RESUME_FIXED + ("normalize_reward",)
+
     def check(self) -> None:
         super().check()
+        self.check_online()
         require_positive(self, "learning_rate", "exp_adv_max")
         require_fraction(self, "expectile")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
@@ -67,11 +73,14 @@ def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
 
 @scoped_run
 def train(cfg: IQLConfig) -> dict:
+    cfg, source = online_settings(cfg, "iql")  # --resume-online: the offline run's settings, checked
     data, evaluator, run = start_offline_run(cfg, "iql")
+    reward_scale = 1.0
     if cfg.normalize_reward:  # once, on the loaded buffer: the dataset itself is not changed
         spread = float(data.returns.max() - data.returns.min())
         if spread > 0:
-            data.buffer.rewards *= 1000.0 / spread
+            reward_scale = 1000.0 / spread
+            data.buffer.rewards *= reward_scale
     device = torch.device(cfg.device)
     obs_dim, action_dim = data.observation_space.shape[0], data.action_space.shape[0]
     actor = GaussianActor(obs_dim, data.action_space, cfg.hidden).to(device)
@@ -119,6 +128,13 @@ def train(cfg: IQLConfig) -> dict:
                 "losses/actor_loss": actor_loss.detach(), "losses/qf1_values": q[0].detach().mean(),
                 "losses/advantage_weight": weights.mean()}
 
+    if cfg.resume_online:
+        def explore(obs):  # a sample of the Gaussian (clipped to the action box by the loop)
+            mean = actor(obs)
+            return mean + torch.randn_like(mean) * actor.log_std.clamp(*actor.LOG_STD_RANGE).exp()
+
+        return train_online(cfg, "iql", run, data, evaluator, components, update, actor, explore, source,
+                            reward=lambda r: r * reward_scale)
     return train_offline(cfg, "iql", run, data, evaluator, components, update, actor)
 
 

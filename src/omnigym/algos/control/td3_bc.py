@@ -9,6 +9,8 @@ weigh alike whatever the reward scale,
 (lambda is not differentiated). The twin Q-functions step toward TD3's smoothed clipped double-Q
 target every gradient step; the actor and the target networks every ``policy_frequency``.
 Observations are standardized by the dataset's mean and std. Defaults are CORL's (the paper's).
+Online (``--resume-online``, offline/online.py): the same losses, acting with ``mu(s)`` plus
+Gaussian noise of ``exploration_noise`` (TD3's 0.1) times the action scale.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from omnigym.config import require_non_negative, require_positive
 from omnigym.errors import require
 from omnigym.models.continuous import DeterministicActor, QNetwork
 from omnigym.offline.datasets import OfflineConfig
+from omnigym.offline.online import OnlineFlags, online_settings, train_online
 from omnigym.offline.training import network_obs_dim, offline_policy, start_offline_run, train_offline
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 
 
 @dataclass
-class TD3BCConfig(OfflineConfig):
+class TD3BCConfig(OnlineFlags, OfflineConfig):
     learning_rate: float = 3e-4
     """learning rate of the actor and the Q-networks"""
     tau: float = 0.005
@@ -42,11 +45,16 @@ class TD3BCConfig(OfflineConfig):
     """Q steps between actor (and target network) updates"""
     alpha: float = 2.5
     """weight of the Q term against behaviour cloning (lambda = alpha / mean |Q|)"""
+    exploration_noise: float = 0.1
+    """online (--resume-online): std of the Gaussian noise added to mu(s), in units of the action scale"""
+
+    RESUME_FIXED = OfflineConfig.RESUME_FIXED + OnlineFlags.RESUME_FIXED
 
     def check(self) -> None:
         super().check()
+        self.check_online()
         require_positive(self, "learning_rate", "policy_frequency")
-        require_non_negative(self, "policy_noise", "noise_clip", "alpha")
+        require_non_negative(self, "policy_noise", "noise_clip", "alpha", "exploration_noise")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
 
 
@@ -62,6 +70,7 @@ def td3_bc_actor_loss(q: torch.Tensor, pi: torch.Tensor, actions: torch.Tensor, 
 
 @scoped_run
 def train(cfg: TD3BCConfig) -> dict:
+    cfg, source = online_settings(cfg, "td3_bc")  # --resume-online: the offline run's settings, checked
     data, evaluator, run = start_offline_run(cfg, "td3_bc")
     device = torch.device(cfg.device)
     obs_dim, action_dim = data.observation_space.shape[0], data.action_space.shape[0]
@@ -107,6 +116,12 @@ def train(cfg: TD3BCConfig) -> dict:
                 torch._foreach_lerp_(targets, online, cfg.tau)
         return losses
 
+    if cfg.resume_online:
+        def explore(obs):
+            mu = actor(obs)
+            return mu + torch.randn_like(mu) * (scale * cfg.exploration_noise)
+
+        return train_online(cfg, "td3_bc", run, data, evaluator, components, update, actor, explore, source)
     return train_offline(cfg, "td3_bc", run, data, evaluator, components, update, actor)
 
 

@@ -1,0 +1,292 @@
+"""CQL, Cal-QL and offline -> online (``--resume-online``): CQL's logsumexp term, Cal-QL's lower
+bound and returns-to-go against a hand computation; CQL and Cal-QL train, resume exactly and repeat
+with the same seed; an online run starts from the offline run's networks, keeps the dataset and adds
+its env steps, resumes to the same metrics and repeats with the same seed; bad input is one line."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+minari = pytest.importorskip("minari")
+
+import test_bad_input  # noqa: E402
+from omnigym.algos import cql, iql, td3_bc  # noqa: E402
+from omnigym.evaluation.control import evaluate_run  # noqa: E402
+from omnigym.offline.datasets import load_offline_data  # noqa: E402
+from omnigym.offline.online import mixed_batch  # noqa: E402
+from omnigym.rl.replay import ReplayBuffer  # noqa: E402
+from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
+from omnigym.track.run import Run  # noqa: E402
+from test_offline import SMALL, datasets, datasets_path  # noqa: E402,F401  (the tiny Minari datasets)
+from test_reproducibility import metrics  # noqa: E402
+
+ALGOS = {"td3_bc": (td3_bc, {}), "iql": (iql, {}), "cql": (cql, {}), "cal_ql": (cql, {"calibrated": True})}
+
+
+def train(name, run_dir, **extra):
+    module, flags = ALGOS[name]
+    cfg = module.CONFIG(**{"dataset": "pendulum/random-v0", "seed": 5, "total_timesteps": 60, "run_dir": str(run_dir),
+                           **SMALL, **flags, **extra})
+    return module.train(cfg)
+
+
+def online(name, source, run_dir, **extra):
+    module, _ = ALGOS[name]  # the dataset, the widths and --calibrated come from the offline run
+    cfg = module.CONFIG(**{"resume_online": str(source), "online_steps": 100, "seed": 5, "run_dir": str(run_dir),
+                           **SMALL, "eval_every": 50, **extra})
+    return module.train(cfg)
+
+
+def test_cql_gap_by_hand():
+    """One Q-function, one state, one action of each kind; the gap is logsumexp minus Q(s, a_data)."""
+    q_data = torch.tensor([[1.0]])
+    q_random, q_current, q_next = torch.tensor([[[2.0]]]), torch.tensor([[[0.5]]]), torch.tensor([[[-1.0]]])
+    log_pi_current, log_pi_next = torch.tensor([[-0.3]]), torch.tensor([[0.2]])
+    density = math.log(0.25)  # uniform over a box of volume 4
+    gap = cql.cql_gap(q_data, q_random, q_current, q_next, log_pi_current, log_pi_next, density, 1.0, True)
+    expected = math.log(math.exp(2.0 - density) + math.exp(-1.0 - 0.2) + math.exp(0.5 + 0.3)) - 1.0
+    assert gap.item() == pytest.approx(expected, rel=1e-6)
+    plain = cql.cql_gap(q_data, q_random, q_current, q_next, log_pi_current, log_pi_next, density, 2.0, False)
+    expected = 2.0 * math.log(sum(math.exp(v / 2.0) for v in (2.0, 1.0, -1.0, 0.5))) - 1.0  # the data's Q among them
+    assert plain.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_cal_ql_bounds_the_policys_values_by_the_return_to_go():
+    q = torch.tensor([[[-5.0, 2.0], [0.0, -1.0]]])  # [n=1, batch 2, k=2]
+    assert torch.equal(cql.calibrated(q, torch.tensor([-1.0, 0.5])), torch.tensor([[[-1.0, 2.0], [0.5, 0.5]]]))
+
+
+def test_returns_to_go_by_hand():
+    rewards, gamma = np.array([1.0, 2.0, 3.0]), 0.5
+    assert cql.returns_to_go(rewards, np.zeros(3), gamma) == pytest.approx([1 + 0.5 * 2 + 0.25 * 3, 2 + 0.5 * 3, 3])
+    terminated = np.array([0, 1, 0])  # no bootstrap past a termination
+    assert cql.returns_to_go(rewards, terminated, gamma) == pytest.approx([1 + 0.5 * 2, 2, 3])
+    failed = np.array([0.0, -1.0, -1.0])  # a sparse task's failure: valued as staying at -1 forever
+    assert cql.returns_to_go(failed, np.zeros(3), 0.9, failure_reward=-1.0) == pytest.approx([-10.0] * 3)
+    assert cql.returns_to_go(failed, np.zeros(3), 0.9, failure_reward=-2.0)[2] == pytest.approx(-1.0)
+
+
+def test_reference_values_are_each_logged_episodes_returns_to_go():
+    data = load_offline_data(cql.CONFIG(dataset="pendulum/random-v0"), "cql")
+    references = cql.ReferenceValues(data.buffer, 0.99, sparse_reward=False, online_capacity=10)
+    episodes = list(minari.load_dataset("pendulum/random-v0").iterate_episodes())
+    expected = np.concatenate([cql.returns_to_go(e.rewards, e.terminations, 0.99) for e in episodes])
+    assert references.offline.numpy() == pytest.approx(expected, rel=1e-5)
+    index = torch.tensor([0, 199, 200, 799])  # the first and last steps of episodes
+    assert references({"index": index}).numpy() == pytest.approx(expected[[0, 199, 200, 799]], rel=1e-5)
+    online = ReplayBuffer(10, (3,), (1,), action_dtype=np.float32)  # online steps get theirs when the episode ends
+    for t, reward in enumerate([1.0, 2.0]):
+        online.add(np.full((1, 3), t, np.float32), np.zeros((1, 1)), np.array([reward]),
+                   np.full((1, 3), t + 1, np.float32), np.array([False]))
+        references.stepped(online, episode_over=t == 1)
+        if t == 0:
+            assert references.online[0] == -math.inf  # its episode is still running: no bound yet
+    batch = {"index": torch.tensor([0, 1, 5]), "online": torch.tensor([True, True, False])}
+    assert references(batch).numpy() == pytest.approx([1 + 0.99 * 2, 2, expected[5]], rel=1e-5)
+
+
+def test_mixed_batch_takes_its_share_from_the_dataset():
+    data = load_offline_data(cql.CONFIG(dataset="pendulum/random-v0"), "cql")
+    live = ReplayBuffer(10, (3,), (1,), action_dtype=np.float32)
+    for t in range(4):
+        live.add(np.full((1, 3), 100.0 + t, np.float32), np.zeros((1, 1)), np.ones(1), np.full((1, 3), 101.0 + t,
+                                                                                              np.float32), np.zeros(1))
+    rng = np.random.default_rng(0)
+    batch = mixed_batch(data.buffer, live, 8, 4, rng, "cpu")
+    assert batch["online"].tolist() == [False] * 4 + [True] * 4
+    assert (batch["obs"][4:, 0] >= 100).all() and (batch["obs"][:4].abs() < 50).all()  # standardized dataset steps
+    assert (batch["index"][4:] < 4).all() and (batch["index"][:4] < 800).all()
+    assert mixed_batch(data.buffer, live, 8, 0, rng, "cpu")["online"].all()
+
+
+@pytest.mark.parametrize("name", ["cql", "cal_ql"])
+def test_cql_training_moves_the_parameters_and_the_loss(name, tmp_path):
+    train(name, tmp_path / "start", total_timesteps=1, eval_every=1)
+    train(name, tmp_path / "run", total_timesteps=200, eval_every=100)
+    start = load_checkpoint(tmp_path / "start")["components"]
+    end = load_checkpoint(tmp_path / "run")["components"]
+    for network in ("actor", "qf"):
+        assert all(not torch.allclose(start[network][k], end[network][k]) for k in start[network]
+                   if k.endswith("weight") or k.startswith("weights")), network
+    rows = [r for r in metrics(tmp_path / "run") if "losses/qf_loss" in r]
+    assert rows[-1]["losses/td_loss"] < rows[0]["losses/td_loss"]
+    assert rows[-1]["losses/cql_gap"] != rows[0]["losses/cql_gap"]
+    assert ("losses/bound_rate" in rows[-1]) == (name == "cal_ql")
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["calibrated"] == (name == "cal_ql")
+
+
+def test_cql_lagrange_learns_its_weight(tmp_path):
+    train("cql", tmp_path / "run", cql_lagrange=True, cql_target_action_gap=1.0)
+    rows = [r for r in metrics(tmp_path / "run") if "losses/alpha_prime" in r]
+    assert rows[0]["losses/alpha_prime"] != rows[-1]["losses/alpha_prime"]
+
+
+@pytest.mark.parametrize("name", ["cql", "cal_ql"])
+def test_cql_same_seed_same_metrics_and_exact_resume(name, tmp_path, monkeypatch):
+    train(name, tmp_path / "a")
+    train(name, tmp_path / "b")
+    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut"))
+    train(name, tmp_path / "cut", resume=str(tmp_path / "cut"))
+    assert metrics(tmp_path / "cut") == metrics(tmp_path / "a")
+
+
+def interrupt_at_log(monkeypatch, start, n=5):
+    """``start()`` stopped by Ctrl-C right after its ``n``-th metrics line."""
+    original_log, calls = Run.log, {"n": 0}
+
+    def interrupting_log(self, step, values):
+        original_log(self, step, values)
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Run, "log", interrupting_log)
+    with pytest.raises(KeyboardInterrupt):
+        start()
+    monkeypatch.setattr(Run, "log", original_log)
+
+
+@pytest.mark.parametrize("name", list(ALGOS))
+def test_online_run_starts_from_the_offline_run_and_adds_its_env_steps(name, tmp_path):
+    train(name, tmp_path / "offline")
+    before = test_bad_input.snapshot(tmp_path / "offline")
+    result = online(name, tmp_path / "offline", tmp_path / "online")
+    assert test_bad_input.snapshot(tmp_path / "offline") == before  # the offline run is never changed
+    saved = json.loads((tmp_path / "online" / "config.json").read_text())
+    assert saved["resume_online"] == str(tmp_path / "offline") and saved["dataset"] == "pendulum/random-v0"
+    assert saved["total_timesteps"] == 100 and saved.get("calibrated", False) == (name == "cal_ql")
+    state = load_checkpoint(tmp_path / "online")
+    buffer = state["components"]["replay"]["buffer"]
+    assert buffer["added"].tolist() == [100]  # its env steps (Pendulum: no episode ends in 100)
+    rows = metrics(tmp_path / "online")
+    assert [r["global_step"] for r in rows if "eval/normalized_score" in r] == [0, 50, 100]
+    assert result["global_step"] == 100 and any("losses/actor_loss" in r for r in rows)
+    assert len(evaluate_run(str(tmp_path / "online"), episodes=1)) == 1  # omnigym eval plays it as any run
+    offline_actor, online_actor = (load_checkpoint(tmp_path / d)["components"]["actor"] for d in ("offline", "online"))
+    assert all(not torch.equal(offline_actor[k], online_actor[k]) for k in offline_actor if k.endswith("weight"))
+    # one online step from the offline weights stays next to them (a fresh start of another seed does not)
+    online(name, tmp_path / "offline", tmp_path / "one", online_steps=1, seed=9, eval_every=1)
+    train(name, tmp_path / "fresh", total_timesteps=1, seed=9, eval_every=1)
+    one, fresh = (load_checkpoint(tmp_path / d)["components"]["actor"] for d in ("one", "fresh"))
+    key = next(k for k in offline_actor if k.endswith("weight"))
+    assert (one[key] - offline_actor[key]).abs().max() < 0.01 < (fresh[key] - offline_actor[key]).abs().max()
+
+
+def test_online_run_keeps_the_dataset_in_its_batches(tmp_path, monkeypatch):
+    import omnigym.offline.online as online_module
+
+    seen = []
+    original = online_module.mixed_batch
+
+    def recording(*args, **kwargs):
+        batch = original(*args, **kwargs)
+        seen.append(batch["online"].float().mean().item())
+        return batch
+
+    monkeypatch.setattr(online_module, "mixed_batch", recording)
+    train("cql", tmp_path / "offline")
+    online("cql", tmp_path / "offline", tmp_path / "half", online_steps=5)
+    online("cql", tmp_path / "offline", tmp_path / "quarter", online_steps=5, mixing_ratio=0.75)
+    assert seen == [0.5] * 5 + [0.25] * 5
+
+
+def test_online_run_learns_at_the_rate_given_now(tmp_path):
+    train("cql", tmp_path / "offline", policy_lr=2e-5)
+    online("cql", tmp_path / "offline", tmp_path / "kept", online_steps=2)
+    online("cql", tmp_path / "offline", tmp_path / "given", online_steps=2, policy_lr=1e-4)
+    rates = {d: load_checkpoint(tmp_path / d)["components"]["actor_optimizer"]["param_groups"][0]["lr"]
+             for d in ("kept", "given")}
+    assert rates == {"kept": 2e-5, "given": 1e-4}  # the offline run's unless given now
+
+
+@pytest.mark.parametrize("name, steps, cut_at", [("iql", 100, 5), ("cal_ql", 250, 23)])
+def test_online_run_same_seed_same_metrics_and_exact_resume(name, steps, cut_at, tmp_path, monkeypatch):
+    """Interrupted on a metrics line after a checkpoint (iql: mid-episode, at step 50 after the
+    checkpoint at 40; Cal-QL: at 220, after the checkpoint at 200 where Pendulum's first episode
+    ended and its returns-to-go were filled in), the resumed online run (its env, its online steps,
+    the dataset read again) logs the same numbers."""
+    train(name, tmp_path / "offline")
+    online(name, tmp_path / "offline", tmp_path / "a", online_steps=steps)
+    online(name, tmp_path / "offline", tmp_path / "b", online_steps=steps)
+    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    assert any("charts/episodic_return" in row for row in metrics(tmp_path / "a")) == (steps > 200)
+    interrupt_at_log(monkeypatch, lambda: online(name, tmp_path / "offline", tmp_path / "cut", online_steps=steps),
+                     cut_at)
+    assert len(metrics(tmp_path / "cut")) == cut_at
+    # from Python a resumed run is given its settings (the CLI reads them from its config.json)
+    online(name, tmp_path / "offline", tmp_path / "cut", online_steps=steps, resume=str(tmp_path / "cut"),
+           dataset="pendulum/random-v0", **ALGOS[name][1])
+    assert metrics(tmp_path / "cut") == metrics(tmp_path / "a")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory, datasets):
+    """Offline runs to continue: a finished cql and td3_bc run, an unfinished cql run, a finished
+    online run, and a SAC run (not offline)."""
+    from omnigym.algos import sac
+
+    root = tmp_path_factory.mktemp("sources")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINARI_DATASETS_PATH", str(datasets))
+        train("cql", root / "cql")
+        train("td3_bc", root / "td3_bc")
+        online("cql", root / "cql", root / "cql-online", online_steps=10)
+        interrupt_at_log(patch, lambda: train("cql", root / "unfinished"))
+        sac.train(sac.CONFIG(env_id="Pendulum-v1", total_timesteps=50, learning_starts=10, hidden=(8,),
+                             run_dir=str(root / "sac"), progress=False, plot=False, tensorboard=False))
+    return root
+
+
+BAD = [
+    (["--resume-online", "SRC/nowhere", "--online-steps", "10"], "--resume-online SRC/nowhere: SRC/nowhere is not a "
+                                                                 "run directory"),
+    (["--resume-online", "SRC/sac", "--online-steps", "10"],
+     "--resume-online SRC/sac is a sac run, not an offline one"),
+    (["--resume-online", "SRC/td3_bc", "--online-steps", "10"], "--resume-online SRC/td3_bc is a td3_bc run; continue "
+                                                                "it online with: omnigym train td3_bc"),
+    (["--resume-online", "SRC/unfinished", "--online-steps", "10"], "has not finished (gradient step 40 of 60)"),
+    (["--resume-online", "SRC/cql-online", "--online-steps", "10"], "is an online run already; continue it with"),
+    (["--resume-online", "SRC/cql", "--online-steps", "10", "--env-id", "MountainCarContinuous-v0"],
+     "was trained with --env-id Pendulum-v1, not MountainCarContinuous-v0"),
+    (["--resume-online", "SRC/cql", "--online-steps", "10", "--hidden", "64", "64"],
+     "was trained with --hidden 32 32, not 64 64"),
+    (["--resume-online", "SRC/cql", "--online-steps", "10", "--run-dir", "SRC/cql"], "the online run is a new run"),
+    (["--resume-online", "SRC/cql"], "--resume-online needs --online-steps N"),
+    (["--dataset", "pendulum/random-v0", "--online-steps", "10"], "--online-steps is for --resume-online RUN_DIR"),
+    (["--resume-online", "SRC/cql", "--online-steps", "10", "--mixing-ratio", "1"], "--mixing-ratio must be in [0, 1)"),
+    (["--dataset", "pendulum/random-v0", "--sparse-reward"], "--sparse-reward is Cal-QL's rule"),
+    (["--dataset", "cartpole/random-v0"], "CQL needs a continuous (Box) action space"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_gets_one_line_and_writes_nothing(sources, datasets, tmp_path, monkeypatch, capsys, flags, message):
+    before = test_bad_input.snapshot(sources), test_bad_input.snapshot(datasets)
+    argv = ["train", "cql", *(a.replace("SRC", str(sources)) for a in flags)]
+    test_bad_input.test_bad_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv,
+                                                                   message.replace("SRC", str(sources)))
+    assert (test_bad_input.snapshot(sources), test_bad_input.snapshot(datasets)) == before
+
+
+@pytest.mark.slow
+def test_cal_ql_learns_from_a_sac_runs_episodes(tmp_path, monkeypatch):
+    """D4RL's "medium" recipe on Pendulum (bench/offline_to_online.py's dataset: 20 episodes of a
+    3000-step SAC run, about 27 in normalized score): 4000 gradient steps of Cal-QL take the policy
+    from random (0) above it (12.9 here; -3.2 at 2000 steps)."""
+    from omnigym.algos import sac
+    from omnigym.offline.collect import collect
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    sac.train(sac.CONFIG(env_id="Pendulum-v1", total_timesteps=3000, learning_starts=1000, seed=0,
+                         run_dir=str(tmp_path / "sac"), progress=False, plot=False, tensorboard=False))
+    collect([str(tmp_path / "sac")], 20, "pendulum/medium-v0", ref_max_score=-150.0, reference_episodes=20)
+    result = cql.train(cql.CONFIG(dataset="pendulum/medium-v0", calibrated=True, hidden=(64, 64), seed=1,
+                                  total_timesteps=4000, eval_every=2000, run_dir=str(tmp_path / "calql"),
+                                  progress=False, plot=False, tensorboard=False))
+    scores = [r["eval/normalized_score"] for r in metrics(tmp_path / "calql") if "eval/normalized_score" in r]
+    print(f"Cal-QL normalized score at 2000 and 4000 steps: {scores}")
+    assert result["eval/normalized_score"] > 5 and scores[-1] > scores[0]
