@@ -1,7 +1,12 @@
-"""Offline -> online against SAC from scratch, at equal online env steps, on Pendulum-v1.
+"""Offline -> online against SAC from scratch, at equal online env steps, on Pendulum-v1 (or a dataset you have).
 
     python bench/offline_to_online.py [--seeds 1 2] [--offline-steps 10000] [--online-steps 5000] [--out runs/o2o]
     python bench/offline_to_online.py --report-only --out runs/o2o     # the table and figure of runs made already
+    python bench/offline_to_online.py --dataset halfcheetah/medium-v0 --methods iql --hidden 256 256 \
+        --offline-steps 20000 --online-steps 10000 --eval-every 2000 --eval-episodes 10 --sac-learning-starts 5000
+
+``--dataset NAME`` uses a Minari dataset that exists already (found under MINARI_DATASETS_PATH; SAC
+from scratch plays the env it names) instead of making ``pendulum/medium-v0`` in ``--out``.
 
 Steps (``omnigym`` commands, one after another, each seed in turn):
 
@@ -32,6 +37,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 BIN = 1000
+PENDULUM = "pendulum/medium-v0"
 METHODS = {  # name: (algorithm, offline flags, online flags, the offline run it continues)
     "calql": ("cql", ["--calibrated"], [], "calql"),
     "calqlfast": ("cql", None, ["--policy-lr", "1e-4"], "calql"),  # the Cal-QL paper's actor learning rate online
@@ -46,27 +52,38 @@ def omnigym(*args: str) -> None:
                    stdout=subprocess.DEVNULL)
 
 
-def make_runs(out: Path, seeds: list[int], offline_steps: int, online_steps: int) -> None:
-    os.environ["MINARI_DATASETS_PATH"] = str(out / "datasets")
-    if not (out / "datasets" / "pendulum" / "medium-v0").is_dir():
+def make_runs(out: Path, args) -> None:
+    seeds, offline_steps, online_steps = args.seeds, args.offline_steps, args.online_steps
+    if args.dataset == PENDULUM:
+        os.environ["MINARI_DATASETS_PATH"] = str(out / "datasets")
+    if args.dataset == PENDULUM and not (out / "datasets" / "pendulum" / "medium-v0").is_dir():
         omnigym("train", "sac", "--env-id", "Pendulum-v1", "--total-timesteps", "3000", "--learning-starts", "1000",
                 "--seed", "0", "--run-dir", str(out / "sac-medium"))
         subprocess.run([sys.executable, "-m", "omnigym.cli", "collect", str(out / "sac-medium"), "--episodes", "20",
                         "--dataset", "pendulum/medium-v0", "--ref-max-score", "-150", "--reference-episodes", "20"],
                        check=True)
-    small = ["--hidden", "64", "64"]
+    small = ["--hidden", *map(str, args.hidden)]
+    evals = ["--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes)]
     for seed in seeds:
-        for name, (algo, offline_flags, online_flags, source) in METHODS.items():
+        for name in args.methods:
+            algo, offline_flags, online_flags, source = METHODS[name]
             offline = str(out / f"{source}-off-{seed}")
-            if offline_flags is not None:
-                omnigym("train", algo, *offline_flags, "--dataset", "pendulum/medium-v0", "--total-timesteps",
-                        str(offline_steps), "--eval-every", "2000", "--log-every", "1000", "--seed", str(seed),
-                        "--run-dir", offline, *small)
+            if offline_flags is not None and not (Path(offline) / "model").exists() and \
+                    not (Path(offline) / "checkpoint.pt").exists():
+                omnigym("train", algo, *offline_flags, "--dataset", args.dataset, "--total-timesteps",
+                        str(offline_steps), "--eval-every", str(offline_steps), "--log-every", "1000", "--seed",
+                        str(seed), "--run-dir", offline, *small)
             omnigym("train", algo, "--resume-online", offline, "--online-steps", str(online_steps), *online_flags,
-                    "--eval-every", "500", "--eval-episodes", "5", "--log-every", "250", "--seed", str(seed),
-                    "--run-dir", str(out / f"{name}-on-{seed}"))
-        omnigym("train", "sac", "--env-id", "Pendulum-v1", "--total-timesteps", str(online_steps), "--learning-starts",
-                "1000", "--seed", str(seed), "--run-dir", str(out / f"sac-{seed}"), *small)
+                    *evals, "--log-every", "250", "--seed", str(seed), "--run-dir", str(out / f"{name}-on-{seed}"))
+        omnigym("train", "sac", "--env-id", dataset_env(args.dataset), "--total-timesteps", str(online_steps),
+                "--learning-starts", str(args.sac_learning_starts), "--seed", str(seed), "--run-dir",
+                str(out / f"sac-{seed}"), *small)
+
+
+def dataset_env(name: str) -> str:
+    from omnigym.offline.datasets import dataset_env_id, open_dataset
+
+    return dataset_env_id(open_dataset(name))
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -84,19 +101,24 @@ def episode_curve(run_dir: Path, steps: int, refs) -> list[float]:
             for start in range(0, steps, BIN)]
 
 
-def report(out: Path, seeds: list[int], steps: int) -> str:
+def report(out: Path, args) -> str:
+    seeds, steps = args.seeds, args.online_steps
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metadata = json.loads((out / "datasets" / "pendulum" / "medium-v0" / "data" / "metadata.json").read_text())
+    if args.dataset == PENDULUM:
+        os.environ["MINARI_DATASETS_PATH"] = str(out / "datasets")
+    from omnigym.offline.datasets import open_dataset
+
+    metadata = open_dataset(args.dataset).storage.metadata
     refs = metadata["ref_min_score"], metadata["ref_max_score"]
     lines = ["| method | seed | offline score | online start (step 0) | online end | training episodes, last "
              f"{BIN} steps |", "|---|---|---|---|---|---|"]
     x = np.arange(BIN, steps + 1, BIN)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in [*METHODS, "sac"]:
+    for name in [*args.methods, "sac"]:
         curves = []
         for seed in seeds:
             run = out / (f"sac-{seed}" if name == "sac" else f"{name}-on-{seed}")
@@ -114,7 +136,7 @@ def report(out: Path, seeds: list[int], steps: int) -> str:
         ax.fill_between(x, curves.min(0), curves.max(0), alpha=0.2)
     ax.set_xlabel("online env steps")
     ax.set_ylabel("normalized return of training episodes")
-    ax.set_title(f"Pendulum-v1, medium dataset, {len(seeds)} seeds (mean, min-max)")
+    ax.set_title(f"{dataset_env(args.dataset)}, {args.dataset}, {len(seeds)} seeds (mean, min-max)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "offline_to_online.png", dpi=100)
@@ -129,12 +151,19 @@ def main() -> None:
     parser.add_argument("--offline-steps", type=int, default=10_000)
     parser.add_argument("--online-steps", type=int, default=5_000)
     parser.add_argument("--out", default="runs/o2o")
+    parser.add_argument("--dataset", default=PENDULUM, help="a Minari dataset that exists (default: make "
+                                                            f"{PENDULUM} in --out)")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    parser.add_argument("--eval-every", type=int, default=500, help="online steps between greedy evaluations")
+    parser.add_argument("--eval-episodes", type=int, default=5)
+    parser.add_argument("--sac-learning-starts", type=int, default=1000)
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
     if not args.report_only:
-        make_runs(out, args.seeds, args.offline_steps, args.online_steps)
-    print(report(out, args.seeds, args.online_steps))
+        make_runs(out, args)
+    print(report(out, args))
     print(f"figure: {out / 'offline_to_online.png'}")
 
 
