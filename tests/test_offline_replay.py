@@ -28,7 +28,9 @@ def sac(run_dir, *extra):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return {"saved": sac(root / "saved", "--save-buffer"), "unsaved": sac(root / "unsaved")}
+    assert main(["train", "ppo", "--env-id", "Pendulum-v1", "--total-timesteps", "64", "--num-steps", "32",
+                 "--run-dir", str(root / "ppo"), "--no-progress", "--no-tensorboard", "--no-plot"]) == 0
+    return {"saved": sac(root / "saved", "--save-buffer"), "unsaved": sac(root / "unsaved"), "ppo": root / "ppo"}
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +84,7 @@ def test_the_replay_buffer_round_trips_through_minari_cut_where_the_runs_episode
 BAD = [
     (["collect", "{unsaved}", "--from-replay", "--dataset", "pendulum/bad-v0"], "saved no replay buffer (train it with "
                                                                        "--save-buffer"),
+    (["collect", "{ppo}", "--from-replay", "--dataset", "pendulum/bad-v0"], "is a ppo run, which keeps no replay buffer"),
     (["collect", "{saved}", "--from-replay", "--episodes", "3", "--dataset", "pendulum/bad-v0"], "leave out --episodes"),
     (["collect", "random", "--from-replay", "--dataset", "pendulum/bad-v0"], "--from-replay reads one run's directory"),
     (["collect", "{saved}", "{saved}", "--from-replay", "--dataset", "pendulum/bad-v0"], "reads one run's directory"),
