@@ -105,7 +105,7 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['dataset']} | {r['algo']} | {r['seed']} | {r['omnigym']['score']:.1f} | "
                      f"{r['corl']['score']:.1f} | {r['omnigym']['seconds_per_100k']:.0f} | "
                      f"{r['corl']['seconds_per_100k']:.0f} | {r['ratio']:.2f}x | {r['load'][0]:.1f}/{r['load'][1]:.1f} |")
-    lines += ["", "| dataset | algorithm | omnigym score mean ± std | CORL score mean ± std | ratio (median) "
+    lines += ["", "| dataset | algorithm | omnigym score (mean ± std over seeds) | CORL score | ratio (median) "
                   "| CORL published (D4RL, 1M steps) |", "|---|---|---|---|---|---|"]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         for algo in dict.fromkeys(r["algo"] for r in rows):
@@ -113,7 +113,7 @@ def table(rows: list[dict]) -> str:
             if not group:
                 continue
             spread = {lib: [r[lib]["score"] for r in group] for lib in ("omnigym", "corl")}
-            shown = {lib: f"{statistics.mean(s):.1f} ± {statistics.stdev(s) if len(s) > 1 else 0:.1f}"
+            shown = {lib: f"{statistics.mean(s):.1f} ± {statistics.stdev(s):.1f}" if len(s) > 1 else f"{s[0]:.1f}"
                      for lib, s in spread.items()}
             lines.append(f"| {dataset} | {algo} | {shown['omnigym']} | {shown['corl']} | "
                          f"{statistics.median(r['ratio'] for r in group):.2f}x | {PUBLISHED[algo]} (average) |")
