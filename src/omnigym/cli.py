@@ -22,6 +22,7 @@ USAGE = """usage: omnigym {train,eval,sample,collect,export,plot,list,import-ggu
                                  the best of N replies per prompt as an SFT dataset, or with --curve
                                  best-of-N accuracy vs N on held-out prompts (docs/best_of_n.md)
   omnigym collect RUN_OR_POLICY... --episodes N --dataset NAME [--expert RUN] [--overwrite]
+  omnigym collect RUN --from-replay --dataset NAME [--expert RUN] [--overwrite]
                                  a Minari dataset from runs or a random policy (docs/offline.md)
   omnigym export RUN_DIR --format onnx|torchscript [--out FILE] [--force]
                                  the policy as one file, normalization folded in (docs/export.md)
@@ -227,7 +228,9 @@ def collect(argv: list[str]) -> None:
                             "(docs/offline.md).")
     parser.add_argument("sources", nargs="+", metavar="RUN_OR_POLICY",
                         help="'random', or a control run's directory; several: --episodes from each (a mixture)")
-    parser.add_argument("--episodes", type=int, required=True, help="episodes from each source")
+    parser.add_argument("--episodes", type=int, help="episodes from each source (required, but with --from-replay)")
+    parser.add_argument("--from-replay", action="store_true", help="the run's saved replay buffer (--save-buffer) "
+                        "as the dataset, cut where its episodes ended: D4RL's medium-replay")
     parser.add_argument("--dataset", required=True, help="the dataset's Minari id, NAME-vN or NAMESPACE/NAME-vN, "
                         "written under MINARI_DATASETS_PATH (default ~/.minari/datasets)")
     parser.add_argument("--env-id", help="the env (default: the runs'; required for random alone)")
@@ -245,7 +248,7 @@ def collect(argv: list[str]) -> None:
     print(summary(write_dataset(args.sources, args.episodes, args.dataset, env_id=args.env_id, seed=args.seed,
                                 greedy=args.greedy, expert=args.expert, ref_min_score=args.ref_min_score,
                                 ref_max_score=args.ref_max_score, reference_episodes=args.reference_episodes,
-                                overwrite=args.overwrite)))
+                                overwrite=args.overwrite, from_replay=args.from_replay)))
 
 
 def evaluate_locomotion(args) -> None:

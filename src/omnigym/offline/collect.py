@@ -4,7 +4,8 @@ Each SOURCE plays ``--episodes`` episodes in turn into one dataset: ``random`` (
 or the directory of a control run (its last checkpoint, through its algorithm's ``load_policy``,
 as ``omnigym eval`` plays it). D4RL's recipes are then: ``random``; ``medium`` (a run stopped at
 about a third of the expert's return); ``expert`` (a finished run); ``medium-expert`` (the medium
-and the expert run as two sources). The episodes become Minari's ``EpisodeBuffer``s and the
+and the expert run as two sources); *medium-replay* (``RUN --from-replay``: the replay buffer the
+medium run saved, offline/from_replay.py). The episodes become Minari's ``EpisodeBuffer``s and the
 dataset is written by Minari itself (``create_dataset_from_buffers``), with the env's spec, the algorithm that
 collected it and the reference returns of D4RL's normalized score: ``ref_min_score`` (a uniform
 random policy's mean return, measured, or ``--ref-min-score``) and ``ref_max_score`` (``--expert
@@ -31,6 +32,7 @@ import numpy as np
 from omnigym.envs.vector import make_vec
 from omnigym.errors import OmnigymError, require
 from omnigym.offline.datasets import datasets_root, first_line, import_minari
+from omnigym.offline.from_replay import replay_episodes
 from omnigym.process import environment, run_scope
 
 RANDOM = "random"
@@ -84,14 +86,18 @@ def mean_return(env_id: str, act, episodes: int, seed: int) -> float:
     return float(returns.mean())
 
 
-def collect(sources: list[str], episodes: int, dataset_id: str, env_id: str | None = None, seed: int = 0,
+def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: str | None = None, seed: int = 0,
             greedy: bool = False, expert: str | None = None, ref_min_score: float | None = None,
-            ref_max_score: float | None = None, reference_episodes: int = 100, overwrite: bool = False) -> dict:
-    """Write the dataset (see the module's docstring); returns what was written (``summary`` says it in a line)."""
+            ref_max_score: float | None = None, reference_episodes: int = 100, overwrite: bool = False,
+            from_replay: bool = False) -> dict:
+    """Write the dataset (see the module's docstring; ``from_replay``: offline/from_replay.py); returns
+    what was written (``summary`` says it in a line)."""
     minari = import_minari()
     from minari.dataset.minari_dataset import parse_dataset_id
 
-    require(episodes > 0, f"--episodes must be positive, got {episodes}")
+    require(not from_replay or episodes is None, "--from-replay takes the run's whole replay buffer; leave out --episodes")
+    require(from_replay or episodes is not None, "--episodes is required (episodes from each source)")
+    require(from_replay or episodes > 0, f"--episodes must be positive, got {episodes}")
     require(reference_episodes > 0, f"--reference-episodes must be positive, got {reference_episodes}")
     require(sources, "collect: name a source: random, or a control run's directory")
     require(not (expert and ref_max_score is not None), "give --expert RUN or --ref-max-score, not both")
@@ -104,7 +110,12 @@ def collect(sources: list[str], episodes: int, dataset_id: str, env_id: str | No
     target = root / dataset_id
     require(overwrite or not target.exists(), f"--dataset {dataset_id} already exists in {root}; give --overwrite "
                                               "to replace it, or another name")
-    loaded = [load_source(name, greedy) for name in sources]
+    if from_replay:
+        require(len(sources) == 1 and sources[0] != RANDOM, "collect --from-replay reads one run's directory")
+        replay_env_id, algo, replayed = replay_episodes(sources[0])
+        loaded = [Source(sources[0], f"{algo} replay buffer", replay_env_id, None)]
+    else:
+        loaded = [load_source(name, greedy) for name in sources]
     env_ids = {s.env_id for s in loaded if s.env_id is not None} | ({env_id} if env_id else set())
     require(len(env_ids) <= 1, f"collect: the sources play different envs ({', '.join(sorted(env_ids))}); "
                                "one dataset holds one env's episodes")
@@ -122,13 +133,14 @@ def collect(sources: list[str], episodes: int, dataset_id: str, env_id: str | No
     staging = Path(tempfile.mkdtemp(prefix=".omnigym-collect-", dir=root))  # hidden: minari lists no dot-folders
     try:
         with environment({"MINARI_DATASETS_PATH": str(staging)}):
-            buffers, returns = play(loaded, episodes, env_id, seed)
+            buffers, returns = replay_buffers(sources[0], replayed) if from_replay else play(loaded, episodes, env_id, seed)
             with warnings.catch_warnings():  # Minari's advice to name an author, an e-mail, a code link
                 warnings.simplefilter("ignore")
                 minari.create_dataset_from_buffers(
                     dataset_id, buffers, env=env_id, algorithm_name=" + ".join(f"omnigym/{s.algorithm}" for s in loaded),
                     ref_min_score=ref_min_score, ref_max_score=ref_max_score, num_episodes_average_score=reference_episodes,
-                    description=f"omnigym collect: {episodes} episodes each from " + ", ".join(
+                    description=f"omnigym collect: {len(buffers) if from_replay else episodes} episodes "
+                                f"{'of' if from_replay else 'each from'} " + ", ".join(
                         f"{s.name} ({s.algorithm}, mean return {returns[s.name]:.1f})" for s in loaded))
         replace_into(staging / dataset_id, target, staging)
     finally:
@@ -189,6 +201,16 @@ def stacked(observations: list):
     if isinstance(observations[0], dict):
         return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
     return np.stack(observations)
+
+
+def replay_buffers(name: str, replayed: list):
+    """The replayed episodes (``replay_episodes``) as Minari's ``EpisodeBuffer``s, and their mean return."""
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    buffers = [EpisodeBuffer(id=index, observations=observations, actions=actions, rewards=rewards,
+                             terminations=terminations, truncations=truncations)
+               for index, (observations, actions, rewards, terminations, truncations) in enumerate(replayed)]
+    return buffers, {name: float(np.mean([episode[2].sum() for episode in replayed]))}
 
 
 def replace_into(new: Path, target: Path, staging: Path) -> None:

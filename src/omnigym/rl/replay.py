@@ -91,7 +91,8 @@ class ReplayBuffer:
             return
         if self.goals is not None:
             obs, next_obs = self.goals.stored(obs), self.goals.stored(next_obs)
-        obs, next_obs = np.asarray(obs)[envs], np.asarray(next_obs)[envs]
+        # as stored: a float64 env's next observation, kept as float32, must still match the next obs
+        obs, next_obs = (np.asarray(x, dtype=self.frames.dtype)[envs] for x in (obs, next_obs))
         axes = tuple(range(1, obs.ndim))
         continues = self.has_last[envs] & np.all(obs == self.last_next_obs[envs], axis=axes)
         for i in np.flatnonzero(~continues):  # an episode's first step: its observation's frames, whole
@@ -148,6 +149,30 @@ class ReplayBuffer:
         self.added[0] += steps
         self.last_next_obs[0], self.has_last[0] = observations[-1], True
         self._evict(np.zeros(1, dtype=np.int64))
+
+    def episodes(self):
+        """The live transitions as episodes, env by env, oldest first: ``(observations, actions,
+        rewards, terminated, ended)`` with one observation more than steps (as ``add_episode``
+        takes them). An episode starts where a transition's observation is not the one before's
+        next observation; ``ended`` is False only for an env's
+        newest episode when it had not terminated (it may still have been running). The oldest
+        episode of a wrapped buffer starts where its live part does. Plain vector observations only."""
+        if self.stack != 1 or self.goals is not None:
+            raise ValueError("episodes reads plain vector observations (no frame stacks, no goal envs)")
+        for env in range(self.num_envs):
+            rows = np.arange(self.oldest[env], self.added[env]) % self.env_capacity
+            if len(rows) == 0:
+                continue
+            obs_frame, next_frame = self.obs_frame[env, rows], self.next_frame[env, rows]
+            # by value: a buffer may hold a continuing observation twice (float64 envs before ``add`` cast them)
+            follows = np.all(self.frames[env, obs_frame[1:] % self.frame_capacity] ==
+                             self.frames[env, next_frame[:-1] % self.frame_capacity], axis=1)
+            starts = np.flatnonzero(np.r_[True, ~follows])
+            for start, end in zip(starts, np.r_[starts[1:], len(rows)]):
+                frames = np.r_[obs_frame[start], next_frame[start:end]] % self.frame_capacity
+                terminated = self.terminated[env, rows[start:end]].astype(bool)
+                yield (self.frames[env, frames], self.actions[env, rows[start:end]], self.rewards[env, rows[start:end]],
+                       terminated, end < len(rows) or bool(terminated[-1]))
 
     def _episodes_of(self, envs: np.ndarray, rows: np.ndarray, ended: np.ndarray) -> None:
         starts = self.episode_over[envs]

@@ -1,0 +1,158 @@
+"""omnigym's offline IQL and TD3+BC vs CORL's single-file ones, side by side on the same local datasets.
+
+    python bench/offline_corl.py --corl DIR [--datasets ID...] [--algos iql td3_bc] [--seeds 0 1 2]
+                                 [--steps 20000] [--eval-episodes 10] [--out FILE.json]
+
+DIR is a checkout of CORL (https://github.com/tinkoff-ai/CORL) holding ``algorithms/offline/iql.py``
+and ``td3_bc.py``; nothing of CORL is kept in this repository. Its files are imported at bench
+time with small stand-ins for the packages they import (bench/corl_standins.py: ``gym``, ``d4rl``,
+``pyrallis``, ``wandb``), so CORL runs in this venv, on CPU, with nothing downloaded.
+
+The datasets are Minari ids under ``MINARI_DATASETS_PATH`` (docs/offline.md, "Side by side with
+CORL", says how they were made with ``omnigym collect``), with reference returns in their metadata.
+For each (dataset, algorithm, seed) both libraries train for ``--steps`` gradient steps with their
+defaults (CORL's ``TrainConfig``, which omnigym's defaults follow; IQL with CORL's reward scaling for
+Gym-MuJoCo, ``normalize_reward``, on both sides), one torch thread each, each in a fresh process,
+omnigym then CORL, and evaluate once at the end with ``--eval-episodes`` episodes:
+
+- **score**: the D4RL normalized score of that evaluation (each library's own evaluation loop, the
+  same reference returns);
+- **s/100k**: wall-clock seconds per 100k gradient steps, measured over the run's steps and scaled,
+  evaluation and dataset loading excluded: omnigym's own ``perf/sps`` (logged just before the final
+  evaluation), CORL's time between its first and its last gradient step's ``wandb.log``;
+- **ratio**: CORL's time / omnigym's (above 1: omnigym is faster);
+- the machine's load average (1 min) when each pair started and ended.
+
+The published CORL D4RL averages over Gym-MuJoCo locomotion (1M steps, D4RL's datasets) are printed
+beside the table for orientation only: these are other datasets and far fewer steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ALGOS = ("iql", "td3_bc")
+DATASETS = ("halfcheetah/medium-v0", "halfcheetah/medium-replay-v0", "hopper/medium-v0", "hopper/medium-replay-v0")
+PUBLISHED = {"iql": 81.6, "td3_bc": 76.5, "cql": 78.3}  # CORL's README: Gym-MuJoCo locomotion averages, D4RL v2
+NORMALIZE_REWARD = {"iql": True, "td3_bc": False}  # CORL's Gym-MuJoCo configs; omnigym's defaults
+
+
+def one_thread_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_omnigym(dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="omnigym-bench-") as tmp:
+        run_dir = Path(tmp) / "run"
+        command = [sys.executable, "-m", "omnigym.cli", "train", algo, "--dataset", dataset, "--seed", str(seed),
+                   "--total-timesteps", str(steps), "--eval-every", str(steps), "--log-every", str(steps),
+                   "--checkpoint-every", str(steps), "--eval-episodes", str(eval_episodes), "--torch-threads", "1",
+                   "--run-dir", str(run_dir), "--no-progress", "--no-plot", "--no-tensorboard",
+                   "--normalize-reward" if NORMALIZE_REWARD[algo] else ""]
+        subprocess.run([c for c in command if c], check=True, env=one_thread_env(), stdout=subprocess.DEVNULL)
+        last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-1]
+    return {"score": last["eval/normalized_score"], "seconds_per_100k": 1e5 / last["perf/sps"]}
+
+
+def run_corl(corl: str, dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> dict:
+    command = [sys.executable, __file__, "--worker", "--corl", corl, "--datasets", dataset, "--algos", algo,
+               "--seeds", str(seed), "--steps", str(steps), "--eval-episodes", str(eval_episodes)]
+    out = subprocess.run(command, check=True, env=one_thread_env(), capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def corl_worker(corl: str, dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> None:
+    """In a fresh process: CORL's own ``train`` on the stand-ins; prints its score and time as JSON."""
+    import contextlib
+
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import corl_standins
+
+    torch.set_num_threads(1)
+    timing = corl_standins.install()
+    spec = importlib.util.spec_from_file_location(f"corl_{algo}", Path(corl) / "algorithms" / "offline" / f"{algo}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.TrainConfig(env=dataset, seed=seed, max_timesteps=steps, eval_freq=steps, n_episodes=eval_episodes,
+                                device="cpu", normalize_reward=NORMALIZE_REWARD[algo], checkpoints_path=None)
+    with contextlib.redirect_stdout(sys.stderr):  # CORL prints its progress; stdout is the result
+        module.train(config)
+    print(json.dumps({"score": timing.scores[-1], "seconds_per_100k": timing.seconds_per(100_000)}))
+
+
+def check_corl(corl: str, algos) -> None:
+    missing = [a for a in algos if not (Path(corl) / "algorithms" / "offline" / f"{a}.py").is_file()]
+    if missing:
+        sys.exit(f"offline_corl: --corl {corl} has no algorithms/offline/{missing[0]}.py; give a CORL checkout "
+                 "(git clone https://github.com/tinkoff-ai/CORL)")
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| dataset | algorithm | seed | omnigym score | CORL score | omnigym s/100k | CORL s/100k | ratio "
+             "| load start/end |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['dataset']} | {r['algo']} | {r['seed']} | {r['omnigym']['score']:.1f} | "
+                     f"{r['corl']['score']:.1f} | {r['omnigym']['seconds_per_100k']:.0f} | "
+                     f"{r['corl']['seconds_per_100k']:.0f} | {r['ratio']:.2f}x | {r['load'][0]:.1f}/{r['load'][1]:.1f} |")
+    lines += ["", "| dataset | algorithm | omnigym score (mean ± std over seeds) | CORL score | ratio (median) "
+                  "| CORL published (D4RL, 1M steps) |", "|---|---|---|---|---|---|"]
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        for algo in dict.fromkeys(r["algo"] for r in rows):
+            group = [r for r in rows if r["dataset"] == dataset and r["algo"] == algo]
+            if not group:
+                continue
+            spread = {lib: [r[lib]["score"] for r in group] for lib in ("omnigym", "corl")}
+            shown = {lib: f"{statistics.mean(s):.1f} ± {statistics.stdev(s):.1f}" if len(s) > 1 else f"{s[0]:.1f}"
+                     for lib, s in spread.items()}
+            lines.append(f"| {dataset} | {algo} | {shown['omnigym']} | {shown['corl']} | "
+                         f"{statistics.median(r['ratio'] for r in group):.2f}x | {PUBLISHED[algo]} (average) |")
+    lines.append(f"\nCORL's published Gym-MuJoCo averages: IQL {PUBLISHED['iql']}, TD3+BC {PUBLISHED['td3_bc']}, "
+                 f"CQL {PUBLISHED['cql']} (D4RL v2 datasets, 1M gradient steps; for orientation only)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corl", required=True, help="a CORL checkout (holding algorithms/offline/)")
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=20_000, help="gradient steps of each run")
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--out", help="also write the rows as JSON here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    check_corl(args.corl, args.algos)
+    if args.worker:
+        corl_worker(args.corl, args.datasets[0], args.algos[0], args.seeds[0], args.steps, args.eval_episodes)
+        return
+    rows = []
+    for dataset in args.datasets:
+        for algo in args.algos:
+            for seed in args.seeds:
+                load_start = os.getloadavg()[0]
+                ours = run_omnigym(dataset, algo, seed, args.steps, args.eval_episodes)
+                theirs = run_corl(args.corl, dataset, algo, seed, args.steps, args.eval_episodes)
+                row = {"dataset": dataset, "algo": algo, "seed": seed, "steps": args.steps, "omnigym": ours,
+                       "corl": theirs, "ratio": theirs["seconds_per_100k"] / ours["seconds_per_100k"],
+                       "load": (load_start, os.getloadavg()[0])}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    Path(args.out).write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
