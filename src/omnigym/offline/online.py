@@ -31,6 +31,7 @@ import torch
 from omnigym.envs.goal import network_view
 from omnigym.errors import OmnigymError, require
 from omnigym.offline.datasets import Evaluator, OfflineData
+from omnigym.offline.training import finish_offline_run
 from omnigym.rl.losses import check_finite
 from omnigym.rl.replay import Replay, ReplayBuffer
 from omnigym.track.episodes import EpisodeStats
@@ -221,12 +222,7 @@ def train_online(cfg, algo: str, run: Run, data: OfflineData, evaluator: Evaluat
         progress.close()
         evaluator.close()
         cursor.close()
-    main = "eval/normalized_score" if data.ref_max_score is not None else "eval/episodic_return"
-    plot_path = run.close(plot=cfg.plot, metric=main)
-    shown_score = f"{last_eval[main]:.1f}" if main in last_eval else "not evaluated"
-    run.say(f"run: {run.dir}", *([f"learning curve: {plot_path}"] if plot_path else []),
-            f"final {main.split('/')[1].replace('_', ' ')} after {step} online steps: {shown_score}")
-    return {"run_dir": str(run.dir), "global_step": step, **last_eval, "plot": str(plot_path) if plot_path else None}
+    return finish_offline_run(cfg, run, data, step, last_eval, when=f" after {step} online steps")
 
 
 def mixed_batch(dataset: ReplayBuffer, online: ReplayBuffer, size: int, from_dataset: int, rng, device) -> dict:

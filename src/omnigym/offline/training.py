@@ -84,11 +84,17 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
     finally:
         progress.close()
         evaluator.close()
+    return finish_offline_run(cfg, run, data, step, last_eval)
+
+
+def finish_offline_run(cfg, run: Run, data: OfflineData, step: int, last_eval: dict, when: str = "") -> dict:
+    """Close the run (its curve of the normalized score, else the return), say where it is and
+    its final score (``when``: e.g. " after N online steps"), and return the summary."""
     main = "eval/normalized_score" if data.ref_max_score is not None else "eval/episodic_return"
     plot_path = run.close(plot=cfg.plot, metric=main)
     shown = f"{last_eval[main]:.1f}" if main in last_eval else "not evaluated"
     run.say(f"run: {run.dir}", *([f"learning curve: {plot_path}"] if plot_path else []),
-            f"final {main.split('/')[1].replace('_', ' ')}: {shown}")
+            f"final {main.split('/')[1].replace('_', ' ')}{when}: {shown}")
     return {"run_dir": str(run.dir), "global_step": step, **last_eval, "plot": str(plot_path) if plot_path else None}
 
 
