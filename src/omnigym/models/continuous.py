@@ -43,6 +43,16 @@ def check_spaces(algo: str, observation_space: gym.Space, action_space: gym.Spac
                            f"{observation_space.shape}{image}")
 
 
+class Temperature(nn.Module):
+    """The entropy coefficient ``alpha = exp(log_alpha)``; learned with ``autotune`` (SAC's and
+    CQL's; CQL's always learns, from 0)."""
+
+    def __init__(self, alpha: float, autotune: bool):
+        super().__init__()
+        self.log_alpha = nn.Parameter(torch.zeros(1) if autotune else torch.tensor([alpha]).log(),
+                                      requires_grad=autotune)
+
+
 class QNetwork(nn.Module):
     """``n`` independent MLP Q-functions ``Q_i(s, a)`` (ReLU, default init), evaluated together:
     ``forward(obs, actions) -> [n, batch]``."""

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from omnigym.config import require_non_negative, require_positive
 from omnigym.errors import require
-from omnigym.models.continuous import QNetwork, SquashedGaussianActor
+from omnigym.models.continuous import QNetwork, SquashedGaussianActor, Temperature
 from omnigym.offline.datasets import OfflineConfig
 from omnigym.offline.online import OnlineFlags, online_settings, train_online
 from omnigym.offline.training import network_obs_dim, offline_policy, start_offline_run, train_offline
@@ -191,14 +191,6 @@ class ReferenceValues:
         self.online, self.episode_start = state["online"], state["episode_start"]
 
 
-class Temperature(torch.nn.Module):
-    """``log_alpha`` (CORL's: starts at 0, learned with the actor's learning rate)."""
-
-    def __init__(self):
-        super().__init__()
-        self.log_alpha = torch.nn.Parameter(torch.zeros(()))
-
-
 class CQLWeight(torch.nn.Module):
     """``log alpha'`` of ``--cql-lagrange`` (CORL's: starts at 1)."""
 
@@ -242,7 +234,7 @@ def train(cfg: CQLConfig) -> dict:
     if cfg.orthogonal_init:
         orthogonal_init_(qf)
     qf_target = copy.deepcopy(qf)
-    temperature, cql_weight = Temperature().to(device), CQLWeight().to(device)
+    temperature, cql_weight = Temperature(1.0, autotune=True).to(device), CQLWeight().to(device)  # CORL's: from 0
     actor_optimizer = Adam(actor.parameters(), lr=cfg.policy_lr)
     q_optimizer = Adam(qf.parameters(), lr=cfg.qf_lr)
     alpha_optimizer = Adam(temperature.parameters(), lr=cfg.policy_lr)

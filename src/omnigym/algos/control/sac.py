@@ -28,7 +28,8 @@ from omnigym.envs.cursor import EnvCursor
 from omnigym.envs.goal import network_view
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
-from omnigym.models.continuous import QNetwork, SquashedGaussianActor, check_spaces, squashed_gaussian_policy
+from omnigym.models.continuous import (QNetwork, SquashedGaussianActor, Temperature, check_spaces,
+                                      squashed_gaussian_policy)
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
@@ -81,15 +82,6 @@ class SACConfig(HindsightFlags, ControlConfig):
 
 
 CONFIG = SACConfig
-
-
-class Temperature(torch.nn.Module):
-    """The entropy coefficient ``alpha = exp(log_alpha)``; learned with ``autotune``."""
-
-    def __init__(self, alpha: float, autotune: bool):
-        super().__init__()
-        self.log_alpha = torch.nn.Parameter(torch.zeros(1) if autotune else torch.tensor([alpha]).log(),
-                                            requires_grad=autotune)
 
 
 @scoped_run
