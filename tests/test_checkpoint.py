@@ -101,8 +101,34 @@ def test_sigterm_and_sighup_after_a_checkpoint_say_how_to_continue(tmp_path, sig
     assert done.returncode == 0, done.stderr
 
 
-def test_sigterm_before_the_first_checkpoint_puts_the_run_directory_back(tmp_path):
+def test_sigterm_before_the_first_checkpoint_writes_one_and_says_how_to_continue(tmp_path, monkeypatch):
+    """A scheduler's SIGTERM long before --checkpoint-every is due: the update under way ends,
+    its checkpoint is written, and the run stops saying how to continue; the resumed run goes on
+    from that step (not from 0). The grace is long, so only the deferred save can explain it."""
     run = tmp_path / "run"
+    monkeypatch.setenv("OMNIGYM_STOP_GRACE", "50")
+    process = _train_until(run, ["--checkpoint-every", "10000000"], lambda: (run / "metrics.jsonl").exists())
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM and time.monotonic() - signalled < 50, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"omnigym: stopped by SIGTERM; continue with: omnigym train ppo "
+                                                   f"--resume {run}  (last checkpoint: global_step "), err
+    saved_at = load_checkpoint(run)["counters"]["global_step"]
+    assert saved_at > 0 and not (run / "checkpoint.pt.tmp").exists()
+    done = subprocess.run([sys.executable, "-m", "omnigym", "train", "ppo", "--resume", str(run),
+                           "--total-timesteps", str(saved_at + 2048), "--no-progress", "--no-plot"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert load_checkpoint(run)["counters"]["global_step"] > saved_at  # it went on from there
+
+
+def test_sigterm_with_no_grace_stops_at_once_and_puts_the_run_directory_back(tmp_path, monkeypatch):
+    """OMNIGYM_STOP_GRACE=0: the stop does not wait for a checkpoint, and a run without one
+    is put back as it was before the start."""
+    run = tmp_path / "run"
+    monkeypatch.setenv("OMNIGYM_STOP_GRACE", "0")
     process = _train_until(run, ["--checkpoint-every", "10000000"], lambda: (run / "metrics.jsonl").exists())
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
@@ -119,3 +145,25 @@ def test_checkpoint_every_counts_from_zero():
     assert not crossed_multiple(246, 246 - 256, 10**8)
     assert crossed_multiple(512, 256, 512) and not crossed_multiple(511, 255, 512)
     assert not crossed_multiple(10**6, 0, 0)  # 0: never
+
+
+def test_a_second_stop_signal_does_not_wait_and_the_grace_is_an_alarm(monkeypatch):
+    """The handler itself: the first SIGTERM of a deferring run only asks for a checkpoint (and
+    arms the grace as SIGALRM, no thread); a second raises at once; checkpoint_due says yes."""
+    from omnigym.track import stopping
+
+    monkeypatch.setenv("OMNIGYM_STOP_GRACE", "30")
+    previous = signal.signal(signal.SIGTERM, stopping.on_stop_signal)
+    try:
+        assert stopping.begin_deferring(True)
+        assert not stopping.checkpoint_due(5, 4, 1000)
+        stopping.on_stop_signal(signal.SIGTERM, None)
+        assert stopping.checkpoint_due(5, 4, 1000) and 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30
+        with pytest.raises(stopping.Stopped) as stop:
+            stopping.on_stop_signal(signal.SIGTERM, None)
+        assert stop.value.signum == signal.SIGTERM and not stopping.stop_requested()
+        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # the grace is disarmed with the stop
+    finally:
+        stopping.end_deferring()
+        signal.signal(signal.SIGTERM, previous)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and not stopping.begin_deferring(True)

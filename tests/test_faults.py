@@ -115,8 +115,9 @@ def commands(tmp: Path) -> dict[str, list[str]]:
 
 
 def child_env(**extra) -> dict:
+    # a SIGTERM during a save the hook holds waits this long for it before stopping (track/stopping.py)
     return {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT / "tests"), "OMP_NUM_THREADS": "1",
-            "HF_HUB_OFFLINE": "1", **extra}
+            "HF_HUB_OFFLINE": "1", "OMNIGYM_STOP_GRACE": "2", **extra}
 
 
 def start(args: list[str], **env) -> subprocess.Popen:

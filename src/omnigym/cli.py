@@ -340,33 +340,24 @@ def headless_by_default(environ) -> None:
         environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a scheduler, ``timeout``, systemd, a closed terminal): handled as
-    Ctrl-C is, so a run without a checkpoint is put back and one with says how to continue."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 @contextlib.contextmanager
 def stop_signals_as_interrupts():
     """In the command's main thread: SIGTERM and SIGHUP raise ``Stopped`` while the command
-    runs (where nobody else handles them), and the previous handlers come back afterwards."""
+    runs (where nobody else handles them; during a run, once its next checkpoint is written:
+    track/stopping.py), and the previous handlers come back afterwards."""
     import signal
     import threading
+
+    from omnigym.track.stopping import on_stop_signal
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def stop(signum, frame):
-        raise Stopped(signum)
-
     previous = {}
     for signum in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(signum) is signal.SIG_DFL:
-            previous[signum] = signal.signal(signum, stop)
+            previous[signum] = signal.signal(signum, on_stop_signal)
     try:
         yield
     finally:
@@ -448,6 +439,8 @@ def interrupted(exc: KeyboardInterrupt, run) -> int:
     """Ctrl-C, SIGTERM or SIGHUP: one line saying where ``run`` stands (a --ray-trainer run
     says it in ``exc.where``), and the shell's exit code for the signal (128 + its number)."""
     where = getattr(exc, "where", None) or (run.state_line() if run else "the run had not started; nothing was written")
+    from omnigym.track.stopping import Stopped
+
     if isinstance(exc, Stopped):
         print(f"omnigym: stopped by {signal_name(exc.signum)}; {where}", file=sys.stderr)
         return 128 + exc.signum

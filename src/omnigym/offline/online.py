@@ -36,6 +36,7 @@ from omnigym.rl.losses import check_finite
 from omnigym.rl.replay import Replay, ReplayBuffer
 from omnigym.track.episodes import EpisodeStats
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import Run, current_call
 
 OWN_SETTINGS = ("run_dir", "resume", "overwrite", "resume_online", "online_steps", "mixing_ratio", "seed",
@@ -216,7 +217,7 @@ def train_online(cfg, algo: str, run: Run, data: OfflineData, evaluator: Evaluat
             if metrics:
                 run.log(step, metrics)
             progress.update(step, sps=int(clock.sps(step)), ret=stats.mean_recent)
-            if done or crossed_multiple(step, previous_step, cfg.checkpoint_every):
+            if done or checkpoint_due(step, previous_step, cfg.checkpoint_every):
                 run.save(components, global_step=step)
     finally:
         progress.close()

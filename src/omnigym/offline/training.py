@@ -22,6 +22,7 @@ from omnigym.offline.datasets import Evaluator, ObservationStats, OfflineConfig,
 from omnigym.rl.losses import check_finite
 from omnigym.rl.replay import Replay
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import Run, start_run
 
 
@@ -79,7 +80,7 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
                 run.log(step, metrics)
             progress.update(step, sps=int(clock.sps(step)),
                             score=last_eval.get("eval/normalized_score", last_eval.get("eval/episodic_return")))
-            if done or crossed_multiple(step, previous_step, cfg.checkpoint_every):
+            if done or checkpoint_due(step, previous_step, cfg.checkpoint_every):
                 run.save(components, global_step=step)
     finally:
         progress.close()

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnigym.distributed import broadcast, is_main_process
+from omnigym.distributed import broadcast, is_main_process, launched_by_torchrun
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, load_config_dict, write_atomically
@@ -46,6 +46,7 @@ from omnigym.track.lock import RunLock
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import save_model_folder
 from omnigym.track.resume import DATA_FILES_KEY, checked_run_dir, recorded_data
+from omnigym.track import stopping
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
 
 __all__ = ["MODEL_FOLDER", "STAGES_FOLDER", "Run", "TrainCall", "current_call", "decided_run_dir", "start_run",
@@ -134,6 +135,8 @@ class Run:
         self.writer = is_main_process()
         """False in the other processes of a data-parallel run: they read the checkpoint and
         take part in gathering it, and write nothing"""
+        self.deferring_stops = False
+        """a SIGTERM waits for this run's next checkpoint (``stopping.py``), from ``begin`` to ``close``"""
 
     def config_dict(self) -> dict:
         """What config.json holds: the algorithm, the config's fields, and the directory the run
@@ -176,6 +179,7 @@ class Run:
         except BaseException:
             self.abandon()
             raise
+        self.deferring_stops = stopping.begin_deferring(not launched_by_torchrun())
         return counters
 
     def _restore(self, components: dict) -> dict:
@@ -227,12 +231,15 @@ class Run:
                     component.state_dict()
             self.last_checkpoint = counters
             return
+        stopping.saving_for_stop()
         self._saving = (self._checkpoint_on_disk(), counters)
         try:
             with self.disk_faults():
                 self.checkpointer.save({**components, "metrics": self.metrics}, **counters)
         finally:
             self._settle_save()
+        if self.deferring_stops:
+            stopping.stop_if_requested()  # the checkpoint a SIGTERM waited for is on disk
 
     def _settle_save(self) -> None:
         """A SIGTERM or Ctrl-C can land anywhere in a save, this very method included (``abandon``
@@ -259,6 +266,21 @@ class Run:
 
     def close(self, plot: bool = True, metric: str | tuple[str, ...] = "charts/episodic_return") -> Path | None:
         """``metric``: the curve's metric, or several (one panel each, the first the main one)."""
+        try:
+            picture = self._close(plot, metric)
+        except BaseException:
+            self._stop_deferring()
+            raise
+        # a SIGTERM after the last checkpoint: the process stops here, not in what follows the run
+        self._stop_deferring(finished=f"the run had finished; it is in {self.dir}")
+        return picture
+
+    def _stop_deferring(self, finished: str | None = None) -> None:
+        if self.deferring_stops:
+            self.deferring_stops = False
+            stopping.end_deferring(finished)
+
+    def _close(self, plot: bool, metric) -> Path | None:
         if self._call is not None and self._call.run is self:
             self._call.run = None  # finished: nothing for the caller to undo or report
         if not self.writer:
@@ -312,6 +334,7 @@ class Run:
             self._directory.roll_back(remove_stages=self.made_stages)
         finally:
             self._release_lock()  # after the roll-back: nobody else sees the directory half put back
+            self._stop_deferring()
 
     def say(self, *lines: str) -> None:
         """The closing lines a person reads (stderr, so stdout stays the episode stream)."""

@@ -36,6 +36,7 @@ from omnigym.rl.her import HindsightFlags, replay_buffer
 from omnigym.rl.replay import Replay
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
 
@@ -165,7 +166,7 @@ def train(cfg: DQNConfig) -> dict:
             run.log(global_step, {**stats.drain(), "losses/td_loss": td_loss.item(), "losses/q_values": q_mean.item(),
                                   "charts/epsilon": epsilon(cfg, global_step), "perf/sps": clock.sps(global_step)})
         progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
-        if global_step >= cfg.total_timesteps or crossed_multiple(global_step, previous_step, cfg.checkpoint_every):
+        if global_step >= cfg.total_timesteps or checkpoint_due(global_step, previous_step, cfg.checkpoint_every):
             run.save(components, global_step=global_step)
     progress.close()
     cursor.close()

@@ -44,7 +44,8 @@ from omnigym.rl.losses import PolicyLossConfig, check_finite, ppo_clip, value_lo
 from omnigym.runtime import RolloutRuntimeConfig
 from omnigym.runtime.control_workers import make_control_rollouts
 from omnigym.track.episodes import EpisodeStats, close_control_run
-from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
 
@@ -218,7 +219,7 @@ def train(cfg: PPOConfig) -> dict:
                 "charts/learning_rate": optimizer.param_groups[0]["lr"], "perf/sps": clock.sps(global_step),
                 **rollouts.metrics(),
             })
-            if update == num_updates - 1 or crossed_multiple(global_step, global_step - batch_size, cfg.checkpoint_every):
+            if update == num_updates - 1 or checkpoint_due(global_step, global_step - batch_size, cfg.checkpoint_every):
                 run.save(components, global_step=global_step, update=update + 1)
         progress.close()
     return close_control_run(run, stats, cfg.plot, global_step)

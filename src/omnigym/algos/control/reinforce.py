@@ -22,7 +22,8 @@ from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, discounted_retur
 from omnigym.rl.losses import check_finite, reinforce, value_loss
 from omnigym.rl.rollout import RolloutCollector
 from omnigym.track.episodes import EpisodeStats, close_control_run
-from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
 
@@ -99,7 +100,7 @@ def train(cfg: ReinforceConfig) -> dict:
         if cfg.baseline:
             metrics["losses/value_loss"] = v_loss.item()
         run.log(global_step, metrics)
-        if update == num_updates - 1 or crossed_multiple(global_step, global_step - batch_size, cfg.checkpoint_every):
+        if update == num_updates - 1 or checkpoint_due(global_step, global_step - batch_size, cfg.checkpoint_every):
             run.save(components, global_step=global_step, update=update + 1)
     progress.close()
     collector.envs.close()

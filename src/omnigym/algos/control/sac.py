@@ -37,6 +37,7 @@ from omnigym.rl.her import HindsightFlags, check_goal_env, replay_buffer
 from omnigym.rl.replay import Replay
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
 
@@ -189,7 +190,7 @@ def train(cfg: SACConfig) -> dict:
             run.log(global_step, {**stats.drain(), **values, "losses/alpha": alpha.item(),
                                   "perf/sps": clock.sps(global_step)})
         progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
-        if done or crossed_multiple(global_step, previous_step, cfg.checkpoint_every):
+        if done or checkpoint_due(global_step, previous_step, cfg.checkpoint_every):
             check_finite(torch.stack(list(losses.values())).sum() if losses else torch.zeros(()), global_step)
             run.save(components, global_step=global_step, q_updates=q_updates)
     progress.close()

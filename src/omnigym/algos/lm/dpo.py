@@ -36,6 +36,7 @@ from omnigym.rewards import parse_weights
 from omnigym.rl.losses import PREFERENCE_LOSSES, check_finite, preference_loss
 from omnigym.tasks.preference_data import longest_pair, pair_sequences, read_pairs
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.resources import check_language_batch
 from omnigym.track.run import start_run
 
@@ -196,7 +197,7 @@ def train(cfg: DPOConfig) -> dict:
             metrics.update(evaluate(step))
         run.log(step, metrics)
         progress.update(step, loss=metrics["train/loss"], acc=metrics.get("eval/accuracy", float("nan")))
-        if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+        if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
             run.save(components, step=step)
     progress.close()
     from omnigym.track.files import read_metrics

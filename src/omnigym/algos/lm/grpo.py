@@ -50,7 +50,8 @@ from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.runtime.episodes import EpisodeScheduleConfig
 from omnigym.tasks import Task, load_task
 from omnigym.track.files import read_metrics
-from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import Run, start_run
 
 
@@ -310,7 +311,7 @@ def train(cfg: GRPOConfig) -> dict:
                 metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step + 1, step + 1)
             run.log(step + 1, metrics)
             progress.update(step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
-            if step == cfg.steps - 1 or crossed_multiple(step + 1, step, cfg.checkpoint_every):
+            if step == cfg.steps - 1 or checkpoint_due(step + 1, step, cfg.checkpoint_every):
                 run.save(components, step=step + 1)
         progress.close()
     return finish_lm(run, cfg, trainer.full_model(), tokenizer)

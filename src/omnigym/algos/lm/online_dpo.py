@@ -47,7 +47,8 @@ from omnigym.rl.losses import PREFERENCE_LOSSES, check_finite, preference_loss
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.prompt_set import PromptSetConfig, prompts_for_step, split_prompts
-from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
+from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
 
@@ -169,7 +170,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
                                                step))
             run.log(step, metrics)
             progress.update(step, score=metrics["reward/score"], pairs=metrics["pairs/kept_fraction"])
-            if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
+            if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
                 run.save(components, step=step)
         progress.close()
         return finish_sampled_run(run, cfg, trainer.full_model(), tokenizer, gold is not None, "judge_score",

@@ -37,6 +37,7 @@ from omnigym.rl.losses import check_finite
 from omnigym.tasks import load_task
 from omnigym.tasks.steps import labelled_replies
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
 
@@ -142,7 +143,7 @@ def train(cfg: PRMConfig) -> dict:
     def evaluate(at: int) -> dict:
         """Step and reply accuracy on the held-out replies; a few go to samples.jsonl with their step scores."""
         model.eval()
-        logits, labels, replies_right = [], [], []
+        logits, labels, replies_right, first_mistakes, weakest = [], [], [], [], []
         for start in range(0, len(heldout), 64):
             rows = heldout[start:start + 64]
             per_reply = step_logits(model, [r.prompt for r in rows], [r.reply for r in rows], [r.ends for r in rows],
@@ -151,6 +152,9 @@ def train(cfg: PRMConfig) -> dict:
                 logits.append(reply_logits)
                 labels += row.labels
                 replies_right.append(bool(reply_logits.min() > 0) == all(row.labels))
+                weakest.append(reply_logits.min().item())
+                if not all(row.labels):
+                    first_mistakes.append(bool(reply_logits[row.labels.index(False)] < 0))
             if start == 0:
                 run.log_samples(at, [{"reply": r.text, "labels": r.labels,
                                       "scores": [round(p, 4) for p in torch.sigmoid(x).tolist()]}
@@ -158,9 +162,16 @@ def train(cfg: PRMConfig) -> dict:
         model.train()
         logits, labels = torch.cat(logits), torch.tensor(labels, dtype=torch.float32, device=cfg.device)
         positive = labels.mean().item()
+        # Verification, apart from the priors of position: is a reply's first mistake called wrong, and
+        # does the right solution score above all others (weakest step) among its problem's replies (chance
+        # 1/group; strictly above, so that a PRM scoring every reply alike gets 0, not 1)?
+        group = 1 + cfg.wrong_per_problem
+        right_first = [all(weakest[at] > weakest[at + i] for i in range(1, group)) for at in range(0, len(weakest), group)]
         return {"eval/step_accuracy": ((logits > 0).float() == labels).float().mean().item(),
                 "eval/base_rate": max(positive, 1 - positive),
                 "eval/reply_accuracy": sum(replies_right) / len(replies_right),
+                "eval/first_mistake_accuracy": sum(first_mistakes) / max(len(first_mistakes), 1),
+                "eval/right_ranked_first": sum(right_first) / len(right_first),
                 "eval/loss": torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).item()}
 
     first = evaluate(0) if step == 0 else None
@@ -182,7 +193,7 @@ def train(cfg: PRMConfig) -> dict:
             metrics.update(final)
         run.log(step, metrics)
         progress.update(step, loss=metrics["train/loss"], acc=metrics.get("eval/step_accuracy", float("nan")))
-        if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+        if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
             run.save(components, step=step)
     progress.close()
     if step == start_step:  # resumed at its last step only to write model/ (the save had failed): the figures are logged

@@ -53,7 +53,8 @@ from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_c
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.prompt_set import PromptSetConfig, prompts_for_step, split_prompts
-from omnigym.track.progress import Clock, Laps, ProgressBar, crossed_multiple
+from omnigym.track.progress import Clock, Laps, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
 
@@ -183,7 +184,7 @@ def train(cfg: RLHFConfig) -> dict:
                                                step))
             run.log(step, metrics)
             progress.update(step, score=metrics["reward/score"], kl=metrics["kl/mean"])
-            if step == cfg.steps or crossed_multiple(step, step - 1, cfg.checkpoint_every):
+            if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
                 run.save(components, step=step, beta=beta)
         progress.close()
         return finish_sampled_run(run, cfg, trainer.full_model(), tokenizer, gold is not None, "rm_score",

@@ -29,6 +29,7 @@ from omnigym.process import scoped_run
 from omnigym.rl.losses import bradley_terry, check_finite
 from omnigym.tasks.preference_data import longest_pair, read_pairs
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.resources import check_language_batch
 from omnigym.track.run import start_run
 
@@ -145,7 +146,7 @@ def train(cfg: RMConfig) -> dict:
             metrics.update(final)
         run.log(step, metrics)
         progress.update(step, loss=metrics["train/loss"], acc=metrics.get("eval/accuracy", float("nan")))
-        if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+        if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
             run.save(components, step=step)
     progress.close()
     if step == start_step:  # resumed at its last step only to write model/ (the save had failed): the figures are logged

@@ -27,6 +27,7 @@ from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite, nll_loss
 from omnigym.tasks.sft_data import pack, read_sft_rows, tokenize_rows
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.stopping import checkpoint_due
 from omnigym.resources import check_language_batch
 from omnigym.track.run import start_run
 
@@ -144,7 +145,7 @@ def train(cfg: SFTConfig) -> dict:
             log_samples(step)
         run.log(step, metrics)
         progress.update(step, loss=loss.item())
-        if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+        if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
             run.save(components, step=step)
     progress.close()
     final = heldout_loss()
