@@ -194,6 +194,22 @@ def test_online_run_keeps_the_dataset_in_its_batches(tmp_path, monkeypatch):
     assert seen == [0.5] * 5 + [0.25] * 5
 
 
+def test_warmup_steps_fill_the_online_buffer_before_the_first_update(tmp_path):
+    """WSRL's warm-up: the first --warmup-steps env steps are played with the offline policy and
+    stored, with no update (no loss logged, the networks as the offline run left them); then the
+    updates start, from the online buffer only with --mixing-ratio 0."""
+    train("td3_bc", tmp_path / "offline")
+    online("td3_bc", tmp_path / "offline", tmp_path / "warm", online_steps=4, warmup_steps=4 - 1, log_every=1,
+           mixing_ratio=0.0)
+    rows = {r["global_step"]: r for r in metrics(tmp_path / "warm")}
+    assert [s for s in (1, 2, 3, 4) if "losses/qf_loss" in rows[s]] == [4]
+    state = load_checkpoint(tmp_path / "warm")
+    assert state["components"]["replay"]["buffer"]["added"].tolist() == [4]
+    online("td3_bc", tmp_path / "offline", tmp_path / "cold", online_steps=3, warmup_steps=3 - 1)
+    offline_q, cold_q = (load_checkpoint(tmp_path / d)["components"]["qf"] for d in ("offline", "cold"))
+    assert all(not torch.equal(offline_q[k], cold_q[k]) for k in offline_q)  # its one update moved every weight
+
+
 def test_online_run_learns_at_the_rate_given_now(tmp_path):
     train("cql", tmp_path / "offline", policy_lr=2e-5)
     online("cql", tmp_path / "offline", tmp_path / "kept", online_steps=2)
@@ -257,6 +273,9 @@ BAD = [
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--run-dir", "SRC/cql"], "the online run is a new run"),
     (["--resume-online", "SRC/cql"], "--resume-online needs --online-steps N"),
     (["--dataset", "pendulum/random-v0", "--online-steps", "10"], "--online-steps is for --resume-online RUN_DIR"),
+    (["--dataset", "pendulum/random-v0", "--warmup-steps", "10"], "--warmup-steps is for --resume-online RUN_DIR"),
+    (["--resume-online", "SRC/cql", "--online-steps", "10", "--warmup-steps", "10"],
+     "--warmup-steps must be in [0, --online-steps)"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--mixing-ratio", "1"], "--mixing-ratio must be in [0, 1)"),
     (["--dataset", "pendulum/random-v0", "--sparse-reward"], "--sparse-reward is Cal-QL's rule"),
     (["--dataset", "cartpole/random-v0"], "CQL needs a continuous (Box) action space"),

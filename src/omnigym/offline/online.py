@@ -6,7 +6,8 @@ The new run starts from the offline run's networks, optimizers (and schedules), 
 (those given now win, except the ones its networks and data depend on: the dataset, the env, the
 widths, which are refused when they differ). Each step it plays one env step with the method's
 exploring policy and stores it in a second ``ReplayBuffer`` (the replay seam's; it is the run's
-own, checkpointed), then takes one gradient step of the method's own update, the same loss as
+own, checkpointed), then (after ``--warmup-steps``: WSRL's warm-up, steps played with the offline
+policy and stored before any update) takes one gradient step of the method's own update, the same loss as
 offline (CORL's finetune scripts: IQL, CQL and Cal-QL keep their offline losses online), on a batch
 that mixes the two: ``--mixing-ratio`` (0.5, CORL's and Cal-QL's) of it from the dataset, the rest
 from the online steps. The dataset's buffer is read again from the dataset on ``--resume``, as
@@ -39,7 +40,7 @@ from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import Run, current_call
 
-OWN_SETTINGS = ("run_dir", "resume", "overwrite", "resume_online", "online_steps", "mixing_ratio", "seed",
+OWN_SETTINGS = ("run_dir", "resume", "overwrite", "resume_online", "online_steps", "mixing_ratio", "warmup_steps", "seed",
                 "total_timesteps", "eval_every", "log_every", "checkpoint_every", "eval_episodes", "print_episodes",
                 "progress", "plot", "tensorboard", "wandb", "device", "torch_threads")
 """what an online run does not take from the offline one: where and how it runs, and its step counts
@@ -56,8 +57,11 @@ class OnlineFlags:
     """with --resume-online: env steps to train online (one gradient step each)"""
     mixing_ratio: float = 0.5
     """with --resume-online: the fraction of each batch drawn from the dataset (the rest: online steps)"""
+    warmup_steps: int = 0
+    """with --resume-online: env steps played with the offline policy before the first update (WSRL's
+    warm-up; WSRL then learns from online steps only: --mixing-ratio 0)"""
 
-    RESUME_FIXED: ClassVar[tuple[str, ...]] = ("resume_online", "online_steps")
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = ("resume_online", "online_steps", "warmup_steps")
 
     def check_online(self) -> None:
         require(self.online_steps >= 0, f"--online-steps must be positive, got {self.online_steps}")
@@ -67,6 +71,11 @@ class OnlineFlags:
                 "--resume-online needs --online-steps N: how many env steps to train online")
         require(self.resume_online or not self.online_steps,
                 "--online-steps is for --resume-online RUN_DIR (an offline run to continue online)")
+        require(self.resume_online or not self.warmup_steps,
+                "--warmup-steps is for --resume-online RUN_DIR (an offline run to continue online)")
+        require(0 <= self.warmup_steps < max(self.online_steps, 1),
+                f"--warmup-steps must be in [0, --online-steps) (env steps before the first update), "
+                f"got {self.warmup_steps} with --online-steps {self.online_steps}")
 
 
 def online_settings(cfg, algo: str):
@@ -203,8 +212,9 @@ def train_online(cfg, algo: str, run: Run, data: OfflineData, evaluator: Evaluat
             if on_step is not None:
                 on_step(online, bool(terminated[0] or truncated[0]))
             previous_step, step = step, step + 1
-            losses = update(mixed_batch(data.buffer, online, cfg.batch_size, from_dataset, replay.rng, device),
-                            previous_step)
+            if previous_step >= cfg.warmup_steps:  # WSRL: the first steps only fill the online buffer
+                losses = update(mixed_batch(data.buffer, online, cfg.batch_size, from_dataset, replay.rng, device),
+                                previous_step - cfg.warmup_steps)
             done = step >= cfg.online_steps
             metrics = stats.drain()
             if crossed_multiple(step, previous_step, cfg.log_every) or done:
