@@ -98,3 +98,17 @@ def test_bad_input_gets_one_line_and_writes_nothing(runs, tmp_path, monkeypatch,
     before = test_bad_input.snapshot(runs["saved"])
     test_bad_input.test_bad_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message)
     assert test_bad_input.snapshot(runs["saved"]) == before
+
+
+def test_from_replay_of_an_offline_run_names_its_dataset(runs, tmp_path, monkeypatch, capsys):
+    """An offline run keeps no replay buffer of its own: its transitions are its dataset, which
+    the line names (not --save-buffer, which offline runs do not take)."""
+    assert main(["collect", str(runs["saved"]), "--from-replay", "--dataset", "pendulum/replay-v0"]) == 0
+    assert main(["train", "bc", "--dataset", "pendulum/replay-v0", "--total-timesteps", "5", "--eval-episodes", "1",
+                 "--run-dir", str(tmp_path / "bc"), "--no-progress", "--no-tensorboard", "--no-plot"]) == 0
+    capsys.readouterr()
+    (tmp_path / "cwd").mkdir()
+    argv = ["collect", str(tmp_path / "bc"), "--from-replay", "--dataset", "pendulum/bad-v0"]
+    test_bad_input.test_bad_input_gets_one_line_and_writes_nothing(
+        tmp_path / "cwd", monkeypatch, capsys, argv, f"{tmp_path / 'bc'} is an offline run: its transitions are the "
+                                                    "dataset pendulum/replay-v0 itself")

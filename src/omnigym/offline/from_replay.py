@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnigym.errors import require
+from omnigym.errors import OmnigymError, require
 
 
 def replay_episodes(run_dir: str) -> tuple[str, str, list]:
@@ -32,6 +32,10 @@ def replay_episodes(run_dir: str) -> tuple[str, str, list]:
     algo = module.__name__.rsplit(".", 1)[-1]
     replay = saved["components"].get("replay")
     require(replay is not None, f"collect --from-replay: {run_dir} is a {algo} run, which keeps no replay buffer")
+    if replay.get("buffer") is None and getattr(cfg, "dataset", None):
+        raise OmnigymError(f"collect --from-replay: {run_dir} is an offline run: its transitions are the dataset "
+                           f"{cfg.dataset} itself (to sample its policy instead: omnigym collect {run_dir} --episodes "
+                           "N --dataset NAME)")
     require(replay.get("buffer") is not None, f"collect --from-replay: {run_dir} saved no replay buffer (train it "
                                               "with --save-buffer; docs/offline.md)")
     require(isinstance(cfg.env_id, str) and not cfg.env_id.startswith("<"),
