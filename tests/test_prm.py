@@ -75,6 +75,19 @@ def test_the_chain_task_solves_itself_and_its_perturbations_are_labelled_by_the_
         ChainTask(digits=0)
 
 
+def test_verification_figures_by_hand():
+    """Two problems of 1 right + 2 wrong replies. Problem 1: the right reply's weakest step (1.0)
+    beats the others' (-2.0, 0.5); problem 2: a tie (0.0 and 0.0) is not a win. First mistakes:
+    -2.0 and 0.5 (called right) in problem 1, -1.0 and 3.0 in problem 2: 2 of 4 called wrong."""
+    t = torch.tensor
+    scored = [([True, True], t([2.0, 1.0])), ([True, False], t([1.5, -2.0])), ([False, False], t([0.5, 0.7])),
+              ([True, True], t([0.0, 4.0])), ([False, True], t([-1.0, 2.0])), ([True, False], t([0.0, 3.0]))]
+    figures = prm.verification(scored, group=3)
+    assert figures == {"eval/first_mistake_accuracy": 2 / 4, "eval/right_ranked_first": 1 / 2}
+    alike = [(labels, torch.zeros(len(labels))) for labels, _ in scored]  # a PRM that scores everything alike
+    assert prm.verification(alike, group=3)["eval/right_ranked_first"] == 0.0
+
+
 @pytest.fixture(scope="module")
 def process_model(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("prm") / "run"

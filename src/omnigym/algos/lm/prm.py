@@ -102,6 +102,20 @@ def labelled(examples: list[dict], rng: random.Random, wrong: int, tokenizer, ma
     return out
 
 
+def verification(scored: list[tuple[list[bool], torch.Tensor]], group: int) -> dict:
+    """How well a PRM checks, apart from the priors of position (early steps mostly right, late ones
+    mostly wrong). ``scored``: each reply's step labels and step logits, in groups of ``group`` per
+    problem, the right solution first (``labelled``'s order). ``first_mistake_accuracy``: a wrong
+    reply's first wrong step called wrong; ``right_ranked_first``: the right solution's weakest step
+    scored strictly above every other reply's of its problem (chance 1/group; strictly, so that a
+    PRM scoring every reply alike gets 0, not 1)."""
+    first_mistakes = [bool(logits[labels.index(False)] < 0) for labels, logits in scored if not all(labels)]
+    weakest = [logits.min().item() for _, logits in scored]
+    right_first = [all(weakest[at] > weakest[at + i] for i in range(1, group)) for at in range(0, len(weakest), group)]
+    return {"eval/first_mistake_accuracy": sum(first_mistakes) / max(len(first_mistakes), 1),
+            "eval/right_ranked_first": sum(right_first) / max(len(right_first), 1)}
+
+
 def step_examples(cfg: PRMConfig) -> tuple[list[dict], list[dict]]:
     """The task's training and held-out problems; a task without checkable steps is one line."""
     task = load_task(cfg.task, cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations)
@@ -143,7 +157,7 @@ def train(cfg: PRMConfig) -> dict:
     def evaluate(at: int) -> dict:
         """Step and reply accuracy on the held-out replies; a few go to samples.jsonl with their step scores."""
         model.eval()
-        logits, labels, replies_right, first_mistakes, weakest = [], [], [], [], []
+        logits, labels, replies_right, scored = [], [], [], []
         for start in range(0, len(heldout), 64):
             rows = heldout[start:start + 64]
             per_reply = step_logits(model, [r.prompt for r in rows], [r.reply for r in rows], [r.ends for r in rows],
@@ -152,9 +166,7 @@ def train(cfg: PRMConfig) -> dict:
                 logits.append(reply_logits)
                 labels += row.labels
                 replies_right.append(bool(reply_logits.min() > 0) == all(row.labels))
-                weakest.append(reply_logits.min().item())
-                if not all(row.labels):
-                    first_mistakes.append(bool(reply_logits[row.labels.index(False)] < 0))
+                scored.append((row.labels, reply_logits))
             if start == 0:
                 run.log_samples(at, [{"reply": r.text, "labels": r.labels,
                                       "scores": [round(p, 4) for p in torch.sigmoid(x).tolist()]}
@@ -162,16 +174,10 @@ def train(cfg: PRMConfig) -> dict:
         model.train()
         logits, labels = torch.cat(logits), torch.tensor(labels, dtype=torch.float32, device=cfg.device)
         positive = labels.mean().item()
-        # Verification, apart from the priors of position: is a reply's first mistake called wrong, and
-        # does the right solution score above all others (weakest step) among its problem's replies (chance
-        # 1/group; strictly above, so that a PRM scoring every reply alike gets 0, not 1)?
-        group = 1 + cfg.wrong_per_problem
-        right_first = [all(weakest[at] > weakest[at + i] for i in range(1, group)) for at in range(0, len(weakest), group)]
         return {"eval/step_accuracy": ((logits > 0).float() == labels).float().mean().item(),
                 "eval/base_rate": max(positive, 1 - positive),
                 "eval/reply_accuracy": sum(replies_right) / len(replies_right),
-                "eval/first_mistake_accuracy": sum(first_mistakes) / max(len(first_mistakes), 1),
-                "eval/right_ranked_first": sum(right_first) / len(right_first),
+                **verification(scored, 1 + cfg.wrong_per_problem),
                 "eval/loss": torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).item()}
 
     first = evaluate(0) if step == 0 else None
