@@ -372,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_command(argv)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside run_command's own handling: nothing started
         return interrupted(exc, None)
+    finally:
+        if "omnigym.distributed" in sys.modules:  # a torchrun process: its process group goes before exit
+            sys.modules["omnigym.distributed"].leave_process_group()
 
 
 def run_command(argv: list[str]) -> int:
