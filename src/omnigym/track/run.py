@@ -40,13 +40,13 @@ from pathlib import Path
 
 from omnigym.distributed import broadcast, is_main_process, launched_by_torchrun
 from omnigym.errors import OmnigymError
+from omnigym.track import stopping
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, load_config_dict, write_atomically
 from omnigym.track.lock import RunLock
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import save_model_folder
 from omnigym.track.resume import DATA_FILES_KEY, checked_run_dir, recorded_data
-from omnigym.track import stopping
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
 
 __all__ = ["MODEL_FOLDER", "STAGES_FOLDER", "Run", "TrainCall", "current_call", "decided_run_dir", "start_run",

@@ -71,8 +71,7 @@ def on_stop_signal(signum: int, frame) -> None:
 
 
 def _grace_over(signum: int, frame) -> None:
-    if _state.requested is not None:
-        _stop_now()
+    stop_if_requested()
 
 
 def stop_requested() -> bool:
