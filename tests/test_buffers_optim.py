@@ -1,4 +1,5 @@
 import copy
+import io
 
 import numpy as np
 import pytest
@@ -116,6 +117,37 @@ def test_adam_matches_torch_optim_adam_and_resumes():
             ours.load_state_dict(state)
     for a, b in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: the fused kernel's step counts live beside CUDA parameters"))])
+def test_adam_resumes_from_a_checkpoint_loaded_on_the_cpu(device):
+    """A checkpoint is loaded with map_location="cpu"; a CUDA run resumed from it crashed in the
+    fused kernel ("state_steps is on cpu", seen resuming a --backend mjlab run on an H100)."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2).to(device)
+    resumed_net = copy.deepcopy(net)
+    x = torch.randn(8, 4, device=device)
+    ours = Adam(net.parameters(), lr=1e-2)
+
+    def step(model, opt):
+        opt.zero_grad()
+        model(x).pow(2).sum().backward()
+        opt.step()
+
+    for _ in range(3):
+        step(net, ours)
+    resumed_net.load_state_dict(net.state_dict())
+    saved = io.BytesIO()
+    torch.save(ours.state_dict(), saved)
+    saved.seek(0)
+    resumed = Adam(resumed_net.parameters(), lr=1e-2)
+    resumed.load_state_dict(torch.load(saved, map_location="cpu"))
+    assert all(s["step"].device == p.device for p, s in resumed.state.items())
+    step(net, ours)
+    step(resumed_net, resumed)
+    for a, b in zip(net.parameters(), resumed_net.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_running_mean_std_matches_numpy():

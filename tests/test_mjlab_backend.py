@@ -7,6 +7,7 @@ backend refuses in one line and no run directory is made; the real-mjlab test ru
 where both are present (none was lent to this work: it skips here)."""
 
 import importlib.util
+import json
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -17,7 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 import test_bad_input
 from omnigym.cli import main
-from omnigym.envs.mjlab_backend import LOCOMOTION_TASKS, MjlabVectorEnv, mjlab_task
+from omnigym.envs.mjlab_backend import LOCOMOTION_TASKS, MjlabVectorEnv, fix_command, mjlab_task
 from omnigym.envs.vector import make_vec
 from omnigym.errors import OmnigymError
 
@@ -195,22 +196,73 @@ def test_without_mjlab_or_a_gpu_one_line_and_no_run_dir(tmp_path, monkeypatch, c
     assert test_bad_input.snapshot(tmp_path) == before
 
 
-REAL_MJLAB_MISSING = ("mjlab is not installed (pip install 'omnigym[gpu-sim]'; it needs an NVIDIA GPU)"
-                      if importlib.util.find_spec("mjlab") is None else
-                      "--backend mjlab needs an NVIDIA GPU with CUDA" if not torch.cuda.is_available() else "")
+def fake_velocity_cfg():
+    ranges = SimpleNamespace(lin_vel_x=(-1.0, 1.0), lin_vel_y=(-1.0, 1.0), ang_vel_z=(-0.5, 0.5), heading=(-3.14, 3.14))
+    twist = SimpleNamespace(ranges=ranges, heading_command=True, resampling_time_range=(3.0, 8.0), rel_standing_envs=0.1,
+                            rel_heading_envs=0.3, rel_forward_envs=0.2, rel_world_envs=0.0, init_velocity_prob=0.0)
+    return SimpleNamespace(commands={"twist": twist}, curriculum={"command_vel": object(), "terrain_levels": object()})
 
 
-@pytest.mark.skipif(bool(REAL_MJLAB_MISSING), reason=REAL_MJLAB_MISSING)
+def test_fix_command_gives_every_env_one_command_for_its_whole_episode():
+    cfg = fake_velocity_cfg()
+    fix_command(cfg, (0.5, 0.0, 0.2))
+    twist = cfg.commands["twist"]
+    assert (twist.ranges.lin_vel_x, twist.ranges.lin_vel_y, twist.ranges.ang_vel_z) == ((0.5, 0.5), (0.0, 0.0), (0.2, 0.2))
+    assert not twist.heading_command and twist.ranges.heading is None  # mjlab refuses a heading range without it
+    assert twist.resampling_time_range[0] > 1e6  # never resampled within an episode
+    assert twist.rel_standing_envs == twist.rel_heading_envs == twist.rel_forward_envs == 0.0
+    assert list(cfg.curriculum) == ["terrain_levels"]  # the command curriculum would widen the ranges again
+
+
+def test_fix_command_refuses_a_task_without_a_velocity_command():
+    cfg = fake_velocity_cfg()
+    cfg.commands = {"motion": SimpleNamespace()}
+    with pytest.raises(OmnigymError, match="no 'twist' velocity command"):
+        fix_command(cfg, (0.5, 0.0, 0.0))
+
+
+def test_eval_randomize_of_an_mjlab_run_is_refused_in_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "Mjlab-Velocity-Flat-Unitree-Go1",
+                                                 "backend": "mjlab"}))
+    before = test_bad_input.snapshot(tmp_path)
+    assert main(["eval", str(run), "--randomize"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "evaluate it with --command alone" in err[0], err
+    assert test_bad_input.snapshot(tmp_path) == before
+
+
+REAL_DEVICE, REAL_ENVS = ("cuda:0", 64) if torch.cuda.is_available() else ("cpu", 8)
+"""where the real-mjlab test runs: Warp's CPU kernels stand in for the GPU (the same task code)"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mjlab") is None,
+                    reason="mjlab is not installed (pip install 'omnigym[gpu-sim]' in a venv of its own: it pins mujoco "
+                           "~=3.11, and the dev environment has 3.17)")
 def test_real_mjlab_go1_velocity_task_steps_with_next_step_autoreset():
-    envs = make_vec("Mjlab-Velocity-Flat-Unitree-Go1", 64, backend="mjlab", seed=0)
+    envs = make_vec("Mjlab-Velocity-Flat-Unitree-Go1", REAL_ENVS, backend="mjlab", seed=0, device=REAL_DEVICE)
     obs, _ = envs.reset(seed=0)
-    assert obs.shape == (64, *envs.single_observation_space.shape) and obs.dtype == np.float32
-    ended, episodes = np.zeros(64, bool), 0
+    assert obs.shape == (REAL_ENVS, *envs.single_observation_space.shape) and obs.dtype == np.float32
+    ended, episodes = np.zeros(REAL_ENVS, bool), 0
     for _ in range(300):
         obs, reward, terminated, truncated, info = envs.step(envs.action_space.sample() * 3)
-        assert obs.shape[0] == 64 and np.isfinite(obs).all() and np.isfinite(reward).all()
+        assert obs.shape[0] == REAL_ENVS and np.isfinite(obs).all() and np.isfinite(reward).all()
         assert (reward[ended] == 0).all() and not (terminated | truncated)[ended].any()
         ended = terminated | truncated
         episodes += int(ended.sum())
     envs.close()
     assert episodes > 0  # large random actions make the robot fall: episodes ended and were reset
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason="mjlab is not installed (see above)")
+def test_real_mjlab_fixed_command_holds_for_every_env_through_resets():
+    envs = make_vec("Mjlab-Velocity-Flat-Unitree-Go1", REAL_ENVS, backend="mjlab", seed=0, device=REAL_DEVICE,
+                    command=(0.5, 0.0, 0.0))
+    envs.reset(seed=0)
+    twist = envs.unwrapped.env.command_manager.get_command("twist")
+    for _ in range(60):
+        envs.step(envs.action_space.sample() * 3)  # falls: some envs are reset, and resample their command
+        np.testing.assert_allclose(twist.cpu().numpy(), np.tile([0.5, 0.0, 0.0], (REAL_ENVS, 1)), atol=1e-6)
+    assert envs.unwrapped.base_lin_vel().shape == (REAL_ENVS, 3)
+    envs.close()

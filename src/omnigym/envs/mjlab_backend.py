@@ -113,15 +113,31 @@ class MjlabVectorEnv(gym.vector.VectorEnv):
         return (self._numpy(obs), rewards.detach().to("cpu", torch.float64).numpy(),
                 terminated.cpu().numpy(), truncated.cpu().numpy(), {})
 
+    @property
+    def step_dt(self) -> float:
+        """seconds of simulated time per step (the control period)"""
+        return float(self.env.step_dt)
+
+    @property
+    def max_episode_steps(self) -> int:
+        return int(self.env.max_episode_length)
+
+    def base_lin_vel(self) -> np.ndarray:
+        """The robot's base linear velocity in its own frame (num_envs x 3), as the velocity
+        command is given: what a tracking evaluation compares with the command."""
+        return self.env.scene["robot"].data.root_link_lin_vel_b.detach().to("cpu", torch.float64).numpy()
+
     def close(self, **kwargs):
         self.env.close()
 
 
-def check_available() -> None:
-    """mjlab installed and a CUDA GPU seen, or one line naming what is missing."""
+def check_available(device: str = "cuda:0") -> None:
+    """mjlab installed and, for a CUDA ``device``, a CUDA GPU seen, or one line naming what is
+    missing. ``device="cpu"`` (from Python only) runs Warp's CPU kernels: the same task and
+    adapter, some hundred times slower than the GPU, which is what the tests use without one."""
     if importlib.util.find_spec("mjlab") is None:
         raise missing_extra("mjlab", "gpu-sim")
-    if not torch.cuda.is_available():
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise OmnigymError("--backend mjlab needs an NVIDIA GPU with CUDA (mjlab runs on MuJoCo Warp); torch sees none "
                            "here; use the CPU backends (--backend auto)")
 
@@ -138,16 +154,34 @@ def mjlab_task(env_id) -> str:
     return env_id
 
 
+def fix_command(cfg, command: tuple[float, float, float]) -> None:
+    """A velocity task's config changed so every env tracks one body-frame ``command`` (vx, vy,
+    yaw rate) for its whole episode: no resampling, no standing, heading or forward-only envs,
+    no command curriculum (it would widen the ranges again). For tracking evaluations."""
+    twist = cfg.commands.get("twist") if isinstance(getattr(cfg, "commands", None), dict) else None
+    if twist is None or not hasattr(twist, "ranges"):
+        raise OmnigymError("--command evaluates velocity tasks; this mjlab task has no 'twist' velocity command")
+    vx, vy, yaw = command
+    twist.ranges.lin_vel_x, twist.ranges.lin_vel_y, twist.ranges.ang_vel_z = (vx, vx), (vy, vy), (yaw, yaw)
+    twist.heading_command, twist.ranges.heading, twist.resampling_time_range = False, None, (1e9, 1e9)
+    for share in ("rel_standing_envs", "rel_heading_envs", "rel_forward_envs", "rel_world_envs", "init_velocity_prob"):
+        setattr(twist, share, 0.0)
+    cfg.curriculum.pop("command_vel", None)
+
+
 def make_mjlab_vec(env_id, num_envs: int, seed: int | None = None, video_dir: str | None = None,
-                   device: str = "cuda:0") -> MjlabVectorEnv:
+                   device: str = "cuda:0", command: tuple[float, float, float] | None = None) -> MjlabVectorEnv:
     """``num_envs`` envs of the mjlab task for ``env_id`` on ``device`` (from Python:
-    ``make_vec(id, n, backend="mjlab", device="cuda:1")``; the command line uses the first GPU)."""
+    ``make_vec(id, n, backend="mjlab", device="cuda:1")``; the command line uses the first GPU,
+    or the one ``--env-kwargs device=...`` names). ``command``: one fixed velocity command
+    (``fix_command``), for tracking evaluations."""
     if video_dir is not None:
         raise OmnigymError("--capture-video does not record --backend mjlab runs (mjlab renders its own videos: "
                            "mjlab's play script)")
-    check_available()
+    check_available(device)
     task = mjlab_task(env_id)
     import mjlab.tasks  # noqa: F401  (registers mjlab's own tasks)
+    import warp
     from mjlab.envs import ManagerBasedRlEnv
     from mjlab.tasks.registry import list_tasks, load_env_cfg, load_rl_cfg
 
@@ -159,4 +193,7 @@ def make_mjlab_vec(env_id, num_envs: int, seed: int | None = None, video_dir: st
     cfg.scene.num_envs, cfg.auto_reset = num_envs, False
     if seed is not None:
         cfg.seed = seed
+    if command is not None:
+        fix_command(cfg, command)
+    warp.config.log_level = warp.LOG_WARNING  # not a line per kernel module Warp compiles or loads
     return MjlabVectorEnv(ManagerBasedRlEnv(cfg=cfg, device=device), clip_actions=load_rl_cfg(task).clip_actions)

@@ -65,41 +65,58 @@ def evaluate_tracking(run_dir: str, episodes: int = 10, randomize: bool = False,
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
     values = load_config_dict(run_dir)
-    if values.get("env_id") not in TASK_IDS:
-        raise OmnigymError(f"--randomize and --command evaluate locomotion runs ({', '.join(TASK_IDS)}); "
-                           f"{run_dir} trained on {values.get('env_id')}")
+    on_mjlab = values.get("backend") == "mjlab"
+    if not on_mjlab and values.get("env_id") not in TASK_IDS:
+        raise OmnigymError(f"--randomize and --command evaluate locomotion runs ({', '.join(TASK_IDS)}, or a "
+                           f"--backend mjlab velocity task); {run_dir} trained on {values.get('env_id')}")
+    if on_mjlab and randomize:
+        raise OmnigymError("--randomize builds omnigym's own Go2 task; a --backend mjlab run's policy reads mjlab's "
+                           "observations, so evaluate it with --command alone (mjlab randomizes friction, mass "
+                           "centre, encoders and pushes in training already)")
     module = get_algorithm(values["algo"])
     if not hasattr(module, "load_policy"):
         raise OmnigymError(f"omnigym eval does not support {values['algo']} runs")
     cfg = config_from_dict(config_class(module), values, os.path.join(run_dir, CONFIG_NAME))
     saved = Checkpointer(run_dir).load()
-    settings = {**TASK_IDS[cfg.env_id], **parse_env_kwargs(cfg.env_kwargs)}
-    vx, vy, yaw = command
-    settings.update(lin_vel_x=(vx, vx), lin_vel_y=(vy, vy), ang_vel_yaw=(yaw, yaw), resampling_time=1e9,
-                    small_to_zero=0.0, curriculum=False)
-    if randomize:
-        settings.update(SIM_TO_SIM)
-    envs = LocomotionVectorEnv(episodes, **settings)
+    if on_mjlab:  # mjlab's own task on its own simulator, every env given the one command
+        from omnigym.envs.mjlab_backend import make_mjlab_vec
+
+        envs = make_mjlab_vec(cfg.env_id, episodes, seed=seed, command=tuple(command),
+                              **parse_env_kwargs(cfg.env_kwargs))
+        dt, max_steps = envs.step_dt, envs.max_episode_steps
+        base_velocity = lambda info: envs.base_lin_vel()  # noqa: E731
+    else:
+        settings = {**TASK_IDS[cfg.env_id], **parse_env_kwargs(cfg.env_kwargs)}
+        vx, vy, yaw = command
+        settings.update(lin_vel_x=(vx, vx), lin_vel_y=(vy, vy), ang_vel_yaw=(yaw, yaw), resampling_time=1e9,
+                        small_to_zero=0.0, curriculum=False)
+        if randomize:
+            settings.update(SIM_TO_SIM)
+        envs = LocomotionVectorEnv(episodes, **settings)
+        dt, max_steps = envs.cfg.dt, envs.batch.max_steps
+        base_velocity = lambda info: info["base_lin_vel"]  # noqa: E731
     with run_scope(seed):
         policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
         obs, _ = envs.reset(seed=seed)
-        settle = int(SETTLE_S / envs.cfg.dt)
+        settle = int(SETTLE_S / dt)
         done = np.zeros(episodes, bool)
         fell = np.zeros(episodes, bool)
         speed_sum, error_sum, counted = np.zeros(episodes), np.zeros(episodes), np.zeros(episodes)
         target = np.array(command[:2])
-        for t in range(envs.batch.max_steps):
+        for t in range(max_steps):
             obs, _, terminated, truncated, info = envs.step(policy(obs))
             live = ~done
             if t >= settle:
-                speed_sum += live * info["base_lin_vel"][:, 0]
-                error_sum += live * np.linalg.norm(info["base_lin_vel"][:, :2] - target, axis=1)
+                velocity = base_velocity(info)
+                speed_sum += live * velocity[:, 0]
+                error_sum += live * np.linalg.norm(velocity[:, :2] - target, axis=1)
                 counted += live
             fell |= live & terminated
             done |= terminated | truncated
             if done.all():
                 break
     envs.close()
+    vx = command[0]
     counted = np.maximum(counted, 1)
     speed = speed_sum / counted
     tracked = ~fell & (np.abs(speed - vx) <= TOLERANCE * max(abs(vx), 1e-6))
