@@ -38,11 +38,13 @@ RUNS = {
                      ["--image-size", "64", "--batch-size", "64", "--update-every", "2", "--log-every", "5000",
                       "--checkpoint-every", "10000"],
                      (759.0, 92.0, "DrQ, cartpole swingup from pixels, 100k frames (Kostrikov et al. 2020, Table 1)")),
-    # docs/robots.md: forward commands only (0-1 m/s), no pushes, the locomotion preset with a smaller MLP
-    # (CPU); the bar is checked with: omnigym eval RUN --command 0.5,0,0 --greedy --episodes 20
-    "ppo-go2-flat": ("ppo", "omnigym/Go2-Velocity-Flat-v0", 1_500_000,
-                     ["--hidden", "256", "128", "--checkpoint-every", "100000", "--env-kwargs", "lin_vel_x=0.0,1.0",
-                      "lin_vel_y=0,0", "ang_vel_yaw=0,0", "push_interval=none"], None),
+    # docs/robots.md: forward commands of 0.5-1 m/s only (no standing command: standing still is where
+    # 0-1 m/s runs stopped), no pushes, the locomotion preset with a smaller MLP and 128 envs (CPU); the
+    # bar is checked with: omnigym eval RUN --command 0.5,0,0 --greedy --episodes 100
+    "ppo-go2-flat": ("ppo", "omnigym/Go2-Velocity-Flat-v0", 5_000_000,
+                     ["--num-envs", "128", "--hidden", "256", "128", "--checkpoint-every", "500000", "--env-kwargs",
+                      "lin_vel_x=0.5,1.0", "lin_vel_y=0,0", "ang_vel_yaw=0,0", "push_interval=none",
+                      "small_to_zero=0"], None),
 }
 
 
