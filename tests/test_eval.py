@@ -55,6 +55,15 @@ def test_eval_without_normalization_would_not_reproduce(tmp_path):
     assert np.mean(evaluate_run(run_dir, episodes=20, greedy=True)) < training_return - 5
 
 
+def test_eval_plays_the_env_the_run_trained_on_with_its_env_kwargs(tmp_path, capsys):
+    """A run trained with --env-kwargs (here gymnasium's time limit) is evaluated on that env,
+    not on the id's defaults: a locomotion run's commands and randomization are such settings."""
+    run_dir, _ = trained(tmp_path, "CartPole-v1", 512, env_kwargs=("max_episode_steps=7",))
+    returns = evaluate_run(run_dir, episodes=5, greedy=True)
+    assert max(returns) <= 7 and 7 in returns, returns  # the untrained policy reaches the limit sometimes
+    assert max(evaluate_run(run_dir, episodes=5, greedy=True, env="CartPole-v1")) > 7  # another env: its own
+
+
 def test_sampled_eval_is_repeatable_with_its_seed(tmp_path):
     run_dir, _ = trained(tmp_path, "CartPole-v1", 1024)
     first, again = evaluate_run(run_dir, episodes=5, seed=3), evaluate_run(run_dir, episodes=5, seed=3)
