@@ -189,13 +189,10 @@ def read_run(run_dir: str | os.PathLike):
 
 def run_envs(run_dir: str | os.PathLike, cfg, env=None):
     """One env of the run's (or ``env``), for its spaces."""
-    from omnigym.envs.vector import make_vec, parse_env_kwargs
+    from omnigym.envs.vector import make_vec, trained_env
 
-    env_kwargs = parse_env_kwargs(getattr(cfg, "env_kwargs", ())) if env is None else {}  # the run's own settings
-    env = env if env is not None else cfg.env_id
-    if isinstance(env, str) and env.startswith("<"):
-        raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that export cannot find by name; "
-                           "export it from Python with export_run(run_dir, ..., env=...)")
+    env, env_kwargs = trained_env(run_dir, cfg, env, "export",
+                                  "export it from Python with export_run(run_dir, ..., env=...)")
     # a --backend mjlab run's (GPU) task ids are only mjlab's to make
     return make_vec(env, 1, backend="mjlab" if getattr(cfg, "backend", "") == "mjlab" else "sync", seed=0,
                     **env_kwargs)

@@ -42,9 +42,9 @@ class Adam(torch.optim.Optimizer):
         # the CPU) would hand the fused kernel CPU step counts: "state_steps is on cpu" (seen on an H100)
         for group in self.param_groups:
             params = [p for p in group["params"] if "step" in self.state.get(p, {})]
-            device_of = (lambda p: p.device) if _fused(params) else (lambda p: torch.device("cpu"))
+            fused = _fused(params)
             for p in params:
-                self.state[p]["step"] = self.state[p]["step"].to(device_of(p), torch.float32)
+                self.state[p]["step"] = self.state[p]["step"].to(p.device if fused else "cpu", torch.float32)
 
     @torch.no_grad()
     def step(self, closure=None):

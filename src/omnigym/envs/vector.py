@@ -101,6 +101,19 @@ def make_run_envs(cfg, algo: str) -> tuple[gym.vector.VectorEnv, LearningSignal]
     return envs, signal
 
 
+def trained_env(run_dir, cfg, env, verb: str, python_call: str) -> tuple:
+    """The env a finished run is played or exported in, and the settings to make it with: the
+    run's own id with the ``--env-kwargs`` it trained with (the task's commands, randomization,
+    time limit), or ``env``, the caller's, as it is. ``verb`` and ``python_call`` name the command
+    and the Python call that takes an env object, for a run whose env has no name to rebuild."""
+    settings = parse_env_kwargs(getattr(cfg, "env_kwargs", ())) if env is None else {}
+    env = env if env is not None else cfg.env_id
+    if isinstance(env, str) and env.startswith("<"):  # config.json holds a repr: a lambda or an env object
+        raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that {verb} cannot find by name; "
+                           f"{python_call}")
+    return env, settings
+
+
 def parse_env_kwargs(pairs) -> dict:
     """``--env-kwargs KEY=VALUE ...`` as a dict: a value that reads as a Python literal (``3``,
     ``0.5,1.0``, ``None``) is that value, anything else stays a string for the env to check."""

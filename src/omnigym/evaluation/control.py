@@ -9,7 +9,7 @@ from omnigym.config import config_from_dict, unknown_settings
 from omnigym.envs.atari import AtariOptions, is_atari
 from omnigym.envs.cursor import ActionMasks
 from omnigym.envs.pixels import PixelOptions
-from omnigym.envs.vector import make_vec, parse_env_kwargs
+from omnigym.envs.vector import make_vec, trained_env
 from omnigym.envs.video import every_episode
 from omnigym.errors import OmnigymError
 from omnigym.process import run_scope
@@ -46,13 +46,8 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
     if not 0 <= seed < 2**32:
         raise OmnigymError(f"--seed must be between 0 and 2**32 - 1, got {seed}")
     module, cfg, saved = load_run(run_dir)
-    # the run's own env is rebuilt with the settings it trained with (--env-kwargs): the task's
-    # commands, randomization, time limit; an env given here is the caller's as it is
-    env_kwargs = parse_env_kwargs(getattr(cfg, "env_kwargs", ())) if env is None else {}
-    env = env if env is not None else cfg.env_id
-    if isinstance(env, str) and env.startswith("<"):  # config.json holds a repr: a lambda or an env object
-        raise OmnigymError(f"{run_dir} was trained on a Python object ({env}) that eval cannot find by name; "
-                           "evaluate it from Python with evaluate_run(run_dir, env=...)")
+    env, env_kwargs = trained_env(run_dir, cfg, env, "eval",
+                                  "evaluate it from Python with evaluate_run(run_dir, env=...)")
     # Atari plays on the run's own backend and preprocessing (video needs gymnasium's sync env); mjlab's
     # task ids exist only on mjlab.
     backend = cfg.backend if (is_atari(env) and video_dir is None) or cfg.backend == "mjlab" else "sync"
