@@ -345,14 +345,17 @@ def test_eval_randomize_reports_falls_and_tracking(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "run"), "--randomize", "--episodes", "2", "--greedy"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "randomized model (friction=(0.3, 1.5)" in line and "fell " in line and "/2" in line
-    assert main(["eval", str(tmp_path / "run"), "--command", "0.5,0", "--episodes", "1"]) == 2
+    for bad in ("0.5,0", "nan,0,0", "0.5,inf,0"):
+        assert main(["eval", str(tmp_path / "run"), "--command", bad, "--episodes", "1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"omnigym: error: --command takes VX,VY,YAW (three finite numbers), got '{bad}'"], err
 
 
 @pytest.mark.slow
 def test_ppo_learns_to_stand_and_raises_its_return(tmp_path):
     """A short PPO sanity run, commanded 0.5 m/s forward: the return rises and the greedy policy
     stays up for whole episodes. (Walking at the commanded speed takes far more steps than a test
-    has: docs/robots.md gives what 1.5M and 2.2M steps reached.)"""
+    has: docs/robots.md gives what 1.5M to 5M steps reached.)"""
     from omnigym.evaluation.locomotion import evaluate_tracking
 
     rows = _train(tmp_path / "run", 250_000, "lin_vel_x=0.5,0.5", "lin_vel_y=0,0", "ang_vel_yaw=0,0",

@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 import test_bad_input
 from omnigym.cli import main
-from omnigym.envs.mjlab_backend import LOCOMOTION_TASKS, MjlabVectorEnv, fix_command, mjlab_task
+from omnigym.envs.mjlab_backend import LOCOMOTION_TASKS, MjlabVectorEnv, check_available, fix_command, mjlab_task
 from omnigym.envs.vector import make_vec
 from omnigym.errors import OmnigymError
 
@@ -194,6 +194,34 @@ def test_without_mjlab_or_a_gpu_one_line_and_no_run_dir(tmp_path, monkeypatch, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"omnigym: error: {message}"), err
     assert test_bad_input.snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("device, message", [
+    ("cdua", "--backend mjlab runs on cuda, cuda:N or cpu (Warp's devices); got device='cdua'"),
+    ("mps", "--backend mjlab runs on cuda, cuda:N or cpu (Warp's devices); got device='mps'"),
+    (0, "--backend mjlab runs on cuda, cuda:N or cpu (Warp's devices); got device=0"),
+])
+def test_a_device_mjlab_cannot_run_on_is_refused_in_one_line(tmp_path, monkeypatch, capsys, device, message):
+    monkeypatch.chdir(tmp_path)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: SimpleNamespace() if name == "mjlab" else
+                        find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = test_bad_input.snapshot(tmp_path)
+    assert main(["train", "ppo", "--backend", "mjlab", "--env-id", "Mjlab-Velocity-Flat-Unitree-Go1",
+                 "--env-kwargs", f"device={device}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"omnigym: error: {message}"), err
+    assert test_bad_input.snapshot(tmp_path) == before
+
+
+def test_a_gpu_index_past_the_last_is_refused(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: SimpleNamespace())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(OmnigymError, match=r"torch sees 1 CUDA GPU\(s\) here, cuda:0 to cuda:0"):
+        check_available("cuda:7")
+    assert check_available("cuda") == "cuda" and check_available("cpu") == "cpu"
 
 
 def fake_velocity_cfg():

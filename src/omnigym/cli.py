@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 
@@ -258,8 +259,8 @@ def evaluate_locomotion(args) -> None:
         command = tuple(float(x) for x in (args.command or "0.5,0,0").split(","))
     except ValueError:
         command = ()
-    if len(command) != 3:
-        raise OmnigymError(f"--command takes VX,VY,YAW (three numbers), got {args.command!r}")
+    if len(command) != 3 or not all(math.isfinite(x) for x in command):
+        raise OmnigymError(f"--command takes VX,VY,YAW (three finite numbers), got {args.command!r}")
     if args.video or args.video_dir:
         raise OmnigymError("--video records the run's own env; give it without --randomize/--command")
     report = evaluate_tracking(args.run_dir, args.episodes, randomize=args.randomize, command=command,

@@ -131,15 +131,26 @@ class MjlabVectorEnv(gym.vector.VectorEnv):
         self.env.close()
 
 
-def check_available(device: str = "cuda:0") -> None:
-    """mjlab installed and, for a CUDA ``device``, a CUDA GPU seen, or one line naming what is
-    missing. ``device="cpu"`` (``--env-kwargs device=cpu``) runs Warp's CPU kernels: the same task
-    and adapter, ~94 env steps/s with 8 envs on 2 cores (too slow to train; the tests use it)."""
+def check_available(device="cuda:0") -> str:
+    """mjlab installed and ``device`` one it can run on (a CUDA GPU torch sees, or the CPU), as a
+    torch device string; else one line naming what is wrong. ``device="cpu"`` (``--env-kwargs
+    device=cpu``) runs Warp's CPU kernels: the same task and adapter, ~94 env steps/s with 8 envs
+    on 2 cores (too slow to train; the tests use it)."""
     if importlib.util.find_spec("mjlab") is None:
         raise missing_extra("mjlab", "gpu-sim")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
+    try:  # a name, not a bare GPU index (torch versions read 0 differently)
+        parsed = torch.device(device) if isinstance(device, (str, torch.device)) else None
+    except (RuntimeError, TypeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise OmnigymError(f"--backend mjlab runs on cuda, cuda:N or cpu (Warp's devices); got device={device!r}")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
         raise OmnigymError("--backend mjlab needs an NVIDIA GPU with CUDA (mjlab runs on MuJoCo Warp); torch sees none "
                            "here; use the CPU backends (--backend auto)")
+    if parsed.type == "cuda" and (parsed.index or 0) >= torch.cuda.device_count():
+        raise OmnigymError(f"device={device!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s) here, "
+                           f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return str(parsed)
 
 
 def mjlab_task(env_id) -> str:
@@ -178,7 +189,7 @@ def make_mjlab_vec(env_id, num_envs: int, seed: int | None = None, video_dir: st
     if video_dir is not None:
         raise OmnigymError("--capture-video does not record --backend mjlab runs (mjlab renders its own videos: "
                            "mjlab's play script)")
-    check_available(device)
+    device = check_available(device)
     task = mjlab_task(env_id)
     import mjlab.tasks  # noqa: F401  (registers mjlab's own tasks)
     import warp
