@@ -9,9 +9,9 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from omnigym.inference import make_engine  # noqa: E402
-from omnigym.inference.engine import Sample, SamplingParams  # noqa: E402
+from omnigym.inference.engine import Sample, SamplingParams, processed_logits  # noqa: E402
 from omnigym.inference.hf import HFEngine  # noqa: E402
-from omnigym.inference.kv import LlamaFamilyEngine, sample  # noqa: E402
+from omnigym.inference.kv import LlamaFamilyEngine, draw  # noqa: E402
 from omnigym.errors import OmnigymError  # noqa: E402
 from omnigym.models.lm import LoraSettings, build_tiny_model, load_model, load_tokenizer  # noqa: E402
 from omnigym.models.tokens import completion_logprobs, make_batch, make_completion_batch, token_logprobs  # noqa: E402
@@ -92,6 +92,10 @@ def test_kv_sampler_logprobs_are_the_models(tiny):
 def test_top_k_and_top_p_filtering():
     torch.manual_seed(0)
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.9]]).repeat(2000, 1)
+
+    def sample(logits, top_k=0, top_p=1.0):
+        return draw(processed_logits(logits, SamplingParams(top_k=top_k, top_p=top_p)))
+
     assert (sample(logits, top_k=1) == 1).all()
     assert (sample(logits, top_p=0.01) == 1).all()
     drawn = sample(logits, top_k=2)

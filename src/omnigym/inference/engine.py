@@ -40,8 +40,39 @@ class Sample:
     completion_ids: list[int]
     """generated tokens, up to and including the end-of-sequence token if one was made"""
     logprobs: list[float]
-    """log-probability of each generated token under the sampling distribution"""
+    """log-probability of each generated token under the distribution it was drawn from: the
+    model's logits divided by the temperature, then cut by top-k and top-p (``processed_logits``);
+    a greedy sample's are the model's own (temperature 1, nothing cut)"""
     finished: bool
+
+
+def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The logits of the distribution a token is drawn from, ``[..., V]``: divided by the
+    temperature, then top-k, then top-p (nucleus) — Hugging Face's order and tie rules, and
+    vLLM's ``processed_logprobs`` — with what is cut set to -inf. Its log-softmax is what an
+    engine records for the token it drew, so an importance ratio against it is a true one (a
+    ``top_k=1`` sample's log-probs are all 0). Greedy decoding keeps the model's logits."""
+    if params.greedy:
+        return logits
+    if params.temperature != 1.0:  # untouched at 1: the same bits as an unscaled forward
+        logits = logits / params.temperature
+    if params.top_k > 0:
+        kth_largest = logits.topk(min(params.top_k, logits.shape[-1]), -1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if params.top_p < 1.0:
+        # cut the least likely tokens while the mass they hold together stays within 1 - top_p;
+        # the most likely token always stays
+        ascending, order = logits.sort(-1)
+        mass_up_to = ascending.softmax(-1).cumsum(-1)
+        cut = mass_up_to <= 1 - params.top_p
+        cut[..., -1] = False
+        logits = logits.masked_fill(cut.scatter(-1, order, cut), float("-inf"))
+    return logits
+
+
+def drawn_logprobs(processed: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(token) under ``processed_logits``: ``[...]`` for ``tokens`` ``[...]``."""
+    return processed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - processed.logsumexp(-1)
 
 
 class InferenceEngine(Protocol):

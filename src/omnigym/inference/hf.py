@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from omnigym.inference.engine import BatchedEngine, Sample, SamplingParams
+from omnigym.inference.engine import BatchedEngine, Sample, SamplingParams, drawn_logprobs
 from omnigym.models.tokens import left_pad
 
 
@@ -19,9 +19,11 @@ class HFEngine(BatchedEngine):
                                   max_new_tokens=params.max_new_tokens,
                                   eos_token_id=[self.eos_id, *params.stop_ids] if params.stop_ids else self.eos_id,
                                   pad_token_id=self.pad_id, use_cache=True, return_dict_in_generate=True,
-                                  output_logits=True, do_sample=not params.greedy, **sampling)
+                                  output_logits=True, output_scores=not params.greedy, do_sample=not params.greedy,
+                                  **sampling)
         new_tokens = out.sequences[:, width:].cpu()
-        temperature = 1.0 if params.greedy else params.temperature
-        logits = torch.stack(out.logits, 1).float().cpu() / temperature
-        logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        return self._samples(prompts, new_tokens, logprobs, params.stop_ids)
+        # sampling: generate's own processed scores (temperature, top-k, top-p and whatever the
+        # model's generation config adds), the distribution each token was drawn from; greedy:
+        # the model's logits
+        processed = torch.stack(out.logits if params.greedy else out.scores, 1).float().cpu()
+        return self._samples(prompts, new_tokens, drawn_logprobs(processed, new_tokens), params.stop_ids)

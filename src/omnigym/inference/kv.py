@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from omnigym.backends import whole_weights
 from omnigym.errors import OmnigymError
-from omnigym.inference.engine import BatchedEngine, SamplingParams
+from omnigym.inference.engine import BatchedEngine, SamplingParams, drawn_logprobs, processed_logits
 from omnigym.models.tokens import distinct_rows, left_pad
 
 FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -149,7 +149,6 @@ class LlamaFamilyEngine(BatchedEngine):
             x = F.rms_norm(x[:, -1], (x.shape[-1],), backbone.norm.weight, eps)
             return self.model.lm_head(x).float()
 
-        temperature = 1.0 if params.greedy else params.temperature
         logits = forward(tokens, 0, positions, mask)[rows]
         for i in range(len(layers)):
             cache_k[i], cache_v[i] = cache_k[i][rows], cache_v[i][rows]
@@ -159,11 +158,11 @@ class LlamaFamilyEngine(BatchedEngine):
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         ends = torch.tensor(sorted({self.eos_id, *params.stop_ids}), device=device)
         for t in range(params.max_new_tokens):
-            scaled = logits / temperature
-            token = scaled.argmax(-1) if params.greedy else sample(scaled, params.top_k, params.top_p)
+            processed = processed_logits(logits, params)  # what is drawn from is what is recorded
+            token = processed.argmax(-1) if params.greedy else draw(processed)
             token = torch.where(done, self.pad_id, token)
             generated[:, t] = token
-            logprobs[:, t] = scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+            logprobs[:, t] = drawn_logprobs(processed, token)
             done |= torch.isin(token, ends)
             if t == params.max_new_tokens - 1 or bool(done.all()):
                 break
@@ -173,16 +172,8 @@ class LlamaFamilyEngine(BatchedEngine):
         return self._samples(prompts, generated.cpu(), logprobs.cpu(), params.stop_ids)
 
 
-def sample(scaled_logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Draw one token per row after top-k then top-p (nucleus) filtering, as ``generate`` does."""
-    if top_k > 0:
-        kth = scaled_logits.topk(min(top_k, scaled_logits.shape[-1]), -1).values[:, -1:]
-        scaled_logits = scaled_logits.masked_fill(scaled_logits < kth, float("-inf"))
-    if top_p < 1.0:
-        ordered, order = scaled_logits.sort(-1, descending=True)
-        mass_before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)
-        drop = torch.zeros_like(ordered, dtype=torch.bool).scatter(-1, order, mass_before > top_p)
-        scaled_logits = scaled_logits.masked_fill(drop, float("-inf"))
+def draw(processed: torch.Tensor) -> torch.Tensor:
+    """One token per row from the distribution ``processed_logits`` gives (cut tokens at -inf)."""
     # argmax of p / Exp(1) noise is a draw from p, and cheaper than torch.multinomial
-    probs = scaled_logits.softmax(-1)
+    probs = processed.softmax(-1)
     return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
