@@ -151,7 +151,7 @@ ALLOWED_PROCESS_STATE = {
     # the command line's own process: the entry point sets it up once (quiet transformers, threads)
     "omnigym.cli:set_up_process:environ": "the omnigym command's process, never a library call's",
     # set for the time of a block and put back (vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING while it is built)
-    "omnigym.process:environment:environ": "scoped: restored when the block ends",
+    "omnigym.scoped_env:environment:environ": "scoped: restored when the block ends",
     # constants never written: the environment a Ray worker is started with
     "omnigym.runtime.ray_actors:THREAD_ENV": "Ray's runtime_env wants a dict; nothing writes it",
     # per train() call, not per process: a ContextVar that scoped_run sets and resets

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import random
 from contextlib import contextmanager
 
@@ -43,20 +42,6 @@ def run_scope(seed: int, torch_threads: int = 0):
             torch.set_num_threads(saved[3])
 
 
-@contextmanager
-def environment(variables: dict[str, str]):
-    """``variables`` set in ``os.environ`` for the time of a block (a library that reads them
-    while it is built), and what was there before put back after."""
-    before = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def scoped_run(train):

@@ -69,7 +69,7 @@ def headless_gl():
     (MUJOCO_GL; mujoco reads it when imported), and pygame (classic control, which reads
     SDL_VIDEODRIVER when it starts drawing) draws into memory without a display, instead of
     printing an error about XDG_RUNTIME_DIR. The environment is as it was after the block."""
-    from omnigym.process import environment
+    from omnigym.scoped_env import environment
 
     values = {}
     if "MUJOCO_GL" not in os.environ:

@@ -29,7 +29,7 @@ import torch
 
 from omnigym.errors import OmnigymError
 from omnigym.inference.engine import Sample, SamplingParams
-from omnigym.process import environment
+from omnigym.scoped_env import environment
 
 MISSING = "the vllm engine needs the [vllm] extra: pip install 'omnigym[vllm]' (a CUDA GPU; see docs/vllm.md)"
 IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"

@@ -33,7 +33,8 @@ from omnigym.envs.vector import make_vec
 from omnigym.errors import OmnigymError, require
 from omnigym.offline.datasets import datasets_root, first_line, import_minari
 from omnigym.offline.from_replay import replay_episodes
-from omnigym.process import environment, run_scope
+from omnigym.process import run_scope
+from omnigym.scoped_env import environment
 
 RANDOM = "random"
 
