@@ -25,6 +25,8 @@ from omnigym.cli import headless_by_default  # noqa: E402
 
 headless_by_default(os.environ)
 
+import time
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -35,3 +37,24 @@ torch.set_num_threads(1)
 def fast(tmp_path):
     """Flags that keep a test run quiet and small."""
     return {"run_dir": str(tmp_path / "run"), "progress": False, "plot": False, "tensorboard": False}
+
+
+@pytest.fixture
+def untimed_start(monkeypatch):
+    """Ray actors start without the --sync-timeout clock (on a loaded 2-core machine an actor took
+    over 30 s to start, so a test about a hung job failed with "did not start" instead); the
+    jobs after the start are timed as always. Yields a list that gets the time each start ended."""
+    from omnigym.runtime.ray_actors import RaySchedule
+
+    real, started = RaySchedule._wait_started, []
+
+    def wait_started(self):
+        timeout, self.timeout = self.timeout, 900.0
+        try:
+            real(self)
+        finally:
+            self.timeout = timeout
+        started.append(time.monotonic())
+
+    monkeypatch.setattr(RaySchedule, "_wait_started", wait_started)
+    yield started

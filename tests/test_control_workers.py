@@ -124,15 +124,15 @@ def test_a_killed_rollout_worker_is_restarted_and_no_update_is_lost(tmp_path, lo
     assert steps == sorted(set(steps))  # every update trained once, on a rollout of its own
 
 
-def test_a_hung_rollout_worker_is_one_error_within_the_timeout(tmp_path, local_ray, monkeypatch):
+def test_a_hung_rollout_worker_is_one_error_within_the_timeout(tmp_path, local_ray, monkeypatch, untimed_start):
     monkeypatch.chdir(TESTS)  # the workers import toy_envs from the trainer's folder
-    start = time.monotonic()
-    # 20 s: a worker on a busy 2-core machine (CI runs two test processes) took over 5 s to start,
-    # which ended the test with "did not start" before the hang it is about
-    with pytest.raises(OmnigymError, match=r"rollout worker 0 (gave no rollouts for step \d+ )?within --sync-timeout 20 s"):
+    # the worker's start is not timed (untimed_start): the hang is in its 100th env step, seen by
+    # the job that holds it or by the weight update queued behind that job on the same actor
+    with pytest.raises(OmnigymError, match=r"(rollout worker 0 gave no rollouts for step \d+|weight update to version "
+                                           r"\d+ did not reach rollout worker 0) within --sync-timeout 10 s"):
         ppo.train(config(tmp_path, env_id="toy_envs:HangingEnv", num_envs=2, num_steps=16, num_generators=1,
-                         total_timesteps=4000, sync_timeout=20.0))
-    assert time.monotonic() - start < 120
+                         total_timesteps=4000, sync_timeout=10.0))
+    assert time.monotonic() - untimed_start[0] < 10 + 60  # the wait, the steps before the hang, closing
 
 
 CLI = ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "2560", "--checkpoint-every", "512",
