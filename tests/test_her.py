@@ -292,23 +292,24 @@ def fetch():
     return goal
 
 
-def test_the_joint_enum_shim_is_applied_only_where_the_bug_is():
+def test_the_fetch_fix_is_used_only_where_the_bug_is_and_leaves_the_library_alone():
     goal = fetch()
     import mujoco
     from gymnasium_robotics.utils import mujoco_utils
 
-    # The library's own check, as it was, on this mujoco: the enum answers `in` with False.
+    # The library's own check, on this mujoco: the enum answers `in` with False.
     buggy = np.int32(mujoco.mjtJoint.mjJNT_HINGE) not in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE)
-    original = getattr(mujoco_utils, "_omnigym_replaced", {}).get("get_joint_qpos", mujoco_utils.get_joint_qpos)
+    assert goal.joint_enum_bug() == buggy  # asked after register_robotics: the module was not patched
+    assert mujoco_utils.get_joint_qpos.__module__ == "gymnasium_robotics.utils.mujoco_utils"
+    assert not hasattr(mujoco_utils, "_omnigym_shim")
+    entry = gym.spec("FetchReach-v4").entry_point
+    assert entry == ("omnigym.envs.fetch:FetchReach" if buggy else "gymnasium_robotics.envs.fetch.reach:MujocoFetchReachEnv")
     patched = mujoco_utils.get_joint_qpos
-    try:
-        mujoco_utils.get_joint_qpos = original
-        assert goal.joint_enum_bug() == buggy
-        mujoco_utils.get_joint_qpos = lambda model, data, name: data.joint(name).qpos.copy()  # a fixed release
-        assert goal.joint_enum_bug() is False
+    try:  # a fixed release: nothing is replaced
+        mujoco_utils.get_joint_qpos = lambda model, data, name: data.joint(name).qpos.copy()
+        assert goal.joint_enum_bug() is False and goal.use_fixed_fetch() is False
     finally:
         mujoco_utils.get_joint_qpos = patched
-    assert goal.joint_enum_bug() is False  # after the shim
     env = gym.make("FetchReach-v4")
     obs, _ = env.reset(seed=0)
     assert GoalLayout.of(env.observation_space) == GoalLayout(10, 3)

@@ -2,15 +2,12 @@
 ``desired_goal``) and a vectorized ``compute_reward(achieved_goal, desired_goal, info)``, the
 contract of gymnasium-robotics' ``GoalEnv`` that hindsight replay (rl/her.py) relabels with.
 
-- ``GoalLayout`` is how such an observation reaches the networks and the replay memory: the
-  networks see ``observation ++ desired_goal`` (one flat float32 vector), the replay memory
-  stores ``observation ++ achieved_goal ++ desired_goal`` so that a goal can be swapped for
-  one achieved later in the episode. ``network_view`` gives any algorithm the space its
-  networks see and the function that turns an observation batch into their input (the
-  identity for every other env).
+- ``GoalLayout`` and ``network_view`` (how such an observation reaches the networks and the
+  replay memory) live in ``models/goal_view.py``, below envs; they are imported here too.
 - gymnasium-robotics' Fetch tasks (``FetchReach-v4``, ``FetchPush-v4``, ``FetchPickAndPlace-v4``,
   ``FetchSlide-v4``) are registered lazily, as ale-py's games are (envs/vector.py), with a
-  compat shim for a bug of gymnasium-robotics 1.4.2 under mujoco >= 3.17 (``joint_enum_bug``).
+  fix for a bug of gymnasium-robotics 1.4.2 under mujoco >= 3.17 (``joint_enum_bug``): where the
+  bug is, those ids are made from ``envs/fetch.py``'s subclasses, which fix each env, not the library.
 - omnigym's own goal envs, fast enough for tests and for reading: ``omnigym/BitFlip-v0`` (the
   HER paper's bit flipping, discrete actions, for DQN) and ``omnigym/PointReach-v0`` (a point
   mass steered to a goal in the plane, continuous actions, for SAC and TD3).
@@ -22,76 +19,20 @@ None of these envs ends an episode on success: they are truncated by time only (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import io
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
 from omnigym.errors import OmnigymError, missing_extra
+from omnigym.models.goal_view import GOAL_KEYS, GoalLayout, is_goal_space, network_view  # noqa: F401 (rl/her.py, offline/, algos/control/ import them from here)
 
-GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 FETCH_IDS = ("FetchReach-v4", "FetchPush-v4", "FetchPickAndPlace-v4", "FetchSlide-v4")
 OWN_IDS = ("omnigym/BitFlip-v0", "omnigym/PointReach-v0")
 ROBOTICS_PREFIXES = ("Fetch", "HandManipulate", "HandReach", "AdroitHand", "PointMaze", "AntMaze", "FrankaKitchen")
 """ids gymnasium-robotics registers: only these import it (an import of a quarter second)"""
-
-
-# --- how a goal observation reaches the networks and the replay memory ---
-
-def is_goal_space(space) -> bool:
-    """A Dict of the three goal keys, each a 1-D Box (gymnasium-robotics' GoalEnv layout)."""
-    return isinstance(space, gym.spaces.Dict) and set(space.spaces) >= set(GOAL_KEYS) and all(
-        isinstance(space[k], gym.spaces.Box) and len(space[k].shape) == 1 for k in GOAL_KEYS) and \
-        space["achieved_goal"].shape == space["desired_goal"].shape
-
-
-@dataclass(frozen=True)
-class GoalLayout:
-    obs_dim: int
-    goal_dim: int
-
-    @classmethod
-    def of(cls, space) -> "GoalLayout | None":
-        """The layout of a goal env's observation space; None for any other space."""
-        if not is_goal_space(space):
-            return None
-        return cls(space["observation"].shape[0], space["desired_goal"].shape[0])
-
-    @property
-    def stored_dim(self) -> int:
-        return self.obs_dim + 2 * self.goal_dim
-
-    @property
-    def network_space(self) -> gym.spaces.Box:
-        return gym.spaces.Box(-np.inf, np.inf, (self.obs_dim + self.goal_dim,), np.float32)
-
-    def stored(self, obs: dict) -> np.ndarray:
-        """A batch of Dict observations as the replay memory keeps them: ``[n, obs + 2 goal]``."""
-        return np.concatenate([np.asarray(obs[k], dtype=np.float32) for k in GOAL_KEYS], -1)
-
-    @staticmethod
-    def network_input(obs: dict) -> np.ndarray:
-        """A batch of Dict observations as the networks see them: ``[n, obs + goal]``."""
-        return np.concatenate([np.asarray(obs[k], dtype=np.float32) for k in ("observation", "desired_goal")], -1)
-
-    def achieved(self, stored: np.ndarray) -> np.ndarray:
-        return stored[..., self.obs_dim:self.obs_dim + self.goal_dim]
-
-    def desired(self, stored: np.ndarray) -> np.ndarray:
-        return stored[..., self.obs_dim + self.goal_dim:]
-
-    def with_goal(self, stored: np.ndarray, goals: np.ndarray) -> np.ndarray:
-        """Stored observations as the networks see them, pursuing ``goals``."""
-        return np.concatenate([stored[..., :self.obs_dim], goals], -1)
-
-
-def network_view(space):
-    """``(the space the networks see, obs batch -> network input)``: ``observation ++
-    desired_goal`` for a goal env, the space and the observation unchanged otherwise."""
-    layout = GoalLayout.of(space)
-    return (space, lambda obs: obs) if layout is None else (layout.network_space, layout.network_input)
 
 
 def goal_reward_function(envs):
@@ -132,7 +73,7 @@ def register_own_envs() -> None:
 
 def register_goal_envs(env_id) -> None:
     """Register omnigym's own goal envs, and gymnasium-robotics' envs when ``env_id`` is one of
-    theirs not registered yet (its import registers them; the shim is applied where needed)."""
+    theirs not registered yet (its import registers them; the Fetch fix is used where needed)."""
     register_own_envs()
     if not isinstance(env_id, str) or env_id in gym.registry or not env_id.startswith(ROBOTICS_PREFIXES):
         return
@@ -147,7 +88,7 @@ def register_robotics() -> None:
     with contextlib.redirect_stderr(io.StringIO()):
         import gymnasium_robotics
     gym.register_envs(gymnasium_robotics)
-    apply_joint_enum_shim()
+    use_fixed_fetch()
 
 
 def joint_enum_bug() -> bool:
@@ -168,33 +109,18 @@ def joint_enum_bug() -> bool:
     return False
 
 
-def apply_joint_enum_shim() -> bool:
-    """Where ``joint_enum_bug()``: replace the four joint helpers of ``gymnasium_robotics.utils.
-    mujoco_utils`` (the Fetch, hand and maze envs call them through that module) by MuJoCo's own
-    named access, ``data.joint(name).qpos``, which knows each joint type's width. Returns whether
-    it patched."""
-    from gymnasium_robotics.utils import mujoco_utils
-
-    if getattr(mujoco_utils, "_omnigym_shim", False) or not joint_enum_bug():
+def use_fixed_fetch() -> bool:
+    """Where ``joint_enum_bug()``: the Fetch ids made from ``envs/fetch.py``'s subclasses, which
+    fix the joint helpers on their own instances (gymnasium-robotics' module is not touched).
+    Returns whether it did. The ids keep their spec (time limit, kwargs); only the class changes."""
+    if not joint_enum_bug():
         return False
+    from omnigym.envs.fetch import FIXED
 
-    def set_joint_qpos(model, data, name, value):
-        data.joint(name).qpos[:] = value
-
-    def set_joint_qvel(model, data, name, value):
-        data.joint(name).qvel[:] = value
-
-    def get_joint_qpos(model, data, name):
-        return data.joint(name).qpos.copy()
-
-    def get_joint_qvel(model, data, name):
-        return data.joint(name).qvel.copy()
-
-    mujoco_utils._omnigym_replaced = {name: getattr(mujoco_utils, name) for name in
-                                      ("set_joint_qpos", "set_joint_qvel", "get_joint_qpos", "get_joint_qvel")}
-    mujoco_utils.set_joint_qpos, mujoco_utils.set_joint_qvel = set_joint_qpos, set_joint_qvel
-    mujoco_utils.get_joint_qpos, mujoco_utils.get_joint_qvel = get_joint_qpos, get_joint_qvel
-    mujoco_utils._omnigym_shim = True
+    for env_id, entry_point in FIXED:
+        if env_id in gym.registry and gym.registry[env_id].entry_point != entry_point:
+            # the registry is gymnasium's table of ids; replacing an entry is what gym.register does
+            gym.registry[env_id] = dataclasses.replace(gym.registry[env_id], entry_point=entry_point)
     return True
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnigym.envs.goal import network_view
+from omnigym.models.goal_view import network_view
 from omnigym.errors import OmnigymError
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
