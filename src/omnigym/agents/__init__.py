@@ -8,6 +8,6 @@
 - ``chat.py``: chat-template rendering with tools, tool calls parsed, OpenAI's reply shape;
 - ``config.py``: the ``--agent`` flags.
 
-Nothing here is imported by ``import omnigym``: aiohttp and openai come with the ``[agents]``
+Nothing here is imported by ``import omnigym``: FastAPI, uvicorn and openai come with the ``[agents]``
 extra and are imported when an agent run starts.
 """

@@ -20,15 +20,16 @@ Routes (under ``/episodes/<id>/v1``): ``POST chat/completions`` (``messages``, `
 most the run's ``--max-new-tokens``), ``stop``, ``logprobs``, ``tool_choice`` "none" (else read as
 "auto"), ``return_token_ids`` (vLLM's: the prompt's and the reply's ids in the answer), ``n`` = 1)
 and ``GET models``.
-Every request needs ``Authorization: Bearer <token>`` (401 otherwise); the server runs its
-own event loop on a thread of its own, so episodes may run in any event loop, and it binds
-loopback only. It opens no file: nothing in a request is ever used as a path.
+Every request needs ``Authorization: Bearer <token>`` (401 otherwise, ``serve/http.py``'s check,
+shared with the other servers) and a body under ``max_request_bytes`` (413). The app is
+FastAPI's, served by uvicorn from an event loop on a thread of its own (``serve/http.py`` says
+why that framework for all three servers), so episodes may run in any event loop, many at once,
+and it binds loopback only. It opens no file: nothing in a request is ever used as a path.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
+import json
 import math
 import secrets
 import ssl
@@ -40,6 +41,7 @@ from omnigym.agents.recorder import EpisodeRecord, Exchange, prompt_ids
 from omnigym.errors import OmnigymError, missing_extra
 from omnigym.generators.turns import Turn
 from omnigym.inference.engine import SamplingParams
+from omnigym.serve.http import BodyTooLarge, ThreadedServer, declared_too_large, read_body, refused_key
 
 HOST = "127.0.0.1"
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -47,14 +49,6 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 class BadRequest(Exception):
     """A request the endpoint answers with 400 and this message."""
-
-
-def _web():
-    try:
-        from aiohttp import web
-    except ImportError:
-        raise missing_extra("aiohttp", "agents") from None
-    return web
 
 
 class AgentServer:
@@ -72,51 +66,23 @@ class AgentServer:
         self.port: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner = None
-        self._thread: threading.Thread | None = None
+        self._runner: ThreadedServer | None = None
         self._tls = None
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> "AgentServer":
-        web = _web()
-        ready, failure = threading.Event(), []
-
-        def serve():
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            try:
-                app = web.Application(client_max_size=self.max_request_bytes, middlewares=[self._middleware(web)])
-                app.router.add_post("/episodes/{episode}/v1/chat/completions", self._chat)
-                app.router.add_get("/episodes/{episode}/v1/models", self._models)
-                self._runner = web.AppRunner(app, access_log=None)
-                loop.run_until_complete(self._runner.setup())
-                site = web.TCPSite(self._runner, HOST, 0)  # port 0: the OS picks a free one
-                loop.run_until_complete(site.start())
-                self.port = self._runner.addresses[0][1]
-                self._loop = loop
-            except BaseException as exc:
-                failure.append(exc)
-                ready.set()
-                loop.close()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="omnigym-agent-endpoint", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            raise OmnigymError(f"the agent endpoint could not start on {HOST}: {failure[0]}")
+        app = self._app()
+        try:
+            self._runner = ThreadedServer(app, HOST, "omnigym-agent-endpoint")
+            self._runner.start()
+        except (OSError, RuntimeError) as exc:
+            raise OmnigymError(f"the agent endpoint could not start on {HOST}: {exc}") from None
+        self.port = self._runner.addresses[0][1]
         return self
 
     def close(self) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-        self._loop = None
+        if self._runner is not None:
+            self._runner.stop()
 
     # -- episodes ---------------------------------------------------------------------------
     def open_episode(self) -> EpisodeRecord:
@@ -151,26 +117,39 @@ class AgentServer:
                                   timeout=timeout, http_client=http)
 
     # -- HTTP -------------------------------------------------------------------------------
-    def _reply(self, status: int, body: dict):
-        return _web().json_response(body, status=status)
+    def _app(self):
+        """The endpoint's FastAPI app: two routes, every request behind the run's token."""
+        try:
+            import uvicorn  # noqa: F401  (ThreadedServer serves it)
+            from fastapi import FastAPI
+        except ImportError as exc:
+            raise missing_extra(exc.name or "fastapi", "agents") from None
+        app = FastAPI(title="omnigym agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+        app.middleware("http")(self._authorize)
+        # plain request -> response endpoints: the routes read their one path parameter themselves
+        app.add_route("/episodes/{episode}/v1/chat/completions", self._chat, methods=["POST"])
+        app.add_route("/episodes/{episode}/v1/models", self._models, methods=["GET"])
+        return app
 
-    def _middleware(self, web):
-        @web.middleware
-        async def authorize(request, handler):  # a function: aiohttp marks it, which a bound method refuses
-            return await self._authorize(request, handler)
+    @staticmethod
+    def _reply(status: int, body: dict):
+        from fastapi.responses import Response
 
-        return authorize
+        # json.dumps' own defaults (as aiohttp's json_response wrote them): a non-finite
+        # log-prob goes out as -Infinity, which the openai client reads, where Starlette's
+        # JSONResponse would refuse it and fail the request
+        return Response(json.dumps(body), status_code=status, media_type="application/json; charset=utf-8")
 
-    async def _authorize(self, request, handler):
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-            return self._reply(401, error_body("missing or wrong bearer token: use the client this run gave the agent",
+    async def _authorize(self, request, call_next):
+        refusal = refused_key(request, [self.token], "Authorization")
+        if refusal is not None:
+            return self._reply(401, error_body(f"{refusal}; use the client this run gave the agent",
                                                code="invalid_api_key"))
-        return await handler(request)
+        return await call_next(request)
 
     def _record(self, request) -> EpisodeRecord | None:
         with self._lock:
-            return self._episodes.get(request.match_info["episode"])
+            return self._episodes.get(request.path_params["episode"])
 
     async def _models(self, request):
         if self._record(request) is None:
@@ -183,7 +162,13 @@ class AgentServer:
         if record is None:
             return self._reply(404, error_body("no such episode (it ended, or never was)", code="not_found"))
         try:
-            body = await request.json()
+            if declared_too_large(request, self.max_request_bytes):
+                raise BodyTooLarge(self.max_request_bytes)
+            raw = await read_body(request, self.max_request_bytes)
+        except BodyTooLarge as exc:
+            return self._reply(413, error_body(str(exc)))
+        try:
+            body = json.loads(raw)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than json's parser goes
             return self._reply(400, error_body("the request body is not JSON"))
         try:

@@ -12,12 +12,12 @@ Requests go through a ``DynamicBatcher``: one thread scores, merging the request
 forward passes of up to ``--batch-size`` rows; with ``--max-queue`` requests waiting, another
 is answered 503 (the client waits and tries again). A request names no file: prompts and
 completions are text, and the only folder the server reads is the one it was started with.
-It listens on loopback unless ``--host`` says otherwise, which needs ``--api-key-env``.
+It listens on loopback unless ``--host`` says otherwise, which needs ``--api-key-env``; clients then
+send ``Authorization: Bearer KEY`` (``serve/http.py``'s check, one for the three servers).
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the handlers' annotations
 # (``request: Request``), and those name classes imported inside ``make_reward_app``.
-import hmac
 import logging
 import os
 from dataclasses import dataclass
@@ -104,6 +104,7 @@ def make_reward_app(scorer, batch_size: int = 32, max_queue: int = 64, api_keys:
     from pydantic import BaseModel, Field, ValidationError
 
     from omnigym.serve.batcher import DynamicBatcher, QueueFull
+    from omnigym.serve.http import BodyTooLarge, declared_too_large, read_body, refused_key
 
     class Message(BaseModel):
         role: str
@@ -126,16 +127,11 @@ def make_reward_app(scorer, batch_size: int = 32, max_queue: int = 64, api_keys:
 
     @app.middleware("http")
     async def key_and_size(request: Request, call_next):
-        if keys:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").encode()
-            ok = False
-            for key in keys:  # every key compared in full: the time taken says nothing about which matched
-                ok |= hmac.compare_digest(given, key.encode())
-            if not ok:
-                return JSONResponse({"detail": "missing or wrong API key (Authorization: Bearer KEY)"}, status_code=401)
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > MAX_REQUEST_BYTES):
-            return JSONResponse({"detail": f"request body over {MAX_REQUEST_BYTES} bytes"}, status_code=413)
+        refusal = refused_key(request, keys, "Authorization")
+        if refusal is not None:
+            return JSONResponse({"detail": refusal}, status_code=401)
+        if declared_too_large(request, MAX_REQUEST_BYTES):
+            return JSONResponse({"detail": str(BodyTooLarge(MAX_REQUEST_BYTES))}, status_code=413)
         return await call_next(request)
 
     @app.get("/info")
@@ -146,14 +142,12 @@ def make_reward_app(scorer, batch_size: int = 32, max_queue: int = 64, api_keys:
 
     @app.post("/score")
     async def score(request: Request):
-        raw, total = [], 0
-        async for chunk in request.stream():  # a chunked body has no length to check beforehand
-            total += len(chunk)
-            if total > MAX_REQUEST_BYTES:
-                return JSONResponse({"detail": f"request body over {MAX_REQUEST_BYTES} bytes"}, status_code=413)
-            raw.append(chunk)
         try:
-            body = ScoreRequest.model_validate_json(b"".join(raw))
+            raw = await read_body(request, MAX_REQUEST_BYTES)
+        except BodyTooLarge as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=413)
+        try:
+            body = ScoreRequest.model_validate_json(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
