@@ -194,7 +194,7 @@ def test_agents_that_raise_hang_or_return_no_number_cost_their_episode(tmp_path,
                  "--prompts-per-step", "14", "--group-size", "2", "--eval-size", "4", "--eval-every", "100",
                  "--agent-timeout", "8", "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"])
     assert code in (0, None)
-    from omnigym.tasks import load_task
+    from omnigym.envs.task_spec import load_task
 
     train = load_task(str(task), 1, 4, 2, 2, "+").train  # the run's training split (seed 1 is the default)
     kinds = [e["question"].split()[0] for e in train]

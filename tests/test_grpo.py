@@ -120,7 +120,7 @@ def test_gsm8k_task_reads_the_final_answer(tmp_path):
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": f"work <<1+1=2>>\n#### {i}"})
                               for i in range(30)))
-    from omnigym.tasks import load_task
+    from omnigym.envs.task_spec import load_task
 
     task = load_task(f"gsm8k:{data}", seed=1, eval_size=10)
     train_rows, heldout = task.train, task.heldout

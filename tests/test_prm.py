@@ -10,7 +10,7 @@ import torch
 from omnigym.algos import grpo, prm
 from omnigym.cli import main
 from omnigym.rl.advantages import get_advantage
-from omnigym.tasks import load_task
+from omnigym.envs.task_spec import load_task
 from omnigym.tasks.steps import ChainTask, check_steps, labelled_replies, reply_steps
 
 EXAMPLE = {"question": "Start at 7, then +5, *3, -4.", "answer": "32", "start": 7,

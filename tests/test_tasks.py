@@ -102,7 +102,7 @@ def test_reasoning_gym_reward_refuses_examples_it_cannot_score():
 
 def test_humaneval_rows_work_in_a_text_env(tmp_path):
     """``humaneval:FILE`` gives questions a model can answer and an env scored by the tests."""
-    from omnigym.tasks import load_task
+    from omnigym.envs.task_spec import load_task
 
     rows = [{"task_id": f"t/{i}", "prompt": f"def times{i}(x):\n    \"\"\"x times {i}\"\"\"\n", "entry_point": f"times{i}",
              "canonical_solution": f"    return x * {i}\n",

@@ -405,7 +405,7 @@ def test_the_docs_example_runs_as_written(capsys):
 def test_max_turns_and_the_system_prompt_reach_the_env(env_id):
     pytest.importorskip("transformers")
     from omnigym.algos import grpo
-    from omnigym.tasks import load_task
+    from omnigym.envs.task_spec import load_task
 
     cfg = grpo.GRPOConfig(env=env_id, max_turns=3, system_prompt="Be brief.", eval_size=5)
     env, _ = grpo.task_env(cfg, load_task(grpo.task_spec(cfg), 0, 5))

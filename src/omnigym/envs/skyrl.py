@@ -258,7 +258,7 @@ def skyrl_task(cfg, spec: str):
     """``--task`` for ``--env skyrl:NAME``: a ``Task`` of skyrl rows with the env attached; every
     example is checked by making its env and calling ``init``, so bad data stops the run before
     anything is written."""
-    from omnigym.tasks import Task, load_task
+    from omnigym.envs.task_spec import Task, load_task
 
     name = resolve(spec)
     args = parse_env_args(cfg.env_args)

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnigym.models.goal_view import network_view
 from omnigym.errors import OmnigymError
+from omnigym.models.goal_view import network_view
 
 
 def obs_tensor(obs, device="cpu") -> torch.Tensor:
@@ -175,29 +175,6 @@ class QNetwork(nn.Module):
 
     def forward(self, obs):
         return self.net(obs)
-
-
-def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = False):
-    """A checkpointed ``ActorCritic`` (PPO, REINFORCE) as ``obs batch (numpy) -> actions``,
-    with the run's observation normalization and actions clipped into a Box as in training."""
-    from omnigym.rl.running_stats import RunningMeanStd
-
-    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, tuple(hidden))
-    agent.load_state_dict(components["model"])
-    obs_rms = None
-    if components["collector"].get("obs_rms"):
-        obs_rms = RunningMeanStd(envs.single_observation_space.shape)
-        obs_rms.load_state_dict(components["collector"]["obs_rms"])
-    space = envs.single_action_space
-
-    @torch.inference_mode()
-    def policy(obs, mask=None):
-        x = obs_tensor(obs_rms.normalize(obs) if obs_rms else obs, "cpu")
-        mask = None if mask is None else torch.as_tensor(mask)
-        actions = (agent.greedy(x, mask) if greedy else agent.act(x, mask=mask)[0]).numpy()
-        return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
-
-    return policy
 
 
 def q_network_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = True):

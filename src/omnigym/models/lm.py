@@ -153,12 +153,17 @@ def resolve_model(name_or_path: str) -> str:
     return str(path) if looks_like_path else name_or_path
 
 
-def refuse_run_directory(label: str, config_file: Path, algo: str) -> None:
+def refuse_run_directory(label: str, config_file: Path, config: dict) -> None:
     """``label``'s folder holds an omnigym run's config.json, not a model's: one line saying what
-    to give instead, rather than a tokenizer traceback from reading it as a model config."""
-    from omnigym.algos import ALGORITHMS, get_algorithm
+    to give instead, rather than a tokenizer traceback from reading it as a model config.
 
-    if algo in ALGORITHMS and get_algorithm(algo).CONFIG.FINAL_MODEL:
+    A run that trains a language model through a training backend (its config has
+    ``training_backend``: every ``LanguageModelConfig``) writes ``model/`` when it finishes
+    (``FINAL_MODEL``); the others write none. That is read from the run's own config, not
+    from the algorithm registry, which sits in ``algos/``, layers above the models
+    (``tests/test_architecture.py`` checks the two agree for every algorithm)."""
+    algo = str(config["algo"])
+    if "training_backend" in config:
         # it stopped, or the disk filled, while writing its final model/
         raise OmnigymError(f"{label}: the run has no finished model (its model/ was not written whole); "
                            f"finish it with: omnigym train {algo} --resume {label.split(' ', 1)[-1]}")
@@ -183,7 +188,7 @@ def check_model_folder(label: str, path: Path) -> None:
         raise OmnigymError(f"{label}: {config_file} cannot be read ({type(exc).__name__}); "
                            "save or copy the model again") from None
     if isinstance(config, dict) and "algo" in config:
-        refuse_run_directory(label, config_file, str(config["algo"]))
+        refuse_run_directory(label, config_file, config)
     if not isinstance(config, dict) or "model_type" not in config:
         raise OmnigymError(f"{label}: {config_file} is not a model config (no model_type); give a folder "
                            "saved with save_pretrained")

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from omnigym.envs.cursor import ActionMasks, EnvCursor, LearningSignal
+from omnigym.models.control import ActorCritic, obs_tensor
 from omnigym.models.numpy_actor import NumpyActor, values_of
 from omnigym.rl.running_stats import RewardScaler, RunningMeanStd
 
@@ -145,3 +146,25 @@ class RolloutCollector:
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
         self.masks = self._current_masks()
+
+
+def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = False):
+    """A checkpointed ``ActorCritic`` (PPO, REINFORCE) as ``obs batch (numpy) -> actions``,
+    with the run's observation normalization (the collector's, saved with it) and actions
+    clipped into a Box as in training. It lives beside the collector, whose state it reads."""
+    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, tuple(hidden))
+    agent.load_state_dict(components["model"])
+    obs_rms = None
+    if components["collector"].get("obs_rms"):
+        obs_rms = RunningMeanStd(envs.single_observation_space.shape)
+        obs_rms.load_state_dict(components["collector"]["obs_rms"])
+    space = envs.single_action_space
+
+    @torch.inference_mode()
+    def policy(obs, mask=None):
+        x = obs_tensor(obs_rms.normalize(obs) if obs_rms else obs, "cpu")
+        mask = None if mask is None else torch.as_tensor(mask)
+        actions = (agent.greedy(x, mask) if greedy else agent.act(x, mask=mask)[0]).numpy()
+        return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
+
+    return policy

@@ -24,11 +24,17 @@ from __future__ import annotations
 
 import random
 
-from omnigym.rewards.gold import gold_reward
+VOWELS = frozenset("aeiou")
 
 TOPICS = ("rain", "stone", "river", "cloud", "fire", "bread", "glass", "moss", "salt", "wind", "sand", "ink",
           "frost", "smoke", "silk", "clay", "iron", "wool", "dust", "honey")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def gold_reward(reply: str) -> float:
+    """The fraction of the reply's letters that are vowels (0 for a reply with no letters)."""
+    letters = [c for c in reply.lower() if c.isalpha()]
+    return sum(c in VOWELS for c in letters) / len(letters) if letters else 0.0
 
 
 def prompt(rng: random.Random) -> str:

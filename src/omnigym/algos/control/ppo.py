@@ -35,12 +35,13 @@ from omnigym.config import (ControlConfig, check_compiler, require_fraction, req
                             require_positive)
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
-from omnigym.models.control import ActorCritic, actor_critic_policy
+from omnigym.models.control import ActorCritic
 from omnigym.optim import Adam, clip_grad_norm
 from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, gae, normalize
 from omnigym.rl.augment import random_shift
 from omnigym.rl.losses import PolicyLossConfig, check_finite, ppo_clip, value_loss
+from omnigym.rl.rollout import actor_critic_policy
 from omnigym.runtime import RolloutRuntimeConfig
 from omnigym.runtime.control_workers import make_control_rollouts
 from omnigym.track.episodes import EpisodeStats, close_control_run

@@ -15,12 +15,12 @@ import torch
 
 from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
 from omnigym.envs.vector import make_run_envs
-from omnigym.models.control import ActorCritic, actor_critic_policy
+from omnigym.models.control import ActorCritic
 from omnigym.optim import Adam, clip_grad_norm
 from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, discounted_returns, normalize
 from omnigym.rl.losses import check_finite, reinforce, value_loss
-from omnigym.rl.rollout import RolloutCollector
+from omnigym.rl.rollout import RolloutCollector, actor_critic_policy
 from omnigym.track.episodes import EpisodeStats, close_control_run
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due

@@ -48,7 +48,7 @@ from omnigym.rl.losses import (AGGREGATIONS, PolicyLossConfig, aggregate, check_
 from omnigym.rl.step_rewards import place_step_rewards, step_reward_tensor, step_scorer
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.runtime.episodes import EpisodeScheduleConfig
-from omnigym.tasks import Task, load_task
+from omnigym.envs.task_spec import Task, load_task
 from omnigym.track.files import read_metrics
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due

@@ -34,7 +34,7 @@ from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rewards.process import KIND, fit, step_logits, tokenized_reply
 from omnigym.rl.losses import check_finite
-from omnigym.tasks import load_task
+from omnigym.envs.task_spec import load_task
 from omnigym.tasks.steps import labelled_replies
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due
