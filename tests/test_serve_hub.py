@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from omnigym.models.lm import build_tiny_model, load_model  # noqa: E402
+from omnigym.models.tokens import token_budget_batches  # noqa: E402
 from omnigym.rl.losses import PolicyLossConfig, nll_loss, ppo_clip  # noqa: E402
 from omnigym.serve.contract import (AdamStep, DatumIn, RequestError, SampleParams,  # noqa: E402
                                     SamplerSource)
@@ -258,7 +259,8 @@ def test_gradients_accumulate_over_calls_and_forward_only_makes_none(hub):
 def test_micro_batches_give_the_same_numbers_as_one_batch(tiny, tmp_path):
     small = ModelHub(tiny, tmp_path / "s", max_batch_tokens=16)
     large = ModelHub(tiny, tmp_path / "l")
-    assert len(small._batches([12, 7, 20])) == 3 and len(large._batches([12, 7, 20])) == 1
+    assert len(token_budget_batches([12, 7, 20], small.max_batch_tokens)) == 3
+    assert len(token_budget_batches([12, 7, 20], large.max_batch_tokens)) == 1
     outs = []
     for h in (small, large):
         h.create_model("a", 4, seed=1)
@@ -287,8 +289,8 @@ def test_recomputed_activations_give_the_same_numbers(tiny, tmp_path):
             outs.append(h.forward_backward("a", batch(3), "cross_entropy"))
         kept.append(sum(saved))
     assert kept[0] < kept[1] / 2, kept
-    assert recomputing._activation_bytes(3, 20) > 0 == recomputing.activation_budget
-    assert keeping._activation_bytes(3, 20) < keeping.activation_budget
+    assert recomputing._adapters.activation_bytes(3, 20) > 0 == recomputing._adapters.activation_budget
+    assert keeping._adapters.activation_bytes(3, 20) < keeping._adapters.activation_budget
     for x, y in zip(*[o.outputs for o in outs]):
         torch.testing.assert_close(x["logprobs"], y["logprobs"], atol=1e-5, rtol=1e-5)
     assert sum(float(p.grad.abs().sum()) for p in recomputing._runs["a"].params) > 0  # (A's is 0 while B is)

@@ -18,6 +18,14 @@ the step equal one process's on the whole batch, so the algorithm does no arithm
 own about processes. ``LocalBackend`` (``local.py``) is the single-process implementation;
 ``DataParallelBackend`` (DDP, FSDP2) and ``DeepSpeedBackend`` (ZeRO) implement the same
 members, so an algorithm file does not change when it is scaled out (``make_backend``).
+
+Several adapters on one base model (``AdapterBackends``, ``lora.py``: the Tinker server's
+training runs) extend the seam: each adapter is a ``TrainingBackend`` of its own, which
+activates its adapter before every pass, holds an optimizer over its own parameters only,
+and whose ``state_dict`` is its adapter's tensors (``load_state_dict`` takes
+``"optimizer": None`` for the weights with a fresh optimizer). It adds ``forward(batch,
+loss_fn)``, a pass without gradient through its adapter (for a single model,
+``backend.model`` serves). The base weights are frozen and held once.
 """
 
 from __future__ import annotations
@@ -45,6 +53,17 @@ class TrainingBackend(Protocol):
     def full_model(self) -> torch.nn.Module | None: ...
 
     def frozen_copy(self) -> torch.nn.Module: ...
+
+
+class AdapterBackends(Protocol):
+    model: torch.nn.Module
+    """the base model with every adapter in it"""
+
+    def add(self, name: str, rank: int, alpha: float, targets: list[str], seed: int,
+            make_optimizer: Callable[[list], torch.optim.Optimizer],
+            max_grad_norm: float | None = None) -> TrainingBackend: ...
+
+    def remove(self, name: str) -> None: ...
 
 
 def part_of_process(rows: Sequence, weights: Sequence[float] | None, rank: int, world_size: int) -> tuple[list, float]:

@@ -94,8 +94,40 @@ def batch_logprobs(model, batch: "TokenBatch | CompletionBatch") -> torch.Tensor
 def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
     """log p(token t+1 | tokens <= t) for every position, ``[B, L-1]``."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    targets = batch.input_ids[:, 1:].unsqueeze(-1)
-    return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)
+    return gathered_logprobs(logits, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def gathered_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)`` at ``targets`` (``[..., k]`` ids per position -> ``[..., k]``),
+    taken as logit - logsumexp: no second vocabulary-wide tensor is made."""
+    return logits.gather(-1, targets) - torch.logsumexp(logits, -1, keepdim=True)
+
+
+def target_logprobs(model, batch: TokenBatch, targets: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each row's log-probs of the ids ``targets[i]`` names at each of its positions (``(n,)``,
+    or ``(n, k)`` for k candidates per position), from one forward of the right-padded
+    ``batch`` (``make_sequence_batch``): a caller that names its own targets, as the Tinker
+    server's clients do (the next token, or the top k of a teacher)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
+    result = []
+    for row, wanted in enumerate(targets):
+        n = len(wanted)
+        picked = gathered_logprobs(logits[row, :n], wanted.view(n, -1).to(logits.device))
+        result.append(picked.view(wanted.shape).cpu())
+    return result
+
+
+def token_budget_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive sequences grouped into right-padded micro-batches of at most ``max_tokens``
+    (padded width x rows), by index; a sequence longer than that is a batch alone."""
+    batches, current, width = [], [], 0
+    for i, n in enumerate(lengths):
+        if current and max(width, n) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, n)
+    return batches + ([current] if current else [])
 
 
 # Below this many tokens a batch-wide common prefix is not run on its own: one more forward
@@ -311,7 +343,7 @@ def completion_logprobs(model, batch: CompletionBatch, temperature: float = 1.0)
         logits = output.logits.float()
         if temperature != 1.0:
             logits = logits / temperature
-        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+        return gathered_logprobs(logits, targets.unsqueeze(-1)).squeeze(-1)
 
     return shared_prefix_forward(model, batch, token_logprob)
 

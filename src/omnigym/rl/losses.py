@@ -7,6 +7,12 @@ one the ratio is taken against), ``behaviour_logprobs`` the sampler's, when it d
 
 Every loss takes an optional ``mask`` (1 for steps or tokens that count, 0 for padding,
 env-inserted tokens or the reset step of an autoresetting vector env).
+
+The per-token objectives (``clipped_surrogate``, ``cispo_objective``, ``dro_objective``,
+``sequence_ratio``, ``weighted_nll``) are the pieces the registered losses and the Tinker
+server's losses (``serve/losses.py``) are both made of: they take the ratio's bounds as bounds
+(Tinker's 0.8 and 1.2; ``ppo_clip`` turns its epsilons into them) and reduce nothing, so the
+caller picks the reduction (``aggregate``; Tinker's is ``token-sum``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import torch
 
 from omnigym.errors import OmnigymError
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, dim=None) -> torch.Tensor:
@@ -35,8 +41,12 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor | None, mode: str = "token-
 
     ``token-mean``: every valid token weighs the same (DAPO); ``seq-mean-token-mean``: each
     sequence weighs the same (GRPO paper); ``seq-mean-token-sum-norm``: token sums divided by a
-    constant (Dr. GRPO), so long and short answers are not re-weighted by their length.
+    constant (Dr. GRPO), so long and short answers are not re-weighted by their length;
+    ``token-sum``: the plain sum over valid tokens (Tinker's losses: the loss of several
+    calls before one optimizer step is then the loss of one call with all their data).
     """
+    if mode == "token-sum":
+        return loss.sum() if mask is None else (loss * mask.to(loss.dtype)).sum()
     if mode == "token-mean" or loss.dim() == 1:
         return masked_mean(loss, mask)
     if mode == "seq-mean-token-mean":
@@ -85,6 +95,46 @@ def _behaviour_corrected(loss, old_logprobs, behaviour_logprobs, cfg: PolicyLoss
     return loss * (old_logprobs - behaviour_logprobs).exp().clamp(max=cfg.behaviour_cap).detach()
 
 
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, low: float | None = None,
+                      high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token objective ``max(-A r, -A clip(r, low, high))`` with the ratio's bounds
+    as bounds (0.8 and 1.2 for an epsilon of 0.2), and where the clipped term was the one taken
+    (it gives no gradient there). Without bounds, the plain importance-weighted ``-A r``."""
+    unclipped = -advantages * ratio
+    if low is None and high is None:
+        return unclipped, torch.zeros_like(ratio, dtype=torch.bool)
+    clipped = -advantages * ratio.clamp(low, high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def cispo_objective(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, low: float,
+                    high: float) -> torch.Tensor:
+    """CISPO (MiniMax-M1) per token: ``-sg(clip(r, low, high)) * A * log pi``: the clipped ratio
+    weighs a score-function gradient, so a clipped token still gives one."""
+    weight = (new_logprobs - old_logprobs).exp().clamp(low, high).detach()
+    return -weight * new_logprobs * advantages
+
+
+def dro_objective(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                  beta: float) -> torch.Tensor:
+    """DRO per token: ``-(A log pi - beta / 2 (log pi - log pi_old)^2)``, a score-function term
+    held near the sampler by a quadratic penalty instead of a clip."""
+    return -(new_logprobs * advantages - 0.5 * beta * (new_logprobs - old_logprobs) ** 2)
+
+
+def sequence_ratio(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's token-level ratio: every token takes the value of the sequence ratio
+    ``exp(mean over mask of (log pi - log pi_old))`` and the gradient of its own log-prob."""
+    log_ratio = (new_logprobs.detach() - old_logprobs)[mask].mean() if bool(mask.any()) else \
+        new_logprobs.new_zeros(())
+    return (log_ratio + new_logprobs - new_logprobs.detach()).exp()
+
+
+def weighted_nll(logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Per-token negative log-likelihood, weighted (``nll_loss`` is its token mean under a 0/1 mask)."""
+    return -weights * logprobs
+
+
 @register_policy_loss("ppo_clip")
 def ppo_clip(
     new_logprobs: torch.Tensor,
@@ -104,14 +154,13 @@ def ppo_clip(
     clip_high = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
     log_ratio = new_logprobs - old_logprobs
     ratio = log_ratio.exp()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - cfg.clip_low, 1.0 + clip_high)
-    loss = _behaviour_corrected(torch.maximum(unclipped, clipped), old_logprobs, behaviour_logprobs, cfg)
+    per_token, took_clipped = clipped_surrogate(ratio, advantages, 1.0 - cfg.clip_low, 1.0 + clip_high)
+    loss = _behaviour_corrected(per_token, old_logprobs, behaviour_logprobs, cfg)
     with torch.no_grad():
         stats = {
             "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
             "clip_fraction": masked_mean(((ratio < 1.0 - cfg.clip_low) | (ratio > 1.0 + clip_high)).float(), mask),
-            "clipped_objective_fraction": masked_mean((clipped > unclipped).float(), mask),
+            "clipped_objective_fraction": masked_mean(took_clipped.float(), mask),
         }
     return aggregate(loss, mask, cfg.aggregation, cfg.normalizer), stats
 

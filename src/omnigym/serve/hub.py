@@ -1,10 +1,14 @@
 """The compute behind ``omnigym serve`` (the contract is ``serve/contract.py``): one base model,
-loaded once; per training run a peft LoRA adapter on it and an AdamW over that adapter alone.
+loaded once; per training run a LoRA adapter on it, trained through the stack ``omnigym
+train`` uses: a ``backends.lora`` adapter backend (its own AdamW from ``optim.adamw``, the other
+runs' adapters out of its passes), log-probs from ``models.tokens`` and the Tinker losses of
+``serve/losses.py`` (``rl/losses.py``'s objectives with Tinker's conventions). What is the
+hub's own is Tinker's side: its request checks, which layers its flags train, its
+``adam_params`` per call, and the checkpoint files.
 
-A forward for one run activates its adapter (peft ``set_adapter``), so the other runs' adapters
-take no part in it and get no gradient. LoRA's ``alpha`` is 32 for every rank, as Tinker's
-cookbook assumes (``hyperparam_utils``: a LoRA learning rate that does not depend on the rank
-needs a fixed alpha, so the update scale is ``32 / rank``).
+LoRA's ``alpha`` is 32 for every rank, as Tinker's cookbook assumes (``hyperparam_utils``: a
+LoRA learning rate that does not depend on the rank needs a fixed alpha, so the update scale is
+``32 / rank``).
 
 Files: ``root/models/<id>/state/<name>/`` (adapter, optimizer state, step) and
 ``root/models/<id>/sampler/<name>/`` (adapter only), each written into a temporary folder and
@@ -18,14 +22,16 @@ import math
 import os
 import re
 import shutil
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from omnigym.backends.lora import AdapterBackend, LoRAAdapters, linear_layers
 from omnigym.errors import OmnigymError
+from omnigym.models.tokens import make_sequence_batch, target_logprobs, token_budget_batches
+from omnigym.optim import adamw
 from omnigym.serve.contract import (AdamStep, DatumIn, ForwardResult, RequestError, SampleParams, SampleResult,
                                     SamplerSource)
 from omnigym.serve.losses import loss_spec
@@ -44,11 +50,26 @@ class _Run:
     rank: int
     seed: int
     targets: list[str]
-    optimizer: torch.optim.Optimizer
-    params: list[torch.nn.Parameter]
-    names: list[str]
-    """the adapter's parameters and their names relative to the plain model (``...q_proj.lora_A``)"""
+    backend: AdapterBackend
     steps: int = 0
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return self.backend.params
+
+    @property
+    def names(self) -> list[str]:
+        """the adapter's parameters' names relative to the plain model (``...q_proj.lora_A``)"""
+        return self.backend.names
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.backend.optimizer
+
+
+def new_optimizer(params) -> torch.optim.Optimizer:
+    """Tinker's AdamW defaults; each ``optim_step`` sets the request's own."""
+    return adamw(params, 1e-4, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-12)
 
 
 def _check_name(value: str, what: str) -> str:
@@ -56,6 +77,22 @@ def _check_name(value: str, what: str) -> str:
         raise RequestError(f"{what} {value!r} is not a valid name (letters, digits, '_', ':', '-', and '.' but "
                            "not first; at most 200)")
     return value
+
+
+def _tinker_loss(rows: list, spec, config: dict, model, batch) -> tuple[torch.Tensor, dict]:
+    """The summed Tinker loss of one micro-batch (``rows``: each datum's tokens, targets and loss
+    inputs) and, in the statistics, each datum's outputs and the loss's metrics."""
+    logprobs = target_logprobs(model, batch, [targets for _, targets, _ in rows])
+    total, outputs, metrics = 0.0, [], []
+    for logp, (_, _, inputs) in zip(logprobs, rows):
+        loss, elementwise, extra = spec.fn(logp, inputs, config)
+        total = total + loss
+        out = {"logprobs": logp.detach().float()}
+        if elementwise is not None:
+            out["elementwise_loss"] = elementwise.detach().float()
+        outputs.append(out)
+        metrics.extend(extra.items())
+    return total, {"outputs": outputs, "metrics": metrics}
 
 
 class ModelHub:
@@ -69,42 +106,24 @@ class ModelHub:
             model = load_model(path, device=device)
         except LoadFailed as exc:
             raise OmnigymError(f"--base-model {base_model}: {exc}") from None
-        model.eval()
-        model.requires_grad_(False)
         self.base_model = base_model
         self.root = Path(root)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self.max_batch_tokens = max_batch_tokens
-        self.activation_budget = activation_budget
         self.device = device
-        self._layers = self._layer_names(model)
+        self._layers = linear_layers(model)
+        self._adapters = LoRAAdapters(model, activation_budget)  # freezes the base weights
         self._sampler = SamplerPool(model, self.tokenizer, engine, sampler_cache)
-        self._model = model  # becomes a PeftModel with the first run
-        self._peft = None
         self._runs: dict[str, _Run] = {}
         self._made = 0
 
-    # -- training runs ------------------------------------------------------------------------
+    @property
+    def _peft(self):
+        """the peft model the runs' adapters sit in (None before the first run)"""
+        return self._adapters.peft
 
-    @staticmethod
-    def _layer_names(model) -> dict[str, set[str]]:
-        """The plain model's linear layers by kind (attention, MLP, output head), as full module
-        paths: peft matches target names as suffixes, and a leaf name alone (``dense``) may be
-        both an attention and an MLP layer's."""
-        kinds = {"attn": set(), "mlp": set(), "unembed": set()}
-        head = model.get_output_embeddings()
-        for name, module in model.named_modules():
-            if not isinstance(module, torch.nn.Linear):
-                continue
-            parents = name.lower().split(".")[:-1]
-            if module is head:
-                kinds["unembed"].add(name)
-            elif any("attn" in p or "attention" in p for p in parents):
-                kinds["attn"].add(name)
-            elif any("mlp" in p or "feed_forward" in p for p in parents):
-                kinds["mlp"].add(name)
-        return kinds
+    # -- training runs ------------------------------------------------------------------------
 
     def _targets(self, train_mlp: bool, train_attn: bool, train_unembed: bool) -> list[str]:
         chosen = set()
@@ -127,31 +146,12 @@ class ModelHub:
         self._add_run(model_id, lora_rank, int(seed), targets)
 
     def _add_run(self, model_id: str, rank: int, seed: int, targets: list[str]) -> _Run:
-        from peft import LoraConfig, get_peft_model
-
         self._made += 1
         adapter = f"run{self._made}"  # peft names sit in module paths: a model id may not fit there
-        config = LoraConfig(r=rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets, bias="none")
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("ignore")  # peft warns about tied embeddings under a LoRA'd head
-            torch.manual_seed(seed)  # the same seed gives the same initial adapter
-            if self._peft is None:
-                self._peft = get_peft_model(self._model, config, adapter_name=adapter)
-            else:
-                self._peft.add_adapter(adapter, config)
-        marker = f".{adapter}."
-        params, names = [], []
-        for name, param in self._peft.named_parameters():
-            if marker in name:
-                params.append(param)
-                names.append(name.replace("base_model.model.", "", 1).replace(marker, ".").removesuffix(".weight"))
-        run = _Run(adapter, rank, seed, targets, self._new_optimizer(params), params, names)
+        backend = self._adapters.add(adapter, rank, LORA_ALPHA, targets, seed, new_optimizer)
+        run = _Run(adapter, rank, seed, targets, backend)
         self._runs[model_id] = run
         return run
-
-    @staticmethod
-    def _new_optimizer(params):
-        return torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
 
     def _run(self, model_id: str) -> _Run:
         if model_id not in self._runs:
@@ -159,12 +159,7 @@ class ModelHub:
         return self._runs[model_id]
 
     def drop(self, model_id: str) -> None:
-        run = self._run(model_id)
-        for p in run.params:
-            p.grad = None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # peft says which adapter it activates instead: none is used unasked
-            self._peft.delete_adapter(run.adapter)
+        self._adapters.remove(self._run(model_id).adapter)
         del self._runs[model_id]
         self._sampler.forget(model_id)
 
@@ -216,18 +211,6 @@ class ModelHub:
             inputs["weights"] = torch.ones(targets.shape)
         return tokens, targets, inputs
 
-    def _batches(self, lengths: list[int]) -> list[list[int]]:
-        """Consecutive data in padded micro-batches of at most ``max_batch_tokens`` (padded
-        width x rows); a datum longer than that is a batch alone."""
-        batches, current, width = [], [], 0
-        for i, n in enumerate(lengths):
-            if current and max(width, n) * (len(current) + 1) > self.max_batch_tokens:
-                batches.append(current)
-                current, width = [], 0
-            current.append(i)
-            width = max(width, n)
-        return batches + ([current] if current else [])
-
     def forward_backward(self, model_id: str, data: list[DatumIn], loss_fn: str, loss_fn_config: dict | None = None,
                          forward_only: bool = False) -> ForwardResult:
         run = self._run(model_id)
@@ -235,86 +218,26 @@ class ModelHub:
         if not data:
             raise RequestError("no data: forward_backward needs at least one datum")
         prepared = [self._prepare(i, d, spec) for i, d in enumerate(data)]
-        self._peft.set_adapter(run.adapter)
-        self._peft.eval()
         outputs: list[dict] = [{} for _ in data]
         total, sums, means = 0.0, {}, {}
-        for batch in self._batches([len(p[0]) for p in prepared]):
-            rows = [prepared[i][:2] for i in batch]
-            with torch.set_grad_enabled(not forward_only), self._recomputing(rows, not forward_only):
-                target_logprobs = self._logprobs(rows)
-                batch_loss = 0.0
-                for i, logp in zip(batch, target_logprobs):
-                    loss, elementwise, metrics = spec.fn(logp, prepared[i][2], config)
-                    batch_loss = batch_loss + loss
-                    outputs[i] = {"logprobs": logp.detach().float()}
-                    if elementwise is not None:
-                        outputs[i]["elementwise_loss"] = elementwise.detach().float()
-                    for key, value in metrics.items():
-                        (means if key.endswith(":mean") else sums).setdefault(key, []).append(value)
-                if not forward_only and torch.is_tensor(batch_loss) and batch_loss.requires_grad:
-                    batch_loss.backward()
-                total += float(batch_loss.detach()) if torch.is_tensor(batch_loss) else 0.0
+        for micro in token_budget_batches([len(p[0]) for p in prepared], self.max_batch_tokens):
+            batch = make_sequence_batch([(prepared[i][0].tolist(), [0] * len(prepared[i][0])) for i in micro], 0,
+                                        self.device)
+            loss = partial(_tinker_loss, [prepared[i] for i in micro], spec, config)
+            if forward_only:
+                batch_loss, stats = run.backend.forward(batch, loss)
+            else:
+                stats = run.backend.forward_backward(batch, loss)
+                batch_loss = stats["loss"]
+            total += float(batch_loss)
+            for i, out in zip(micro, stats["outputs"]):
+                outputs[i] = out
+            for key, value in stats["metrics"]:
+                (means if key.endswith(":mean") else sums).setdefault(key, []).append(value)
         metrics = {"loss:sum": total}
         metrics |= {k: float(sum(v)) for k, v in sums.items()}
         metrics |= {k: float(sum(v) / len(v)) for k, v in means.items()}
         return ForwardResult(outputs, metrics)
-
-    def _activation_bytes(self, rows: int, width: int) -> float:
-        """About what a backward pass keeps of one micro-batch's activations in float32: each
-        layer's hidden states and MLP (linear in tokens) and its attention weights (quadratic in
-        the width: with a padding mask attention takes the plain, not the flash, path)."""
-        config = self._model.config
-        layers = getattr(config, "num_hidden_layers", 1)
-        hidden = getattr(config, "hidden_size", 1)
-        inner = getattr(config, "intermediate_size", 4 * hidden)
-        heads = getattr(config, "num_attention_heads", 1)
-        per_token = 12 * hidden + 4 * inner
-        return 4.0 * layers * rows * (width * per_token + 2 * heads * width * width)
-
-    @contextmanager
-    def _recomputing(self, rows: list, training: bool):
-        """Gradient checkpointing for a micro-batch whose activations would pass the budget: a
-        long multi-turn datum on SmolLM2 held 15.7 GB without it (each layer's activations are
-        recomputed in the backward pass instead: about a third more compute, one layer's
-        activations held at a time). Transformers checkpoints only in train mode; LoRA dropout
-        is 0, so train mode changes nothing else."""
-        width = max(len(tokens) for tokens, _ in rows)
-        if not training or self._activation_bytes(len(rows), width) <= self.activation_budget:
-            yield
-            return
-        model = self._peft.base_model.model
-        # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*
-        renamed = hasattr(model, "activation_checkpointing_enable")
-        if renamed:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self._peft.train()
-        try:
-            yield
-        finally:
-            self._peft.eval()
-            (model.activation_checkpointing_disable if renamed else model.gradient_checkpointing_disable)()
-
-    def _logprobs(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-        """Each row's log-probs of its targets (``(n,)`` or ``(n, k)``), from one padded forward.
-        Right padding with an attention mask: a causal model's positions before the padding
-        see exactly what they would see alone."""
-        width = max(len(t) for t, _ in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, (tokens, _) in enumerate(rows):
-            ids[r, :len(tokens)], mask[r, :len(tokens)] = tokens, 1
-        logits = self._peft(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
-        # log_softmax gathered as logit - logsumexp: no second (rows, width, vocab) tensor
-        norm = logits.logsumexp(-1)
-        result = []
-        for r, (tokens, targets) in enumerate(rows):
-            n = len(tokens)
-            picked = logits[r, :n].gather(-1, targets.view(n, -1).to(logits.device))
-            result.append((picked - norm[r, :n, None]).view(targets.shape).cpu())
-        return result
 
     # -- optimizer -------------------------------------------------------------------------------
 
@@ -332,15 +255,10 @@ class ModelHub:
         for group in run.optimizer.param_groups:
             group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
                          weight_decay=adam.weight_decay)
-        grads = [p.grad for p in run.params if p.grad is not None]
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads \
-            else 0.0
-        if adam.grad_clip_norm > 0 and grads:
-            torch.nn.utils.clip_grad_norm_(run.params, adam.grad_clip_norm)
-        run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        run.backend.max_grad_norm = adam.grad_clip_norm  # 0: not clipped
+        stats = run.backend.optim_step()
         run.steps += 1
-        return {"grad_norm:mean": norm, "step:max": float(run.steps)}
+        return {"grad_norm:mean": float(stats["grad_norm"]), "step:max": float(run.steps)}
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -359,13 +277,13 @@ class ModelHub:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            save_file({n: p.detach().cpu().contiguous() for n, p in zip(run.names, run.params)},
-                      str(tmp / "adapter.safetensors"))
+            state = run.backend.state_dict()
+            save_file(state["model"], str(tmp / "adapter.safetensors"))
             meta = {"base_model": self.base_model, "rank": run.rank, "lora_alpha": LORA_ALPHA, "seed": run.seed,
                     "targets": run.targets, "steps": run.steps}
             (tmp / "adapter.json").write_text(json.dumps(meta))
             if kind == "state":
-                torch.save(run.optimizer.state_dict(), tmp / "optimizer.pt")
+                torch.save(state["optimizer"], tmp / "optimizer.pt")
             for file in tmp.iterdir():  # on disk before the rename makes the folder visible
                 with open(file, "rb") as f:
                     os.fsync(f.fileno())
@@ -403,13 +321,7 @@ class ModelHub:
             run = self._add_run(model_id, int(meta["rank"]), int(meta.get("seed", 0)), list(meta["targets"]))
         if sorted(tensors) != sorted(run.names):
             raise RequestError(f"saved state {name!r} does not fit this base model")
-        with torch.no_grad():
-            for n, p in zip(run.names, run.params):
-                p.copy_(tensors[n])
-                p.grad = None
-        run.optimizer = self._new_optimizer(run.params)
-        if saved_optimizer is not None:
-            run.optimizer.load_state_dict(saved_optimizer)
+        run.backend.load_state_dict({"model": tensors, "optimizer": saved_optimizer})
         run.steps = int(meta.get("steps", 0)) if with_optimizer else 0
 
     # -- sampling ----------------------------------------------------------------------------------

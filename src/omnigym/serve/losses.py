@@ -1,27 +1,29 @@
-"""The ``tinker`` SDK's built-in losses, on one datum's target log-probs.
+"""The ``tinker`` SDK's built-in losses, on one datum's target log-probs: names, inputs and
+defaults of Tinker's, arithmetic of ``rl/losses.py`` (the per-token objectives every trainer's
+losses are made of), called with Tinker's conventions: the ratio's bounds as bounds
+(``clip_low_threshold``, ``clip_high_threshold``; 0.8 and 1.2 by default, Tinker's epsilon of
+0.2) and the ``token-sum`` reduction (no mean). The hub sums a call's data too, so that the
+gradients of several calls before one ``optim_step`` add up exactly as one call with all the
+data would.
 
 Each loss is ``fn(logprobs, inputs, config) -> (loss, elementwise, metrics)``: ``logprobs`` the
 model's log-probs of ``target_tokens`` (one per position, with gradient), ``inputs`` the
 datum's other ``loss_fn_inputs`` as float tensors shaped like ``logprobs``, ``config`` the
-request's ``loss_fn_config`` with defaults filled in. ``loss`` is a scalar: Tinker **sums** over
-tokens (no mean), and the hub sums it over the data of a call, so that gradients of several
-calls before one ``optim_step`` add up exactly as one call with all the data would.
+request's ``loss_fn_config`` with defaults filled in.
 
 The definitions follow Tinker's loss documentation (tinker-docs.thinkingmachines.ai, "Loss
-Functions"): ``q`` is the sampler's log-prob (``logprobs`` input), ``A`` the advantage.
+Functions"): ``q`` is the sampler's log-prob (``logprobs`` input), ``A`` the advantage,
+``r = exp(logp - q)``.
 
 - ``cross_entropy``: ``-sum(weights * logp)`` (weights default to 1; the SDK's custom losses
   arrive as this with ``weights = -dC/dlogp``); ``target_tokens`` may be ``(N, K)`` with
   ``(N, K)`` weights (top-k distillation).
-- ``importance_sampling``: ``-sum(exp(logp - q) * A)``.
-- ``ppo``: ``-sum(min(r * A, clip(r, low, high) * A))``, ``r = exp(logp - q)``; ``low``/``high``
-  are ratio bounds (``clip_low_threshold``, ``clip_high_threshold``; 0.8 and 1.2 by default:
-  Tinker's epsilon of 0.2).
+- ``importance_sampling``: ``-sum(r * A)``.
+- ``ppo``: ``-sum(min(r * A, clip(r, low, high) * A))``.
 - ``cispo``: ``-sum(sg(clip(r, low, high)) * logp * A)``.
 - ``dro``: ``-sum(logp * A - beta / 2 * (logp - q)^2)``.
-- ``gspo`` (the token-level variant): every token takes the sequence ratio's value
-  ``exp(mean over the ratio mask of (logp - q))`` and its own log-prob's gradient, then PPO's
-  clipped objective.
+- ``gspo`` (the token-level variant): PPO's objective on ``rl.losses.sequence_ratio``, over the
+  ``sequence_ratio_mask`` (default: the positions with a non-zero advantage).
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ from typing import Callable
 
 import torch
 
+from omnigym.rl.losses import (aggregate, cispo_objective, clipped_surrogate, dro_objective, sequence_ratio,
+                               weighted_nll)
 from omnigym.serve.contract import RequestError
 
 DEFAULT_CLIP = MappingProxyType({"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+TINKER_REDUCTION = "token-sum"
 
 
 def _ratio_bounds(config: dict) -> tuple[float, float]:
@@ -45,42 +50,31 @@ def _ratio_bounds(config: dict) -> tuple[float, float]:
     return low, high
 
 
+def _summed(elementwise: torch.Tensor, metrics: dict | None = None):
+    return aggregate(elementwise, None, TINKER_REDUCTION), elementwise, metrics or {}
+
+
 def cross_entropy(logp, inputs, config):
-    elementwise = -inputs["weights"] * logp
-    return elementwise.sum(), elementwise, {}
+    return _summed(weighted_nll(logp, inputs["weights"]))
 
 
 def importance_sampling(logp, inputs, config):
-    ratio = (logp - inputs["logprobs"]).exp()
-    elementwise = -ratio * inputs["advantages"]
-    return elementwise.sum(), elementwise, {}
-
-
-def _clipped_objective(ratio, advantages, low, high):
-    """Per-token ``-min(r A, clip(r) A)`` and whether the clipped term was taken (it gives no
-    gradient there)."""
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(low, high) * advantages
-    return -torch.minimum(unclipped, clipped), clipped < unclipped
+    elementwise, _ = clipped_surrogate((logp - inputs["logprobs"]).exp(), inputs["advantages"])
+    return _summed(elementwise)
 
 
 def ppo(logp, inputs, config):
-    low, high = _ratio_bounds(config)
-    elementwise, took_clip = _clipped_objective((logp - inputs["logprobs"]).exp(), inputs["advantages"], low, high)
-    return elementwise.sum(), elementwise, {"clip_fraction:mean": float(took_clip.float().mean()) if len(logp) else 0.0}
+    elementwise, took_clip = clipped_surrogate((logp - inputs["logprobs"]).exp(), inputs["advantages"],
+                                               *_ratio_bounds(config))
+    return _summed(elementwise, {"clip_fraction:mean": float(took_clip.float().mean())})
 
 
 def cispo(logp, inputs, config):
-    low, high = _ratio_bounds(config)
-    weight = (logp - inputs["logprobs"]).exp().clamp(low, high).detach()
-    elementwise = -weight * logp * inputs["advantages"]
-    return elementwise.sum(), elementwise, {}
+    return _summed(cispo_objective(logp, inputs["logprobs"], inputs["advantages"], *_ratio_bounds(config)))
 
 
 def dro(logp, inputs, config):
-    beta = config["beta"]
-    elementwise = -(logp * inputs["advantages"] - 0.5 * beta * (logp - inputs["logprobs"]) ** 2)
-    return elementwise.sum(), elementwise, {}
+    return _summed(dro_objective(logp, inputs["logprobs"], inputs["advantages"], config["beta"]))
 
 
 def gspo(logp, inputs, config):
@@ -91,10 +85,9 @@ def gspo(logp, inputs, config):
         # the cookbook's RL data put zero advantage (and a zero sampler log-prob) on prompt
         # positions: leaving them out keeps the prompt's log-probs out of the sequence ratio
         in_ratio = inputs["advantages"] != 0
-    log_ratio = (logp.detach() - inputs["logprobs"])[in_ratio].mean() if bool(in_ratio.any()) else logp.new_zeros(())
-    ratio = (log_ratio + logp - logp.detach()).exp()
-    elementwise, _ = _clipped_objective(ratio, inputs["advantages"], low, high)
-    return elementwise.sum(), elementwise, {}
+    elementwise, _ = clipped_surrogate(sequence_ratio(logp, inputs["logprobs"], in_ratio), inputs["advantages"],
+                                       low, high)
+    return _summed(elementwise)
 
 
 class LossSpec:
