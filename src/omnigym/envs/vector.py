@@ -133,13 +133,17 @@ def parse_env_kwargs(pairs) -> dict:
 
 def env_family(env) -> str | None:
     """``atari`` (ale-py's games), ``mujoco`` (gymnasium's MuJoCo robots), ``locomotion``
-    (envs/locomotion's quadrupeds), or None: which algorithm presets (``--preset auto``) fit the env."""
+    (envs/locomotion's quadrupeds), ``fetch`` (gymnasium-robotics' Fetch arms, the goal envs
+    HER is for), or None: which algorithm presets (``--preset auto``) fit the env."""
+    from omnigym.envs.goal import FETCH_IDS
     from omnigym.envs.locomotion import FAMILY, is_locomotion
 
     if is_locomotion(env):
         return FAMILY
     if not isinstance(env, str) or is_reference(env):
         return None
+    if env in FETCH_IDS:
+        return "fetch"
     if is_atari(env) or env.startswith("ALE/"):
         return "atari"
     try:

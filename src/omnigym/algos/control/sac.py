@@ -73,6 +73,12 @@ class SACConfig(HindsightFlags, ControlConfig):
 
     RESUME_FIXED = ControlConfig.RESUME_FIXED + ("buffer_size",)
 
+    PRESETS = {
+        "fetch": ("RL-Zoo's her.yml for FetchReach; with --her, success >= 0.9 by 15k steps, docs/her.md", dict(
+            total_timesteps=20_000, gamma=0.95, policy_lr=1e-3, q_lr=1e-3, batch_size=256, learning_starts=1000,
+            hidden=(64, 64), policy_frequency=1)),
+    }
+
     def check(self) -> None:
         super().check()
         require_positive(self, "buffer_size", "batch_size", "policy_lr", "q_lr", "policy_frequency",
