@@ -61,8 +61,9 @@ CASES = [
     (["eval", "NOT_A_RUN"], "is not a run directory (no config.json)"),
     (["eval", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
     (["train", "ppo", "--resume", "BAD_CONFIG"], "config.json cannot be read (JSONDecodeError)"),
-    (["fit", "ppo"], "unknown command 'fit'; choose train, eval, sample, collect, export, plot, list"),
-    ([], "name a command: train, eval, plot or list"),
+    (["fit", "ppo"], "unknown command 'fit'; choose one of train, eval, sample, collect, export, plot, list, "
+                     "import-gguf, serve, serve-rm"),
+    ([], "name a command: train, eval, sample, collect, export, plot, list, import-gguf, serve, serve-rm"),
     (["list", "extra"], "omnigym list takes no arguments, got extra"),
     (["train", "ppo", "--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
     (["train", "ppo", "--wandb"], "wandb is not installed; install it with: pip install 'omnigym[wandb]'"),

@@ -1,4 +1,4 @@
-"""The ``omnigym`` command: train, eval, plot, list, import-gguf, serve.
+"""The ``omnigym`` command and its subcommands (``COMMANDS``: every message that lists them reads it).
 
 Algorithm flags are generated from each algorithm's config dataclass by tyro, so every
 flag has a type, a default and a help line.
@@ -14,9 +14,10 @@ import sys
 
 from omnigym.errors import OmnigymError
 
-USAGE = """usage: omnigym {train,eval,sample,collect,export,plot,list,import-gguf,serve,serve-rm} ...
+COMMANDS = ("train", "eval", "sample", "collect", "export", "plot", "list", "import-gguf", "serve", "serve-rm")
+"""the subcommands, in the order help lists them; ``handlers`` runs each"""
 
-  omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
+USAGE = f"usage: omnigym {{{','.join(COMMANDS)}}} ...\n\n" + """  omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]] [--randomize] [--command VX,VY,YAW]
                                  --video: the episodes as .mp4 in RUN_DIR/videos/eval (docs/video.md)
   omnigym sample RUN_DIR_OR_MODEL --n N [--rewards NAME:W,...] [--min-reward R] [--out DATA.jsonl] [--curve]
@@ -383,7 +384,7 @@ def run_command(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         if not argv:
-            print("omnigym: error: name a command: train, eval, plot or list", file=sys.stderr)
+            print(f"omnigym: error: name a command: {', '.join(COMMANDS)}", file=sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     call = None
@@ -393,35 +394,9 @@ def run_command(argv: list[str]) -> int:
         from omnigym.track.run import TrainCall
 
         call = TrainCall()  # this command's run: the error and interrupt lines say where it stands
-        if command == "train":
-            train(rest, call)
-        elif command == "eval":
-            evaluate(rest)
-        elif command == "sample":
-            sample(rest)
-        elif command == "collect":
-            collect(rest)
-        elif command == "export":
-            export(rest)
-        elif command == "plot":
-            plot(rest)
-        elif command == "list":
-            if rest:
-                raise OmnigymError(f"omnigym list takes no arguments, got {' '.join(rest)}")
-            list_available()
-        elif command == "import-gguf":
-            convert_gguf(rest)
-        elif command == "serve":
-            from omnigym.serve.command import serve
-
-            serve(rest)
-        elif command == "serve-rm":
-            from omnigym.serve.reward_server import serve_rm
-
-            serve_rm(rest)
-        else:
-            raise OmnigymError(f"unknown command {command!r}; choose train, eval, sample, collect, export, plot, "
-                               "list, import-gguf, serve or serve-rm")
+        if command not in COMMANDS:
+            raise OmnigymError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
+        handlers(call)[command](rest)
     except OmnigymError as exc:
         run = call.run if call else None
         from omnigym.track.files import DiskFault
@@ -437,6 +412,29 @@ def run_command(argv: list[str]) -> int:
     except KeyboardInterrupt as exc:
         return interrupted(exc, call.run if call else None)
     return 0
+
+
+def handlers(call) -> dict:
+    """What runs each of ``COMMANDS`` (``call``: the ``TrainCall`` a training run reports to)."""
+
+    def list_command(rest):
+        if rest:
+            raise OmnigymError(f"omnigym list takes no arguments, got {' '.join(rest)}")
+        list_available()
+
+    def serve_command(rest):
+        from omnigym.serve.command import serve
+
+        serve(rest)
+
+    def serve_rm_command(rest):
+        from omnigym.serve.reward_server import serve_rm
+
+        serve_rm(rest)
+
+    return {"train": lambda rest: train(rest, call), "eval": evaluate, "sample": sample, "collect": collect,
+            "export": export, "plot": plot, "list": list_command, "import-gguf": convert_gguf,
+            "serve": serve_command, "serve-rm": serve_rm_command}
 
 
 def interrupted(exc: KeyboardInterrupt, run) -> int:
