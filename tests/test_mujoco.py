@@ -72,13 +72,23 @@ def test_mujoco_preset_checkpoints_its_statistics_and_repeats_itself(tmp_path):
 
 
 def test_eval_normalizes_with_the_saved_statistics(tmp_path, monkeypatch):
-    ppo.train(small(tmp_path / "a"))
-    with_stats = evaluate_run(str(tmp_path / "a"), episodes=3, greedy=True)
-    # The same weights fed raw observations act differently: eval must be using the statistics.
     from omnigym.rl import running_stats
 
-    monkeypatch.setattr(running_stats.RunningMeanStd, "normalize", lambda self, x, clip=10.0: x.astype(np.float32))
-    assert evaluate_run(str(tmp_path / "a"), episodes=3, greedy=True) != with_stats
+    ppo.train(small(tmp_path / "a"))
+    saved = load_checkpoint(tmp_path / "a")["components"]["collector"]["obs_rms"]
+    assert np.abs(saved["mean"]).max() > 0.01 and np.abs(saved["var"] - 1).max() > 0.01  # not the initial 0 and 1
+    # every observation eval feeds the policy is normalized with the run's saved statistics,
+    # unchanged by the evaluation episodes
+    seen, normalize = [], running_stats.RunningMeanStd.normalize
+
+    def recording(self, x, *args, **kwargs):
+        seen.append((self.mean.copy(), self.var.copy()))
+        return normalize(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(running_stats.RunningMeanStd, "normalize", recording)
+    assert len(evaluate_run(str(tmp_path / "a"), episodes=3, greedy=True)) == 3
+    assert len(seen) > 3 and all(np.array_equal(mean, saved["mean"]) and np.array_equal(var, saved["var"])
+                                 for mean, var in seen)
 
 
 @pytest.mark.slow

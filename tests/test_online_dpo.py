@@ -46,11 +46,19 @@ def test_trains_on_the_judges_best_and_worst_replies(tmp_path, reward_model, pai
         assert row["pairs/kept_fraction"] == pytest.approx(differ.double().mean().item())
         assert row["reward/chosen_score"] == pytest.approx(groups.max(1).values[differ].mean().item(), abs=1e-5)
         assert row["reward/rejected_score"] == pytest.approx(groups.min(1).values[differ].mean().item(), abs=1e-5)
-    # the policy moved away from where it started, toward the chosen replies
-    assert rows[-1]["rewards/margin"] > 0 and rows[-1]["eval/kl"] > 0
-    assert summary["score_after"] != summary["score_before"] and summary["gold_after"] is not None
-    first = metrics(tmp_path / "run")[0]
-    assert first["eval/kl"] == 0.0 and {"eval/judge_score", "eval/gold_reward"} <= set(first)
+    # the policy starts as the reference (margin 0) and moves toward the chosen replies at every
+    # step: the implicit reward margin grows (0, 0.02, 0.13, 0.17 here), and so does the KL to
+    # the reference at each evaluation (0, 0.35, 1.02). Four steps teach the judge nothing yet:
+    # its score went 2.60 -> 2.21 here, so the summary is checked for what it reports, not a gain.
+    margins = [r["rewards/margin"] for r in rows]
+    assert margins[0] == 0.0 and all(a < b for a, b in zip(margins, margins[1:])), margins
+    evals = [r for r in metrics(tmp_path / "run") if "eval/judge_score" in r]
+    kls = [r["eval/kl"] for r in evals]
+    assert len(evals) == 3 and kls[0] == 0.0 and all(a < b for a, b in zip(kls, kls[1:])), kls
+    assert (summary["score_before"], summary["score_after"]) == (evals[0]["eval/judge_score"],
+                                                                 evals[-1]["eval/judge_score"])
+    assert (summary["gold_before"], summary["gold_after"], summary["kl"]) == (
+        evals[0]["eval/gold_reward"], evals[-1]["eval/gold_reward"], kls[-1])
 
 
 def test_the_policy_changes_and_the_same_seed_gives_the_same_metrics(tmp_path, reward_model, pairs_file):

@@ -160,7 +160,15 @@ def test_rlhf_trains_policy_and_value_and_logs_the_phases(tmp_path, reward_model
     last = rows[-1]
     for phase in ("generate", "reference", "reward", "value", "update"):
         assert last[f"time/{phase}"] > 0
-    assert last["kl/beta"] != 0.05  # the adaptive controller moved beta
+    # the adaptive controller (Ziegler et al.): the next step's beta is this one's times
+    # 1 + clip(KL per reply / target - 1, -0.2, 0.2) x 8 replies / 10,000 (--kl-horizon); the KL
+    # stayed under the 0.5 target (-0.11 to 0.33 here), so beta fell at every step
+    steps = [r for r in rows if "kl/beta" in r]
+    assert len(steps) == 3 and steps[0]["kl/beta"] == 0.05
+    for before, after in zip(steps, steps[1:]):
+        error = max(-0.2, min(0.2, before["kl/mean"] / 0.5 - 1))
+        assert after["kl/beta"] == pytest.approx(before["kl/beta"] * (1 + error * 8 / 10_000), rel=1e-9)
+        assert before["kl/mean"] < 0.5 and after["kl/beta"] < before["kl/beta"]
     assert last["losses/value_loss"] > 0 and "eval/rm_score" in rows[0] and "eval/kl" in last
     assert rows[0]["eval/kl"] == 0.0 and summary["kl"] >= 0
     samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
