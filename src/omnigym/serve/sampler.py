@@ -20,6 +20,7 @@ import torch
 
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
+from omnigym.models.tokens import gathered_logprobs
 from omnigym.serve.contract import RequestError, SampledSequence, SampleParams, SampleResult
 
 
@@ -117,9 +118,7 @@ class SamplerPool:
     def prompt_logprobs(self, model, prompt: list[int]) -> list[float | None]:
         device = next(model.parameters()).device
         logits = model(torch.tensor([prompt], device=device)).logits[0].float()
-        picked = logits[:-1].gather(-1, torch.tensor(prompt[1:], device=device)[:, None])[:, 0]
-        values = (picked - logits[:-1].logsumexp(-1)).tolist()
-        return [None] + values
+        return [None] + gathered_logprobs(logits[:-1], torch.tensor(prompt[1:], device=device)[:, None])[:, 0].tolist()
 
 
 def read_adapter(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
