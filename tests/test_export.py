@@ -173,7 +173,7 @@ BAD = [
     (["export", "RUN", "--format", "gguf"], "unknown export format 'gguf'; choose onnx or torchscript"),
     (["export", "RUN"], "the following arguments are required: --format"),
     (["export", "LANGUAGE_RUN", "--format", "onnx"], "is a language-model grpo run; omnigym export writes the control "
-                                                     "policies of ppo, reinforce, dqn, sac, td3 runs"),
+                                                     "policies of ppo, reinforce, dqn, sac, td3, drq, bc, td3_bc, iql, cql runs"),
     (["export", "RUN", "--format", "onnx"], "no checkpoint at"),
     (["export", "NOT_A_RUN", "--format", "torchscript"], "is not a run directory (no config.json)"),
 ]

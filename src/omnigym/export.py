@@ -3,8 +3,12 @@
 The file maps a batch of raw observations (the env's, float32; uint8 for images) to the
 actions the env receives, deterministically: PPO's and REINFORCE's Gaussian mean (or argmax
 of the logits), SAC's squashed mean scaled to the action bounds, TD3's actor, DQN's argmax
-Q. What training put between the env and the network is folded in: PPO's ``--normalize-obs``
-running statistics (in float64, clipped to +-10, as ``RunningMeanStd.normalize`` does) and,
+Q, DrQ's encoder and squashed mean; the offline algorithms' actors as they evaluate (BC's and
+TD3+BC's tanh actor, IQL's Gaussian mean, CQL's squashed mean). A goal env's Dict observation
+is taken flattened, ``observation ++ desired_goal``, as the networks read it (the file's
+metadata ``input.layout`` names the keys and widths). What training put between the env and
+the network is folded in: PPO's ``--normalize-obs`` running statistics (in float64, clipped to
++-10, as ``RunningMeanStd.normalize`` does), an offline run's dataset standardization and,
 for PPO and REINFORCE on a Box, the clip into the action bounds that their rollouts and
 ``omnigym eval`` apply at the env boundary. SAC and TD3 need no clip: tanh, scaled to the
 bounds, keeps their actions inside, and no clip is added, so the file does what their
@@ -13,8 +17,8 @@ bounds, keeps their actions inside, and no clip is added, so the file does what 
 The networks are the algorithms' own classes (models/control.py, models/continuous.py)
 loaded from the checkpoint; nothing here redefines them. Before the file is moved into
 place it is run (onnxruntime, or ``torch.jit.load``) on probe observations and compared
-with the checkpoint's policy as ``omnigym eval`` rebuilds it (the algorithm's
-``load_policy``); a file that disagrees is never written. docs/export.md has the details
+with the checkpoint's policy as ``omnigym eval`` rebuilds it
+(``evaluation.control.load_policy``, the algorithm's ``load_policy``); a file that disagrees is never written. docs/export.md has the details
 and the per-step latency.
 """
 
@@ -33,6 +37,7 @@ import torch
 from torch import nn
 
 from omnigym.errors import OmnigymError, missing_extra
+from omnigym.models.goal_view import GoalLayout
 
 FORMATS = MappingProxyType({"onnx": "policy.onnx", "torchscript": "policy.pt"})
 """each format and the file it writes into the run directory by default"""
@@ -47,11 +52,18 @@ METADATA_FILE = "omnigym.json"
 
 
 class ExportedPolicy(nn.Module):
-    """``obs batch -> actions``: normalization, the deterministic actor, the action clip."""
+    """``obs batch -> actions``: normalization, the deterministic actor, the action clip.
+    ``obs_rms``: an online run's running statistics (float64, clipped); ``obs_stats``: an offline
+    run's dataset mean and std (float32, unclipped, as ``ObservationStats`` computes it)."""
 
-    def __init__(self, actor: nn.Module, obs_rms: dict | None, clip_to: gym.spaces.Box | None):
+    def __init__(self, actor: nn.Module, obs_rms: dict | None, clip_to: gym.spaces.Box | None,
+                 obs_stats: dict | None = None):
         super().__init__()
         self.actor, self.normalize, self.clip = actor, obs_rms is not None, clip_to is not None
+        self.standardize = obs_stats is not None
+        if obs_stats is not None:
+            self.register_buffer("stats_mean", torch.as_tensor(obs_stats["mean"], dtype=torch.float32))
+            self.register_buffer("stats_std", torch.as_tensor(obs_stats["std"], dtype=torch.float32))
         if obs_rms is not None:  # float64, as the numpy statistics: the same numbers as training
             self.register_buffer("obs_mean", torch.as_tensor(np.asarray(obs_rms["mean"], np.float64)))
             self.register_buffer("obs_std", torch.as_tensor(np.sqrt(np.asarray(obs_rms["var"], np.float64) + 1e-8)))
@@ -62,6 +74,8 @@ class ExportedPolicy(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if self.normalize:
             obs = ((obs.double() - self.obs_mean) / self.obs_std).clamp(-OBS_CLIP, OBS_CLIP).float()
+        if self.standardize:
+            obs = (obs.float() - self.stats_mean) / self.stats_std
         action = self.actor(obs)
         if self.clip:
             action = torch.minimum(torch.maximum(action, self.action_low), self.action_high)
@@ -88,13 +102,28 @@ class _GreedyQ(nn.Module):
         return self.q_network(obs).argmax(-1)
 
 
+class _EncodedActor(nn.Module):
+    """DrQ's policy: the critic's encoder, then the actor's squashed mean on its maps."""
+
+    def __init__(self, encoder, actor):
+        super().__init__()
+        self.encoder, self.actor = encoder, actor
+
+    def forward(self, obs):
+        return self.actor.mode(self.encoder(obs))
+
+
+# Each returns ``(actor, running obs statistics, dataset obs statistics, clip)``; ``obs_space`` is
+# the space the networks see (a goal env's flattened observation ++ desired_goal).
+
 def _actor_critic(cfg, components, obs_space, action_space):
     from omnigym.models.control import ActorCritic
 
     agent = ActorCritic(obs_space, action_space, tuple(cfg.hidden))
     agent.load_state_dict(components["model"])
     obs_rms = (components.get("collector") or {}).get("obs_rms")
-    return Deterministic(agent, "greedy"), obs_rms, action_space if isinstance(action_space, gym.spaces.Box) else None
+    return (Deterministic(agent, "greedy"), obs_rms, None,
+            action_space if isinstance(action_space, gym.spaces.Box) else None)
 
 
 def _q_network(cfg, components, obs_space, action_space):
@@ -102,7 +131,7 @@ def _q_network(cfg, components, obs_space, action_space):
 
     q_network = QNetwork(obs_space, int(action_space.n), tuple(cfg.hidden))
     q_network.load_state_dict(components["model"])
-    return _GreedyQ(q_network), None, None
+    return _GreedyQ(q_network), None, None, None
 
 
 def _sac_actor(cfg, components, obs_space, action_space):
@@ -110,7 +139,7 @@ def _sac_actor(cfg, components, obs_space, action_space):
 
     actor = SquashedGaussianActor(obs_space.shape[0], action_space, tuple(cfg.hidden))
     actor.load_state_dict(components["actor"])
-    return Deterministic(actor, "mode"), None, None
+    return Deterministic(actor, "mode"), None, None, None
 
 
 def _td3_actor(cfg, components, obs_space, action_space):
@@ -118,16 +147,62 @@ def _td3_actor(cfg, components, obs_space, action_space):
 
     actor = DeterministicActor(obs_space.shape[0], action_space, tuple(cfg.hidden))
     actor.load_state_dict(components["actor"])
-    return actor, None, None
+    return actor, None, None, None
+
+
+def _drq_actor(cfg, components, obs_space, action_space):
+    from omnigym.models.pixel_encoder import PixelActor, PixelCritic
+
+    critic = PixelCritic(obs_space.shape, action_space.shape[0], cfg.features, tuple(cfg.hidden))
+    critic.load_state_dict(components["critic"])
+    actor = PixelActor(critic.encoder.out_features, action_space, cfg.features, tuple(cfg.hidden))
+    actor.load_state_dict(components["actor"])
+    return _EncodedActor(critic.encoder, actor), None, None, None
+
+
+def _offline_actor(actor_class):
+    """An offline algorithm's actor (``actor_class()``: the class its ``load_policy`` builds, acting
+    as it evaluates: BC's and TD3+BC's tanh actor, IQL's Gaussian mean, CQL's squashed mean) on
+    the dataset's standardized observations."""
+
+    def build(cfg, components, obs_space, action_space):
+        actor = actor_class()(obs_space.shape[0], action_space, tuple(cfg.hidden))
+        actor.load_state_dict(components["actor"])
+        return actor, None, components["obs_stats"], None
+
+    return build
+
+
+def _tanh_actor():
+    from omnigym.models.continuous import DeterministicActor
+
+    return DeterministicActor
+
+
+def _gaussian_mean_actor():
+    from omnigym.models.continuous import GaussianActor
+
+    return GaussianActor
+
+
+def _cql_actor():
+    from omnigym.algos.control.cql import GreedyActor
+
+    return GreedyActor
 
 
 ACTORS = MappingProxyType({"ppo": _actor_critic, "reinforce": _actor_critic, "dqn": _q_network, "sac": _sac_actor,
-                          "td3": _td3_actor})
-"""each exportable algorithm's deterministic actor: ``(cfg, components, spaces) -> (actor, obs stats, clip)``"""
+                          "td3": _td3_actor, "drq": _drq_actor, "bc": _offline_actor(_tanh_actor),
+                          "td3_bc": _offline_actor(_tanh_actor), "iql": _offline_actor(_gaussian_mean_actor),
+                          "cql": _offline_actor(_cql_actor)})
+"""each exportable algorithm's deterministic actor: ``(cfg, components, network obs space, action space)
+-> (actor, running obs statistics, dataset obs statistics, clip)``"""
 
 
 def describe_space(space: gym.Space) -> dict:
     """A JSON description of an observation or action space, for the file's metadata."""
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "Dict", "spaces": {key: describe_space(sub) for key, sub in space.spaces.items()}}
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, gym.spaces.Box):
@@ -169,49 +244,53 @@ def check_out(run_dir: str | os.PathLike, out: Path, force: bool) -> None:
         raise OmnigymError(f"--out {out}: no such folder {out.parent}")
 
 
-def read_run(run_dir: str | os.PathLike):
-    """The run's algorithm, its module, config and checkpoint, or one line why it has no policy to export."""
-    from omnigym.algos import ALGORITHMS, config_class, get_algorithm
-    from omnigym.config import config_from_dict
-    from omnigym.track.checkpoint import Checkpointer
-    from omnigym.track.files import CONFIG_NAME, load_config_dict
+def exportable(run_dir: str | os.PathLike) -> str:
+    """The run's algorithm, or one line why it has no control policy to export."""
+    from omnigym.algos import ALGORITHMS
+    from omnigym.track.files import load_config_dict
 
-    values = load_config_dict(run_dir)
-    algo = values["algo"]
+    algo = load_config_dict(run_dir)["algo"]
     if algo not in ACTORS:
         kind = "a language-model" if ALGORITHMS.get(algo, "").startswith("omnigym.algos.lm.") else "an"
         raise OmnigymError(f"{run_dir} is {kind} {algo} run; omnigym export writes the control policies of "
                            f"{', '.join(ACTORS)} runs")
-    module = get_algorithm(algo)
-    cfg = config_from_dict(config_class(module), values, str(Path(run_dir) / CONFIG_NAME))
-    return algo, module, cfg, Checkpointer(run_dir).load()
+    return algo
 
 
-def run_envs(run_dir: str | os.PathLike, cfg, env=None):
-    """One env of the run's (or ``env``), for its spaces."""
-    from omnigym.envs.vector import make_vec, trained_env
+def input_layout(obs_space: gym.Space) -> list[dict] | None:
+    """How a goal env's Dict observation is flattened into the file's input: each key and its
+    width, in order (the networks' ``observation ++ desired_goal``); None for a Box."""
+    layout = GoalLayout.of(obs_space)
+    if layout is None:
+        return None
+    return [{"key": "observation", "size": layout.obs_dim}, {"key": "desired_goal", "size": layout.goal_dim}]
 
-    env, env_kwargs = trained_env(run_dir, cfg, env, "export",
-                                  "export it from Python with export_run(run_dir, ..., env=...)")
-    # a --backend mjlab run's (GPU) task ids are only mjlab's to make
-    return make_vec(env, 1, backend="mjlab" if getattr(cfg, "backend", "") == "mjlab" else "sync", seed=0,
-                    **env_kwargs)
+
+def flatten(obs: dict, layout: list[dict]) -> np.ndarray:
+    """A batch of Dict observations as the exported file takes it, by the file's ``input.layout``."""
+    return np.concatenate([np.asarray(obs[part["key"]], np.float32).reshape(-1, part["size"]) for part in layout], -1)
 
 
 def build_policy(algo: str, cfg, components: dict, obs_space: gym.Space, action_space: gym.Space) -> ExportedPolicy:
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise OmnigymError(f"export takes Box observations, and this run's env has {obs_space}")
+    """The file's module. ``obs_space`` is the env's; a goal env's Dict is read as the networks
+    read it, flattened (``input_layout``)."""
+    layout = GoalLayout.of(obs_space)
+    network_space = layout.network_space if layout is not None else obs_space
+    if not isinstance(network_space, gym.spaces.Box):
+        raise OmnigymError(f"export takes Box observations or a goal env's Dict (observation, achieved_goal, "
+                           f"desired_goal), and this run's env has {obs_space}")
     try:
-        actor, obs_rms, clip_to = ACTORS[algo](cfg, components, obs_space, action_space)
+        actor, obs_rms, obs_stats, clip_to = ACTORS[algo](cfg, components, network_space, action_space)
     except (KeyError, RuntimeError) as exc:  # a checkpoint of other networks than these classes build
         raise OmnigymError(f"the checkpoint's networks do not match {algo}'s ({type(exc).__name__}: "
                            f"{str(exc).splitlines()[0]})") from None
-    return ExportedPolicy(actor, obs_rms, clip_to).eval()
+    return ExportedPolicy(actor, obs_rms, clip_to, obs_stats).eval()
 
 
 def probe_observations(space: gym.spaces.Box, obs_rms: dict | None, n: int = PROBES, seed: int = 0) -> np.ndarray:
     """Observations where the policy works: around the run's statistics when it normalized
-    (out to 3 standard deviations, so the +-10 clip is crossed rarely), else in the Box."""
+    (``mean`` and ``var``; out to 3 standard deviations, so the +-10 clip is crossed rarely),
+    else in the Box."""
     rng = np.random.default_rng(seed)
     shape = (n, *space.shape)
     if space.dtype == np.uint8:
@@ -223,6 +302,34 @@ def probe_observations(space: gym.spaces.Box, obs_rms: dict | None, n: int = PRO
     wide = rng.normal(size=shape) * 2
     return np.where(bounded, rng.uniform(np.where(bounded, low, 0), np.where(bounded, high, 1), shape),
                     wide).astype(np.float32)
+
+
+def probe_statistics(components: dict) -> dict | None:
+    """The run's observation statistics as ``probe_observations`` takes them (``mean``, ``var``):
+    an online run's running ones, an offline run's dataset mean and std; None without."""
+    obs_rms = (components.get("collector") or {}).get("obs_rms")
+    if obs_rms is not None:
+        return obs_rms
+    stats = components.get("obs_stats")
+    if stats is None:
+        return None
+    std = np.asarray(stats["std"], np.float64)
+    return {"mean": np.asarray(stats["mean"], np.float64), "var": std * std}
+
+
+def probes(obs_space: gym.Space, components: dict, n: int = PROBES, seed: int = 0):
+    """``(the file's input, the env's observations)`` for the same probes: equal for a Box; for a
+    goal env the flattened ``observation ++ desired_goal`` and the Dict it comes from (its
+    ``achieved_goal``, which the policy does not read, drawn as well)."""
+    layout = input_layout(obs_space)
+    if layout is None:
+        observations = probe_observations(obs_space, probe_statistics(components), n, seed)
+        return observations, observations
+    flat = probe_observations(GoalLayout.of(obs_space).network_space, probe_statistics(components), n, seed)
+    parts = np.split(flat, np.cumsum([part["size"] for part in layout])[:-1], axis=-1)
+    observations = {part["key"]: values for part, values in zip(layout, parts)}
+    observations["achieved_goal"] = probe_observations(obs_space["achieved_goal"], None, n, seed + 1)
+    return flat, observations
 
 
 def load_exported(path: str | os.PathLike, fmt: str):
@@ -258,9 +365,12 @@ def read_metadata(path: str | os.PathLike, fmt: str) -> dict:
     return json.loads(files[METADATA_FILE])
 
 
-def mismatch(exported, reference, observations: np.ndarray, discrete: bool) -> str | None:
-    """How the exported file's actions differ from the reference policy's, or None if they agree."""
-    got, want = np.asarray(exported(observations)), np.asarray(reference(observations))
+def mismatch(exported, reference, observations: np.ndarray, discrete: bool, env_observations=None) -> str | None:
+    """How the exported file's actions differ from the reference policy's, or None if they agree.
+    ``env_observations``: what the reference gets where it differs from the file's input (a goal
+    env's Dict, which the file takes flattened)."""
+    got = np.asarray(exported(observations))
+    want = np.asarray(reference(observations if env_observations is None else env_observations))
     if got.shape != want.shape:
         return f"actions of shape {got.shape}, not {want.shape}"
     if discrete:
@@ -329,31 +439,34 @@ def _write_bytes(path: Path, data: bytes) -> None:
 def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.PathLike | None = None,
                force: bool = False, env=None) -> dict:
     """Writes the run's policy as ``fmt`` to ``out`` (default ``RUN_DIR/policy.onnx`` or
-    ``policy.pt``), checked against the checkpoint's policy; returns what was written."""
+    ``policy.pt``), checked against the checkpoint's policy (``load_policy(run_dir)``, the one
+    ``omnigym eval`` plays); returns what was written."""
+    from omnigym.evaluation.control import load_policy
+
     check_format(fmt)
-    algo, module, cfg, saved = read_run(run_dir)
+    algo = exportable(run_dir)
     if out is not None and str(out).endswith(("/", os.sep)):  # Path() would drop the slash and write a file "x"
         raise OmnigymError(f"--out {out} names a folder; name the file to write")
     out = Path(out) if out is not None else default_out(run_dir, fmt)
     check_out(run_dir, out, force)
-    envs = run_envs(run_dir, cfg, env)
-    obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    policy = build_policy(algo, cfg, saved["components"], obs_space, action_space)
-    obs_rms = (saved["components"].get("collector") or {}).get("obs_rms")
-    observations = probe_observations(obs_space, obs_rms)
-    example = torch.as_tensor(observations[:2])
+    reference = load_policy(run_dir, greedy=True, env=env)
+    cfg, components = reference.cfg, reference.components
+    obs_space, action_space = reference.observation_space, reference.action_space
+    policy = build_policy(algo, cfg, components, obs_space, action_space)
+    inputs, observations = probes(obs_space, components)
+    example = torch.as_tensor(inputs[:2])
+    layout = input_layout(obs_space)
     metadata = {"format": fmt, "algorithm": algo, "run": str(Path(run_dir).resolve()),
-                "env_id": str(cfg.env_id), "global_step": saved.get("counters", {}).get("global_step"),
+                "env_id": str(cfg.env_id), "global_step": reference.global_step,
                 "observation_space": describe_space(obs_space), "action_space": describe_space(action_space),
-                "input": {"name": "obs", "shape": ["batch", *obs_space.shape], "dtype": str(example.dtype)[6:]},
-                "observation_normalization": policy.normalize, "action_clipping": policy.clip,
+                "input": {"name": "obs", "shape": ["batch", *inputs.shape[1:]], "dtype": str(example.dtype)[6:],
+                          **({"layout": layout} if layout else {})},
+                "observation_normalization": policy.normalize or policy.standardize, "action_clipping": policy.clip,
                 "torch": torch.__version__}
     from omnigym import __version__
     from omnigym.track.files import write_fault
 
     metadata["omnigym"] = __version__
-    reference = module.load_policy(cfg, saved["components"], envs, greedy=True)
-    envs.close()
     # Written beside the target and renamed over it: a reader never sees half a file, and a
     # failed export (or one that disagrees with the checkpoint) leaves what was there.
     # (Named by process id rather than by mkstemp, whose file is private: the policy keeps the umask's permissions.)
@@ -364,12 +477,12 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
         with warnings.catch_warnings(), torch.no_grad(), write_fault(out):
             warnings.simplefilter("ignore")  # the exporters' deprecation and tracer chatter
             (write_onnx if fmt == "onnx" else write_torchscript)(policy, example, metadata, tmp)
-        differs = mismatch(load_exported(tmp, fmt), reference, observations,
-                           isinstance(action_space, gym.spaces.Discrete))
+        differs = mismatch(load_exported(tmp, fmt), reference, inputs, isinstance(action_space, gym.spaces.Discrete),
+                           env_observations=observations)
         if differs:
             raise OmnigymError(f"the exported {fmt} policy does not reproduce the checkpoint's: {differs} on "
-                               f"{len(observations)} probe observations; nothing written")
+                               f"{len(inputs)} probe observations; nothing written")
         place(tmp, out, force)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"path": str(out), "bytes": out.stat().st_size, "probes": len(observations), **metadata}
+    return {"path": str(out), "bytes": out.stat().st_size, "probes": len(inputs), **metadata}

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+import gymnasium as gym
+import numpy as np
+
 from omnigym.algos import check_foreign_settings, config_class, get_algorithm
 from omnigym.config import config_from_dict, unknown_settings
 from omnigym.envs.atari import AtariOptions, is_atari
@@ -34,6 +37,62 @@ def load_run(run_dir: str, command: str = "omnigym eval"):
     return module, cfg, Checkpointer(run_dir).load()
 
 
+def run_env(run_dir: str, cfg, env, seed: int, verb: str, python_call: str, video_dir: str | None = None):
+    """One env of the run's (or ``env``), made as training made it: its ``--env-kwargs``, Atari
+    preprocessing and ``--pixels`` rendering, so observations and spaces are the ones the policy read."""
+    env, env_kwargs = trained_env(run_dir, cfg, env, verb, python_call)
+    # Atari plays on the run's own backend and preprocessing (video needs gymnasium's sync env); mjlab's
+    # task ids exist only on mjlab.
+    backend = cfg.backend if (is_atari(env) and video_dir is None) or cfg.backend == "mjlab" else "sync"
+    return make_vec(env, 1, backend=backend, seed=seed, video_dir=video_dir, video_episodes=every_episode,
+                    atari=AtariOptions.from_config(cfg), pixels=PixelOptions.from_config(cfg), **env_kwargs)
+
+
+class RunPolicy:
+    """A run's policy in Python, as ``omnigym eval`` plays it: ``policy(obs) -> action``.
+
+    ``obs`` is what the run's env returns: one observation (``env.reset()``'s) or a batch of
+    them (a vector env's; a goal env's Dict of batches); one observation gets one action, a batch a
+    batch. It is the algorithm's own ``load_policy`` on the run's last checkpoint, with what
+    training put between env and network (observation normalization, a goal env's flattening,
+    PPO's clip into the action bounds); env wrappers (Atari's frame preprocessing) are not in it."""
+
+    def __init__(self, run_dir: str | os.PathLike, greedy: bool = True, env=None):
+        self.module, self.cfg, saved = load_run(str(run_dir), "load_policy")
+        self.components = saved["components"]
+        self.global_step = saved.get("counters", {}).get("global_step")
+        self.algorithm = self.module.__name__.rpartition(".")[2]
+        envs = run_env(str(run_dir), self.cfg, env, 0, "load_policy", "load it with load_policy(run_dir, env=...)")
+        try:
+            self.observation_space, self.action_space = envs.single_observation_space, envs.single_action_space
+            self._policy = self.module.load_policy(self.cfg, self.components, envs, greedy=greedy)
+        finally:
+            envs.close()
+
+    def __call__(self, obs, *mask):
+        single = self._is_single(obs)
+        if single:  # one observation: a batch of one in, its one action out
+            obs = {k: np.asarray(v)[None] for k, v in obs.items()} if isinstance(obs, dict) else np.asarray(obs)[None]
+            mask = tuple(np.asarray(m)[None] for m in mask)
+        actions = self._policy(obs, *mask)
+        return actions[0] if single else actions
+
+    def _is_single(self, obs) -> bool:
+        space = self.observation_space
+        if isinstance(space, gym.spaces.Dict) and isinstance(obs, dict):
+            key = next(iter(space.spaces))
+            return np.ndim(obs[key]) == len(space[key].shape)
+        return np.ndim(obs) == len(getattr(space, "shape", None) or ())
+
+
+def load_policy(run_dir: str | os.PathLike, greedy: bool = True, env=None) -> RunPolicy:
+    """``policy = load_policy("runs/X"); action = policy(obs)``: the run's last checkpoint as a
+    callable (``RunPolicy``). ``greedy=False`` samples where the algorithm has a stochastic
+    policy (PPO, SAC); ``env``: the env to take the spaces from, for a run trained on a Python
+    object its config.json cannot name."""
+    return RunPolicy(run_dir, greedy=greedy, env=env)
+
+
 def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None,
                  video_dir: str | None = None, successes: list | None = None) -> list[float]:
     """Returns of ``episodes`` episodes of the run's env (or ``env``: the id, class, factory or
@@ -46,13 +105,8 @@ def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: i
     if not 0 <= seed < 2**32:
         raise OmnigymError(f"--seed must be between 0 and 2**32 - 1, got {seed}")
     module, cfg, saved = load_run(run_dir)
-    env, env_kwargs = trained_env(run_dir, cfg, env, "eval",
-                                  "evaluate it from Python with evaluate_run(run_dir, env=...)")
-    # Atari plays on the run's own backend and preprocessing (video needs gymnasium's sync env); mjlab's
-    # task ids exist only on mjlab.
-    backend = cfg.backend if (is_atari(env) and video_dir is None) or cfg.backend == "mjlab" else "sync"
-    envs = make_vec(env, 1, backend=backend, seed=seed, video_dir=video_dir, video_episodes=every_episode,
-                    atari=AtariOptions.from_config(cfg), pixels=PixelOptions.from_config(cfg), **env_kwargs)
+    envs = run_env(run_dir, cfg, env, seed, "eval", "evaluate it from Python with evaluate_run(run_dir, env=...)",
+                   video_dir=video_dir)
     if video_dir is not None:
         os.makedirs(video_dir, exist_ok=True)  # the env could render: its videos have a place to go
     with run_scope(seed):  # sampled actions come from torch's generator: same seed, same returns
