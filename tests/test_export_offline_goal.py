@@ -159,3 +159,22 @@ def test_load_policy_refuses_a_language_run_and_a_missing_run_in_one_line(tmp_pa
     with pytest.raises(OmnigymError, match="is not a run directory"):
         load_policy(tmp_path / "nothing")
     assert test_bad_input.snapshot(tmp_path) == before
+
+
+def test_a_drq_runs_file_acts_as_its_checkpoint_policy_on_rendered_frames(tmp_path):
+    """DrQ (pixels of a DeepMind Control task): the critic's encoder and the actor's squashed mean."""
+    import importlib.util
+
+    if importlib.util.find_spec("shimmy") is None or importlib.util.find_spec("dm_control") is None:
+        pytest.skip("needs shimmy and dm_control: pip install 'omnigym[pixels]'")
+    from omnigym.algos.control import drq
+
+    run = str(tmp_path / "drq")
+    drq.train(drq.DrQConfig(env_id="dm_control/cartpole-swingup-v0", total_timesteps=300, learning_starts=100,
+                            image_size=16, frame_stack=2, batch_size=16, hidden=(32, 32), features=8,
+                            buffer_size=1000, checkpoint_every=300, action_repeat=2, run_dir=run, **QUIET))
+    policy = load_policy(run)
+    frames = probe_observations(policy.observation_space, None, n=32, seed=11)
+    assert frames.dtype == np.uint8 and frames.shape[1:] == (6, 16, 16)
+    done = export_run(run, "onnx")
+    np.testing.assert_allclose(load_exported(done["path"], "onnx")(frames), policy(frames), rtol=0, atol=1e-5)
