@@ -113,7 +113,8 @@ def test_a_tool_env_of_your_own_turn_by_turn_with_the_observations_masked():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the sandbox runs on Linux only")
 def test_skyrls_python_tool_runs_in_omnigyms_sandbox(tmp_path):
-    from omnigym.envs.skyrl import SkyrlEnv, _SandboxedPython
+    from omnigym.envs.skyrl import SkyrlEnv
+    from omnigym.envs.skyrl_sandbox import SandboxedPythonTools
     from omnigym.rewards.sandbox import Sandbox
 
     secret = tmp_path / "secret.txt"
@@ -121,8 +122,8 @@ def test_skyrls_python_tool_runs_in_omnigyms_sandbox(tmp_path):
     example = row("q", "1", max_turns=4)  # searchcode ends at its extras' max_turns, 2 unless given
     env = SkyrlEnv("searchcode", [example], max_turns=4)
     env.reset(options={"example": example})
-    python = env.skyrl.tool_groups[1].get_tool("python")
-    assert isinstance(python, _SandboxedPython)
+    group = env.skyrl.tool_groups[1]
+    assert isinstance(group, SandboxedPythonTools) and env.skyrl.tool_to_toolgroup["python"] == group.name
     out = env.step("<tool><python>print(6 * 7)</python></tool>")[0][-1]
     assert out == {"role": "user", "content": "42"}
     if Sandbox().isolation().kind == "bubblewrap":

@@ -96,6 +96,12 @@ class AgentEpisodes:
         self.server: AgentServer | None = None
         self._said = said if said is not None else set()
 
+    def on_engine(self, engine) -> "AgentEpisodes":
+        """The same agent's episodes served from ``engine``, saying each failure reason once
+        together with these (the set of reasons said is shared, not copied)."""
+        return AgentEpisodes(self.fn, engine, self.tokenizer, self.params, self.timeout, self.model_name,
+                             self.context, self._said)
+
     def open(self) -> None:
         """Start the endpoint (and the engine's batching service), if it is not up."""
         if self.server is not None:
@@ -228,9 +234,7 @@ class AgentGenerator:
         (its weights are copied in between two engine batches); closing the source stops its endpoint."""
         from omnigym.inference import engine_on_own_copy
 
-        mine = self.episodes
-        return AgentEpisodes(mine.fn, engine_on_own_copy(mine.engine), mine.tokenizer, mine.params, mine.timeout,
-                             mine.model_name, mine.context, mine._said)
+        return self.episodes.on_engine(engine_on_own_copy(self.episodes.engine))
 
     def generate(self, examples: list[dict], group_size: int) -> Trajectories:
         # a thread of its own: asyncio.run needs a thread with no running event loop (a notebook's has one)

@@ -186,6 +186,15 @@ class DeepSpeedBackend:
                 inner.state[flat] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(flat),
                                      "exp_avg_sq": torch.zeros_like(flat)}
             if self.stage < 3:
+                # ZeRO 1-2 link each parameter to its moments in this private method, which DeepSpeed's
+                # own checkpoint loading calls; DeepSpeed offers no public call that does it. Guarded, so a
+                # release that renames it fails here in one line
+                if not hasattr(self.optimizer, "_lazy_init_hp_params_optimizer_state"):
+                    import deepspeed
+
+                    raise OmnigymError(f"deepspeed {deepspeed.__version__}: ZeRO's optimizer no longer has "
+                                       "_lazy_init_hp_params_optimizer_state, which resuming a --backend deepspeed run "
+                                       "calls; install the deepspeed release this run trained with, or report it")
                 self.optimizer._lazy_init_hp_params_optimizer_state()
         for i, moments in saved["state"].items():
             _, param = self.params[i]

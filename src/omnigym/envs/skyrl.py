@@ -143,6 +143,8 @@ class SkyrlEnv(TextEnv):
         except Exception as exc:  # skyrl's envs assert on the fields they need
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise OmnigymError(f"--env skyrl:{self.name} refused an example: {type(exc).__name__}: {first}") from None
+        from omnigym.envs.skyrl_sandbox import sandbox_python_tools
+
         sandbox_python_tools(env, self.sandbox)
         return env
 
@@ -200,32 +202,6 @@ class SkyrlEnv(TextEnv):
         state = dict(self.__dict__)
         state["skyrl"] = None
         return state
-
-
-def sandbox_python_tools(env, sandbox) -> None:
-    """Answer skyrl's ``PythonCodeExecutorToolGroup.python`` (a bare ``python -c`` of the model's
-    code on the host) from omnigym's sandbox, in the same words skyrl's tool answers with."""
-    from skyrl_gym.tools import PythonCodeExecutorToolGroup
-
-    for group in getattr(env, "tool_groups", ()):
-        if isinstance(group, PythonCodeExecutorToolGroup):
-            group._tool_registry["python"] = _SandboxedPython(group.timeout, sandbox)  # the one table get_tool reads
-
-
-class _SandboxedPython:
-    def __init__(self, timeout: float, sandbox):
-        self.timeout, self.sandbox = timeout, sandbox
-
-    def __call__(self, code: str) -> str:
-        from omnigym.rewards.sandbox import SandboxLimits
-
-        result = self.sandbox.run_python(code, SandboxLimits(cpu_seconds=max(1, int(self.timeout)),
-                                                             wall_seconds=self.timeout, max_output_bytes=4000))
-        if result.timed_out:
-            return f"Error executing Python code: Execution timed out after {self.timeout} seconds."
-        if result.stderr:
-            return f"Error executing Python code: {result.stderr.strip()}"
-        return result.stdout.strip()
 
 
 def as_skyrl_row(example: dict, name: str) -> dict:

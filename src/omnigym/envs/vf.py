@@ -130,14 +130,27 @@ def rows(dataset) -> list[dict]:
     return out
 
 
+def rubric_weights(rubric) -> list[tuple[str, float]]:
+    """``(name, weight)`` of each function of a verifiers rubric, read from its public fields:
+    ``funcs`` and ``weights`` (a ``RubricGroup``: its ``rubrics``' in turn), each function named
+    as verifiers names it in a rollout's metrics (its ``__name__``)."""
+    if getattr(rubric, "rubrics", None) is not None:
+        return [pair for child in rubric.rubrics for pair in rubric_weights(child)]
+    if not hasattr(rubric, "funcs") or not hasattr(rubric, "weights"):
+        import verifiers
+
+        raise OmnigymError(f"verifiers {verifiers.__version__}: a Rubric has no funcs and weights fields, which "
+                           "omnigym reads its reward weights from; pip install 'verifiers==0.3.1' or report it")
+    return [(getattr(func, "__name__", repr(func)), float(weight)) for func, weight in zip(rubric.funcs, rubric.weights)]
+
+
 class VerifiersAgent:
     """A verifiers env's rollout as an agent function: ``await agent(client, example)`` ->
     the rubric's weighted parts (``{name: weight x score}``), or raises when the rollout failed."""
 
     def __init__(self, env, spec: str, model: str = "omnigym"):
         self.env, self.spec, self.model = env, spec, model
-        weights = zip(env.rubric._get_reward_func_names(), env.rubric._get_reward_weights())
-        self.weights = tuple((name, float(w)) for name, w in weights if w)
+        self.weights = tuple((name, w) for name, w in rubric_weights(env.rubric) if w)
 
     async def __call__(self, client, example: dict) -> dict:
         from verifiers.clients import OpenAIChatCompletionsClient
