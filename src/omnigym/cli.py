@@ -270,13 +270,15 @@ def evaluate_locomotion(args) -> None:
 
 
 def plot(argv: list[str]) -> None:
-    parser = ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds).")
+    parser = ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds; runs whose "
+                            "config.json differs in more than the seed are separate curves, the legend says how).")
     parser.add_argument("run_dirs", nargs="+")
     parser.add_argument("--out", default="runs/plot.png", help="the image to write (default: %(default)s)")
     parser.add_argument("--metric", action="append",
                         help="a name from the runs' metrics.jsonl, e.g. eval/accuracy; repeat it for one panel each "
-                             "(default: the runs' main metric, charts/episodic_return for control runs, and "
-                             "reward/mean below it where logged); a name no run logged lists the ones they did")
+                             "(default: each run's headline metric, the one its curve.png draws, e.g. "
+                             "charts/episodic_return, eval/normalized_score, eval/accuracy; reward/mean or "
+                             "charts/success_rate below where logged); a name no run logged lists the ones they did")
     args = parser.parse_args(argv)
     from omnigym.track.plot import plot_runs
 

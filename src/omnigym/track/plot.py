@@ -8,8 +8,10 @@ run's own steps, as phases of their own, where they logged the panel's metric.
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
+import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -17,11 +19,21 @@ from omnigym.errors import OmnigymError
 from omnigym.track.files import METRICS_NAME, as_disk_fault, load_config_dict, read_metrics
 from omnigym.track.run_dir import STAGES_FOLDER
 
-# A run's main metric when none is named: the first of these it logged, the one its own
-# curve.png draws (control runs; the demos' gold reward (DPO, RLHF); GRPO/RM/DPO accuracy;
-# RLHF's RM score; SFT's held-out loss; text REINFORCE's reward).
-MAIN_METRICS = ("charts/episodic_return", "eval/gold_reward", "eval/accuracy", "eval/rm_score", "eval/loss",
-                "reward/mean")
+# Each algorithm's headline metric: what its own curve.png draws (the first of these it logged).
+# The algorithms sit above track/, so they are named here, not imported (tests/test_plot_groups.py
+# fails on an algorithm missing from it).
+CONTROL_RETURN = ("charts/episodic_return",)
+OFFLINE_SCORE = ("eval/normalized_score", "eval/episodic_return")  # normalized where the dataset has references
+HEADLINES = MappingProxyType({
+    **dict.fromkeys(("ppo", "reinforce", "dqn", "sac", "td3", "drq"), CONTROL_RETURN),
+    **dict.fromkeys(("bc", "td3_bc", "iql", "cql"), OFFLINE_SCORE),
+    "grpo": ("eval/accuracy",), "text_reinforce": ("reward/mean",), "sft": ("eval/loss",),
+    "dpo": ("eval/gold_reward", "eval/accuracy"), "rm": ("eval/accuracy",), "prm": ("eval/step_accuracy",),
+    "rlhf": ("eval/gold_reward", "eval/rm_score"), "online_dpo": ("eval/gold_reward", "eval/judge_score"),
+})
+# A run of an algorithm not in the table (a newer version's): the first of these it logged.
+MAIN_METRICS = ("charts/episodic_return", "eval/normalized_score", "eval/episodic_return", "eval/gold_reward",
+                "eval/accuracy", "eval/step_accuracy", "eval/rm_score", "eval/judge_score", "eval/loss", "reward/mean")
 # Drawn under the main metric when the run logged them: a language run's reward beside its
 # accuracy, a goal env's success rate under its return.
 COMPANIONS = ("reward/mean", "charts/success_rate")
@@ -33,9 +45,56 @@ STAGE_METRICS = (("eval/accuracy", "sft/val_accuracy"),)
 MARKERS_UP_TO = 60
 
 
+# config.json keys that do not make runs different experiments: the seed (runs that differ in it
+# alone are seeds of one curve), where a run is and what it printed or saved along the way.
+NOT_SETTINGS = frozenset({"seed", "run_dir", "resume", "overwrite", "data_files", "progress", "plot", "tensorboard",
+                          "wandb", "print_episodes", "capture_video", "checkpoint_every", "torch_threads"})
+LEGEND_SETTINGS = 4
+"""at most this many differing settings are named in one legend entry (then "+N more")"""
+
+
 def _label(run_dir: Path) -> str:
     cfg = load_config_dict(run_dir)
+    return _name(cfg)
+
+
+def _name(cfg: dict) -> str:
     return f"{cfg.get('algo', '?')} {cfg.get('env_id', cfg.get('task', ''))}".strip()
+
+
+def settings(cfg: dict) -> dict:
+    """What makes a run the experiment it is: its config.json less the seed, paths and timestamps."""
+    return {k: v for k, v in cfg.items() if k not in NOT_SETTINGS
+            and not k.endswith(("_dir", "_path", "_at", "_time")) and "timestamp" not in k}
+
+
+def _show(value) -> str:
+    text = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else json.dumps(value) \
+        if isinstance(value, dict) else str(value)
+    return text if len(text) <= 30 else text[:29] + "…"
+
+
+def group_runs(configs: dict[Path, dict]) -> dict[Path, str]:
+    """Each run's curve label: runs whose settings (``settings``) are equal are seeds of one curve;
+    the label is the algorithm and env or task, then every setting that differs between the
+    curves of that algorithm and env (``hidden=64 64``), so no two configurations share a name
+    or a mean."""
+    keyed = {run: json.dumps(settings(cfg), sort_keys=True, default=str) for run, cfg in configs.items()}
+    groups = {key: settings(configs[run]) for run, key in keyed.items()}
+    labels = {}
+    for name in dict.fromkeys(map(_name, groups.values())):  # curves another name tells apart need no more
+        same = {key: values for key, values in groups.items() if _name(values) == name}
+        shown_by_name = {"algo", "env_id"} if any("env_id" in values for values in same.values()) else {"algo", "task"}
+        keys = sorted({k for values in same.values() for k in values} - shown_by_name)
+        differing = [k for k in keys if len({json.dumps(values.get(k), sort_keys=True, default=str)
+                                             for values in same.values()}) > 1]
+        for key, values in same.items():
+            shown = [f"{k}={_show(values[k]) if k in values else '(unset)'}" for k in differing]
+            more = f", +{len(shown) - LEGEND_SETTINGS} more settings" if len(shown) > LEGEND_SETTINGS else ""
+            labels[key] = ", ".join([name, *shown[:LEGEND_SETTINGS]]) + more
+    if len(set(labels.values())) < len(labels):  # settings past the legend's four tell them apart: number them
+        labels = {key: f"{label} [#{i + 1}]" for i, (key, label) in enumerate(labels.items())}
+    return {run: labels[key] for run, key in keyed.items()}
 
 
 def _series(rows: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -52,15 +111,25 @@ def logged_metrics(runs: dict[Path, list[dict]]) -> list[str]:
                    if k != "global_step" and isinstance(v, (int, float))})
 
 
-def default_metrics(runs: dict[Path, list[dict]]) -> tuple[str, ...]:
-    """The runs' main metric (the first of ``MAIN_METRICS`` any logged) and, below it, their
-    reward or success rate."""
-    have = set(logged_metrics(runs))
-    main = next((m for m in MAIN_METRICS if m in have), None)
-    if main is None:
+def headline(cfg: dict, rows: list[dict]) -> str | None:
+    """The run's headline metric, the one its own curve.png draws (``HEADLINES``), or None when
+    it logged none of them (a short run that ended no episode)."""
+    have = {k for r in rows for k, v in r.items() if isinstance(v, (int, float))}
+    return next((m for m in HEADLINES.get(cfg.get("algo"), MAIN_METRICS) if m in have), None)
+
+
+def default_metrics(runs: dict[Path, list[dict]], configs: dict[Path, dict] | None = None) -> tuple[str, ...]:
+    """Each run's headline metric (one panel per different one, in the runs' order) and, below
+    them, a reward or success rate that any run logged."""
+    configs = configs or {run: load_config_dict(run) for run in runs}
+    mains = [headline(configs[run], rows) for run, rows in runs.items()]
+    if not any(mains):
+        wanted = sorted({m for run in runs for m in HEADLINES.get(configs[run].get("algo"), MAIN_METRICS)})
         raise OmnigymError(f"no run among {', '.join(map(str, runs))} logged a metric to plot by default "
-                           f"({', '.join(MAIN_METRICS)}); name one with --metric: {', '.join(sorted(have)) or 'none'}")
-    return (main, *(m for m in COMPANIONS if m in have and m != main))
+                           f"({', '.join(wanted)}); name one with --metric: {', '.join(logged_metrics(runs)) or 'none'}")
+    panels = tuple(dict.fromkeys(m for m in mains if m))
+    have = set(logged_metrics(runs))
+    return (*panels, *(m for m in COMPANIONS if m in have and m not in panels))
 
 
 def stages_of(run_dir: Path) -> list[tuple[str, list[dict]]]:
@@ -143,12 +212,12 @@ def _draw_single_run(ax, run_dir: Path, rows: list[dict], metric: str, phases) -
         _draw(ax, series[0] + offset, series[1], color="tab:blue", label=_label(run_dir))
 
 
-def plot_runs(run_dirs, out, metric: str | tuple[str, ...] | list[str] | None = None) -> Path:
-    """``figure(run_dirs, metric)`` written to ``out``, an image file."""
+def plot_runs(run_dirs, out, metric: str | tuple[str, ...] | list[str] | None = None, say=None) -> Path:
+    """``figure(run_dirs, metric, say)`` written to ``out``, an image file."""
     out = Path(out)
     if not str(out) or out.is_dir() or not out.suffix:
         raise OmnigymError(f"--out {str(out)!r} must name an image file, e.g. runs/plot.png")
-    fig = figure(run_dirs, metric)
+    fig = figure(run_dirs, metric, say)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
@@ -159,23 +228,53 @@ def plot_runs(run_dirs, out, metric: str | tuple[str, ...] | list[str] | None = 
     return out
 
 
-def figure(run_dirs, metric: str | tuple[str, ...] | list[str] | None = None):
-    """Overlay runs; runs with the same algorithm and env are seeds of one curve, drawn as
-    their mean with a min-max band. ``metric``: one name or several (one panel each; the first
-    must have been logged, a further one no run logged is left out); None draws the runs' main
-    metric (``MAIN_METRICS``) and their reward under it. One run is drawn with its stages (a
-    warm-up) as phases before its own steps. A matplotlib Figure."""
+def read_runs(run_dirs, say) -> tuple[dict[Path, dict], dict[Path, list[dict]]]:
+    """Each run's config.json and metrics, or one line for the first that is not a run with
+    metrics. A run named twice is read once (``say`` tells which)."""
+    configs, runs = {}, {}
+    for run_dir in map(Path, run_dirs):
+        if run_dir.resolve() in {r.resolve() for r in runs}:
+            say(f"omnigym plot: skipped {run_dir}: named twice, drawn once")
+            continue
+        configs[run_dir] = load_config_dict(run_dir)
+        runs[run_dir] = read_metrics(run_dir)
+        if not runs[run_dir]:
+            raise OmnigymError(f"{run_dir} logged no metrics yet (its {METRICS_NAME} is empty); plot it once it has")
+    return configs, runs
+
+
+def _say_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def figure(run_dirs, metric: str | tuple[str, ...] | list[str] | None = None, say=None):
+    """Overlay runs; runs whose config.json differ in nothing but the seed (``settings``) are
+    seeds of one curve, drawn as their mean with a min-max band, and the legend names what
+    differs between curves. ``metric``: one name or several (one panel each; the first must have
+    been logged, a further one no run logged is left out); None draws each run's headline metric
+    (``HEADLINES``: what its own curve.png draws) and a reward or success rate under it. A run
+    that logged none of the panels' metrics is left out with one line to ``say`` (default:
+    stderr). One run is drawn with its stages (a warm-up) as phases before its own steps. A
+    matplotlib Figure."""
     # A Figure drawn on the Agg canvas directly: no pyplot, so no process-wide backend switch.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    runs = {Path(d): read_metrics(d) for d in run_dirs}
-    metrics = default_metrics(runs) if metric is None else (metric,) if isinstance(metric, str) else tuple(metric)
+    say = say or _say_to_stderr
+    configs, runs = read_runs(run_dirs, say)
+    metrics = default_metrics(runs, configs) if metric is None else (metric,) if isinstance(metric, str) \
+        else tuple(metric)
     missing = [m for m in metrics if not any(_series(rows, m) is not None for rows in runs.values())]
     if metrics[0] in missing:
-        raise OmnigymError(f"no run among {', '.join(map(str, run_dirs))} logged {metrics[0]!r}; they logged: "
+        raise OmnigymError(f"no run among {', '.join(map(str, runs))} logged {metrics[0]!r}; they logged: "
                            f"{', '.join(logged_metrics(runs)) or 'nothing'}")
     metrics = tuple(m for m in metrics if m not in missing)  # a further panel no run logged is left out
+    for run_dir, rows in list(runs.items()):
+        if all(_series(rows, m) is None for m in metrics):
+            logged = logged_metrics({run_dir: rows})
+            say(f"omnigym plot: skipped {run_dir}: it logged none of {', '.join(metrics)} (it logged: "
+                f"{', '.join(logged[:8])}{', ...' if len(logged) > 8 else ''})")
+            del runs[run_dir]
 
     fig = Figure(figsize=(7, 3 + 2.2 * len(metrics)))
     FigureCanvasAgg(fig)
@@ -185,17 +284,19 @@ def figure(run_dirs, metric: str | tuple[str, ...] | list[str] | None = None):
         (run_dir, rows), = runs.items()
         phases = phases_of(stages_of(run_dir), metrics)
         if phases:  # the stages' own steps first, then the run's, on one axis
-            algo = load_config_dict(run_dir).get("algo", "run")
+            algo = configs[run_dir].get("algo", "run")
             xlabel = f"step: {', then '.join(name for name, *_ in phases)} (shaded), then {algo} (after the dashed line)"
+    else:
+        labels = group_runs({run: configs[run] for run in runs})
     for ax, name in zip(axes, metrics):
         if len(runs) == 1:
             _draw_single_run(ax, run_dir, rows, name, phases)
         else:
-            groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+            groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
             for run_dir, rows in runs.items():
                 series = _series(rows, name)
                 if series is not None:
-                    groups[_label(run_dir)].append(series)
+                    groups.setdefault(labels[run_dir], []).append(series)
             for label, curves in groups.items():
                 _draw_group(ax, label, curves)
         ax.set_ylabel(name)
