@@ -63,6 +63,15 @@ PRIVATE_ACCESS = {
     "optim.py:torch._foreach_norm": "as torch.nn.utils.clip_grad_norm_ computes it, without its import cost",
     "optim.py:torch._foreach_mul_": "as torch.nn.utils.clip_grad_norm_ scales gradients",
     "backends/lora.py:torch._foreach_norm": "as optim.py",
+    "envs/fetch.py:MujocoFetchReachEnv._initialize_simulation":
+        "the version guard of envs/fetch.py's subclasses, which override this gymnasium-robotics hook (no public "
+        "one runs before the constructor's first simulation step): a release without it fails in one line",
+    "models/tokens.py:module.config._attn_implementation":
+        "the attention implementation transformers loaded the model with; transformers reads this field itself "
+        "and offers no public reader",
+    "offline/datasets.py:dataset._eval_env_spec":
+        "Minari parses a dataset's eval env spec into this field only (recover_environment reads it); read with a "
+        "fallback to the public dataset.spec.env_spec, so its absence changes nothing but which id is named",
     "rewards/sandbox.py:os._exit": "the standard library's documented exit of a forked child (no cleanup)",
     "rewards/judge_harness.py:os._exit": "as sandbox.py: the judge's forked children",
 }
@@ -70,11 +79,18 @@ PRIVATE_ACCESS = {
 
 
 def private_accesses(trees) -> set[str]:
-    """``x._name`` (and ``x.y._name``) in src/, where ``x`` is not ``self``, ``cls`` or ``super()``:
-    a private member of another object, module or library."""
+    """``x._name`` (and ``x.y._name``, ``getattr(x, "_name")``, ``hasattr``, ``setattr``) in src/,
+    where ``x`` is not ``self``, ``cls`` or ``super()``: a private member of another object,
+    module or library."""
     found = set()
     for name, tree in trees:
         for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 and \
+                    isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) and \
+                    node.args[1].value.startswith("_") and not node.args[1].value.startswith("__") and \
+                    not (isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls")):
+                found.add(f"{name}:{ast.unparse(node.args[0])}.{node.args[1].value}")
             if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
                 continue
             base = node.value
@@ -94,8 +110,9 @@ def test_no_private_member_of_another_object_outside_the_allow_list():
 
 def test_the_private_rule_sees_another_objects_member_and_not_ones_own():
     tree = ast.parse("class A:\n    def f(self, other):\n        self._mine = other._theirs\n"
-                     "        return super()._base(), lib.sub._hidden(), other.__class__\n")
-    assert private_accesses([("m.py", tree)]) == {"m.py:other._theirs", "m.py:lib.sub._hidden"}
+                     "        return super()._base(), lib.sub._hidden(), other.__class__, getattr(other, '_g', 0), "
+                     "hasattr(self, '_mine')\n")
+    assert private_accesses([("m.py", tree)]) == {"m.py:other._theirs", "m.py:lib.sub._hidden", "m.py:other._g"}
 
 
 # --- what runs at import --------------------------------------------------------------------------

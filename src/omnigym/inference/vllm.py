@@ -155,12 +155,12 @@ def vllm_weight_name(name: str) -> str:
 
 
 def model_source(model, tokenizer, keep: list) -> str:
-    """The folder or hub id vLLM loads ``model`` from: its ``config._name_or_path`` when that
+    """The folder or hub id vLLM loads ``model`` from: its ``config.name_or_path`` when that
     is still there (a folder, or a hub id), else the model and tokenizer saved to a
     temporary folder (``--model tiny`` is built in one that is gone by now), kept alive by
     appending it to ``keep``."""
     config = getattr(model, "config", None)
-    source = getattr(config, "_name_or_path", "") or ""
+    source = getattr(config, "name_or_path", "") or ""
     path = Path(source).expanduser()
     looks_like_path = source.startswith(("/", ".", "~")) or path.exists()
     if source and (path.is_dir() if looks_like_path else True):
