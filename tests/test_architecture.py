@@ -119,11 +119,12 @@ def upward(edges: dict, order: list[str]) -> dict[tuple[str, str], list[str]]:
 
 
 PENDING_UPWARD = {
-    ("evaluation", "algos"): "omnigym eval (evaluation/control.py: load_run; evaluation/locomotion.py) and "
-                             "omnigym collect (offline/collect.py, from_replay.py, through load_run) find a run's "
-                             "algorithm by name; evaluation.text is used by the trainers, so evaluation sits below "
-                             "algos. Next: load_run moves to algos/, evaluate_run and collect take the loaded run "
-                             "and the run-directory entry points move up beside export.py",
+    ("evaluation", "algos"): "evaluation/control.py (load_run, RunPolicy, evaluate_run) and evaluation/locomotion.py "
+                             "find a run's algorithm by name, and offline/collect.py and from_replay.py reach it "
+                             "through load_run; evaluation.text is used by the trainers, so evaluation sits below "
+                             "algos. Next: the run-directory entry points (load_run, load_policy, evaluate_run, "
+                             "evaluate_tracking, collect's run sources) move to a module above algos, beside "
+                             "export.py, and evaluation keeps what the trainers use and the episode loop",
     ("pipelines", "algos"): "the offline RLHF demo (pipelines/rlhf_demo.py: prepare) runs sft and rm by name for "
                             "train rlhf, rm, dpo and online_dpo; the fix passes the stage trainers down from the "
                             "command layer, which needs those algos/lm files (another engineer's, issue 39)",
