@@ -17,6 +17,7 @@ reward of its samples before and after.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -38,7 +39,8 @@ from omnigym.tasks.preference_data import longest_pair, pair_sequences, read_pai
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due
 from omnigym.resources import check_language_batch
-from omnigym.track.run import start_run
+from omnigym.track.files import read_metrics
+from omnigym.track.run import Run, start_run
 
 
 @dataclass
@@ -107,7 +109,7 @@ def train(cfg: DPOConfig) -> dict:
     gold = parse_weights(gold_reward).to(cfg.device) if gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(start, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)
-    rows, heldout, training, _ = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)
+    _, heldout, training, _ = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)
     check_language_batch(f"--batch-size {cfg.batch_size}", 2 * min(cfg.batch_size, max(len(training.pairs), 1)),
                          longest_pair(training.pairs), policy.config)  # a pair's chosen and rejected replies
     reference = FrozenReference(policy)
@@ -115,82 +117,26 @@ def train(cfg: DPOConfig) -> dict:
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
     components = {"trainer": trainer}  # the reference is rebuilt from --model on resume, unchanged
     step = run.begin(components).get("step", 0)
-    averaged = cfg.loss in ("ipo", "simpo")  # IPO and SimPO compare length-averaged log-probs
-
-    def sequence_logps(model, pairs) -> torch.Tensor:
-        """[2B]: every pair's chosen reply, then every pair's rejected reply. The two replies of
-        a pair share its prompt, which runs once for both (``make_trained_batch``)."""
-        batch = make_trained_batch(pair_sequences(pairs), tokenizer.pad_token_id, cfg.device)
-        logps, mask = batch_logprobs(model, batch), batch.loss_mask
-        total = (logps * mask).sum(1)
-        return total / mask.sum(1).clamp(min=1) if averaged else total
-
-    def reference_logps(pairs) -> torch.Tensor | None:
-        return None if cfg.loss == "simpo" else reference.run(sequence_logps, pairs)
-
-    precomputed = None
-    if cfg.precompute_ref:
-        precomputed = [reference_logps(training.pairs[i:i + cfg.batch_size])
-                       for i in range(0, len(training.pairs), cfg.batch_size)]
-
-    def loss_fn(model, batch):
-        indices, ref = batch
-        pairs = [training.pairs[i] for i in indices]
-        logps = sequence_logps(model, pairs)
-        n = len(pairs)
-        loss, stats = preference_loss(logps[:n], logps[n:], *((ref[:n], ref[n:]) if ref is not None else (None, None)),
-                                      cfg.loss, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma)
-        check_finite(loss, step)
-        return loss, stats
-
-    eval_examples = [{"prompt": p.source_prompt} for p in heldout.pairs[:cfg.eval_prompts]]
-    eval_prompt_ids = [p.prompt for p in heldout.pairs[:cfg.eval_prompts]]
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=1.0)
-
-    @torch.no_grad()
-    def evaluate(at: int) -> dict:
-        policy.eval()
-        totals: dict[str, list] = {}
-        for start in range(0, len(heldout.pairs), cfg.batch_size):
-            pairs = heldout.pairs[start:start + cfg.batch_size]
-            logps, ref = sequence_logps(policy, pairs), reference_logps(pairs)
-            n = len(pairs)
-            _, stats = preference_loss(logps[:n], logps[n:], *((ref[:n], ref[n:]) if ref is not None else (None, None)),
-                                       cfg.loss, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma)
-            for k, v in stats.items():
-                totals.setdefault(k, []).append(v.item() * n)
-        policy.train()
-        metrics = {f"eval/{k.split('/')[-1]}": sum(v) / len(heldout.pairs) for k, v in totals.items()}
-        if gold is not None:
-            samples: list = []
-            with torch.random.fork_rng():  # the sampled eval leaves training's random stream alone
-                torch.manual_seed(cfg.seed + at)
-                metrics.update(sampled_rewards(policy, reference, engine, tokenizer, eval_examples, eval_prompt_ids,
-                                               {"gold_reward": gold}, params, samples))
-            run.log_samples(at, samples)
-        return metrics
-
-    first = evaluate(0) if step == 0 else None
+    logps = functools.partial(sequence_logps, cfg=cfg, pad_id=tokenizer.pad_token_id)
+    precomputed = precomputed_reference(cfg, reference, logps, training.pairs) if cfg.precompute_ref else None
+    evaluate = functools.partial(evaluation, cfg, run, policy, reference, engine, tokenizer, heldout.pairs, gold, logps)
     if step == 0:
-        run.log(0, {**first, "data/truncated": training.truncated + heldout.truncated,
+        run.log(0, {**evaluate(0), "data/truncated": training.truncated + heldout.truncated,
                     "data/dropped": training.dropped + heldout.dropped, "data/train_pairs": len(training.pairs)})
     progress = ProgressBar(cfg.steps, "dpo", start=step, enabled=cfg.progress)
     clock = Clock(step)
-    order = list(range(len(training.pairs)))
     while step < cfg.steps:
-        if precomputed is not None:  # whole precomputed batches, in a seeded order
-            chunk = random.Random(cfg.seed * 1_000_003 + step).randrange(len(precomputed))
-            indices = list(range(chunk * cfg.batch_size, min((chunk + 1) * cfg.batch_size, len(training.pairs))))
-            ref = precomputed[chunk]
-        else:
-            indices = random.Random(cfg.seed * 1_000_003 + step).sample(order, min(cfg.batch_size, len(order)))
-            ref = reference_logps([training.pairs[i] for i in indices])
-        rows, share = trainer.local_part(range(len(indices)))  # this process's pairs (all of them in one)
-        if ref is not None and len(rows) < len(indices):  # ref holds every chosen, then every rejected
-            ref = torch.cat([ref[:len(indices)][rows], ref[len(indices):][rows]])
-        stats = trainer.forward_backward(([indices[i] for i in rows], ref), loss_fn, share)
+        # 1. A seeded draw of the step's pairs, with their reference log-probs (precomputed, or now).
+        pairs, ref = step_pairs(cfg, training.pairs, precomputed, reference, logps, step)
+        # 2. One AdamW step on the preference loss of this process's pairs.
+        rows, share = trainer.local_part(range(len(pairs)))  # this process's pairs (all of them in one)
+        if ref is not None and len(rows) < len(pairs):  # ref holds every chosen, then every rejected
+            ref = torch.cat([ref[:len(pairs)][rows], ref[len(pairs):][rows]])
+        stats = trainer.forward_backward(([pairs[i] for i in rows], ref, step),
+                                         functools.partial(dpo_loss, cfg=cfg, logps=logps), share)
         trainer.optim_step()
         step += 1
+        # 3. Log (the held-out figures every --eval-every), checkpoint.
         metrics = {"train/loss": stats["loss"].item(), **{k: v.item() for k, v in stats.items() if "/" in k},
                    "perf/steps_per_second": clock.sps(step)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -200,17 +146,94 @@ def train(cfg: DPOConfig) -> dict:
         if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
             run.save(components, step=step)
     progress.close()
-    from omnigym.track.files import read_metrics
+    return finish(run, cfg, trainer.full_model(), tokenizer, gold is not None)
 
+
+def sequence_logps(model, pairs, cfg: DPOConfig, pad_id: int) -> torch.Tensor:
+    """[2B]: every pair's chosen reply, then every pair's rejected reply, as the sum of its
+    tokens' log-probs (IPO and SimPO: their mean). The two replies of a pair share its prompt,
+    which runs once for both (``make_trained_batch``)."""
+    batch = make_trained_batch(pair_sequences(pairs), pad_id, cfg.device)
+    logps, mask = batch_logprobs(model, batch), batch.loss_mask
+    total = (logps * mask).sum(1)
+    return total / mask.sum(1).clamp(min=1) if cfg.loss in ("ipo", "simpo") else total
+
+
+def reference_logps(cfg: DPOConfig, reference: FrozenReference, logps, pairs) -> torch.Tensor | None:
+    """``logps`` of ``pairs`` under the reference; SimPO has none."""
+    return None if cfg.loss == "simpo" else reference.run(logps, pairs)
+
+
+def precomputed_reference(cfg: DPOConfig, reference: FrozenReference, logps, pairs: list) -> list:
+    """--precompute-ref: the reference log-probs of every batch of --batch-size pairs, in order."""
+    return [reference_logps(cfg, reference, logps, pairs[i:i + cfg.batch_size])
+            for i in range(0, len(pairs), cfg.batch_size)]
+
+
+def step_pairs(cfg: DPOConfig, pairs: list, precomputed: list | None, reference: FrozenReference, logps,
+               step: int) -> tuple[list, torch.Tensor | None]:
+    """Step ``step``'s pairs and their reference log-probs: a seeded draw, the same whether the
+    run was resumed or not; with --precompute-ref a whole precomputed batch."""
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    if precomputed is not None:
+        chunk = rng.randrange(len(precomputed))
+        return pairs[chunk * cfg.batch_size:(chunk + 1) * cfg.batch_size], precomputed[chunk]
+    drawn = [pairs[i] for i in rng.sample(range(len(pairs)), min(cfg.batch_size, len(pairs)))]
+    return drawn, reference_logps(cfg, reference, logps, drawn)
+
+
+def pair_loss(logps: torch.Tensor, ref: torch.Tensor | None, cfg: DPOConfig):
+    """The preference loss of ``logps`` (every chosen, then every rejected) against ``ref``."""
+    n = len(logps) // 2
+    return preference_loss(logps[:n], logps[n:], *((ref[:n], ref[n:]) if ref is not None else (None, None)),
+                           cfg.loss, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma)
+
+
+def dpo_loss(model, batch, cfg: DPOConfig, logps):
+    pairs, ref, step = batch
+    loss, stats = pair_loss(logps(model, pairs), ref, cfg)
+    check_finite(loss, step)
+    return loss, stats
+
+
+@torch.no_grad()
+def evaluation(cfg: DPOConfig, run: Run, policy, reference: FrozenReference, engine, tokenizer, heldout: list,
+               gold, logps, at: int) -> dict:
+    """The preference metrics on the held-out pairs (eval/...), and with a gold reward the
+    reward and KL of replies sampled on held-out prompts (a few go to samples.jsonl)."""
+    policy.eval()
+    totals: dict[str, list] = {}
+    for start in range(0, len(heldout), cfg.batch_size):
+        pairs = heldout[start:start + cfg.batch_size]
+        _, stats = pair_loss(logps(policy, pairs), reference_logps(cfg, reference, logps, pairs), cfg)
+        for k, v in stats.items():
+            totals.setdefault(k, []).append(v.item() * len(pairs))
+    policy.train()
+    metrics = {f"eval/{k.split('/')[-1]}": sum(v) / len(heldout) for k, v in totals.items()}
+    if gold is not None:
+        samples: list = []
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=1.0)
+        with torch.random.fork_rng():  # the sampled eval leaves training's random stream alone
+            torch.manual_seed(cfg.seed + at)
+            metrics.update(sampled_rewards(policy, reference, engine, tokenizer,
+                                           [{"prompt": p.source_prompt} for p in heldout[:cfg.eval_prompts]],
+                                           [p.prompt for p in heldout[:cfg.eval_prompts]], {"gold_reward": gold},
+                                           params, samples))
+        run.log_samples(at, samples)
+    return metrics
+
+
+def finish(run: Run, cfg: DPOConfig, model, tokenizer, gold: bool) -> dict:
+    """Writes RUN_DIR/model (``model``: the whole trained model) and says what the run did,
+    from its first and last evaluations."""
     evaluated = [r for r in read_metrics(run.dir) if "eval/accuracy" in r]
-    run.export_model(trainer.full_model(), tokenizer)
-    metric = "eval/gold_reward" if gold is not None else "eval/accuracy"
-    plot_path = run.close(plot=cfg.plot, metric=metric)
+    run.export_model(model, tokenizer)
+    plot_path = run.close(plot=cfg.plot, metric="eval/gold_reward" if gold else "eval/accuracy")
     start, end = evaluated[0], evaluated[-1]
     lines = [f"run: {run.dir}  (the model: {run.dir / 'model'})",
              f"held-out preference accuracy: {start['eval/accuracy']:.3f} -> {end['eval/accuracy']:.3f}  "
              f"(implicit reward margin {end['eval/margin']:.3f})"]
-    if gold is not None:
+    if gold:
         lines.append(f"gold reward of sampled replies: {start['eval/gold_reward']:.3f} -> {end['eval/gold_reward']:.3f}  "
                      f"at KL {end['eval/kl']:.2f} nats to the reference")
     run.say(*lines)
