@@ -115,6 +115,25 @@ def save_reward_model(folder: Path, model, tokenizer, info: dict) -> None:
     save_model_folder(plain, tokenizer, folder, {MARKER: json.dumps(info, indent=2)})  # whole or absent
 
 
+def finish_reward_model(run, trainer, tokenizer, info: dict, metric: str, final: dict | None,
+                        plot: bool) -> tuple[dict, Path | None]:
+    """The end of a run that trained a reward model (``train rm``, ``train prm``): writes
+    RUN_DIR/model with ``info`` and the final held-out ``metric`` in its marker, and closes the
+    run. ``final``: the last evaluation's figures, None when a resumed run had no step left
+    (it was resumed only to write model/ after a failed save): they are read back from
+    metrics.jsonl. Returns them and the curve's path."""
+    if final is None:
+        from omnigym.track.files import read_metrics
+
+        final = [row for row in read_metrics(run.dir) if metric in row][-1]
+    whole = trainer.full_model()  # None in the other processes of a data-parallel run
+    if whole is not None:
+        with run.disk_faults():
+            save_reward_model(run.dir / "model", whole, tokenizer,
+                              {**info, f"heldout_{metric.split('/')[-1]}": final[metric]})
+    return final, run.close(plot=plot, metric=metric)
+
+
 def reward_model_folder(given: str, prefix: str = "rm:") -> Path:
     """The folder of a trained reward model: a ``train rm`` (``train prm`` for ``prefix``
     "prm:") run directory or its ``model/`` folder. Anything else is refused in one line,

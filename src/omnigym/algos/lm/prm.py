@@ -21,6 +21,7 @@ step, ``omnigym train grpo --step-rewards prm:RUN_DIR:1.0`` rewards each step (d
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ from omnigym.envs.task_spec import load_task
 from omnigym.tasks.steps import labelled_replies
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due
-from omnigym.track.run import start_run
+from omnigym.track.run import Run, start_run
 
 
 @dataclass
@@ -128,7 +129,7 @@ def step_examples(cfg: PRMConfig) -> tuple[list[dict], list[dict]]:
 @scoped_run
 def train(cfg: PRMConfig) -> dict:
     from omnigym.models.lm import load_tokenizer, model_folder
-    from omnigym.models.scalar_head import load_scalar_model, save_reward_model
+    from omnigym.models.scalar_head import finish_reward_model, load_scalar_model
 
     train_set, heldout_set = step_examples(cfg)
     run = start_run(cfg, "prm", cfg.model)
@@ -139,81 +140,43 @@ def train(cfg: PRMConfig) -> dict:
                        cfg.max_length)
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
-    step = start_step = run.begin(components).get("step", 0)
-
-    def logits_and_labels(model, rows: list[LabelledReply]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = step_logits(model, [r.prompt for r in rows], [r.reply for r in rows], [r.ends for r in rows],
-                             tokenizer.pad_token_id, cfg.device)
-        labels = torch.tensor([float(x) for r in rows for x in r.labels], device=cfg.device)
-        return torch.cat(logits), labels
-
-    def loss_fn(model, rows):
-        logits, labels = logits_and_labels(model, rows)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
-        check_finite(loss, step)
-        return loss, {"loss": loss.detach(), "step_accuracy": ((logits > 0).float() == labels).float().mean()}
-
-    @torch.no_grad()
-    def evaluate(at: int) -> dict:
-        """Step and reply accuracy on the held-out replies; a few go to samples.jsonl with their step scores."""
-        model.eval()
-        logits, labels, replies_right, scored = [], [], [], []
-        for start in range(0, len(heldout), 64):
-            rows = heldout[start:start + 64]
-            per_reply = step_logits(model, [r.prompt for r in rows], [r.reply for r in rows], [r.ends for r in rows],
-                                    tokenizer.pad_token_id, cfg.device)
-            for row, reply_logits in zip(rows, per_reply):
-                logits.append(reply_logits)
-                labels += row.labels
-                replies_right.append(bool(reply_logits.min() > 0) == all(row.labels))
-                scored.append((row.labels, reply_logits))
-            if start == 0:
-                run.log_samples(at, [{"reply": r.text, "labels": r.labels,
-                                      "scores": [round(p, 4) for p in torch.sigmoid(x).tolist()]}
-                                     for r, x in zip(rows[:SAMPLES_SHOWN], per_reply)])
-        model.train()
-        logits, labels = torch.cat(logits), torch.tensor(labels, dtype=torch.float32, device=cfg.device)
-        positive = labels.mean().item()
-        return {"eval/step_accuracy": ((logits > 0).float() == labels).float().mean().item(),
-                "eval/base_rate": max(positive, 1 - positive),
-                "eval/reply_accuracy": sum(replies_right) / len(replies_right),
-                **verification(scored, 1 + cfg.wrong_per_problem),
-                "eval/loss": torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).item()}
-
-    first = evaluate(0) if step == 0 else None
+    step = run.begin(components).get("step", 0)
+    evaluate = functools.partial(evaluation, cfg, run, model, tokenizer.pad_token_id, heldout)
+    first = final = None  # the first and the last evaluation's figures
     if step == 0:
+        first = evaluate(0)
         run.log(0, {**first, "data/heldout_steps": sum(len(r.labels) for r in heldout)})
     progress = ProgressBar(cfg.steps, "prm", start=step, enabled=cfg.progress)
     clock = Clock(step)
     while step < cfg.steps:
-        rng = random.Random(cfg.seed * 1_000_003 + step)  # the same draw whether resumed or not
-        rows = labelled(rng.sample(train_set, cfg.batch_size), rng, cfg.wrong_per_problem, tokenizer, cfg.max_length)
+        # 1. The step's problems, each with its right and perturbed solutions, labelled step by step.
+        rows = step_rows(cfg, train_set, tokenizer, step)
+        # 2. One AdamW step on the mean over steps of the per-step cross-entropy.
         local, share = trainer.local_part(rows, weights=[len(r.labels) for r in rows])  # a mean over steps
-        stats = trainer.forward_backward(local, loss_fn, share)
+        stats = trainer.forward_backward(local, functools.partial(prm_loss, cfg=cfg, pad_id=tokenizer.pad_token_id,
+                                                                  step=step), share)
         trainer.optim_step()
         step += 1
+        # 3. Log (the held-out figures every --eval-every, and at the last step: they are the run's), checkpoint.
         metrics = {"train/loss": stats["loss"].item(), "train/step_accuracy": stats["step_accuracy"].item(),
                    "perf/steps_per_second": clock.sps(step)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            final = evaluate(step)  # the last step always evaluates: its figures are the run's
+            final = evaluate(step)
             metrics.update(final)
         run.log(step, metrics)
         progress.update(step, loss=metrics["train/loss"], acc=metrics.get("eval/step_accuracy", float("nan")))
         if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
             run.save(components, step=step)
     progress.close()
-    if step == start_step:  # resumed at its last step only to write model/ (the save had failed): the figures are logged
-        from omnigym.track.files import read_metrics
+    final, plot_path = finish_reward_model(run, trainer, tokenizer,
+                                           {"kind": KIND, "base_model": cfg.model, "conversational": True,
+                                            "task": cfg.task, "max_length": cfg.max_length, "whole_reply": "min"},
+                                           "eval/step_accuracy", final, cfg.plot)
+    return report(run, cfg, first, final, plot_path)
 
-        final = [row for row in read_metrics(run.dir) if "eval/step_accuracy" in row][-1]
-    whole = trainer.full_model()  # None in the other processes of a data-parallel run
-    if whole is not None:
-        with run.disk_faults():
-            save_reward_model(run.dir / "model", whole, tokenizer,
-                              {"kind": KIND, "base_model": cfg.model, "conversational": True, "task": cfg.task,
-                               "max_length": cfg.max_length, "whole_reply": "min",
-                               "heldout_step_accuracy": final["eval/step_accuracy"]})
-    plot_path = run.close(plot=cfg.plot, metric="eval/step_accuracy")
+
+def report(run: Run, cfg: PRMConfig, first: dict | None, final: dict, plot_path) -> dict:
+    """Says what the run did, from its first and last evaluations, and returns it."""
     before = f"{first['eval/step_accuracy']:.3f} -> " if first else ""
     run.say(f"run: {run.dir}",
             f"held-out step accuracy: {before}{final['eval/step_accuracy']:.3f}  (always guessing the commoner label: "
@@ -224,3 +187,50 @@ def train(cfg: PRMConfig) -> dict:
             "reply_accuracy": final["eval/reply_accuracy"],
             "initial_step_accuracy": first["eval/step_accuracy"] if first else None,
             "plot": str(plot_path) if plot_path else None}
+
+
+def step_rows(cfg: PRMConfig, train_set: list[dict], tokenizer, step: int) -> list[LabelledReply]:
+    """Step ``step``'s labelled replies: a seeded draw, the same whether the run was resumed or not."""
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    return labelled(rng.sample(train_set, cfg.batch_size), rng, cfg.wrong_per_problem, tokenizer, cfg.max_length)
+
+
+def reply_logits(model, rows: list[LabelledReply], pad_id: int, device: str) -> list[torch.Tensor]:
+    """Each reply's step logits: the head read on the token that ends each of its steps."""
+    return step_logits(model, [r.prompt for r in rows], [r.reply for r in rows], [r.ends for r in rows], pad_id,
+                       device)
+
+
+def prm_loss(model, rows: list[LabelledReply], cfg: PRMConfig, pad_id: int, step: int):
+    logits = torch.cat(reply_logits(model, rows, pad_id, cfg.device))
+    labels = torch.tensor([float(x) for r in rows for x in r.labels], device=cfg.device)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+    check_finite(loss, step)
+    return loss, {"loss": loss.detach(), "step_accuracy": ((logits > 0).float() == labels).float().mean()}
+
+
+@torch.no_grad()
+def evaluation(cfg: PRMConfig, run: Run, model, pad_id: int, heldout: list[LabelledReply], at: int) -> dict:
+    """Step and reply accuracy on the held-out replies; a few go to samples.jsonl with their step scores."""
+    model.eval()
+    logits, labels, replies_right, scored = [], [], [], []
+    for start in range(0, len(heldout), 64):
+        rows = heldout[start:start + 64]
+        per_reply = reply_logits(model, rows, pad_id, cfg.device)
+        for row, reply in zip(rows, per_reply):
+            logits.append(reply)
+            labels += row.labels
+            replies_right.append(bool(reply.min() > 0) == all(row.labels))
+            scored.append((row.labels, reply))
+        if start == 0:
+            run.log_samples(at, [{"reply": r.text, "labels": r.labels,
+                                  "scores": [round(p, 4) for p in torch.sigmoid(x).tolist()]}
+                                 for r, x in zip(rows[:SAMPLES_SHOWN], per_reply)])
+    model.train()
+    logits, labels = torch.cat(logits), torch.tensor(labels, dtype=torch.float32, device=cfg.device)
+    positive = labels.mean().item()
+    return {"eval/step_accuracy": ((logits > 0).float() == labels).float().mean().item(),
+            "eval/base_rate": max(positive, 1 - positive),
+            "eval/reply_accuracy": sum(replies_right) / len(replies_right),
+            **verification(scored, 1 + cfg.wrong_per_problem),
+            "eval/loss": torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).item()}

@@ -15,6 +15,7 @@ random-word replies, pairs of its replies labelled by a hidden gold rule; see
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ from omnigym.tasks.preference_data import longest_pair, read_pairs
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due
 from omnigym.resources import check_language_batch
-from omnigym.track.run import start_run
+from omnigym.track.run import Run, start_run
 
 
 @dataclass
@@ -74,7 +75,7 @@ CONFIG = RMConfig
 @scoped_run
 def train(cfg: RMConfig) -> dict:
     from omnigym.models.lm import load_tokenizer, model_folder
-    from omnigym.models.scalar_head import load_scalar_model, pair_scores, save_reward_model
+    from omnigym.models.scalar_head import finish_reward_model, load_scalar_model
 
     run = start_run(cfg, "rm", cfg.model)
     data, base_model = cfg.data, cfg.model
@@ -93,79 +94,88 @@ def train(cfg: RMConfig) -> dict:
                          logits=False)
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
-    step = start_step = run.begin(components).get("step", 0)
-
-    def scores(model, pairs) -> tuple[torch.Tensor, torch.Tensor]:
-        """(chosen, rejected) scores; a pair's prompt runs once for both replies."""
-        both = pair_scores(model, [p.prompt for p in pairs] * 2, [p.chosen for p in pairs] +
-                           [p.rejected for p in pairs], tokenizer.pad_token_id, cfg.device)
-        return both[:len(pairs)], both[len(pairs):]
-
-    def loss_fn(model, pairs):
-        chosen, rejected = scores(model, pairs)  # the backend's model: data-parallel, its wrapper
-        margin = torch.tensor([p.margin for p in pairs], device=chosen.device) if cfg.use_margin else None
-        loss, stats = bradley_terry(chosen, rejected, margin, cfg.center_coef)
-        check_finite(loss, step)
-        return loss, stats
-
-    @torch.no_grad()
-    def evaluate(at: int) -> dict:
-        """Held-out accuracy, margin and loss; a few pairs with their scores go to samples.jsonl."""
-        model.eval()
-        margins = []
-        for start in range(0, len(heldout.pairs), cfg.batch_size):
-            chosen, rejected = scores(model, heldout.pairs[start:start + cfg.batch_size])
-            margins.append(chosen - rejected)
-            if start == 0:  # a few held-out pairs with their scores, to read (samples.jsonl)
-                run.log_samples(at, [{"prompt": tokenizer.decode(p.prompt, skip_special_tokens=True),
-                                      "chosen": tokenizer.decode(p.chosen, skip_special_tokens=True),
-                                      "rejected": tokenizer.decode(p.rejected, skip_special_tokens=True),
-                                      "score_chosen": round(c.item(), 4), "score_rejected": round(r.item(), 4)}
-                                     for p, c, r in zip(heldout.pairs[:SAMPLES_SHOWN], chosen, rejected)])
-        model.train()
-        margin = torch.cat(margins)
-        return {"eval/accuracy": (margin > 0).float().mean().item(), "eval/margin": margin.mean().item(),
-                "eval/loss": -torch.nn.functional.logsigmoid(margin).mean().item()}
-
-    first = evaluate(0) if step == 0 else None
+    step = run.begin(components).get("step", 0)
+    evaluate = functools.partial(evaluation, cfg, run, model, tokenizer, heldout.pairs)
+    first = final = None  # the first and the last evaluation's figures
     if step == 0:
+        first = evaluate(0)
         run.log(0, {**first, "data/truncated": training.truncated + heldout.truncated,
                     "data/dropped": training.dropped + heldout.dropped, "data/train_pairs": len(training.pairs)})
     progress = ProgressBar(cfg.steps, "rm", start=step, enabled=cfg.progress)
     clock = Clock(step)
     while step < cfg.steps:
+        # 1. A seeded draw of the step's pairs, the same whether the run was resumed or not.
         pairs = random.Random(cfg.seed * 1_000_003 + step).sample(training.pairs, min(cfg.batch_size, len(training.pairs)))
+        # 2. One AdamW step on the Bradley-Terry loss of this process's pairs.
         local, share = trainer.local_part(pairs)  # this process's pairs (all of them in one)
-        stats = trainer.forward_backward(local, loss_fn, share)
+        stats = trainer.forward_backward(local, functools.partial(rm_loss, cfg=cfg, pad_id=tokenizer.pad_token_id,
+                                                                  step=step), share)
         trainer.optim_step()
         step += 1
+        # 3. Log (the held-out figures every --eval-every, and at the last step: they are the run's), checkpoint.
         metrics = {"train/loss": stats["loss"].item(), "train/accuracy": stats["accuracy"].item(),
                    "train/margin": stats["margin"].item(), "perf/steps_per_second": clock.sps(step)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            final = evaluate(step)  # the last step always evaluates: its figures are the run's
+            final = evaluate(step)
             metrics.update(final)
         run.log(step, metrics)
         progress.update(step, loss=metrics["train/loss"], acc=metrics.get("eval/accuracy", float("nan")))
         if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
             run.save(components, step=step)
     progress.close()
-    if step == start_step:  # resumed at its last step only to write model/ (the save had failed): the figures are logged
-        from omnigym.track.files import read_metrics
+    final, plot_path = finish_reward_model(run, trainer, tokenizer, {"base_model": base_model,
+                                                                      "conversational": conversational,
+                                                                      "max_length": cfg.max_length},
+                                           "eval/accuracy", final, cfg.plot)
+    cut, dropped = training.truncated + heldout.truncated, training.dropped + heldout.dropped
+    return report(run, cfg, first, final, plot_path, len(heldout.pairs), cut, dropped, len(rows))
 
-        final = [row for row in read_metrics(run.dir) if "eval/accuracy" in row][-1]
-    whole = trainer.full_model()  # None in the other processes of a data-parallel run
-    if whole is not None:
-        with run.disk_faults():
-            save_reward_model(run.dir / "model", whole, tokenizer,
-                              {"base_model": base_model, "conversational": conversational,
-                               "max_length": cfg.max_length, "heldout_accuracy": final["eval/accuracy"]})
-    plot_path = run.close(plot=cfg.plot, metric="eval/accuracy")
+
+def scores(model, pairs, pad_id: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) scores; a pair's prompt runs once for both replies."""
+    from omnigym.models.scalar_head import pair_scores
+
+    both = pair_scores(model, [p.prompt for p in pairs] * 2, [p.chosen for p in pairs] + [p.rejected for p in pairs],
+                       pad_id, device)
+    return both[:len(pairs)], both[len(pairs):]
+
+
+def rm_loss(model, pairs, cfg: RMConfig, pad_id: int, step: int):
+    chosen, rejected = scores(model, pairs, pad_id, cfg.device)  # the backend's model: data-parallel, its wrapper
+    margin = torch.tensor([p.margin for p in pairs], device=chosen.device) if cfg.use_margin else None
+    loss, stats = bradley_terry(chosen, rejected, margin, cfg.center_coef)
+    check_finite(loss, step)
+    return loss, stats
+
+
+def report(run: Run, cfg: RMConfig, first: dict | None, final: dict, plot_path, heldout: int, cut: int, dropped: int,
+           rows: int) -> dict:
+    """Says what the run did, from its first and last evaluations, and returns it."""
     before = f"{first['eval/accuracy']:.3f} -> " if first else ""
     run.say(f"run: {run.dir}",
             f"held-out pairwise accuracy: {before}{final['eval/accuracy']:.3f}  (mean margin {final['eval/margin']:.3f}, "
-            f"{len(heldout.pairs)} pairs)",
-            f"pairs cut at --max-length {cfg.max_length}: {training.truncated + heldout.truncated} of {len(rows)}"
-            + (f"; {training.dropped + heldout.dropped} dropped" if training.dropped + heldout.dropped else ""),
+            f"{heldout} pairs)",
+            f"pairs cut at --max-length {cfg.max_length}: {cut} of {rows}" + (f"; {dropped} dropped" if dropped else ""),
             f"use it: --rewards rm:{run.dir}:1.0  or  omnigym train rlhf --reward-model {run.dir}")
     return {"run_dir": str(run.dir), "accuracy": final["eval/accuracy"], "margin": final["eval/margin"],
             "initial_accuracy": first["eval/accuracy"] if first else None, "plot": str(plot_path) if plot_path else None}
+
+
+@torch.no_grad()
+def evaluation(cfg: RMConfig, run: Run, model, tokenizer, heldout: list, at: int) -> dict:
+    """Held-out accuracy, margin and loss; a few pairs with their scores go to samples.jsonl."""
+    model.eval()
+    margins = []
+    for start in range(0, len(heldout), cfg.batch_size):
+        chosen, rejected = scores(model, heldout[start:start + cfg.batch_size], tokenizer.pad_token_id, cfg.device)
+        margins.append(chosen - rejected)
+        if start == 0:  # a few held-out pairs with their scores, to read (samples.jsonl)
+            run.log_samples(at, [{"prompt": tokenizer.decode(p.prompt, skip_special_tokens=True),
+                                  "chosen": tokenizer.decode(p.chosen, skip_special_tokens=True),
+                                  "rejected": tokenizer.decode(p.rejected, skip_special_tokens=True),
+                                  "score_chosen": round(c.item(), 4), "score_rejected": round(r.item(), 4)}
+                                 for p, c, r in zip(heldout[:SAMPLES_SHOWN], chosen, rejected)])
+    model.train()
+    margin = torch.cat(margins)
+    return {"eval/accuracy": (margin > 0).float().mean().item(), "eval/margin": margin.mean().item(),
+            "eval/loss": -torch.nn.functional.logsigmoid(margin).mean().item()}
