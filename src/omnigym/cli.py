@@ -43,10 +43,7 @@ USAGE = f"usage: omnigym {{{','.join(COMMANDS)}}} ...\n\n" + """  omnigym train 
 def train(argv: list[str], call) -> dict:
     """``omnigym train ALGO [flags]``; ``call`` (a ``TrainCall``) carries which flags were given
     to the run, and back from it the run while it is under way."""
-    import dataclasses
-
-    from omnigym.algos import ALGORITHMS, config_class, get_algorithm
-    from omnigym.config import renamed_flags
+    from omnigym.algos import ALGORITHMS, get_algorithm
 
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: omnigym train ALGO [flags]   (omnigym train ALGO --help lists its flags)\n\nalgorithms:")
@@ -57,6 +54,20 @@ def train(argv: list[str], call) -> dict:
         return {}
     if argv[0].startswith("-"):
         raise OmnigymError("name an algorithm first: omnigym train {" + ",".join(ALGORITHMS) + "} [flags]")
+    module, cfg, call.given_flags = train_config(argv)
+    return module.train(cfg, call=call)
+
+
+def train_config(argv: list[str]):
+    """``omnigym train ALGO [flags]``'s algorithm module, config and the flags given (what a preset
+    leaves alone), read as the command reads them, before anything runs; the run then applies the
+    preset and checks the config (``process.scoped_run``). tests/test_documented_commands.py checks
+    the docs' commands with it."""
+    import dataclasses
+
+    from omnigym.algos import config_class, get_algorithm
+    from omnigym.config import renamed_flags
+
     module = get_algorithm(argv[0])
     config_cls = config_class(module)
     argv = renamed_flags(argv, config_cls)  # --backend on a language command, for one more release
@@ -70,8 +81,8 @@ def train(argv: list[str], call) -> dict:
 
         cfg = dataclasses.replace(cfg, **resolve_data(cfg, load_config_dict(cfg.resume)))
     # A preset (control runs) never overrides these; a resumed run's values are all its own.
-    call.given_flags = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
-    return module.train(cfg, call=call)
+    given = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
+    return module, cfg, given
 
 
 def given_flags(args: list[str], cfg) -> set[str]:
