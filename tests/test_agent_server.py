@@ -236,7 +236,7 @@ def test_requests_need_the_runs_token(tool_tokenizer):
     url = endpoint.server.base_url(endpoint.record.episode_id) + "/chat/completions"
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode()
     try:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": endpoint.server.token}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": endpoint.server.key(endpoint.record.episode_id)}):
             request = urllib.request.Request(url, body, {"Content-Type": "application/json", **headers})
             with pytest.raises(urllib.error.HTTPError) as caught:
                 urllib.request.urlopen(request, timeout=10)
@@ -291,8 +291,11 @@ def test_unservable_requests_get_400_or_404(tool_tokenizer):
         for kwargs, words in cases:
             with pytest.raises(openai.BadRequestError, match=words):
                 await ask(endpoint.client, **kwargs)
+        ended = endpoint.server.open_episode()  # an episode's own client, after the episode ended
+        gone = endpoint.server.client(ended.episode_id)
+        endpoint.server.close_episode(ended.episode_id)
         with pytest.raises(openai.NotFoundError):
-            await ask(endpoint.server.client("0123456789abcdef"))
+            await ask(gone)
 
     try:
         asyncio.run(all_cases())
@@ -358,7 +361,7 @@ def test_a_body_over_the_cap_is_refused_unread(tool_tokenizer):
     url = endpoint.server.base_url(endpoint.record.episode_id) + "/chat/completions"
     body = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
     request = urllib.request.Request(url, body, {"Content-Type": "application/json",
-                                                 "Authorization": f"Bearer {endpoint.server.token}"})
+                                                 "Authorization": f"Bearer {endpoint.server.key(endpoint.record.episode_id)}"})
     try:
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(request, timeout=30)

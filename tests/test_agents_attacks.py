@@ -13,6 +13,7 @@ import urllib.request
 import openai
 import pytest
 
+import omnigym.agents.server as agent_server
 from agent_helpers import TOOL_TEMPLATE, ScriptedEngine
 from omnigym.agents.episodes import AgentGenerator, BadReturn, reward_of
 from omnigym.agents.server import AgentServer
@@ -41,7 +42,7 @@ def endpoint(tokenizer):
 
 def post(server, record, body: bytes):
     request = urllib.request.Request(server.base_url(record.episode_id) + "/chat/completions", body,
-                                     {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"})
+                                     {"Content-Type": "application/json", "Authorization": f"Bearer {server.key(record.episode_id)}"})
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
             return answer.status, answer.read().decode()
@@ -65,6 +66,52 @@ def test_a_message_without_a_role_is_a_400(endpoint):
     status, text = post(server, record, b'{"messages": [{"content": "hi"}]}')
     assert status == 400 and "needs a role" in text
     assert engine.calls == [] and record.turns == []
+
+
+def test_an_episodes_url_refuses_another_live_episodes_client(endpoint):
+    """An agent that kept the first episode's base URL (or the first episode's client) and posts
+    there from a second live episode got 200, and its turns landed in the first episode."""
+    engine, server, first = endpoint
+    second = server.open_episode()
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    for url_of, key_of in ((first, second), (second, first)):
+        request = urllib.request.Request(server.base_url(url_of.episode_id) + "/chat/completions", body,
+                                         {"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {server.key(key_of.episode_id)}"})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=30)
+        assert caught.value.code == 403 and "another episode" in caught.value.read().decode()
+    # a key asking for an episode id that does not exist is told the same: nothing about the id
+    request = urllib.request.Request(server.base_url("0" * 16) + "/models",
+                                     headers={"Authorization": f"Bearer {server.key(first.episode_id)}"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == 403
+    assert engine.calls == [] and first.turns == [] and second.turns == []
+    assert post(server, second, body)[0] == 200 and len(second.turns) == 1 and first.turns == []
+
+
+def test_a_message_too_long_for_the_context_is_refused_before_it_is_tokenized(tokenizer, monkeypatch):
+    """A 10 MB message was rendered and tokenized whole (4.5 GB and 60 s on SmolLM2's tokenizer)
+    before the context check refused it."""
+    engine = ScriptedEngine(tokenizer, ["ok"])
+    service = EngineService(engine)
+    server = AgentServer(service, tokenizer, "tiny", 16, context=128).start()
+    record = server.open_episode()
+    rendered = []
+    real_render = agent_server.render
+    monkeypatch.setattr(agent_server, "render", lambda *a, **k: rendered.append(1) or real_render(*a, **k))
+    try:
+        status, text = post(server, record, json.dumps({"messages": [{"role": "user", "content": "x" * 10_000_000}]})
+                            .encode())
+        assert status == 400 and "characters, more than the model's context of 128 tokens can hold" in text
+        assert rendered == [] and engine.calls == [] and record.turns == []
+        # one that fits goes through
+        assert post(server, record, json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode())[0] == 200
+        assert rendered == [1]
+    finally:
+        server.close()
+        service.close()
 
 
 def test_text_content_parts_are_rendered_as_their_text(endpoint, tokenizer):

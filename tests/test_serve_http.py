@@ -113,12 +113,12 @@ def test_the_three_servers_refuse_a_wrong_key_in_the_same_line(tmp_path, tokeniz
     try:
         record = server.open_episode()
         url, body = server.base_url(record.episode_id), json.dumps({"messages": [{"role": "user", "content": "hi"}]})
-        for given in ("Bearer wrong", server.token, ""):
+        for given in ("Bearer wrong", server.key(record.episode_id), ""):
             status, text = send(url, "/chat/completions", body.encode(), {"Authorization": given})
             assert status == 401 and message(text) == ("missing or wrong API key (Authorization: Bearer KEY); "
                                                        "use the client this run gave the agent")
         assert record.turns == []
-        assert send(url, "/chat/completions", body.encode(), {"Authorization": f"Bearer {server.token}"})[0] == 200
+        assert send(url, "/chat/completions", body.encode(), {"Authorization": f"Bearer {server.key(record.episode_id)}"})[0] == 200
     finally:
         server.close()
         service.close()
@@ -149,7 +149,7 @@ def test_a_body_over_the_cap_is_413_on_each_server_with_or_without_a_length(tmp_
         record = server.open_episode()
         for chunked in (False, True):
             status, text = send(server.base_url(record.episode_id), "/chat/completions", big,
-                                {"Authorization": f"Bearer {server.token}"}, chunked)
+                                {"Authorization": f"Bearer {server.key(record.episode_id)}"}, chunked)
             assert (status, message(text)) == (413, "request body over 4096 bytes")
         assert engine.calls == [] and record.turns == []
     finally:

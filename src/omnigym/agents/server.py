@@ -20,8 +20,13 @@ Routes (under ``/episodes/<id>/v1``): ``POST chat/completions`` (``messages``, `
 most the run's ``--max-new-tokens``), ``stop``, ``logprobs``, ``tool_choice`` "none" (else read as
 "auto"), ``return_token_ids`` (vLLM's: the prompt's and the reply's ids in the answer), ``n`` = 1)
 and ``GET models``.
-Every request needs ``Authorization: Bearer <token>`` (401 otherwise, ``serve/http.py``'s check,
-shared with the other servers) and a body under ``max_request_bytes`` (413). The app is
+Every request needs ``Authorization: Bearer <key>`` with the key of the episode its URL names
+(401 without a key of this run, ``serve/http.py``'s check, shared with the other servers; 403
+with another episode's: each episode has its own, ``server.key(episode_id)``, which
+``server.client(episode_id)`` carries, so an agent that kept another episode's URL records
+nothing there) and a body under ``max_request_bytes`` (413). A conversation that cannot fit the
+model's context is refused (400) from its length in characters, before the chat template or the
+tokenizer see it: a 10 MB message costs a length check, not a tokenizer pass. The app is
 FastAPI's, served by uvicorn from an event loop on a thread of its own (``serve/http.py`` says
 why that framework for all three servers), so episodes may run in any event loop, many at once,
 and it binds loopback only. It opens no file: nothing in a request is ever used as a path.
@@ -41,7 +46,8 @@ from omnigym.agents.recorder import EpisodeRecord, Exchange, prompt_ids
 from omnigym.errors import OmnigymError, missing_extra
 from omnigym.generators.turns import Turn
 from omnigym.inference.engine import SamplingParams
-from omnigym.serve.http import BodyTooLarge, ThreadedServer, declared_too_large, read_body, refused_key
+from omnigym.serve.http import (BodyTooLarge, ThreadedServer, declared_too_large, presented_key, read_body,
+                                refused_key)
 
 HOST = "127.0.0.1"
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -61,10 +67,15 @@ class AgentServer:
         self.service, self.tokenizer, self.model_name = service, tokenizer, model_name
         self.max_new_tokens, self.context, self.temperature, self.greedy = max_new_tokens, context, temperature, greedy
         self.max_request_bytes = max_request_bytes
-        self.token = secrets.token_urlsafe(32)
         self.takes_tools = template_takes_tools(tokenizer)
+        # the most characters one token can stand for (a byte-level token's string has one
+        # character per byte, a decoded character at least one byte): a text of more than
+        # context x this many characters has more tokens than the context holds
+        vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        self.chars_per_token = max(map(len, vocabulary), default=0) or None
         self.port: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}
+        self._keys: dict[str, str] = {}  # an episode's key -> its id, kept after it closes (its URL then answers 404)
         self._lock = threading.Lock()
         self._runner: ThreadedServer | None = None
         self._tls = None
@@ -89,7 +100,16 @@ class AgentServer:
         record = EpisodeRecord(secrets.token_hex(8))
         with self._lock:
             self._episodes[record.episode_id] = record
+            self._keys[secrets.token_urlsafe(32)] = record.episode_id
         return record
+
+    def key(self, episode_id: str) -> str:
+        """The key that episode's requests carry (``Authorization: Bearer KEY``)."""
+        with self._lock:
+            for key, owner in self._keys.items():
+                if owner == episode_id:
+                    return key
+        raise OmnigymError(f"no episode {episode_id!r} was opened on this endpoint")
 
     def close_episode(self, episode_id: str) -> EpisodeRecord:
         with self._lock:
@@ -102,7 +122,7 @@ class AgentServer:
         return f"http://{HOST}:{self.port}/episodes/{episode_id}/v1"
 
     def client(self, episode_id: str, timeout: float | None = None):
-        """An ``openai.AsyncOpenAI`` for this episode, carrying the run's token; it never retries
+        """An ``openai.AsyncOpenAI`` for this episode, carrying the episode's key; it never retries
         (a retried request would be a second sample of the same turn) and ignores proxy settings
         (the token goes to loopback, nowhere else)."""
         try:
@@ -113,7 +133,7 @@ class AgentServer:
         if self._tls is None:  # building one per client cost 60 ms each (certifi's bundle), for a plain-HTTP endpoint
             self._tls = ssl.create_default_context()
         http = httpx.AsyncClient(verify=self._tls, trust_env=False, timeout=timeout)
-        return openai.AsyncOpenAI(base_url=self.base_url(episode_id), api_key=self.token, max_retries=0,
+        return openai.AsyncOpenAI(base_url=self.base_url(episode_id), api_key=self.key(episode_id), max_retries=0,
                                   timeout=timeout, http_client=http)
 
     # -- HTTP -------------------------------------------------------------------------------
@@ -141,26 +161,39 @@ class AgentServer:
         return Response(json.dumps(body), status_code=status, media_type="application/json; charset=utf-8")
 
     async def _authorize(self, request, call_next):
-        refusal = refused_key(request, [self.token], "Authorization")
+        with self._lock:
+            keys = list(self._keys)
+        refusal = refused_key(request, keys, "Authorization")
         if refusal is not None:
             return self._reply(401, error_body(f"{refusal}; use the client this run gave the agent",
                                                code="invalid_api_key"))
         return await call_next(request)
 
-    def _record(self, request) -> EpisodeRecord | None:
+    def _record(self, request):
+        """The episode the URL names, or the reply that refuses: 403 when the request's key is
+        another episode's (whether the named one exists is not said), 404 when it has ended."""
+        episode_id = request.path_params["episode"]
         with self._lock:
-            return self._episodes.get(request.path_params["episode"])
+            owner = self._keys.get(presented_key(request, "Authorization"))  # a key of this run: _authorize
+            record = self._episodes.get(episode_id)
+        if owner != episode_id:
+            return self._reply(403, error_body("this key belongs to another episode: an episode's requests go to its "
+                                               "own base URL with its own client", code="wrong_episode"))
+        if record is None:
+            return self._reply(404, error_body("no such episode (it ended, or never was)", code="not_found"))
+        return record
 
     async def _models(self, request):
-        if self._record(request) is None:
-            return self._reply(404, error_body("no such episode (it ended, or never was)", code="not_found"))
+        record = self._record(request)
+        if not isinstance(record, EpisodeRecord):
+            return record
         return self._reply(200, {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                              "owned_by": "omnigym"}]})
 
     async def _chat(self, request):
         record = self._record(request)
-        if record is None:
-            return self._reply(404, error_body("no such episode (it ended, or never was)", code="not_found"))
+        if not isinstance(record, EpisodeRecord):
+            return record
         try:
             if declared_too_large(request, self.max_request_bytes):
                 raise BodyTooLarge(self.max_request_bytes)
@@ -186,6 +219,7 @@ class AgentServer:
                             "them): give omnigym train grpo --chat-template a template with tool support (docs/agents.md; "
                             "text_reinforce takes no --chat-template: its model's own template must show tools)")
             raise BadRequest(record.fatal)
+        self._check_size(messages, tools)
         try:
             text = render(self.tokenizer, messages, tools)
         except OmnigymError as exc:
@@ -258,6 +292,17 @@ class AgentServer:
                                 greedy=greedy)
         return messages, tools, params, stop or [], bool(body.get("logprobs"))
 
+    def _check_size(self, messages: list, tools) -> None:
+        """Refuse a conversation whose text alone has more tokens than the context holds, from
+        its length in characters, before the chat template or the tokenizer see it."""
+        if self.context is None or self.chars_per_token is None:
+            return
+        characters = _text_length(messages) + _text_length(tools)
+        # x4: room for what a template leaves out (an earlier turn's reasoning, stripped space)
+        if characters > 4 * self.context * self.chars_per_token:
+            raise BadRequest(f"the conversation has {characters} characters, more than the model's context of "
+                             f"{self.context} tokens can hold: shorten the conversation")
+
     def _fit(self, params: SamplingParams, prompt_length: int) -> SamplingParams:
         """The reply's budget cut to what the model's context leaves after the prompt."""
         if self.context is None:
@@ -269,6 +314,17 @@ class AgentServer:
         if params.max_new_tokens > room:
             params = SamplingParams(room, params.temperature, params.top_p, params.top_k, params.greedy)
         return params
+
+
+def _text_length(value) -> int:
+    """Characters in the strings (keys too) of a parsed JSON value: messages, tools."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + _text_length(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(map(_text_length, value))
+    return 0
 
 
 def _number(body: dict, name: str, default: float, low: float) -> float:
