@@ -230,3 +230,20 @@ def test_a_skyrl_env_that_exits_or_answers_a_bad_message_is_one_line(tmp_path, k
     [line] = done.stderr.strip().splitlines()
     assert words in line
     assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_heldout_accuracy_counts_each_episode_once_whatever_the_agent_sends(tokenizer):
+    """An agent episode of many separate requests is many sequences, each with the episode's
+    reward: accuracy counted them (1,000 requests made it 500.5). It is a rate: each example's
+    episode counts once, so it stays in [0, 1]."""
+    from omnigym.evaluation.text import accuracy
+    from omnigym.generators.base import Trajectories, Trajectory
+
+    class Judge:  # example 0: one episode of three sequences, correct; example 1: wrong; 2: failed
+        def generate(self, examples, group_size):
+            one = lambda group, reward, **info: Trajectory([1], [2], [1], [0.0], reward, group, 0, examples[group],  # noqa: E731
+                                                           info)
+            return Trajectories([one(0, 1.0, sequence=0), one(0, 1.0, sequence=1), one(0, 1.0, sequence=2),
+                                 one(1, 0.0), one(2, 1.0, error="the agent raised ValueError")])
+
+    assert accuracy(Judge(), tokenizer, [{"i": 0}, {"i": 1}, {"i": 2}]) == pytest.approx(1 / 3)

@@ -27,7 +27,10 @@ def accuracy(judge, tokenizer, examples: list[dict], samples: list | None = None
         samples += [{**sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward),
                      **turn_texts(tokenizer, t.response_ids, t.loss_mask), **episode_record(t.info)}
                     for t in trajectories.items[:SAMPLES_SHOWN]]
-    return sum(t.reward >= 1.0 for t in trajectories.items) / max(len(examples), 1)
+    # per episode, not per sequence: an agent episode of many requests is many sequences (one
+    # that sent 1,000 made this 500.5); each example's episode counts once, so this stays in [0, 1]
+    correct = {t.group_id for t in trajectories.items if t.reward >= 1.0 and not t.info.get("error")}
+    return len(correct) / max(len(examples), 1)
 
 
 SAMPLES_SHOWN = 4
