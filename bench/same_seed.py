@@ -329,28 +329,34 @@ def read_runs(out: Path) -> dict[str, list[dict]]:
     return found
 
 
-def difference(a, b) -> float:
+def difference(a, b) -> float | None:
+    """|a - b| for numbers, the largest element's for lists of the same shape (sampled log-probs),
+    0 for equal values and None for unequal values that have no distance (a checksum, a token
+    list of another length)."""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         if math.isnan(a) and math.isnan(b):
             return 0.0
         return abs(a - b)
-    return 0.0 if a == b else math.inf
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and a != b:
+        gaps = [difference(x, y) for x, y in zip(a, b)]
+        return None if None in gaps else max(gaps)
+    return 0.0 if a == b else None
 
 
 def compare_rows(rows_a: list[dict], rows_b: list[dict]) -> tuple[int, int, int, int, float, str]:
-    """(rows identical, rows compared, values identical, values compared, largest |difference|,
-    the first key that differs or '')."""
+    """(rows identical, rows compared, values identical, values compared, largest |difference|
+    between numbers, the first key that differs or '')."""
     same_rows, same_values, values, largest, first = 0, 0, 0, 0.0, ""
     for index, (ra, rb) in enumerate(zip(rows_a, rows_b)):
         row_same = True
         for key in sorted(set(ra) | set(rb)):
             values += 1
-            gap = difference(ra[key], rb[key]) if key in ra and key in rb else math.inf
+            gap = difference(ra[key], rb[key]) if key in ra and key in rb else None
             if gap == 0:
                 same_values += 1
                 continue
             row_same = False
-            largest = max(largest, gap)
+            largest = max(largest, gap) if gap is not None else largest
             if not first:
                 where = "" if key in ra and key in rb else f" (only {'before' if key in ra else 'after'})"
                 first = f"row {index}: {key}{where}"
