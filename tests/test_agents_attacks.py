@@ -247,3 +247,20 @@ def test_heldout_accuracy_counts_each_episode_once_whatever_the_agent_sends(toke
                                  one(1, 0.0), one(2, 1.0, error="the agent raised ValueError")])
 
     assert accuracy(Judge(), tokenizer, [{"i": 0}, {"i": 1}, {"i": 2}]) == pytest.approx(1 / 3)
+
+
+def test_a_step_where_every_episode_fails_is_skipped_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """Every agent episode raising before its first request left a batch with no tokens, and the
+    step ended the run with ``IndexError: argmax()`` from rl/advantages.py."""
+    from omnigym.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "always_raise.py").write_text("async def run(client, example):\n    raise ValueError('down')\n")
+    code = main(["train", "grpo", "--agent", "always_raise:run", "--sft-steps", "0", "--steps", "2",
+                 "--prompts-per-step", "2", "--group-size", "2", "--eval-size", "2", "--eval-every", "100",
+                 "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"])
+    assert code in (0, None)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["agent/errors"], r["groups/kept_fraction"]) for r in logged if "reward/mean" in r] == [(4, 0.0)] * 2
+    assert "Traceback" not in capsys.readouterr().err

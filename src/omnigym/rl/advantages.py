@@ -302,8 +302,12 @@ def process_supervision(rewards, mask, group_ids=None, values=None, cfg: Advanta
 
 
 def outcome_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sequence rewards ``[B]`` as token rewards ``[B, T]``: each on its sequence's last valid token."""
+    """Sequence rewards ``[B]`` as token rewards ``[B, T]``: each on its sequence's last valid token
+    (a batch with no tokens at all, every episode failed before its first reply, has nowhere to
+    put them: zeros ``[B, 0]``)."""
     valid = mask.bool()
+    if mask.shape[1] == 0:
+        return torch.zeros(mask.shape, dtype=scores.dtype, device=mask.device)
     last = (valid.long() * torch.arange(1, mask.shape[1] + 1, device=mask.device)).argmax(-1)
     rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=mask.device)
     rows = torch.nonzero(valid.any(-1)).squeeze(1)
