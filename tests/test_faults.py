@@ -142,7 +142,7 @@ def wait_for(process: subprocess.Popen, ready, timeout: float = 180) -> None:
 
 
 def metrics(run: Path) -> list[dict]:
-    """metrics.jsonl without its wall-clock keys (bench/same_metrics.py leaves out the same)."""
+    """metrics.jsonl without its wall-clock keys (bench/same_seed.py leaves out the same)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if not k.startswith(("perf/", "time/"))} for row in rows]
 
