@@ -83,7 +83,7 @@ demo-grpo: setup
 
 # One torch thread per test process and one process per core (pytest-xdist): on 2 cores this
 # halves the suite's time, where more threads per test made tiny models slower.
-PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist worksteal
+PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist worksteal --durations=10
 
 test: setup
 	$(PYTEST) tests
