@@ -181,3 +181,25 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("omnigym: error: ") and message in err[0], err
     assert snapshot(tmp_path) == before
+
+
+def test_sample_chooses_the_task_as_grpo_does_without_importing_an_algorithm():
+    """``sample`` and ``train grpo`` choose the task, env and generator through one module
+    (generators/text_tasks.py), from flags with the same defaults; ``sample`` is not built on an
+    algorithm file."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from omnigym.algos.lm.grpo import GRPOConfig
+    from omnigym.generators.text_tasks import TextTaskConfig
+    from omnigym.rejection_sampling import SampleConfig
+
+    source = Path(__file__).parents[1] / "src" / "omnigym" / "rejection_sampling.py"
+    imported = {node.module for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.ImportFrom)}
+    assert "omnigym.generators.text_tasks" in imported
+    assert not [name for name in imported if name and name.startswith("omnigym.algos")]
+    shared = [f.name for f in dataclasses.fields(TextTaskConfig)]
+    assert {"task", "env", "rewards", "system_prompt", "max_new_tokens", "temperature", "eval_size"} <= set(shared)
+    grpo, sample = GRPOConfig(), SampleConfig()
+    assert [getattr(grpo, name) for name in shared] == [getattr(sample, name) for name in shared]

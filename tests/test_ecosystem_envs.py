@@ -224,7 +224,8 @@ def test_grpo_trains_in_a_skyrl_env(tmp_path, monkeypatch, name):
 
 
 def test_a_skyrl_dataset_file_is_read_as_skyrl_writes_it(tmp_path):
-    from omnigym.algos.lm.grpo import GRPOConfig, grpo_task
+    from omnigym.algos.lm.grpo import GRPOConfig
+    from omnigym.generators.text_tasks import text_task
 
     path = tmp_path / "train.jsonl"
     with open(path, "w") as f:
@@ -232,7 +233,7 @@ def test_a_skyrl_dataset_file_is_read_as_skyrl_writes_it(tmp_path):
             f.write(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": f"{i}+1"}],
                                 "env_class": "gsm8k", "reward_spec": {"method": "rule", "ground_truth": str(i + 1)},
                                 "extra_info": {"index": i}}) + "\n")
-    task, agent = grpo_task(GRPOConfig(env="skyrl:gsm8k", task=str(path), eval_size=2, sft_steps=0))
+    task, agent = text_task(GRPOConfig(env="skyrl:gsm8k", task=str(path), eval_size=2, sft_steps=0))
     assert agent is None  # a skyrl env is played by the text env generator
     assert len(task.train) == 10 and len(task.heldout) == 2
     example = task.train[0]

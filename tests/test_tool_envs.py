@@ -406,8 +406,9 @@ def test_max_turns_and_the_system_prompt_reach_the_env(env_id):
     pytest.importorskip("transformers")
     from omnigym.algos import grpo
     from omnigym.envs.task_spec import load_task
+    from omnigym.generators.text_tasks import task_env, task_spec
 
     cfg = grpo.GRPOConfig(env=env_id, max_turns=3, system_prompt="Be brief.", eval_size=5)
-    env, _ = grpo.task_env(cfg, load_task(grpo.task_spec(cfg), 0, 5))
+    env, _ = task_env(cfg, load_task(task_spec(cfg), 0, 5))
     assert type(env).__name__ == {"python": "PythonEnv", "search": "SearchEnv", "guess": "GuessEnv"}[env_id]
     assert env.max_turns == 3 and env.reset(seed=0)[0][0] == {"role": "system", "content": "Be brief."}

@@ -16,11 +16,11 @@ reward registry: a verifier, a reward model ``rm:RUN``, a reward of your own), a
   greedy accuracy for reference. Correct: ``--accuracy-reward``, default the first of ``--rewards``,
   scores >= 1, as GRPO's ``eval/accuracy`` counts it.
 
-The sampler, the task, its env and the generator are GRPO's (``algos/lm/grpo.py``), so a reply
-is sampled and scored here exactly as GRPO samples and scores it. Everything is checked and
-loaded before the first sample, and the output is written at the end, whole (``write_atomically``):
-a refused or interrupted command leaves no file, and an existing one is replaced only with
-``--overwrite``.
+The task, its env and the generator are chosen from the same flags by the module GRPO chooses
+them with (``generators/text_tasks.py``), so a reply is sampled and scored here exactly as GRPO
+samples and scores it. Everything is checked and loaded before the first sample, and the output
+is written at the end, whole (``write_atomically``): a refused or interrupted command leaves no
+file, and an existing one is replaced only with ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -28,20 +28,32 @@ from __future__ import annotations
 import copy
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
+from omnigym.config import LanguageModelConfig
 from omnigym.errors import OmnigymError, require
+from omnigym.generators.text_tasks import DEFAULT_REWARDS, TextTaskConfig
+from omnigym.runtime.episodes import EpisodeScheduleConfig
 
 PROMPTS_PER_CALL = 64
 """prompts sampled per engine call (n replies each): the progress line moves between calls"""
 
 
+@dataclass
+class SampleConfig(TextTaskConfig, EpisodeScheduleConfig, LanguageModelConfig):
+    """The flags ``sample`` shares with ``train grpo``, with GRPO's defaults (one reply per
+    episode, no episode budget beyond --max-new-tokens)."""
+
+    def check(self) -> None:
+        super().check()
+        self.check_task()
+
+
 def add_flags(parser) -> None:
     """``omnigym sample``'s flags on ``parser`` (``cli.py`` makes it); the task's and the sampler's
     defaults are ``train grpo``'s."""
-    from omnigym.algos.lm.grpo import DEFAULT_REWARDS, GRPOConfig
-
-    grpo = GRPOConfig()
+    defaults = SampleConfig()
     add = parser.add_argument
     add("model", help="a finished run's directory (sft, dpo, rlhf: its model/), a GRPO run's stages/warmup, a model "
                       "folder, a hub id available offline, or tiny")
@@ -58,27 +70,27 @@ def add_flags(parser) -> None:
                       "printed only)")
     add("--overwrite", action="store_true", help="replace --out if it exists")
     add("--min-reward", type=float, help="drop prompts whose best reply scores below this (rejection sampling)")
-    add("--task", default=grpo.task, help="the prompts, as train grpo --task reads them (default arithmetic)")
-    add("--digits", type=int, default=grpo.digits, help="arithmetic: digits per operand")
-    add("--terms", type=int, default=grpo.terms, help="arithmetic: operands per problem")
-    add("--operations", default=grpo.operations, help="arithmetic: operators to draw from, e.g. +-*")
-    add("--eval-size", type=int, default=grpo.eval_size, help="problems held out, as train grpo holds them out "
-                                                              f"(default {grpo.eval_size})")
+    add("--task", default=defaults.task, help="the prompts, as train grpo --task reads them (default arithmetic)")
+    add("--digits", type=int, default=defaults.digits, help="arithmetic: digits per operand")
+    add("--terms", type=int, default=defaults.terms, help="arithmetic: operands per problem")
+    add("--operations", default=defaults.operations, help="arithmetic: operators to draw from, e.g. +-*")
+    add("--eval-size", type=int, default=defaults.eval_size, help="problems held out, as train grpo holds them out "
+                                                                  f"(default {defaults.eval_size})")
     add("--system-prompt", help="the system message; default as train grpo: none for the tiny model and models "
                                 "trained from it, else one that states the answer format")
     add("--chat-template", help="Jinja chat template (string or file) for a model that has none")
-    add("--temperature", type=float, default=grpo.temperature, help=f"default {grpo.temperature}")
-    add("--max-new-tokens", type=int, default=grpo.max_new_tokens, help=f"default {grpo.max_new_tokens}")
-    add("--seed", type=int, default=grpo.seed, help="seeds the samples and the prompts drawn: same seed, same file")
-    add("--engine", default=grpo.engine, help="auto, kv, hf or vllm, as train grpo --engine")
-    add("--device", default=grpo.device, help="torch device (cpu, cuda, ...)")
+    add("--temperature", type=float, default=defaults.temperature, help=f"default {defaults.temperature}")
+    add("--max-new-tokens", type=int, default=defaults.max_new_tokens, help=f"default {defaults.max_new_tokens}")
+    add("--seed", type=int, default=defaults.seed, help="seeds the samples and the prompts drawn: same seed, same file")
+    add("--engine", default=defaults.engine, help="auto, kv, hf or vllm, as train grpo --engine")
+    add("--device", default=defaults.device, help="torch device (cpu, cuda, ...)")
     add("--no-progress", dest="progress", action="store_false", help="no progress bar or lines")
 
 
 def sample_command(args) -> dict:
     """Runs ``omnigym sample`` on its parsed flags; returns what it measured or wrote."""
-    from omnigym.algos.lm.grpo import grpo_task, make_generator, task_env
     from omnigym.evaluation.text import accuracy, judged_env
+    from omnigym.generators.text_tasks import make_generator, task_env, text_task
     from omnigym.inference import make_engine
     from omnigym.models.lm import CHAT_TEMPLATE, LoraSettings, check_context, load_policy_and_tokenizer
     from omnigym.process import run_scope
@@ -89,7 +101,7 @@ def sample_command(args) -> dict:
     require(out is None or args.overwrite or not out.exists(),
             f"{out} already exists; give another --out, or --overwrite to replace it")
     require(out is None or not out.is_dir(), f"--out {out} is a folder; give a file name")
-    task, _ = grpo_task(cfg)
+    task, _ = text_task(cfg)
     pool = task.heldout if args.curve else task.train
     require(args.prompts <= len(pool), f"--prompts {args.prompts} is more than the {len(pool)} "
             + ("held-out problems (raise --eval-size)" if args.curve else "training-split problems of the task"))
@@ -113,21 +125,20 @@ def sample_command(args) -> dict:
         return report_curve(groups, accuracy(judge, tokenizer, examples), out, args, cfg, env.reward, correct)
 
 
-def sampling_config(args):
-    """GRPO's config with the flags ``sample`` shares with ``train grpo``, checked as GRPO checks
+def sampling_config(args) -> SampleConfig:
+    """The config of the flags ``sample`` shares with ``train grpo``, checked as GRPO checks
     them; the rewards are looked up now, before anything loads."""
-    from omnigym.algos.lm.grpo import DEFAULT_REWARDS, GRPOConfig
     from omnigym.rewards import get_reward, parse_weights
 
     require(args.n >= 1, f"--n must be at least 1, got {args.n}")
     require(args.prompts >= 1, f"--prompts must be at least 1, got {args.prompts}")
     require(not (args.curve and args.min_reward is not None),
             "--min-reward drops dataset rows; --curve scores every held-out prompt: give one of them")
-    cfg = GRPOConfig(model=args.model, task=args.task, digits=args.digits, terms=args.terms,
+    cfg = SampleConfig(model=args.model, task=args.task, digits=args.digits, terms=args.terms,
                      operations=args.operations, eval_size=args.eval_size, system_prompt=args.system_prompt,
                      chat_template=args.chat_template, rewards=args.rewards, accuracy_reward=args.accuracy_reward,
                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                     engine=args.engine, device=args.device, sft_steps=0, progress=args.progress)
+                     engine=args.engine, device=args.device, progress=args.progress)
     cfg.check()
     parse_weights(cfg.rewards or DEFAULT_REWARDS)
     if cfg.accuracy_reward:

@@ -13,11 +13,13 @@ generated against the stored old log-probs, with a KL penalty to the reference m
 warms it up with a short supervised stage on 2-digit addition (``pipelines/grpo_warmup.py``,
 ``--sft-steps``), then trains it with GRPO from rewards alone (correctness + 0.1 x format)
 and reports held-out accuracy before and after. With ``--model`` a hub id or a local path, the same loop trains a real model.
+
+The task, its env, its rewards and the generator that plays it are chosen from the flags by
+``generators/text_tasks.py`` (which ``omnigym sample`` shares); this file is the algorithm.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import random
@@ -30,25 +32,21 @@ from omnigym.agents.config import AgentConfig
 from omnigym.agents.episodes import agent_generators, agent_metrics, load_agent
 from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
-from omnigym.envs.text import TextEnv, ToolEnv
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy, judged_env
-from omnigym.generators.text_env import TextEnvGenerator
+from omnigym.generators.text_tasks import TextTaskConfig, make_generator, remote_generator, task_env, text_task
 from omnigym.inference import make_engine
-from omnigym.inference.engine import SamplingParams
 from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
 from omnigym.pipelines.grpo_warmup import warm_up
 from omnigym.process import scoped_run
-from omnigym.rewards import WeightedSum, leading_part, parse_weights
 from omnigym.rl.advantages import AdvantageConfig, get_advantage, outcome_rewards, turn_spans
 from omnigym.rl.losses import (AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, masked_mean,
                                ppo_clip)
 from omnigym.rl.step_rewards import place_step_rewards, step_reward_tensor, step_scorer
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.runtime.episodes import EpisodeScheduleConfig
-from omnigym.envs.task_spec import Task, load_task
 from omnigym.track.files import read_metrics
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due
@@ -56,42 +54,11 @@ from omnigym.track.run import Run, start_run
 
 
 @dataclass
-class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfig):
-    engine: str = "auto"
-    """sampler: auto (the lean KV-cache loop of kv_decode for Llama-family models, else HF generate), kv, hf,
-    or vllm (the [vllm] extra, a CUDA GPU; docs/vllm.md)"""
-    task: str = "arithmetic"
-    """"arithmetic", "reasoning_gym:<task>" (use --rewards reasoning_gym:1.0,...), "gsm8k:<file.jsonl>",
-    a registered text env id, a jsonl file with question and answer fields, module:name of your
-    own task (docs/bring_your_own.md), or a HF dataset available offline"""
-    digits: int = 2
-    terms: int = 2
-    operations: str = "+"
-    system_prompt: str | None = None
-    """the system message of every episode; default: none for the built-in tiny model, and for any
-    other model one that states the answer format the math and format rewards read (give "" for none)"""
-    env: str = "single-turn"
-    """single-turn (one reply, scored); tools (the reply may call <tool name="python"> or
-    <tool name="calculator"> and read the answer, up to --max-turns replies); python (a Python
-    session kept across turns; its own computation task unless --task is given); search (BM25 over
-    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task;
-    skyrl:NAME (a skyrl-gym env; skyrl:MODULE:NAME for one MODULE registers) or vf:MODULE (a verifiers
-    environment module): the ecosystem's envs, docs/agents.md"""
-    env_args: str | None = None
-    """JSON object for --env skyrl:NAME (the env's env_config, e.g. {"search_url": ...}) or --env vf:MODULE
-    (load_environment's keyword arguments)"""
-    max_turns: int = 4
-    """replies per episode in a multi-turn env"""
-    rewards: str | None = None
-    """weighted rewards, name:weight,... (module:name:weight for your own); default: the task env's
-    own reward, else math:1.0,format:0.1"""
+class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfig):
     step_rewards: str | None = None
     """rewards on the steps inside a reply, name:weight (prm:RUN_DIR:1.0, a model of omnigym train prm): each
     step's score on the token that ends it, beside --rewards' outcome; read apart by --advantage process
     (docs/prm.md)"""
-    accuracy_reward: str | None = None
-    """the reward that decides correctness for sft/val_accuracy and eval/accuracy (an episode is
-    correct when it scores >= 1); default: the first of --rewards"""
     steps: int = 400
     prompts_per_step: int = 16
     group_size: int = 8
@@ -117,8 +84,6 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
     ppo_epochs: int = 1
     """policy steps per batch, against the stored old log-probs"""
     skip_equal_groups: bool = True
-    max_new_tokens: int = 24
-    temperature: float = 1.0
     max_grad_norm: float = 1.0
     sft_steps: int = 1000
     """at most this many supervised warm-up steps before GRPO, a stage of its own in RUN_DIR/stages/warmup
@@ -128,8 +93,6 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
     sft_eval_every: int = 25
     sft_batch_size: int = 64
     sft_learning_rate: float = 1e-3
-    eval_size: int = 500
-    """held-out problems for eval/accuracy"""
     eval_every: int = 50
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
@@ -150,19 +113,12 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
         super().check()
         self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
         self.check_episodes(self.prompts_per_step, multi_turn=self.env != "single-turn")
-        require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_new_tokens", "max_turns",
-                         "temperature", "max_grad_norm", "ppo_epochs", "sft_eval_every", "sft_batch_size",
-                         "sft_learning_rate", "eval_size", "eval_every")
+        self.check_task()
+        require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_grad_norm", "ppo_epochs",
+                         "sft_eval_every", "sft_batch_size", "sft_learning_rate", "eval_every")
         require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every")
         require_fraction(self, "gamma", "lam")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")
-        require(self.env in ENVS or self.env.startswith(ECOSYSTEM),
-                f"--env must be one of {', '.join(ENVS)}, got {self.env!r} (or skyrl:NAME, vf:MODULE: "
-                "docs/agents.md)")
-        require(not (self.env.startswith(ECOSYSTEM) and self.rewards),
-                f"--env {self.env} is scored by the env's own rewards; leave out --rewards")
-        require(self.env_args is None or self.env.startswith(ECOSYSTEM),
-                "--env-args is for --env skyrl:NAME or vf:MODULE")
         require(not self.env.startswith("vf:") or (self.runtime == "sync" and self.training_backend == "local"),
                 f"--env {self.env} plays its episodes in this process, through this run's endpoint: use --runtime "
                 "sync and --training-backend local")
@@ -173,8 +129,6 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
         require(not self.env.startswith("vf:") or self.sft_steps == 0,
                 f"--env {self.env}: the warm-up (--sft-steps {self.sft_steps}) cannot script a verifiers env's "
                 "episodes; give --sft-steps 0 (a model that can already answer)")
-        require(self.env not in ("search", "guess") or self.task == "arithmetic",
-                f"--env {self.env} brings its own task ({self.env}-v0); leave out --task {self.task}")
         require(self.loss_aggregation in AGGREGATIONS, f"unknown --loss-aggregation {self.loss_aggregation!r}; "
                                                        f"choose one of {', '.join(AGGREGATIONS)}")
         require(self.kl_estimator in ("k1", "k2", "k3"), f"unknown --kl-estimator {self.kl_estimator!r}; "
@@ -187,67 +141,13 @@ class GRPOConfig(AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, Langu
 
 
 CONFIG = GRPOConfig
-ENVS = ("single-turn", "tools", "python", "search", "guess")
-"""--env: python, search and guess are the registered tool envs python-v0, search-v0, guess-v0"""
-ECOSYSTEM = ("skyrl:", "vf:")
-"""--env prefixes of envs written for another library (envs/skyrl.py, envs/vf.py)"""
-DEFAULT_REWARDS = "math:1.0,format:0.1"
-ANSWER_FORMAT = ("Solve the problem. Think briefly if you need to, then give only the final number inside answer "
-                 "tags, like this: <answer>42</answer>")
-"""A pretrained model is not told the answer format by anything else: without it an instruct
-model answers in prose, every reward is 0 and every group is skipped."""
-
-
-def task_spec(cfg: GRPOConfig) -> str:
-    """What --task loads: with --env python, search or guess and no --task, that env's own task."""
-    return f"{cfg.env}-v0" if cfg.env in ("python", "search", "guess") and cfg.task == "arithmetic" else cfg.task
-
-
-def grpo_task(cfg: GRPOConfig) -> tuple[Task, object]:
-    """What --task loads, and the agent function that plays it, if any: with --env skyrl:NAME
-    the task carries the skyrl env (envs/skyrl.py); --env vf:MODULE gives the env's dataset and
-    its rollout as an agent function (envs/vf.py)."""
-    if cfg.env.startswith("skyrl:"):
-        from omnigym.envs.skyrl import skyrl_task
-
-        return skyrl_task(cfg, cfg.env.split(":", 1)[1]), None
-    if cfg.env.startswith("vf:"):
-        from omnigym.envs.vf import vf_task
-
-        return vf_task(cfg, cfg.env.split(":", 1)[1])
-    return load_task(task_spec(cfg), cfg.seed, cfg.eval_size, cfg.digits, cfg.terms, cfg.operations), None
-
-
-def task_env(cfg: GRPOConfig, task: Task):
-    """The env GRPO trains in and the reward that decides correctness for accuracy."""
-    if task.env is not None:  # a registered text env: its class, its reward unless --rewards is given
-        env = copy.copy(task.env)
-        env.examples = task.train
-        if cfg.rewards:
-            env.reward = parse_weights(cfg.rewards)
-        if hasattr(env, "max_turns"):  # a multi-turn env plays the turns --max-turns gives
-            env.max_turns = cfg.max_turns
-        if cfg.system_prompt is not None:
-            env.system_prompt = cfg.system_prompt or None
-    elif cfg.env == "python":  # the Python session over a task of your own, scored like the tools env
-        from omnigym.envs.python_env import SYSTEM_PROMPT, PythonEnv
-
-        system = cfg.system_prompt if cfg.system_prompt is not None else SYSTEM_PROMPT
-        env = PythonEnv(task.train, parse_weights(cfg.rewards or DEFAULT_REWARDS), system or None, cfg.max_turns)
-    else:
-        reward = parse_weights(cfg.rewards or DEFAULT_REWARDS)
-        system = cfg.system_prompt if cfg.system_prompt is not None else None if cfg.model == "tiny" else ANSWER_FORMAT
-        env = ToolEnv(task.train, reward, system or None, cfg.max_turns) if cfg.env == "tools" else \
-            TextEnv(task.train, reward, system or None)
-    correct = WeightedSum({cfg.accuracy_reward: 1.0}) if cfg.accuracy_reward else leading_part(env.reward)
-    return env, correct
 
 
 @scoped_run
 def train(cfg: GRPOConfig) -> dict:
     estimator = get_advantage(cfg.advantage)  # a misspelt name: one line before anything is written
     agent = load_agent(cfg.agent) if cfg.agent else None  # checked (async, (client, example)) before the run starts
-    task, env_agent = grpo_task(cfg)
+    task, env_agent = text_task(cfg)
     agent = agent or env_agent  # --env vf:MODULE: the verifiers env's rollout, played as an agent
     if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
@@ -331,27 +231,7 @@ def examples_for(cfg: GRPOConfig, train_set: list[dict], step: int) -> list[dict
     return random.Random(cfg.seed * 7_919 + step).sample(train_set, cfg.prompts_per_step)
 
 
-def make_generator(cfg: GRPOConfig, env, engine, tokenizer, greedy: bool = False) -> TextEnvGenerator:
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy)
-    # the held-out judge plays by the same budgets, but without the overlong penalty: it reads correctness
-    return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns,
-                            max_episode_tokens=cfg.max_episode_tokens or None,
-                            overlong_buffer=0 if greedy else cfg.overlong_buffer, overlap_scoring=cfg.overlap_scoring)
-
-
-def remote_generator(cfg: GRPOConfig, cwd: str) -> TextEnvGenerator:
-    """What a Ray generator actor runs: the same env and a policy of the same shape, built in
-    the actor (its weights come from the trainer before it samples). Paths in the flags are
-    read from the trainer's working directory."""
-    os.chdir(cwd)
-    task, _ = grpo_task(cfg)
-    env, _ = task_env(cfg, task)
-    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
-                                                  cfg.device)
-    return make_generator(cfg, env, make_engine(policy, tokenizer, cfg.engine), tokenizer)
-
-
-def evaluate(run: Run, judge: TextEnvGenerator, policy, tokenizer, examples: list[dict], version: int,
+def evaluate(run: Run, judge, policy, tokenizer, examples: list[dict], version: int,
              log_step: int) -> float:
     """Greedy held-out accuracy of policy ``version``; a few episodes go to samples.jsonl at
     ``log_step``. An engine outside this process (vLLM) gets the policy's weights first."""
