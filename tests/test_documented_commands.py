@@ -29,10 +29,14 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -58,6 +62,9 @@ RUN_SLOW = {
     "omnigym train dqn --env-id omnigym/BitFlip-v0 --her --total-timesteps 3000": 120,
     "omnigym train grpo --rollouts async --sft-steps 0 --steps 2 --prompts-per-step 2 --group-size 2 "
     "--eval-size 4 --run-dir runs/async-demo --no-progress --no-plot": 120,
+    "omnigym train ppo --env-id InvertedPendulum-v5 --total-timesteps 30000": 120,
+    "omnigym train grpo --task arithmetic-tools-v0 --eval-size 20 --sft-steps 0 --steps 1 --prompts-per-step 2 "
+    "--group-size 2 --max-new-tokens 16 --run-dir runs/tools": 120,
 }
 """short runs as written (``-m slow``); they are checked in the fast part too"""
 
@@ -411,13 +418,14 @@ def check_cookbook(words: list[str]) -> None:
     config_cls = getattr(module, "CLIConfig", None) or module.Config
     cfg = chz.Blueprint(config_cls).make_from_argv(words[3:])
     loss = getattr(cfg, "loss_fn", None)
-    assert loss is None or loss in LOSSES, f"loss_fn={loss} (the recipe's default?): omnigym serve computes {sorted(LOSSES)}"
+    assert loss is None or loss in LOSSES, (f"loss_fn={loss} (the recipe's default?): omnigym serve computes "
+                                            f"{sorted(LOSSES)}")
 
 
 CHECKS = [t for t in TEXTS if kind(t) not in (None, "listed", "run")]
 
 
-@pytest.mark.parametrize("text", CHECKS)
+@pytest.mark.parametrize("text", CHECKS, ids=lambda t: t[:90])
 def test_documented_command_checks(text, workdir, monkeypatch, parse_only):
     monkeypatch.chdir(workdir)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -447,12 +455,12 @@ def run_as_written(text: str, timeout: int, work: Path) -> None:
     assert "Traceback" not in done.stderr + done.stdout, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("text", [t for t in TEXTS if kind(t) == "run"])
+@pytest.mark.parametrize("text", [t for t in TEXTS if kind(t) == "run"], ids=lambda t: t[:90])
 def test_run_as_written(text, workdir):
     run_as_written(text, RUN_AS_WRITTEN.get(text, 10), workdir)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("text", sorted(RUN_SLOW))
+@pytest.mark.parametrize("text", sorted(RUN_SLOW), ids=lambda t: t[:90])
 def test_short_runs_as_written(text, workdir):
     run_as_written(text, RUN_SLOW[text], workdir)
