@@ -118,17 +118,7 @@ def upward(edges: dict, order: list[str]) -> dict[tuple[str, str], list[str]]:
     return {edge: sorted(sites) for edge, sites in edges.items() if rank[edge[1]] > rank[edge[0]]}
 
 
-PENDING_UPWARD = {
-    ("evaluation", "algos"): "evaluation/control.py (load_run, RunPolicy, evaluate_run) and evaluation/locomotion.py "
-                             "find a run's algorithm by name, and offline/collect.py and from_replay.py reach it "
-                             "through load_run; evaluation.text is used by the trainers, so evaluation sits below "
-                             "algos. Next: the run-directory entry points (load_run, load_policy, evaluate_run, "
-                             "evaluate_tracking, collect's run sources) move to a module above algos, beside "
-                             "export.py, and evaluation keeps what the trainers use and the episode loop",
-    ("pipelines", "algos"): "the offline RLHF demo (pipelines/rlhf_demo.py: prepare) runs sft and rm by name for "
-                            "train rlhf, rm, dpo and online_dpo; the fix passes the stage trainers down from the "
-                            "command layer, which needs those algos/lm files (another engineer's, issue 39)",
-}
+PENDING_UPWARD: dict[tuple[str, str], str] = {}
 """Upward package edges that are known and not yet removed, each with what it is and the way
 out. Any other upward edge fails the test, and so does an entry here that has gone."""
 

@@ -171,7 +171,7 @@ def test_a_killed_learner_resumes_to_the_same_metrics(tmp_path):
     ("ALE/Pong-v5", dict(num_envs=2, num_steps=16, total_timesteps=96, num_minibatches=2, update_epochs=1))])
 def test_atari_and_mujoco_train_on_rollout_workers_and_evaluate(tmp_path, local_ray, env_id, flags):
     pytest.importorskip("mujoco" if env_id.startswith("Half") else "ale_py")
-    from omnigym.evaluation.control import evaluate_run
+    from omnigym.runs import evaluate_run
 
     summary = ppo.train(config(tmp_path, env_id=env_id, **flags).with_preset())
     rows = metrics(tmp_path / "run")

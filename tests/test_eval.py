@@ -14,7 +14,7 @@ import pytest
 
 from omnigym.algos.control.ppo import PPOConfig, train
 from omnigym.cli import main
-from omnigym.evaluation.control import evaluate_run
+from omnigym.runs import evaluate_run
 
 
 def trained(tmp_path, env_id, steps, **flags):

@@ -84,7 +84,7 @@ def test_exported_files_act_as_the_checkpoint_policy(tmp_path, name):
 def test_the_onnx_file_drives_the_env_to_omnigym_evals_greedy_returns(tmp_path):
     """Closed loop: the exported file, fed the env's raw observations, scores what
     ``omnigym eval --greedy`` scores with the checkpoint (same seed, same episodes)."""
-    from omnigym.evaluation.control import evaluate_run
+    from omnigym.runs import evaluate_run
 
     run_dir = trained(tmp_path, "ppo-normalized")
     policy = load_exported(export_run(run_dir, "onnx")["path"], "onnx")

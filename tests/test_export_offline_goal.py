@@ -18,9 +18,8 @@ pytest.importorskip("onnxscript", reason="onnxscript is not installed: pip insta
 import test_bad_input  # noqa: E402
 from omnigym.algos import bc, cql, dqn, iql, sac, td3, td3_bc  # noqa: E402
 from omnigym.cli import main  # noqa: E402
-from omnigym.evaluation.control import load_policy  # noqa: E402
 from omnigym.export import FORMATS, export_run, load_exported, probe_observations, read_metadata  # noqa: E402
-from omnigym.offline.collect import collect  # noqa: E402
+from omnigym.runs import collect, load_policy  # noqa: E402
 from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
 
 OFFLINE = {"bc": bc, "td3_bc": td3_bc, "iql": iql, "cql": cql}

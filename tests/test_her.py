@@ -16,7 +16,7 @@ from omnigym.algos import dqn, sac, td3
 from omnigym.cli import main
 from omnigym.envs.goal import GoalLayout, PointReachEnv, network_view
 from omnigym.errors import OmnigymError
-from omnigym.evaluation.control import evaluate_run
+from omnigym.runs import evaluate_run
 from omnigym.resources import stored_bytes
 from omnigym.rl.her import HindsightRelabelling
 from omnigym.rl.replay import ReplayBuffer

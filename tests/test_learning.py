@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from omnigym.algos import dqn, ppo, reinforce
-from omnigym.evaluation.control import evaluate_run
+from omnigym.runs import evaluate_run
 
 pytestmark = pytest.mark.slow
 

@@ -356,7 +356,7 @@ def test_ppo_learns_to_stand_and_raises_its_return(tmp_path):
     """A short PPO sanity run, commanded 0.5 m/s forward: the return rises and the greedy policy
     stays up for whole episodes. (Walking at the commanded speed takes far more steps than a test
     has: docs/robots.md gives what 1.5M to 5M steps reached.)"""
-    from omnigym.evaluation.locomotion import evaluate_tracking
+    from omnigym.runs import evaluate_tracking
 
     rows = _train(tmp_path / "run", 250_000, "lin_vel_x=0.5,0.5", "lin_vel_y=0,0", "ang_vel_yaw=0,0",
                   "episode_length_s=4", "push_interval=none", "--num-envs", "32", "--num-steps", "24",

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from omnigym.algos import ppo
-from omnigym.evaluation.control import evaluate_run
+from omnigym.runs import evaluate_run
 from omnigym.models.control import CategoricalHead
 
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("mujoco", reason="mujoco is not installed (pip install 'omnigym[mujoco]')")
 
 from omnigym.algos import ppo  # noqa: E402
-from omnigym.evaluation.control import evaluate_run  # noqa: E402
+from omnigym.runs import evaluate_run  # noqa: E402
 from omnigym.rl.running_stats import RewardScaler  # noqa: E402
 from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
 

@@ -16,10 +16,9 @@ minari = pytest.importorskip("minari")
 import test_bad_input  # noqa: E402
 from omnigym.algos import bc, iql, td3_bc  # noqa: E402
 from omnigym.cli import main  # noqa: E402
-from omnigym.evaluation.control import evaluate_run  # noqa: E402
 from omnigym.models.continuous import GaussianActor  # noqa: E402
-from omnigym.offline.collect import collect  # noqa: E402
 from omnigym.offline.datasets import load_offline_data, normalized_score  # noqa: E402
+from omnigym.runs import collect, evaluate_run  # noqa: E402
 from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
 from omnigym.track.run import Run  # noqa: E402
 from test_reproducibility import metrics  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 
 minari = pytest.importorskip("minari")
 
-from omnigym.offline.collect import collect  # noqa: E402
+from omnigym.runs import collect  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 REF_MAX = -150.0

@@ -10,9 +10,8 @@ minari = pytest.importorskip("minari")
 
 from omnigym.algos import iql, td3_bc  # noqa: E402
 from omnigym.cli import main  # noqa: E402
-from omnigym.evaluation.control import evaluate_run  # noqa: E402
-from omnigym.offline.collect import collect  # noqa: E402
 from omnigym.offline.datasets import OfflineConfig, load_offline_data  # noqa: E402
+from omnigym.runs import collect, evaluate_run  # noqa: E402
 from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
 from test_reproducibility import metrics  # noqa: E402
 

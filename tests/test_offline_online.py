@@ -14,10 +14,10 @@ minari = pytest.importorskip("minari")
 
 import test_bad_input  # noqa: E402
 from omnigym.algos import cql, iql, td3_bc  # noqa: E402
-from omnigym.evaluation.control import evaluate_run  # noqa: E402
 from omnigym.offline.datasets import load_offline_data  # noqa: E402
 from omnigym.offline.online import mixed_batch  # noqa: E402
 from omnigym.rl.replay import ReplayBuffer  # noqa: E402
+from omnigym.runs import evaluate_run  # noqa: E402
 from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
 from omnigym.track.run import Run  # noqa: E402
 from test_offline import SMALL, datasets, datasets_path  # noqa: E402,F401  (the tiny Minari datasets)
@@ -318,7 +318,7 @@ def test_cal_ql_learns_from_a_sac_runs_episodes(tmp_path, monkeypatch):
     3000-step SAC run, about 27 in normalized score): 4000 gradient steps of Cal-QL take the policy
     from random (0) above it (12.9 here; -3.2 at 2000 steps)."""
     from omnigym.algos import sac
-    from omnigym.offline.collect import collect
+    from omnigym.runs import collect
 
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
     sac.train(sac.CONFIG(env_id="Pendulum-v1", total_timesteps=3000, learning_starts=1000, seed=0,

@@ -11,7 +11,7 @@ minari = pytest.importorskip("minari")
 
 import test_bad_input  # noqa: E402
 from omnigym.cli import main  # noqa: E402
-from omnigym.offline.collect import collect  # noqa: E402
+from omnigym.runs import collect  # noqa: E402
 from omnigym.rl.replay import ReplayBuffer  # noqa: E402
 
 ENV = "InvertedPendulum-v5"  # random play terminates within a few dozen steps

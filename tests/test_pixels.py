@@ -240,7 +240,7 @@ def test_an_interrupted_drq_run_resumes_to_the_same_metrics(tmp_path, monkeypatc
 
 @needs_dm_control
 def test_omnigym_eval_replays_a_drq_run_on_pixels(tmp_path, capsys):
-    from omnigym.evaluation.control import evaluate_run
+    from omnigym.runs import evaluate_run
 
     train_drq(tmp_path / "run", total_timesteps=200)
     returns = evaluate_run(str(tmp_path / "run"), episodes=1, greedy=True)

@@ -12,7 +12,7 @@ import torch
 import test_bad_input
 from omnigym.algos import sac, td3
 from omnigym.cli import main
-from omnigym.evaluation.control import evaluate_run
+from omnigym.runs import evaluate_run
 from omnigym.models.continuous import QNetwork, SquashedGaussianActor
 from omnigym.track.checkpoint import load_checkpoint
 from omnigym.track.run import Run

@@ -8,7 +8,7 @@ import pytest
 from omnigym.algos.control.ppo import PPOConfig, train
 from omnigym.cli import main
 from omnigym.errors import OmnigymError
-from omnigym.evaluation.control import evaluate_run
+from omnigym.runs import evaluate_run
 
 
 def ppo(tmp_path, env, name="run", steps=1024):

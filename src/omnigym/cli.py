@@ -182,7 +182,7 @@ def evaluate(argv: list[str]) -> None:
     from pathlib import Path
 
     from omnigym.envs.video import VIDEO_FOLDER
-    from omnigym.evaluation.control import evaluate_run
+    from omnigym.runs import evaluate_run
 
     from omnigym.track.lock import RunLock
 
@@ -256,7 +256,8 @@ def collect(argv: list[str]) -> None:
                         help="episodes the reference returns are measured over (default 100)")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset of that id")
     args = parser.parse_args(argv)
-    from omnigym.offline.collect import collect as write_dataset, summary
+    from omnigym.offline.collect import summary
+    from omnigym.runs import collect as write_dataset
 
     print(summary(write_dataset(args.sources, args.episodes, args.dataset, env_id=args.env_id, seed=args.seed,
                                 greedy=args.greedy, expert=args.expert, ref_min_score=args.ref_min_score,
@@ -265,7 +266,7 @@ def collect(argv: list[str]) -> None:
 
 
 def evaluate_locomotion(args) -> None:
-    from omnigym.evaluation.locomotion import evaluate_tracking
+    from omnigym.runs import evaluate_tracking
 
     try:
         command = tuple(float(x) for x in (args.command or "0.5,0,0").split(","))

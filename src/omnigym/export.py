@@ -18,7 +18,7 @@ The networks are the algorithms' own classes (models/control.py, models/continuo
 loaded from the checkpoint; nothing here redefines them. Before the file is moved into
 place it is run (onnxruntime, or ``torch.jit.load``) on probe observations and compared
 with the checkpoint's policy as ``omnigym eval`` rebuilds it
-(``evaluation.control.load_policy``, the algorithm's ``load_policy``); a file that disagrees is never written. docs/export.md has the details
+(``runs.load_policy``, the algorithm's ``load_policy``); a file that disagrees is never written. docs/export.md has the details
 and the per-step latency.
 """
 
@@ -441,7 +441,7 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
     """Writes the run's policy as ``fmt`` to ``out`` (default ``RUN_DIR/policy.onnx`` or
     ``policy.pt``), checked against the checkpoint's policy (``load_policy(run_dir)``, the one
     ``omnigym eval`` plays); returns what was written."""
-    from omnigym.evaluation.control import load_policy
+    from omnigym.runs import load_policy
 
     check_format(fmt)
     algo = exportable(run_dir)

@@ -1,14 +1,20 @@
-"""Evaluate a control run's last checkpoint on fresh episodes."""
+"""Play a loaded control run's policy on fresh episodes.
+
+A run directory becomes a ``LoadedRun`` in ``omnigym/runs.py`` (``load_run``): turning it back
+into a policy needs its algorithm's config class and ``load_policy``, which the algorithm
+registry finds by name, and the registry sits above this package (the trainers use
+``evaluation/text.py``). What is here takes the loaded run and needs no registry.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from types import ModuleType
 
 import gymnasium as gym
 import numpy as np
 
-from omnigym.algos import check_foreign_settings, config_class, get_algorithm
-from omnigym.config import config_from_dict, unknown_settings
 from omnigym.envs.atari import AtariOptions, is_atari
 from omnigym.envs.cursor import ActionMasks
 from omnigym.envs.pixels import PixelOptions
@@ -16,25 +22,26 @@ from omnigym.envs.vector import make_vec, trained_env
 from omnigym.envs.video import every_episode
 from omnigym.errors import OmnigymError
 from omnigym.process import run_scope
-from omnigym.track.checkpoint import Checkpointer
-from omnigym.track.files import CONFIG_NAME, load_config_dict
 
 
 MAX_EPISODE_STEPS = 1_000_000
 """an episode this long means an env without a time limit: eval stops instead of hanging"""
 
 
-def load_run(run_dir: str, command: str = "omnigym eval"):
-    """A finished (or checkpointed) control run: its algorithm's module, its config and its last
-    checkpoint, for ``module.load_policy(cfg, saved["components"], envs)``."""
-    values = load_config_dict(run_dir)
-    module = get_algorithm(values.get("algo", "?"))
-    if not hasattr(module, "load_policy"):
-        raise OmnigymError(f"{command} does not support {values['algo']} runs; their eval metrics are in metrics.jsonl")
-    source = os.path.join(run_dir, CONFIG_NAME)
-    check_foreign_settings(values["algo"], unknown_settings(config_class(module), values), source)
-    cfg = config_from_dict(config_class(module), values, source)
-    return module, cfg, Checkpointer(run_dir).load()
+@dataclass(frozen=True)
+class LoadedRun:
+    """A finished (or checkpointed) control run: its directory, its algorithm's module (which has
+    ``load_policy``), its config and its last checkpoint, for
+    ``module.load_policy(cfg, saved["components"], envs)``. Made by ``omnigym.runs.load_run``."""
+
+    dir: str
+    module: ModuleType
+    cfg: object
+    saved: dict
+
+    @property
+    def algorithm(self) -> str:
+        return self.module.__name__.rpartition(".")[2]
 
 
 def run_env(run_dir: str, cfg, env, seed: int, verb: str, python_call: str, video_dir: str | None = None):
@@ -57,12 +64,12 @@ class RunPolicy:
     training put between env and network (observation normalization, a goal env's flattening,
     PPO's clip into the action bounds); env wrappers (Atari's frame preprocessing) are not in it."""
 
-    def __init__(self, run_dir: str | os.PathLike, greedy: bool = True, env=None):
-        self.module, self.cfg, saved = load_run(str(run_dir), "load_policy")
-        self.components = saved["components"]
-        self.global_step = saved.get("counters", {}).get("global_step")
-        self.algorithm = self.module.__name__.rpartition(".")[2]
-        envs = run_env(str(run_dir), self.cfg, env, 0, "load_policy", "load it with load_policy(run_dir, env=...)")
+    def __init__(self, run: LoadedRun, greedy: bool = True, env=None):
+        self.module, self.cfg = run.module, run.cfg
+        self.components = run.saved["components"]
+        self.global_step = run.saved.get("counters", {}).get("global_step")
+        self.algorithm = run.algorithm
+        envs = run_env(run.dir, self.cfg, env, 0, "load_policy", "load it with load_policy(run_dir, env=...)")
         try:
             self.observation_space, self.action_space = envs.single_observation_space, envs.single_action_space
             self._policy = self.module.load_policy(self.cfg, self.components, envs, greedy=greedy)
@@ -85,27 +92,24 @@ class RunPolicy:
         return np.ndim(obs) == len(getattr(space, "shape", None) or ())
 
 
-def load_policy(run_dir: str | os.PathLike, greedy: bool = True, env=None) -> RunPolicy:
-    """``policy = load_policy("runs/X"); action = policy(obs)``: the run's last checkpoint as a
-    callable (``RunPolicy``). ``greedy=False`` samples where the algorithm has a stochastic
-    policy (PPO, SAC); ``env``: the env to take the spaces from, for a run trained on a Python
-    object its config.json cannot name."""
-    return RunPolicy(run_dir, greedy=greedy, env=env)
-
-
-def evaluate_run(run_dir: str, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None,
-                 video_dir: str | None = None, successes: list | None = None) -> list[float]:
-    """Returns of ``episodes`` episodes of the run's env (or ``env``: the id, class, factory or
-    env object to use instead, for a run trained on a Python object eval cannot rebuild).
-    ``video_dir`` records every episode there as .mp4 (the returns are the same without it).
-    ``successes``: a list that gets each episode's ``info["is_success"]`` at its end, where the
-    env gives one (goal envs)."""
+def check_episodes(episodes: int, seed: int) -> None:
+    """``--episodes`` and ``--seed`` of an evaluation, checked before a run is loaded."""
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
     if not 0 <= seed < 2**32:
         raise OmnigymError(f"--seed must be between 0 and 2**32 - 1, got {seed}")
-    module, cfg, saved = load_run(run_dir)
-    envs = run_env(run_dir, cfg, env, seed, "eval", "evaluate it from Python with evaluate_run(run_dir, env=...)",
+
+
+def play_episodes(run: LoadedRun, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None,
+                  video_dir: str | None = None, successes: list | None = None) -> list[float]:
+    """Returns of ``episodes`` episodes of the run's env (or ``env``: the id, class, factory or
+    env object to use instead, for a run trained on a Python object eval cannot rebuild).
+    ``video_dir`` records every episode there as .mp4 (the returns are the same without it).
+    ``successes``: a list that gets each episode's ``info["is_success"]`` at its end, where the
+    env gives one (goal envs). ``omnigym.runs.evaluate_run`` is the same from a run directory."""
+    check_episodes(episodes, seed)
+    module, cfg, saved = run.module, run.cfg, run.saved
+    envs = run_env(run.dir, cfg, env, seed, "eval", "evaluate it from Python with evaluate_run(run_dir, env=...)",
                    video_dir=video_dir)
     if video_dir is not None:
         os.makedirs(video_dir, exist_ok=True)  # the env could render: its videos have a place to go

@@ -10,13 +10,16 @@ mean base velocity after the first 2 s, so the start-up is not counted).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from omnigym.errors import OmnigymError
+
+if TYPE_CHECKING:  # the annotation only: the env stack is imported when a report is made
+    from omnigym.evaluation.control import LoadedRun
 
 SIM_TO_SIM = MappingProxyType({
     "friction": (0.3, 1.5),          # training default 0.5-1.25 (legged_gym)
@@ -49,35 +52,27 @@ class TrackingReport:
                 f"mean tracking error {self.mean_error:.3f} m/s")
 
 
-def evaluate_tracking(run_dir: str, episodes: int = 10, randomize: bool = False,
-                      command: tuple[float, float, float] = (0.5, 0.0, 0.0), greedy: bool = False,
-                      seed: int = 12345) -> TrackingReport:
-    """Plays ``episodes`` episodes of a locomotion run's policy at a fixed ``command``."""
-    from omnigym.algos import config_class, get_algorithm
-    from omnigym.config import config_from_dict
+def tracking_report(run: LoadedRun, episodes: int = 10, randomize: bool = False,
+                    command: tuple[float, float, float] = (0.5, 0.0, 0.0), greedy: bool = False,
+                    seed: int = 12345) -> TrackingReport:
+    """Plays ``episodes`` episodes of a loaded locomotion run's policy at a fixed ``command``
+    (``omnigym.runs.evaluate_tracking`` is the same from a run directory)."""
     from omnigym.envs.locomotion import TASK_IDS
     from omnigym.envs.locomotion.env import LocomotionVectorEnv
     from omnigym.envs.vector import parse_env_kwargs
     from omnigym.process import run_scope
-    from omnigym.track.checkpoint import Checkpointer
-    from omnigym.track.files import CONFIG_NAME, load_config_dict
 
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
-    values = load_config_dict(run_dir)
-    on_mjlab = values.get("backend") == "mjlab"
-    if not on_mjlab and values.get("env_id") not in TASK_IDS:
+    cfg, saved, module, run_dir = run.cfg, run.saved, run.module, run.dir
+    on_mjlab = cfg.backend == "mjlab"
+    if not on_mjlab and cfg.env_id not in TASK_IDS:
         raise OmnigymError(f"--randomize and --command evaluate locomotion runs ({', '.join(TASK_IDS)}, or a "
-                           f"--backend mjlab velocity task); {run_dir} trained on {values.get('env_id')}")
+                           f"--backend mjlab velocity task); {run_dir} trained on {cfg.env_id}")
     if on_mjlab and randomize:
         raise OmnigymError("--randomize builds omnigym's own Go2 task; a --backend mjlab run's policy reads mjlab's "
                            "observations, so evaluate it with --command alone (mjlab randomizes friction, mass "
                            "centre, encoders and pushes in training already)")
-    module = get_algorithm(values["algo"])
-    if not hasattr(module, "load_policy"):
-        raise OmnigymError(f"omnigym eval does not support {values['algo']} runs")
-    cfg = config_from_dict(config_class(module), values, os.path.join(run_dir, CONFIG_NAME))
-    saved = Checkpointer(run_dir).load()
     if on_mjlab:  # mjlab's own task on its own simulator, every env given the one command
         from omnigym.envs.mjlab_backend import make_mjlab_vec
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from omnigym.envs.vector import make_vec
 from omnigym.errors import OmnigymError, require
+from omnigym.evaluation.control import LoadedRun
 from omnigym.offline.datasets import datasets_root, first_line, import_minari
 from omnigym.offline.from_replay import replay_episodes
 from omnigym.process import run_scope
@@ -49,13 +50,18 @@ class Source:
     act: Callable[[np.ndarray], np.ndarray] | None  # None: uniform random actions
 
 
-def load_source(name: str, greedy: bool) -> Source:
+RunLoader = Callable[[str, str], LoadedRun]
+"""``load_run(run_dir, command) -> LoadedRun``: ``omnigym.runs.load_run``. A run's policy is
+rebuilt by its algorithm, which the algorithm registry finds by name; the registry sits above
+this package (the offline algorithms train with it), so the caller above passes the loader in."""
+
+
+def load_source(name: str, greedy: bool, load_run: RunLoader) -> Source:
     if name == RANDOM:
         return Source(name, RANDOM, None, None)
-    from omnigym.evaluation.control import load_run
-
     require(Path(name).is_dir(), f"collect: {name!r} is neither 'random' nor a run directory")
-    module, cfg, saved = load_run(name, "omnigym collect")
+    run = load_run(name, "omnigym collect")
+    module, cfg, saved = run.module, run.cfg, run.saved
     require(isinstance(cfg.env_id, str) and not cfg.env_id.startswith("<"),
             f"collect: {name} was trained on a Python object, not an env id omnigym can make again")
     require(not getattr(cfg, "pixels", False), f"collect: {name} learned from pixels; collect writes state datasets")
@@ -64,8 +70,7 @@ def load_source(name: str, greedy: bool) -> Source:
         policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
     finally:
         envs.close()
-    algo = module.__name__.rsplit(".", 1)[-1]
-    return Source(name, algo, cfg.env_id, policy)
+    return Source(name, run.algorithm, cfg.env_id, policy)
 
 
 def mean_return(env_id: str, act, episodes: int, seed: int) -> float:
@@ -90,9 +95,10 @@ def mean_return(env_id: str, act, episodes: int, seed: int) -> float:
 def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: str | None = None, seed: int = 0,
             greedy: bool = False, expert: str | None = None, ref_min_score: float | None = None,
             ref_max_score: float | None = None, reference_episodes: int = 100, overwrite: bool = False,
-            from_replay: bool = False) -> dict:
+            from_replay: bool = False, *, load_run: RunLoader) -> dict:
     """Write the dataset (see the module's docstring; ``from_replay``: offline/from_replay.py); returns
-    what was written (``summary`` says it in a line)."""
+    what was written (``summary`` says it in a line). ``omnigym.runs.collect`` is this with its
+    ``load_run``, the way to call it from Python."""
     minari = import_minari()
     from minari.dataset.minari_dataset import parse_dataset_id
 
@@ -113,16 +119,16 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
                                               "to replace it, or another name")
     if from_replay:
         require(len(sources) == 1 and sources[0] != RANDOM, "collect --from-replay reads one run's directory")
-        replay_env_id, algo, replayed = replay_episodes(sources[0])
+        replay_env_id, algo, replayed = replay_episodes(sources[0], load_run)
         loaded = [Source(sources[0], f"{algo} replay buffer", replay_env_id, None)]
     else:
-        loaded = [load_source(name, greedy) for name in sources]
+        loaded = [load_source(name, greedy, load_run) for name in sources]
     env_ids = {s.env_id for s in loaded if s.env_id is not None} | ({env_id} if env_id else set())
     require(len(env_ids) <= 1, f"collect: the sources play different envs ({', '.join(sorted(env_ids))}); "
                                "one dataset holds one env's episodes")
     require(env_ids, "collect: a random policy needs the env: give --env-id")
     (env_id,) = env_ids
-    expert_source = load_source(expert, greedy=True) if expert else None
+    expert_source = load_source(expert, True, load_run) if expert else None
     require(expert_source is None or expert_source.env_id == env_id,
             f"--expert {expert} plays {expert_source.env_id if expert_source else ''}, not {env_id}")
     if ref_max_score is None and expert_source is not None:

@@ -13,23 +13,25 @@ stopped). Episodes of a buffer that wrapped start where its live part does.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from omnigym.errors import OmnigymError, require
+from omnigym.evaluation.control import LoadedRun
 
 
-def replay_episodes(run_dir: str) -> tuple[str, str, list]:
+def replay_episodes(run_dir: str, load_run: Callable[[str, str], LoadedRun]) -> tuple[str, str, list]:
     """``(env_id, algorithm, episodes)`` of the run's saved replay buffer; each episode is
-    ``(observations, actions, rewards, terminations, truncations)``, observations in the env's dtype."""
+    ``(observations, actions, rewards, terminations, truncations)``, observations in the env's dtype.
+    ``load_run``: ``omnigym.runs.load_run``, passed down (see offline/collect.py's ``collect``)."""
     import gymnasium as gym
 
-    from omnigym.evaluation.control import load_run
     from omnigym.rl.replay import ReplayBuffer
 
     require(Path(run_dir).is_dir(), f"collect --from-replay: {run_dir!r} is not a run directory")
-    module, cfg, saved = load_run(run_dir, "omnigym collect")
-    algo = module.__name__.rsplit(".", 1)[-1]
+    run = load_run(run_dir, "omnigym collect")
+    cfg, saved, algo = run.cfg, run.saved, run.algorithm
     replay = saved["components"].get("replay")
     require(replay is not None, f"collect --from-replay: {run_dir} is a {algo} run, which keeps no replay buffer")
     if replay.get("buffer") is None and getattr(cfg, "dataset", None):

@@ -9,8 +9,10 @@
 
 Each stage is a finished run or file that a later start with the same seed reuses (so
 ``--overwrite`` retrains only the last stage). A failure before the caller's run has a
-checkpoint removes the stages this process made. The stages are run through the algorithm
-registry, like the CLI does: this module is a pipeline, not an algorithm.
+checkpoint removes the stages this process made. The algorithms that train the stages (``sft``
+and ``rm``: modules with a ``CONFIG`` and a ``train``) are passed in by the trainer that runs the
+demo, which finds them in the algorithm registry by name: the registry sits above this package
+(the trainers call the pipeline), so the pipeline names no algorithm module and imports none.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from omnigym.track.files import DiskFault, load_config_dict, write_atomically
 from omnigym.track.run import MODEL_FOLDER, STAGES_FOLDER, Run
@@ -47,10 +50,10 @@ def finished(run_dir: Path, seed: int) -> bool:
         return False
 
 
-def prepare(cfg, run: Run, reward_model: bool) -> Stages:
-    """Run (or reuse) the stages for ``run``; ``cfg`` gives the seed, threads, device and output."""
-    from omnigym.algos import get_algorithm
-
+def prepare(cfg, run: Run, sft: ModuleType, rm: ModuleType | None = None) -> Stages:
+    """Run (or reuse) the stages for ``run``; ``cfg`` gives the seed, threads, device and output.
+    ``sft`` trains stage 1; ``rm``, when given, trains stage 3 (the reward model)."""
+    reward_model = rm is not None
     root = run.dir / STAGES_FOLDER
     made = not root.exists()
     common = dict(seed=cfg.seed, torch_threads=cfg.torch_threads, device=cfg.device, progress=cfg.progress,
@@ -59,7 +62,6 @@ def prepare(cfg, run: Run, reward_model: bool) -> Stages:
     try:
         if not finished(stages.sft, cfg.seed):
             run.say(f"demo stage 1: supervised fine-tuning on random-word replies -> {stages.sft}")
-            sft = get_algorithm("sft")
             sft.train(sft.CONFIG(data="words", steps=SFT_STEPS, run_dir=str(stages.sft),
                                  overwrite=stages.sft.exists(), **common))
         if not stages.pairs.is_file():
@@ -68,7 +70,6 @@ def prepare(cfg, run: Run, reward_model: bool) -> Stages:
             write_gold_pairs(stages.sft, stages.pairs, cfg.seed, cfg.device)
         if reward_model and not finished(stages.reward_model, cfg.seed):
             run.say(f"demo stage 3: a reward model on those pairs -> {stages.reward_model}")
-            rm = get_algorithm("rm")
             rm.train(rm.CONFIG(data=str(stages.pairs), model=str(stages.sft), run_dir=str(stages.reward_model), steps=RM_STEPS,
                                overwrite=stages.reward_model.exists(), **common))
     except DiskFault as fault:  # a stage's own "--resume" advice is void: its folder goes with this run's
@@ -95,10 +96,11 @@ class DemoModels:
     gold_reward: str | None
 
 
-def demo_models(cfg, run: Run) -> DemoModels:
+def demo_models(cfg, run: Run, sft: ModuleType, rm: ModuleType) -> DemoModels:
     """The offline demo (no reward model given): its SFT policy and reward model, made or reused
-    as stages of this run, and the hidden gold rule as the gold reward."""
-    stages = prepare(cfg, run, reward_model=True)
+    as stages of this run (trained by the ``sft`` and ``rm`` algorithms), and the hidden gold
+    rule as the gold reward."""
+    stages = prepare(cfg, run, sft, rm)
     return DemoModels(str(stages.sft), str(stages.reward_model), cfg.gold_reward or f"{GOLD_REWARD}:1.0")
 
 
@@ -109,17 +111,17 @@ class DemoPairs:
     gold_reward: str
 
 
-def use_demo_pairs(cfg, run: Run) -> DemoPairs:
+def use_demo_pairs(cfg, run: Run, sft: ModuleType) -> DemoPairs:
     """``--data gold`` of ``train rm`` and ``train dpo``: the demo's gold-labelled pairs, the model
     to train (``--model``, or the demo's SFT model for ``tiny``) and the hidden rule as a gold
     reward, made or reused (a resumed run finds its finished stages). A ``--model`` of the
     user's own is checked first: a misspelt folder is one line, not a minute of demo stages
-    and then the same line."""
+    and then the same line. ``sft``: the algorithm that trains the SFT stage."""
     if cfg.model != "tiny":
         from omnigym.models.lm import resolve_model
 
         resolve_model(cfg.model)
-    stages = prepare(cfg, run, reward_model=False)
+    stages = prepare(cfg, run, sft)
     return DemoPairs(str(stages.pairs), str(stages.sft) if cfg.model == "tiny" else cfg.model, f"{GOLD_REWARD}:1.0")
 
 

@@ -102,9 +102,10 @@ def train(cfg: DPOConfig) -> dict:
     run = start_run(cfg, "dpo", cfg.model)
     data, start, gold_reward = cfg.data, cfg.model, cfg.gold_reward
     if cfg.data == "gold":  # the offline demo: its SFT model and gold-labelled pairs (a resumed run reuses them)
+        from omnigym.algos import get_algorithm
         from omnigym.pipelines.rlhf_demo import use_demo_pairs
 
-        demo = use_demo_pairs(cfg, run)
+        demo = use_demo_pairs(cfg, run, get_algorithm("sft"))  # the SFT stage's trainer, by name
         data, start, gold_reward = demo.pairs, demo.model, gold_reward or demo.gold_reward
     gold = parse_weights(gold_reward).to(cfg.device) if gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(start, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from omnigym.algos import get_algorithm
 from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.errors import require
@@ -113,7 +114,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)
     run = start_run(cfg, "online_dpo", cfg.model)
     if judge is None:  # the demo: its SFT policy, its reward model as the judge, its gold rule
-        models = demo_models(cfg, run)
+        models = demo_models(cfg, run, get_algorithm("sft"), get_algorithm("rm"))  # its stages' trainers, by name
         judge = parse_weights(f"rm:{models.reward_model}:1.0")
     else:
         models = DemoModels(cfg.model, cfg.rewards, cfg.gold_reward)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from omnigym.algos import get_algorithm
 from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.errors import OmnigymError, require
@@ -126,8 +127,9 @@ def train(cfg: RLHFConfig) -> dict:
         reward_model_folder(cfg.reward_model)  # not a reward model: one line before anything is written
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)  # bad data: one line before the demo's stages run
     run = start_run(cfg, "rlhf", cfg.model)
-    models = demo_models(cfg, run) if cfg.reward_model is None else DemoModels(cfg.model, cfg.reward_model,
-                                                                                cfg.gold_reward)
+    # the demo's stages are trained by sft and rm, found by name (the pipeline sits below the registry)
+    models = demo_models(cfg, run, get_algorithm("sft"), get_algorithm("rm")) if cfg.reward_model is None \
+        else DemoModels(cfg.model, cfg.reward_model, cfg.gold_reward)
     scorer = RewardModelScorer(models.reward_model, cfg.device)
     gold = parse_weights(models.gold_reward).to(cfg.device) if models.gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,

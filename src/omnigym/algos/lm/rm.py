@@ -80,9 +80,10 @@ def train(cfg: RMConfig) -> dict:
     run = start_run(cfg, "rm", cfg.model)
     data, base_model = cfg.data, cfg.model
     if cfg.data == "gold":  # the offline demo: its SFT model and gold-labelled pairs (a resumed run reuses them)
+        from omnigym.algos import get_algorithm
         from omnigym.pipelines.rlhf_demo import use_demo_pairs
 
-        demo = use_demo_pairs(cfg, run)
+        demo = use_demo_pairs(cfg, run, get_algorithm("sft"))  # the SFT stage's trainer, by name
         data, base_model = demo.pairs, demo.model
     with model_folder(base_model, cfg.seed) as folder:
         tokenizer = load_tokenizer(folder, cfg.chat_template, need_chat_template=False)
