@@ -103,7 +103,7 @@ CASES = [
     (["train", "sft", "--training-backend", "fsdp3"], "unknown --training-backend 'fsdp3'; choose local, ddp, fsdp2"),
     (["eval"], "the following arguments are required: run_dir; see omnigym eval --help"),
     (["eval", "NOT_A_RUN", "--episodes", "0"], "--episodes must be positive, got 0"),
-    (["plot", "NOT_A_RUN"], "not-a-run has no metrics.jsonl"),
+    (["plot", "NOT_A_RUN"], "not-a-run is not a run directory (no config.json)"),
     (["plot", "RUN_LOG", "--out", "RUN_LOG/metrics.jsonl/x.png"], "cannot write the plot to "),
     (["plot", "RUN_LOG", "--metric", "nope"], "no run among"),
 ]
