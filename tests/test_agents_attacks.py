@@ -257,10 +257,17 @@ def test_a_step_where_every_episode_fails_is_skipped_not_a_traceback(tmp_path, m
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "always_raise.py").write_text("async def run(client, example):\n    raise ValueError('down')\n")
-    code = main(["train", "grpo", "--agent", "always_raise:run", "--sft-steps", "0", "--steps", "2",
-                 "--prompts-per-step", "2", "--group-size", "2", "--eval-size", "2", "--eval-every", "100",
-                 "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"])
-    assert code in (0, None)
-    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["agent/errors"], r["groups/kept_fraction"]) for r in logged if "reward/mean" in r] == [(4, 0.0)] * 2
+    flags = ["--agent", "always_raise:run", "--sft-steps", "0", "--prompts-per-step", "2", "--group-size", "2",
+             "--eval-size", "2", "--eval-every", "100", "--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(["train", "grpo", *flags, "--steps", "2", "--run-dir", "two"]) in (0, None)  # skipped, counted
+    logged = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["agent/errors"], r["groups/kept_fraction"], r["steps/no_usable_episode"])
+            for r in logged if "reward/mean" in r] == [(4, 0.0, 1.0)] * 2
     assert "Traceback" not in capsys.readouterr().err
+    # three such steps in a row: the run stops with one line, checkpointed, and says how to go on
+    assert main(["train", "grpo", *flags, "--steps", "10", "--run-dir", "ten"]) == 2
+    err = capsys.readouterr().err
+    assert "every episode failed in 3 steps in a row (steps 1-3" in err and "--resume" in err
+    assert "Traceback" not in err
+    logged = [json.loads(line) for line in (tmp_path / "ten" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in logged if "reward/mean" in r] == [1, 2, 3]

@@ -53,6 +53,11 @@ from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import Run, start_run
 
 
+FAILED_STEPS_TO_STOP = 3
+"""steps in a row whose every episode failed before a run stops: one such step is skipped (counted
+in steps/no_usable_episode), three say the agent or its env is broken, not unlucky"""
+
+
 @dataclass
 class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfig):
     step_rewards: str | None = None
@@ -181,6 +186,7 @@ def train(cfg: GRPOConfig) -> dict:
         progress = ProgressBar(cfg.steps, "grpo", start=step, enabled=cfg.progress)
         clock = Clock(step)
         rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
+        failed_in_a_row = 0
         for step in range(step, cfg.steps):
             metrics = {}
             if step % cfg.eval_every == 0:
@@ -193,6 +199,8 @@ def train(cfg: GRPOConfig) -> dict:
             # 1. Sample group_size episodes of each prompt, each scored by the env's reward (ray:
             # sampled up to --max-staleness versions ago; the sampler's log-probs come along).
             trajectories = rollouts.trajectories(step)
+            # a step whose every episode failed (an --agent that raised or timed out) trains nothing
+            failed_in_a_row = failed_in_a_row + 1 if all(t.info.get("error") for t in trajectories.items) else 0
             if step_reward is not None:  # --step-rewards: each step's score, on the token that ends it
                 metrics.update(place_step_rewards(step_reward, trajectories, tokenizer))
             # 2. Advantages within each group; a group whose rewards are all equal carries no signal.
@@ -206,13 +214,20 @@ def train(cfg: GRPOConfig) -> dict:
 
             # 4. Log, show, checkpoint.
             metrics.update({**step_metrics(cfg, trajectories, informative, stats),
+                            "steps/no_usable_episode": float(failed_in_a_row > 0),
                             "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
             if step == cfg.steps - 1:
                 metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step + 1, step + 1)
             run.log(step + 1, metrics)
             progress.update(step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
-            if step == cfg.steps - 1 or checkpoint_due(step + 1, step, cfg.checkpoint_every):
+            if step == cfg.steps - 1 or checkpoint_due(step + 1, step, cfg.checkpoint_every) or \
+                    failed_in_a_row == FAILED_STEPS_TO_STOP:
                 run.save(components, step=step + 1)
+            if failed_in_a_row == FAILED_STEPS_TO_STOP:
+                raise OmnigymError(f"every episode failed in {FAILED_STEPS_TO_STOP} steps in a row (steps "
+                                   f"{step + 2 - FAILED_STEPS_TO_STOP}-{step + 1}; agent/errors counts them, the first "
+                                   f"error is said above): the run stops, checkpointed at step {step + 1}; fix what "
+                                   f"fails, then go on with omnigym train grpo --resume {run.dir}")
         progress.close()
     return finish_lm(run, cfg, trainer.full_model(), tokenizer)
 
@@ -304,8 +319,9 @@ def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: 
     behaviour = padded([t.logprobs for t in items], width).to(cfg.device) \
         if cfg.behaviour_cap_in_effect() is not None else None
     with torch.no_grad():
-        ref_logprobs = completion_logprobs(reference, tokens) if reference is not None else None
-        old_logprobs = completion_logprobs(trainer.model, tokens) if cfg.ppo_epochs > 1 else None
+        # at the sampling temperature, as the engine recorded mu and as TRL and verl recompute them
+        ref_logprobs = completion_logprobs(reference, tokens, cfg.temperature) if reference is not None else None
+        old_logprobs = completion_logprobs(trainer.model, tokens, cfg.temperature) if cfg.ppo_epochs > 1 else None
     batch = PolicyBatch(tokens, advantages[:, :width].to(cfg.device), old_logprobs, ref_logprobs, behaviour)
     for _ in range(cfg.ppo_epochs):
         stats = trainer.forward_backward(batch, loss_fn, share)
@@ -324,7 +340,7 @@ def grpo_loss(model, batch: PolicyBatch, cfg: GRPOConfig, loss_cfg: PolicyLossCo
     def generated(logprobs):
         return None if logprobs is None else logprobs.masked_fill(~valid, 0.0)
 
-    new_logprobs = generated(completion_logprobs(model, batch.tokens))
+    new_logprobs = generated(completion_logprobs(model, batch.tokens, cfg.temperature))
     old = generated(batch.old_logprobs) if batch.old_logprobs is not None else new_logprobs.detach()
     loss, stats = ppo_clip(new_logprobs, old, batch.advantages.masked_fill(~valid, 0.0), mask, loss_cfg,
                            generated(batch.behaviour_logprobs))
