@@ -16,9 +16,9 @@ def sources(root: Path = PACKAGE):
 
 # --- function length ---------------------------------------------------------------------------
 
-LONG_FUNCTIONS = {
-    "serve/app.py:make_app": "being split (issue 39)",
-}
+LONG_FUNCTIONS: dict[str, str] = {}
+"""functions allowed over 150 lines, each with its reason: none (serve/app.py's make_app was 417
+lines until issue 39 split it into serve/routes/)"""
 
 
 def long_functions(trees) -> dict[str, int]:
