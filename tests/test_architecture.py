@@ -58,22 +58,25 @@ def module_imports(modules: dict[str, tuple[Path, str]] | None = None, lines: bo
     return edges
 
 
+
+def reaches(edges: dict[str, set[str]], start: str, goal: str) -> bool:
+    """Whether ``goal`` can be reached from ``start`` along ``edges``."""
+    seen, stack = set(), [start]
+    while stack:
+        node = stack.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            stack.extend(edges.get(node, ()))
+    return False
+
+
 def test_no_import_cycles():
     edges = module_imports()
     assert len(edges) > 40  # the walk found the package
 
-    def reaches(start: str, goal: str) -> bool:
-        seen, stack = set(), [start]
-        while stack:
-            node = stack.pop()
-            if node == goal:
-                return True
-            if node not in seen:
-                seen.add(node)
-                stack.extend(edges[node])
-        return False
-
-    cycles = sorted(f"{a} -> {b}" for a in edges for b in edges[a] if reaches(b, a))
+    cycles = sorted(f"{a} -> {b}" for a in edges for b in edges[a] if reaches(edges, b, a))
     assert cycles == []
 
 
@@ -159,18 +162,7 @@ def test_no_package_level_cycle():
         if (a, b) not in PENDING_UPWARD:
             edges.setdefault(a, set()).add(b)
 
-    def reaches(start: str, goal: str) -> bool:
-        seen, stack = set(), [start]
-        while stack:
-            node = stack.pop()
-            if node == goal:
-                return True
-            if node not in seen:
-                seen.add(node)
-                stack.extend(edges.get(node, ()))
-        return False
-
-    assert sorted(f"{a} -> {b}" for a in edges for b in edges[a] if reaches(b, a)) == []
+    assert sorted(f"{a} -> {b}" for a in edges for b in edges[a] if reaches(edges, b, a)) == []
 
 
 def test_the_map_names_every_package_and_command():
