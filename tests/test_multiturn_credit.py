@@ -109,7 +109,7 @@ def loss_with(policy, batch, advantages, garbage: float | None, monkeypatch, lea
         return x if garbage is None else torch.where(inserted, torch.full_like(x, garbage + shift), x)
 
     new = spoiled(real.detach()).requires_grad_() if leaf else spoiled(real)
-    monkeypatch.setattr(grpo, "completion_logprobs", lambda model, tokens: new)
+    monkeypatch.setattr(grpo, "completion_logprobs", lambda model, tokens, temperature=1.0: new)
     base = real.detach()
     pb = grpo.PolicyBatch(batch, advantages, spoiled(base - 0.1, -3e3), spoiled(base + 0.2, 7e3), spoiled(base, -5e3))
     cfg = grpo.GRPOConfig(beta=0.04, loss_aggregation="seq-mean-token-mean")
