@@ -21,9 +21,10 @@ from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, load_config_dict
 
 
-def load_run(run_dir: str | os.PathLike, command: str = "omnigym eval") -> LoadedRun:
+def load_run(run_dir: str | os.PathLike, command: str = "omnigym eval", check=None) -> LoadedRun:
     """A finished (or checkpointed) control run: its algorithm's module, its config and its last
-    checkpoint; ``command`` names the caller in the line that refuses a run it cannot play."""
+    checkpoint; ``command`` names the caller in the line that refuses a run it cannot play;
+    ``check(cfg)``, when given, refuses what the caller cannot do before the checkpoint is read."""
     run_dir = str(run_dir)
     values = load_config_dict(run_dir)
     module = get_algorithm(values.get("algo", "?"))
@@ -32,6 +33,8 @@ def load_run(run_dir: str | os.PathLike, command: str = "omnigym eval") -> Loade
     source = os.path.join(run_dir, CONFIG_NAME)
     check_foreign_settings(values["algo"], unknown_settings(config_class(module), values), source)
     cfg = config_from_dict(config_class(module), values, source)
+    if check is not None:
+        check(cfg)
     return LoadedRun(run_dir, module, cfg, Checkpointer(run_dir).load())
 
 
@@ -57,10 +60,11 @@ def evaluate_tracking(run_dir: str | os.PathLike, episodes: int = 10, randomize:
                       seed: int = 12345):
     """``omnigym eval RUN --randomize/--command``: a locomotion run's ``TrackingReport``
     (``evaluation.locomotion.tracking_report``)."""
-    from omnigym.evaluation.locomotion import tracking_report
+    from omnigym.evaluation.locomotion import check_tracking, tracking_report
 
     check_episodes(episodes, seed)
-    return tracking_report(load_run(run_dir), episodes, randomize=randomize, command=command, greedy=greedy, seed=seed)
+    run = load_run(run_dir, check=lambda cfg: check_tracking(cfg, str(run_dir), randomize))
+    return tracking_report(run, episodes, randomize=randomize, command=command, greedy=greedy, seed=seed)
 
 
 def collect(sources: list[str], episodes: int | None, dataset_id: str, **settings) -> dict:

@@ -52,6 +52,21 @@ class TrackingReport:
                 f"mean tracking error {self.mean_error:.3f} m/s")
 
 
+def check_tracking(cfg, run_dir: str, randomize: bool) -> None:
+    """Refuse what --randomize/--command cannot evaluate, from the run's config alone (before
+    its checkpoint is read)."""
+    from omnigym.envs.locomotion import TASK_IDS
+
+    on_mjlab = cfg.backend == "mjlab"
+    if not on_mjlab and cfg.env_id not in TASK_IDS:
+        raise OmnigymError(f"--randomize and --command evaluate locomotion runs ({', '.join(TASK_IDS)}, or a "
+                           f"--backend mjlab velocity task); {run_dir} trained on {cfg.env_id}")
+    if on_mjlab and randomize:
+        raise OmnigymError("--randomize builds omnigym's own Go2 task; a --backend mjlab run's policy reads mjlab's "
+                           "observations, so evaluate it with --command alone (mjlab randomizes friction, mass "
+                           "centre, encoders and pushes in training already)")
+
+
 def tracking_report(run: LoadedRun, episodes: int = 10, randomize: bool = False,
                     command: tuple[float, float, float] = (0.5, 0.0, 0.0), greedy: bool = False,
                     seed: int = 12345) -> TrackingReport:
@@ -65,14 +80,8 @@ def tracking_report(run: LoadedRun, episodes: int = 10, randomize: bool = False,
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
     cfg, saved, module, run_dir = run.cfg, run.saved, run.module, run.dir
+    check_tracking(cfg, run_dir, randomize)
     on_mjlab = cfg.backend == "mjlab"
-    if not on_mjlab and cfg.env_id not in TASK_IDS:
-        raise OmnigymError(f"--randomize and --command evaluate locomotion runs ({', '.join(TASK_IDS)}, or a "
-                           f"--backend mjlab velocity task); {run_dir} trained on {cfg.env_id}")
-    if on_mjlab and randomize:
-        raise OmnigymError("--randomize builds omnigym's own Go2 task; a --backend mjlab run's policy reads mjlab's "
-                           "observations, so evaluate it with --command alone (mjlab randomizes friction, mass "
-                           "centre, encoders and pushes in training already)")
     if on_mjlab:  # mjlab's own task on its own simulator, every env given the one command
         from omnigym.envs.mjlab_backend import make_mjlab_vec
 
