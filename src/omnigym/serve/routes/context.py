@@ -60,26 +60,28 @@ class ServeContext:
         return bodies.parse_json(await self.read(request))
 
     # -- what is theirs ------------------------------------------------------------------------
-    def owned_model(self, owner: str, model_id) -> dict:
-        rec = self.store.model(wire.check_model_id(model_id))
+    @staticmethod
+    def _theirs(rec: dict | None, owner: str, unknown: str) -> dict:
+        """``rec`` when ``owner`` owns it; otherwise a 404 that says no more than ``unknown``
+        (another caller's record and no record read the same)."""
         if rec is None or not hmac.compare_digest(rec["owner"], owner):
-            raise RequestError(f"unknown model id {model_id!r}", status=404)
+            raise RequestError(unknown, status=404)
         return rec
 
+    def owned_model(self, owner: str, model_id) -> dict:
+        return self._theirs(self.store.model(wire.check_model_id(model_id)), owner, f"unknown model id {model_id!r}")
+
     def owned_session(self, owner: str, session_id, live: bool = True) -> dict:
-        rec = self.store.session(session_id) if isinstance(session_id, str) and len(session_id) <= 64 else None
-        if rec is None or not hmac.compare_digest(rec["owner"], owner):
-            raise RequestError(f"unknown session {str(session_id)[:80]!r}", status=404)
+        rec = self._theirs(self.store.session(session_id) if isinstance(session_id, str) and len(session_id) <= 64
+                           else None, owner, f"unknown session {str(session_id)[:80]!r}")
         if live and rec["expired"]:
             raise RequestError(f"session {session_id} has expired (no heartbeat for "
                                f"{self.limits.session_ttl_s:.0f} s); start a new ServiceClient", status=410)
         return rec
 
     def owned_sampler(self, owner: str, sampler_id) -> dict:
-        rec = self.store.sampler(sampler_id) if isinstance(sampler_id, str) and len(sampler_id) <= 100 else None
-        if rec is None or not hmac.compare_digest(rec["owner"], owner):
-            raise RequestError(f"unknown sampling session {str(sampler_id)[:80]!r}", status=404)
-        return rec
+        return self._theirs(self.store.sampler(sampler_id) if isinstance(sampler_id, str) and len(sampler_id) <= 100
+                            else None, owner, f"unknown sampling session {str(sampler_id)[:80]!r}")
 
     def owned_checkpoint(self, owner: str, path, kind: str | None = None) -> wire.TinkerPath:
         parsed = wire.parse_path(path)
@@ -92,10 +94,8 @@ class ServeContext:
         return parsed
 
     def owned_future(self, owner: str, future_id) -> dict:
-        rec = self.store.future(future_id) if isinstance(future_id, str) and len(future_id) <= 64 else None
-        if rec is None or not hmac.compare_digest(rec["owner"], owner):
-            raise RequestError(f"unknown future {str(future_id)[:80]!r}", status=404)
-        return rec
+        return self._theirs(self.store.future(future_id) if isinstance(future_id, str) and len(future_id) <= 64
+                            else None, owner, f"unknown future {str(future_id)[:80]!r}")
 
     # -- checks --------------------------------------------------------------------------------
     def check_base(self, name) -> None:
