@@ -12,14 +12,15 @@ import openai
 import pytest
 
 from agent_helpers import TOOL_TEMPLATE, ScriptedEngine
-from omnigym.agents.episodes import AgentEpisodes
+from omnigym.agents.episodes import AgentEpisodes, agent_metrics
 from omnigym.agents.recorder import trajectories
 from omnigym.agents.server import AgentServer
+from omnigym.algos.lm.grpo import GRPOConfig, cut_off_lines
 from omnigym.errors import OmnigymError
 from omnigym.generators.turns import stitch
 from omnigym.inference.engine import SamplingParams
 from omnigym.inference.service import EngineService
-from omnigym.models.lm import build_tiny_model, load_policy_and_tokenizer
+from omnigym.models.lm import build_tiny_model, load_policy_and_tokenizer, stripped_special_tokens
 
 ADD = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
@@ -153,6 +154,66 @@ def test_logprobs_are_the_engines(tool_tokenizer):
     assert engine.calls[0][1].max_new_tokens == 3  # max_tokens reached the engine
     assert record.turns[0].finished is False
 
+
+
+def test_a_cut_off_reply_says_which_limit_cut_it(tool_tokenizer):
+    """An agent that caps its own replies (max_tokens 8 under the run's 16) was told to raise
+    --max-new-tokens: each reply cut off says what it ran into, and so do the run's metrics."""
+    engine = ScriptedEngine(tool_tokenizer, ["a" * 30] * 4 + ["hi"])
+
+    async def agent(client):
+        async def ask(content, **limits):
+            return await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
+                                                        **limits)
+        return [await ask("x", max_tokens=8), await ask("x"), await ask("x", max_tokens=40),
+                await ask("y" * 30), await ask("x", max_tokens=8)]  # the prompt 33 tokens: 7 left of 40
+
+    replies, record = serve(engine, tool_tokenizer, agent, max_new_tokens=16, context=40)
+    assert [r.choices[0].finish_reason for r in replies] == ["length"] * 4 + ["stop"]
+    assert [e.cut_by for e in record.exchanges] == ["max_tokens", "--max-new-tokens", "--max-new-tokens", "context",
+                                                    None]
+    assert [len(t.completion_ids) for t in record.turns] == [8, 16, 16, 7, 3]
+    items = trajectories(record, 0.0, {}, 0, {}, 0)
+    assert items[0].info["cut_by"] == ["--max-new-tokens", "context", "max_tokens"]
+    assert [turn.get("cut_by") for turn in items[0].info["transcript"]] == [e.cut_by for e in record.exchanges]
+
+    engine = ScriptedEngine(tool_tokenizer, ["a" * 60])  # the reviewer's case: its own max_tokens only
+
+    async def capped(client):
+        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40)
+
+    _, record = serve(engine, tool_tokenizer, capped, max_new_tokens=64)
+    logged = [{"completion/cut_off_fraction": 1.0, **agent_metrics(trajectories(record, 0.0, {}, 0, {}, 0))}]
+    assert logged[0]["completion/cut_by_max_tokens_fraction"] == 1.0
+    assert logged[0]["completion/cut_by_max_new_tokens_fraction"] == 0.0
+    said = "\n".join(cut_off_lines(GRPOConfig(max_new_tokens=64), logged, 100.0))
+    assert "by the agent's own max_tokens: 100.0% (raise max_tokens in its requests" in said
+    assert "raise --max-new-tokens" not in said, said
+
+
+def test_special_tokens_a_reply_loses_in_decoding_are_shown(tool_tokenizer):
+    """An untrained model wrote nothing but special tokens: the agent gets "" as vLLM would
+    answer (skip_special_tokens), and samples.jsonl says what was left out instead of a bare ""."""
+    engine = ScriptedEngine(tool_tokenizer, ["<|user|><|user|>ab", "plain"])
+    seen = []
+
+    async def agent(client):
+        for _ in range(2):
+            reply = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+            seen.append(reply.choices[0].message.content)
+
+    _, record = serve(engine, tool_tokenizer, agent)
+    assert seen == ["ab", "plain"]  # what the agent reads, and scores, is as before
+    first, second = trajectories(record, 0.0, {}, 0, {}, 0)[0].info["transcript"]
+    assert first["reply"] == "ab" and first["special_tokens_stripped"] == 2  # the ending <|end|> is no news
+    assert first["with_special_tokens"] == "<|user|><|user|>ab<|end|>"
+    assert second == {"asked": {"role": "user", "content": "x"}, "reply": "plain", "tool_calls": [],
+                      "finish_reason": "stop"}
+    # a sample row counts the model's own tokens only: the template's markers between turns are not its doing
+    ids = tool_tokenizer("<|user|>a<|tool|>b<|end|>", add_special_tokens=False)["input_ids"]
+    assert stripped_special_tokens(tool_tokenizer, ids, [1, 1, 0, 1, 1]) == \
+        {"special_tokens_stripped": 1, "with_special_tokens": "<|user|>a<|tool|>b<|end|>"}
+    assert stripped_special_tokens(tool_tokenizer, ids[1:], [1, 0, 1, 1]) == {}
 
 @pytest.mark.parametrize("kind", ["kv", "hf"])
 def test_real_engine_tokens_are_recorded_as_sampled(tiny, kind):

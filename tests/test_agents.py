@@ -166,6 +166,28 @@ def test_grpo_learns_through_an_agent(tmp_path, monkeypatch):
     assert sum(rewards[:3]) / 3 < 0.05 and sum(rewards[-3:]) / 3 > 0.4
 
 
+
+def test_an_agent_capped_by_its_own_max_tokens_is_told_so(tmp_path, monkeypatch, capsys):
+    """The run's closing lines name the limit that cut the replies off: the agent asks for 4
+    tokens under --max-new-tokens 16, and raising --max-new-tokens would change nothing."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "short_agent.py", '''
+        async def run(client, example):
+            messages = [{"role": "user", "content": example["question"]}]
+            reply = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+            return float(reply.choices[0].finish_reason == "stop")
+    ''')
+    code = main(["train", "grpo", "--agent", "short_agent:run", "--sft-steps", "0", "--steps", "1",
+                 "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "16", "--eval-size", "2",
+                 "--eval-every", "100", "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"])
+    assert code in (0, None)
+    [logged] = [r for r in rows(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
+    assert logged["completion/cut_by_max_tokens_fraction"] == logged["completion/cut_off_fraction"] > 0
+    assert logged["completion/cut_by_max_new_tokens_fraction"] == 0
+    said = capsys.readouterr().err  # the closing lines go to stderr
+    assert "by the agent's own max_tokens:" in said and "raise max_tokens in its requests" in said
+    assert "raise --max-new-tokens" not in said, said
+
 def test_agents_that_raise_hang_or_return_no_number_cost_their_episode(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     task = tmp_path / "kinds.jsonl"

@@ -286,4 +286,11 @@ def agent_metrics(items: list) -> dict:
             "agent/turns": sum(t.info.get("turns", 0) for t in episodes) / n,
             "agent/tool_calls": sum(t.info.get("tool_calls", 0) for t in episodes) / n,
             "agent/tool_errors": sum(t.info.get("tool_errors", 0) for t in episodes) / n,
-            "agent/sequences": len(items) / n}
+            "agent/sequences": len(items) / n,
+            # per sequence, as completion/cut_off_fraction is: which limit cut the replies off
+            **{f"completion/cut_by_{name}_fraction":
+               sum(limit in t.info.get("cut_by", ()) for t in items) / max(len(items), 1) for name, limit in CUT_BY}}
+
+
+CUT_BY = (("max_tokens", "max_tokens"), ("max_new_tokens", "--max-new-tokens"), ("context", "context"))
+"""(a metric's name, the limit that cut a reply off: agents/recorder.py's Exchange.cut_by)"""

@@ -29,6 +29,17 @@ class Exchange:
     tool_calls: list[dict]
     malformed_tool_calls: int
     finish_reason: str
+    cut_by: str | None = None
+    """what a reply cut off (finish_reason "length") ran into: "max_tokens" (the request's own,
+    below the run's limit), "--max-new-tokens" (the run's) or "context" (what the prompt left)"""
+    stripped: dict = field(default_factory=dict)
+    """special tokens the reply's decoding left out, and the reply with them (models.lm.stripped_special_tokens)"""
+
+    def shown(self) -> dict:
+        """Its entry in the episode's transcript (samples.jsonl)."""
+        return {"asked": self.asked, "reply": self.reply, "tool_calls": self.tool_calls,
+                "finish_reason": self.finish_reason, **({"cut_by": self.cut_by} if self.cut_by else {}),
+                **self.stripped}
 
 
 @dataclass
@@ -78,10 +89,10 @@ def trajectories(record: EpisodeRecord, reward: float, parts: dict, group_id: in
         turns, exchanges = list(record.turns), list(record.exchanges)
     info = {"reward_parts": parts, "turns": len(turns), "truncated": False,
             "cut_off": any(not t.finished for t in turns),
+            "cut_by": sorted({e.cut_by for e in exchanges if e.cut_by}),
             "tool_calls": sum(len(e.tool_calls) for e in exchanges),
             "tool_errors": sum(e.malformed_tool_calls for e in exchanges),
-            "transcript": [{"asked": e.asked, "reply": e.reply, "tool_calls": e.tool_calls,
-                            "finish_reason": e.finish_reason} for e in exchanges]}
+            "transcript": [e.shown() for e in exchanges]}
     if error is not None:
         info.update(error=error, timed_out=timed_out)
     sequences = stitch(turns)

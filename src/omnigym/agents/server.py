@@ -46,6 +46,7 @@ from omnigym.agents.recorder import EpisodeRecord, Exchange, prompt_ids
 from omnigym.errors import OmnigymError, missing_extra
 from omnigym.generators.turns import Turn
 from omnigym.inference.engine import SamplingParams
+from omnigym.models.lm import stripped_special_tokens
 from omnigym.serve.http import (BodyTooLarge, ThreadedServer, declared_too_large, presented_key, read_body,
                                 refused_key)
 
@@ -225,7 +226,12 @@ class AgentServer:
         except OmnigymError as exc:
             raise BadRequest(str(exc)) from None
         ids = prompt_ids(self.tokenizer, record, text)
+        budget = params.max_new_tokens
         params = self._fit(params, len(ids))
+        # what a reply that runs out of tokens ran into: the advice differs (raise the agent's
+        # max_tokens, the run's --max-new-tokens, or shorten the conversation)
+        limit = "context" if params.max_new_tokens < budget else \
+            "max_tokens" if budget < self.max_new_tokens else "--max-new-tokens"
         samples, version = await self.service.sample(ids, params, 1)
         sample = samples[0]
         completion_ids, logprobs, stopped = _cut_at_stop(self.tokenizer, sample.completion_ids, sample.logprobs, stop)
@@ -240,7 +246,8 @@ class AgentServer:
         finish_reason = "tool_calls" if calls else "stop" if finished else "length"
         asked = messages[-1] if isinstance(messages[-1], dict) else {}
         exchange = Exchange({"role": asked.get("role"), "content": asked.get("content")}, reply, calls, malformed,
-                            finish_reason)
+                            finish_reason, None if finished else limit,
+                            stripped_special_tokens(self.tokenizer, completion_ids))
         if not record.add(Turn(ids, completion_ids, logprobs, version, finished), exchange):
             raise BadRequest("this episode has ended (its agent timed out)")
         message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls or None}

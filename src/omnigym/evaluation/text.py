@@ -8,6 +8,7 @@ import copy
 import torch
 
 from omnigym.inference.engine import SamplingParams
+from omnigym.models.lm import stripped_special_tokens
 
 
 def judged_env(env, reward):
@@ -25,6 +26,7 @@ def accuracy(judge, tokenizer, examples: list[dict], samples: list | None = None
     trajectories = judge.generate(examples, 1)
     if samples is not None:
         samples += [{**sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward),
+                     **stripped_special_tokens(tokenizer, t.response_ids, t.loss_mask),
                      **turn_texts(tokenizer, t.response_ids, t.loss_mask), **episode_record(t.info)}
                     for t in trajectories.items[:SAMPLES_SHOWN]]
     # per episode, not per sequence: an agent episode of many requests is many sequences (one
@@ -86,7 +88,8 @@ def sampled_rewards(policy, reference, engine, tokenizer, examples: list[dict], 
         policy.train(was_training)
         kl[kept] = (log_ratio * batch.loss_mask).sum(1).double().cpu()
     if samples is not None:
-        samples += [sample_row(examples[i], texts[i], **{name: v[i] for name, v in scores.items()})
+        samples += [{**sample_row(examples[i], texts[i], **{name: v[i] for name, v in scores.items()}),
+                     **stripped_special_tokens(tokenizer, replies[i].completion_ids)}
                     for i in range(min(SAMPLES_SHOWN, len(texts)))]
     return {**{f"eval/{name}": v.mean().item() for name, v in scores.items()}, "eval/kl": kl.mean().item(),
             "eval/reply_length": sum(len(s.completion_ids) for s in replies) / max(len(replies), 1)}

@@ -229,6 +229,22 @@ def check_context(model, max_new_tokens: int) -> None:
                            "(prompt included); use fewer")
 
 
+def stripped_special_tokens(tokenizer, ids: list[int], mask: list[int] | None = None) -> dict:
+    """What ``decode(ids, skip_special_tokens=True)`` leaves out without a word: how many special
+    tokens the model wrote (``mask`` 1; the end-of-sequence token that ends a reply not counted)
+    and the text with them kept. ``{}`` when there are none. Without it a reply of nothing but
+    ``<|user|>`` tokens, cut at its length, reads as ``""``."""
+    # all_special_ids misses a chat marker added as a special token (the Rust decoder skips it all the same)
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = ({i for i, token in added.items() if getattr(token, "special", False)}
+               | set(tokenizer.all_special_ids)) - {tokenizer.eos_token_id}
+    count = sum(1 for i, token in enumerate(ids) if token in special and (mask is None or mask[i]))
+    if not count:
+        return {}
+    return {"special_tokens_stripped": count,
+            "with_special_tokens": tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)}
+
+
 def build_tiny_model(path: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,
                      max_positions: int = 256, seed: int = 0) -> Path:
     """A ~1M-parameter Llama with a character-level tokenizer and a chat template, saved with

@@ -375,6 +375,23 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
     return metrics
 
 
+def cut_off_lines(cfg, logged: list[dict], percent: float) -> list[str]:
+    """An agent's cut-off replies by the limit they ran into: its requests' own max_tokens
+    (raising --max-new-tokens would change nothing), --max-new-tokens, or the model's context."""
+    share = {}
+    for name in ("max_tokens", "max_new_tokens", "context"):
+        values = [r[f"completion/cut_by_{name}_fraction"] for r in logged if f"completion/cut_by_{name}_fraction" in r]
+        share[name] = 100 * sum(values) / max(len(values), 1)
+    advice = {"max_tokens": (f"by the agent's own max_tokens: {share['max_tokens']:.1f}% (raise max_tokens in its "
+                             f"requests if this is high; --max-new-tokens {cfg.max_new_tokens} is the most a request gets)"),
+              "max_new_tokens": (f"by --max-new-tokens {cfg.max_new_tokens}: {share['max_new_tokens']:.1f}% "
+                                 "(raise --max-new-tokens if this is high)"),
+              "context": (f"by the model's context: {share['context']:.1f}% (the conversation left too little of it; "
+                          "shorten the conversation if this is high)")}
+    return [f"completions cut off: {percent:.1f}% (an answer cut off scores as wrong)",
+            *(f"  {advice[name]}" for name in advice if share[name])]
+
+
 def finish_lm(run: Run, cfg, policy, tokenizer) -> dict:
     """``policy``: the whole trained model (None in the other processes of a data-parallel run),
     written to RUN_DIR/model for the next stage (omnigym sample, train sft, --model)."""
@@ -390,7 +407,9 @@ def finish_lm(run: Run, cfg, policy, tokenizer) -> dict:
     run.say(f"run: {run.dir}  (the policy: {run.dir / 'model'})",
             f"held-out accuracy before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)")
     cut = [r["completion/cut_off_fraction"] for r in logged if "completion/cut_off_fraction" in r]
-    if cut:
+    if cut and any("completion/cut_by_max_tokens_fraction" in r for r in logged):  # an agent: its own limit too
+        run.say(*cut_off_lines(cfg, logged, 100 * sum(cut) / len(cut)))
+    elif cut:
         run.say(f"completions cut off by --max-new-tokens {cfg.max_new_tokens}: {100 * sum(cut) / len(cut):.1f}% "
                 "(an answer cut off scores as wrong; raise --max-new-tokens if this is high)")
     if plot_path:

@@ -25,6 +25,7 @@ from omnigym.errors import OmnigymError, require
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
+from omnigym.models.lm import stripped_special_tokens
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
@@ -124,8 +125,9 @@ def train(cfg: TextReinforceConfig) -> dict:
                                **({"agent/errors": len(trajectories) - len(items)} if agent else {}),
                                "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
             if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.steps:  # a few of the batch's episodes, to read
-                run.log_samples(step + 1, [sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True),
-                                                      reward=t.reward) for t in items[:SAMPLES_SHOWN]])
+                run.log_samples(step + 1, [
+                    {**sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward),
+                     **stripped_special_tokens(tokenizer, t.response_ids, t.loss_mask)} for t in items[:SAMPLES_SHOWN]])
     plot_path = run.close(plot=cfg.plot, metric="reward/mean")
     run.say(f"run: {run.dir}", f"final mean reward: {rewards.mean().item():.3f}")
     return {"run_dir": str(run.dir), "final_reward": rewards.mean().item(), "plot": str(plot_path) if plot_path else None}
