@@ -205,6 +205,26 @@ def test_interrupted_run_resumes_to_the_same_metrics(name, tmp_path, monkeypatch
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
 
 
+
+@pytest.mark.parametrize("dataset, figure, final", [
+    ("pendulum/random-v0", "norm_score", "final D4RL normalized score (mean of 2 episodes)"),
+    ("pendulum/noref-v0", "eval_ret", "final evaluation return (mean of 2 episodes)"),
+], ids=["normalized", "no_references"])
+def test_progress_and_the_final_line_name_the_evaluation_figure(tmp_path, capsys, monkeypatch, dataset, figure,
+                                                                 final):
+    """The progress line said 'score' both for D4RL's normalized score and, on a dataset without
+    reference returns, for the evaluation episodes' mean return."""
+    if dataset == "pendulum/noref-v0":  # no --ref-max-score: no reference returns
+        monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+        collect(["random"], 2, dataset, env_id="Pendulum-v1", seed=3)
+    capsys.readouterr()
+    train("bc", tmp_path / "run", dataset=dataset, progress=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    metric = "eval/normalized_score" if figure == "norm_score" else "eval/episodic_return"
+    value = metrics(tmp_path / "run")[-1][metric]
+    assert err[-3].startswith("bc: 60/60 (100%) sps ") and f"  {figure} {value:.4g}  [" in err[-3], err
+    assert err[-1] == f"{final}: {value:.1f}", err
+
 def test_eval_and_collect_replay_an_offline_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
     train("td3_bc", run_dir)

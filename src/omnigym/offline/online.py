@@ -226,7 +226,7 @@ def train_online(cfg, algo: str, run: Run, data: OfflineData, evaluator: Evaluat
                 metrics.update(last_eval)
             if metrics:
                 run.log(step, metrics)
-            progress.update(step, sps=int(clock.sps(step)), ret=stats.mean_recent)
+            progress.update(step, sps=int(clock.sps(step)), **stats.shown())
             if done or checkpoint_due(step, previous_step, cfg.checkpoint_every):
                 run.save(components, global_step=step)
     finally:

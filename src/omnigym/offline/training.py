@@ -78,8 +78,7 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
                 metrics.update(last_eval)
             if metrics:
                 run.log(step, metrics)
-            progress.update(step, sps=int(clock.sps(step)),
-                            score=last_eval.get("eval/normalized_score", last_eval.get("eval/episodic_return")))
+            progress.update(step, sps=int(clock.sps(step)), **evaluation_shown(last_eval))
             if done or checkpoint_due(step, previous_step, cfg.checkpoint_every):
                 run.save(components, global_step=step)
     finally:
@@ -93,10 +92,19 @@ def finish_offline_run(cfg, run: Run, data: OfflineData, step: int, last_eval: d
     its final score (``when``: e.g. " after N online steps"), and return the summary."""
     main = "eval/normalized_score" if data.ref_max_score is not None else "eval/episodic_return"
     plot_path = run.close(plot=cfg.plot, metric=main)
+    what = (f"final {'D4RL normalized score' if main == 'eval/normalized_score' else 'evaluation return'} "
+            f"(mean of {cfg.eval_episodes} episode{'s' * (cfg.eval_episodes != 1)})")
     shown = f"{last_eval[main]:.1f}" if main in last_eval else "not evaluated"
-    run.say(f"run: {run.dir}", *([f"learning curve: {plot_path}"] if plot_path else []),
-            f"final {main.split('/')[1].replace('_', ' ')}{when}: {shown}")
+    run.say(f"run: {run.dir}", *([f"learning curve: {plot_path}"] if plot_path else []), f"{what}{when}: {shown}")
     return {"run_dir": str(run.dir), "global_step": step, **last_eval, "plot": str(plot_path) if plot_path else None}
+
+
+def evaluation_shown(last_eval: dict) -> dict:
+    """The progress line's figure of the last evaluation, named for what it is: D4RL's normalized
+    score where the dataset has reference returns, else the evaluation episodes' mean return."""
+    if "eval/normalized_score" in last_eval:
+        return {"norm_score": last_eval["eval/normalized_score"]}
+    return {"eval_ret": last_eval.get("eval/episodic_return")}  # None before the first evaluation: left out
 
 
 def offline_policy(actor: torch.nn.Module, components: dict):

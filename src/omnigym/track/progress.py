@@ -23,6 +23,9 @@ class ProgressBar:
         self._task = self._progress.add_task(description, total=total, completed=start, stats="")
         self._last = 0.0
         self._completed, self._stats = start, {}
+        self._printed: tuple[int, str] | None = None
+        """the step and figures of the last line printed: ``close`` does not print them again (only its
+        total would differ: an on-policy run counts fewer steps than its rollouts stepped, by the autoresets)"""
         self._start, self._last_line = time.monotonic(), time.monotonic()
         if self.bar:
             self._progress.start()
@@ -43,9 +46,10 @@ class ProgressBar:
 
     def close(self) -> None:
         """The work is done: the last step counted is the total (a stage that reached its
-        target early has nothing still to come), and the line says so at 100%."""
+        target early has nothing still to come), and the line says so at 100%, unless the last
+        line printed already showed this step with these figures (once is enough)."""
         self.total = max(self._completed, 1)
-        if self.lines:
+        if self.lines and self._printed != (self._completed, self._text()):  # the last update's line said this
             self._print_line(time.monotonic())
         if self.bar:
             self._progress.update(self._task, total=self.total, completed=self._completed, stats=self._text())
@@ -55,6 +59,7 @@ class ProgressBar:
         return "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in self._stats.items())
 
     def _print_line(self, now: float) -> None:
+        self._printed = (self._completed, self._text())
         print(f"{self.description}: {self._completed}/{self.total} ({100 * self._completed / max(self.total, 1):.0f}%) "
               f"{self._text()}  [{now - self._start:.0f} s]", file=sys.stderr, flush=True)
 
@@ -81,6 +86,20 @@ class Laps:
         now = time.perf_counter()
         self.times[f"time/{name}"] = now - self._started
         self._started = now
+
+
+def whole_rollouts(algo: str, total_timesteps: int, num_envs: int, num_steps: int) -> tuple[int, str | None]:
+    """An on-policy run's number of rollouts (``--total-timesteps`` rounded down to whole ones, at
+    least one, as CleanRL counts its iterations), and the line that says so at the start when that
+    is not the total asked for (None when it is)."""
+    batch = num_envs * num_steps
+    rollouts = max(total_timesteps // batch, 1)
+    if rollouts * batch == total_timesteps:
+        return rollouts, None
+    return rollouts, (f"{algo}: --total-timesteps {total_timesteps:,} is not a whole number of rollouts ({num_envs} envs "
+                      f"x {num_steps} steps = {batch:,} env steps each): training {rollouts:,} "
+                      f"rollout{'s' * (rollouts != 1)}, {rollouts * batch:,} env steps; the count leaves out the "
+                      "autoreset step after each episode's end")
 
 
 def crossed_multiple(step: int, previous_step: int, every: int) -> bool:

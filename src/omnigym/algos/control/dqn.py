@@ -165,7 +165,7 @@ def train(cfg: DQNConfig) -> dict:
         if crossed_multiple(global_step, previous_step, cfg.log_every) or global_step >= cfg.total_timesteps:
             run.log(global_step, {**stats.drain(), "losses/td_loss": td_loss.item(), "losses/q_values": q_mean.item(),
                                   "charts/epsilon": epsilon(cfg, global_step), "perf/sps": clock.sps(global_step)})
-        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
+        progress.update(global_step, sps=int(clock.sps(global_step)), **stats.shown())
         if global_step >= cfg.total_timesteps or checkpoint_due(global_step, previous_step, cfg.checkpoint_every):
             run.save(components, global_step=global_step)
     progress.close()

@@ -263,7 +263,7 @@ def train(cfg: DrQConfig) -> dict:
             check_finite(torch.tensor(sum(values.values())), global_step)
             run.log(global_step, {**stats.drain(), **values, "losses/alpha": learner.log_alpha.exp().item(),
                                   "perf/sps": clock.sps(global_step)})
-        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
+        progress.update(global_step, sps=int(clock.sps(global_step)), **stats.shown())
         if done or checkpoint_due(global_step, previous_step, cfg.checkpoint_every):
             check_finite(torch.stack(list(losses.values())).sum() if losses else torch.zeros(()), global_step)
             run.save(components, global_step=global_step, updates=updates, vector_steps=steps)

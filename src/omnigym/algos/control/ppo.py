@@ -45,7 +45,7 @@ from omnigym.rl.rollout import actor_critic_policy
 from omnigym.runtime import RolloutRuntimeConfig
 from omnigym.runtime.control_workers import make_control_rollouts
 from omnigym.track.episodes import EpisodeStats, close_control_run
-from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.progress import Clock, ProgressBar, whole_rollouts
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
@@ -144,7 +144,9 @@ def train(cfg: PPOConfig) -> dict:
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     stats = EpisodeStats(cfg.print_episodes)
     batch_size = cfg.num_steps * cfg.num_envs
-    num_updates = max(cfg.total_timesteps // batch_size, 1)
+    num_updates, plan = whole_rollouts("ppo", cfg.total_timesteps, cfg.num_envs, cfg.num_steps)
+    if plan:  # --total-timesteps is not a whole number of rollouts: say what runs instead
+        run.say(plan)
     # sync: a collector on these envs; ray: rollout workers with their own envs (these close)
     rollouts = make_control_rollouts(cfg, "ppo", envs, signal, stats, num_updates)
     components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": rollouts}
@@ -169,7 +171,7 @@ def train(cfg: PPOConfig) -> dict:
             # final observation's value on truncation, not on termination). The estimators take
             # [envs, steps]; a rollout is [steps, envs].
             rollout, global_step = rollouts.collect(agent, update, global_step)
-            progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)  # before a long update
+            progress.update(global_step, sps=int(clock.sps(global_step)), **stats.shown())  # before a long update
             ends = EpisodeEnds(rollout.terminated.T, rollout.truncated.T, rollout.bootstrap_values.T)
             advantages, returns = gae(rollout.rewards.T, rollout.valid.T, values=rollout.values.T, cfg=advantage_cfg,
                                       ends=ends)
@@ -223,7 +225,7 @@ def train(cfg: PPOConfig) -> dict:
             if update == num_updates - 1 or checkpoint_due(global_step, global_step - batch_size, cfg.checkpoint_every):
                 run.save(components, global_step=global_step, update=update + 1)
         progress.close()
-    return close_control_run(run, stats, cfg.plot, global_step)
+    return close_control_run(run, stats, cfg.plot, global_step, stepped=num_updates * batch_size)
 
 
 def minibatch_objective(agent, cfg: PPOConfig, loss_cfg: PolicyLossConfig, obs, actions, masks, old_logprobs,

@@ -22,7 +22,7 @@ from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, discounted_retur
 from omnigym.rl.losses import check_finite, reinforce, value_loss
 from omnigym.rl.rollout import RolloutCollector, actor_critic_policy
 from omnigym.track.episodes import EpisodeStats, close_control_run
-from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.progress import Clock, ProgressBar, whole_rollouts
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
@@ -65,13 +65,15 @@ def train(cfg: ReinforceConfig) -> dict:
     counters = run.begin(components)  # restores the checkpoint when resuming
     global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
     batch_size = cfg.num_steps * cfg.num_envs
-    num_updates = max(cfg.total_timesteps // batch_size, 1)
+    num_updates, plan = whole_rollouts("reinforce", cfg.total_timesteps, cfg.num_envs, cfg.num_steps)
+    if plan:  # --total-timesteps is not a whole number of rollouts: say what runs instead
+        run.say(plan)
 
     progress = ProgressBar(num_updates * batch_size, "reinforce", start=global_step, enabled=cfg.progress)
     clock = Clock(global_step)
     for update in range(first_update, num_updates):
         rollout, global_step = collector.collect(agent, global_step)
-        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)  # before a long update
+        progress.update(global_step, sps=int(clock.sps(global_step)), **stats.shown())  # before a long update
         # Without a baseline the critic is never trained, so its values (used only past the
         # rollout's end) are zeroed: plain REINFORCE cuts the return there. The estimator
         # takes [envs, steps]; a rollout is [steps, envs].
@@ -104,7 +106,7 @@ def train(cfg: ReinforceConfig) -> dict:
             run.save(components, global_step=global_step, update=update + 1)
     progress.close()
     collector.envs.close()
-    return close_control_run(run, stats, cfg.plot, global_step)
+    return close_control_run(run, stats, cfg.plot, global_step, stepped=num_updates * batch_size)
 
 
 def load_policy(cfg: ReinforceConfig, components: dict, envs, greedy: bool = False):

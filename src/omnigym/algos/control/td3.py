@@ -174,7 +174,7 @@ def train(cfg: TD3Config) -> dict:
             values = {k: v.item() for k, v in losses.items()}
             check_finite(torch.tensor(sum(values.values())), global_step)
             run.log(global_step, {**stats.drain(), **values, "perf/sps": clock.sps(global_step)})
-        progress.update(global_step, sps=int(clock.sps(global_step)), ret=stats.mean_recent)
+        progress.update(global_step, sps=int(clock.sps(global_step)), **stats.shown())
         if done or checkpoint_due(global_step, previous_step, cfg.checkpoint_every):
             check_finite(torch.stack(list(losses.values())).sum() if losses else torch.zeros(()), global_step)
             run.save(components, global_step=global_step, q_updates=q_updates)
