@@ -75,6 +75,10 @@ ROWS = (
         Figure("last-20 mean return", r"seed 1 ends with a last-20 mean return of ([\d.]+)", "charts/return_last_20",
                "last", 0.05),
     ), 3.0),
+    Row("ppo_inverted_pendulum", "docs/mujoco.md",
+        "omnigym train ppo --env-id InvertedPendulum-v5 --total-timesteps 30000 --seed 1", (
+            Figure("last-20 mean return", r"the last 20: ([\d.]+), rising", "charts/return_last_20", "last", 0.05),
+        ), 2.0),
     Row("online_dpo_demo", "docs/online_dpo.md", "omnigym train online_dpo --seed 1", (
         Figure("gold reward before", r"seed 1, gold ([\d.]+) ->", "eval/gold_reward", "first", 0.0005),
         Figure("gold reward after 100 steps", r"seed 1, gold [\d.]+ -> \*\*([\d.]+)\*\*", "eval/gold_reward", "last",
