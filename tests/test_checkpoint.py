@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from child_process import as_from_a_terminal
 
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import load_checkpoint, save_checkpoint
@@ -75,7 +76,8 @@ def _train_until(run_dir, extra, ready):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "omnigym", "train", "ppo", "--total-timesteps", "2000000", "--run-dir",
                str(run_dir), "--no-progress", "--no-plot", "--no-tensorboard", *extra]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while not ready():
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from child_process import as_from_a_terminal
 
 ray = pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
 
@@ -226,7 +227,7 @@ def test_ctrl_c_stops_the_trainer_task_and_says_how_to_resume(tmp_path):
     command = [omnigym, "train", "ppo", "--runtime", "ray", "--ray-trainer", "--total-timesteps", "400000",
                "--checkpoint-every", "2048", "--run-dir", str(run), "--no-progress", "--no-plot", "--no-tensorboard"]
     trainer = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 300
     while not (run / "checkpoint.pt").exists():
         assert trainer.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_process import as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,7 +123,7 @@ def child_env(**extra) -> dict:
 
 def start(args: list[str], **env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", CHILD, *args], env=child_env(**env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
 
 
 def finish(args: list[str], timeout: float = 240, **env) -> subprocess.CompletedProcess:
