@@ -120,7 +120,7 @@ def episodes(n: int) -> str:
 
 def steps_trained(cfg, global_step: int, stepped: int | None) -> list[str]:
     """Why the count of env steps trained differs from ``--total-timesteps``, when it does: an
-    on-policy run steps whole rollouts (``whole_rollouts`` said so at its start), and the step after
+    on-policy run steps whole rollouts (``whole_rollouts``), and the step after
     an episode ends is the vector env's autoreset, which is not counted; an off-policy run's envs
     step together, so its count can pass the total on the last step."""
     asked = cfg.total_timesteps

@@ -88,18 +88,12 @@ class Laps:
         self._started = now
 
 
-def whole_rollouts(algo: str, total_timesteps: int, num_envs: int, num_steps: int) -> tuple[int, str | None]:
-    """An on-policy run's number of rollouts (``--total-timesteps`` rounded down to whole ones, at
-    least one, as CleanRL counts its iterations), and the line that says so at the start when that
-    is not the total asked for (None when it is)."""
-    batch = num_envs * num_steps
-    rollouts = max(total_timesteps // batch, 1)
-    if rollouts * batch == total_timesteps:
-        return rollouts, None
-    return rollouts, (f"{algo}: --total-timesteps {total_timesteps:,} is not a whole number of rollouts ({num_envs} envs "
-                      f"x {num_steps} steps = {batch:,} env steps each): training {rollouts:,} "
-                      f"rollout{'s' * (rollouts != 1)}, {rollouts * batch:,} env steps; the count leaves out the "
-                      "autoreset step after each episode's end")
+def whole_rollouts(total_timesteps: int, num_envs: int, num_steps: int) -> int:
+    """An on-policy run's number of rollouts: ``--total-timesteps`` rounded down to whole ones, at
+    least one, as CleanRL counts its iterations. Where that is not the total, the run's closing
+    line says what was trained and why (``track.episodes.steps_trained``): a line at the start
+    too was one more line on every default run whose total is not a multiple of its batch."""
+    return max(total_timesteps // (num_envs * num_steps), 1)
 
 
 def crossed_multiple(step: int, previous_step: int, every: int) -> bool:

@@ -144,9 +144,7 @@ def train(cfg: PPOConfig) -> dict:
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     stats = EpisodeStats(cfg.print_episodes)
     batch_size = cfg.num_steps * cfg.num_envs
-    num_updates, plan = whole_rollouts("ppo", cfg.total_timesteps, cfg.num_envs, cfg.num_steps)
-    if plan:  # --total-timesteps is not a whole number of rollouts: say what runs instead
-        run.say(plan)
+    num_updates = whole_rollouts(cfg.total_timesteps, cfg.num_envs, cfg.num_steps)
     # sync: a collector on these envs; ray: rollout workers with their own envs (these close)
     rollouts = make_control_rollouts(cfg, "ppo", envs, signal, stats, num_updates)
     components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": rollouts}

@@ -65,9 +65,7 @@ def train(cfg: ReinforceConfig) -> dict:
     counters = run.begin(components)  # restores the checkpoint when resuming
     global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
     batch_size = cfg.num_steps * cfg.num_envs
-    num_updates, plan = whole_rollouts("reinforce", cfg.total_timesteps, cfg.num_envs, cfg.num_steps)
-    if plan:  # --total-timesteps is not a whole number of rollouts: say what runs instead
-        run.say(plan)
+    num_updates = whole_rollouts(cfg.total_timesteps, cfg.num_envs, cfg.num_steps)
 
     progress = ProgressBar(num_updates * batch_size, "reinforce", start=global_step, enabled=cfg.progress)
     clock = Clock(global_step)
