@@ -236,9 +236,13 @@ def test_ctrl_c_stops_the_trainer_task_and_says_how_to_resume(tmp_path):
     _, err = trainer.communicate(timeout=300)
     assert trainer.returncode == 130, err[-2000:]
     assert f"omnigym: interrupted; continue with: omnigym train ppo --resume {run}" in err
-    done = subprocess.run([omnigym, "train", "ppo", "--resume", str(run), "--total-timesteps", "30000"],
+    from omnigym.track.checkpoint import load_checkpoint
+
+    saved_at = load_checkpoint(run)["counters"]["global_step"]  # one more checkpoint's worth: it goes on
+    done = subprocess.run([omnigym, "train", "ppo", "--resume", str(run), "--total-timesteps", str(saved_at + 2048)],
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert load_checkpoint(run)["counters"]["global_step"] > saved_at
 
 
 @pytest.mark.slow

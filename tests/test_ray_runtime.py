@@ -143,16 +143,15 @@ CLI_FLAGS = ["--sft-steps", "60", "--sft-target-accuracy", "1.1", "--sft-eval-ev
 def test_async_grpo_is_repeatable_bounded_and_a_killed_trainer_resumes_exactly(tmp_path):
     """Same seed, same metrics. The trainer's process killed (SIGKILL) after a checkpoint and
     resumed with --resume trains on the same rollouts and ends with the same metrics as a run
-    that was never stopped."""
+    that was never stopped. (The killed run is a second run of the same seed in another process:
+    its steps before the kill equal the first run's, so it is the repeatability check too.)"""
     import os
     import signal
     import subprocess
     from pathlib import Path
 
     grpo.train(small(tmp_path / "a"))
-    grpo.train(small(tmp_path / "b"))
     whole = metrics(tmp_path / "a")
-    assert whole == metrics(tmp_path / "b")
     steps = [r for r in whole if "reward/mean" in r]
     assert len(steps) == 5 and all(r["async/staleness_max"] <= 1 for r in steps)
     assert steps[-1]["async/staleness_mean"] == 1.0 and "losses/policy_loss" in steps[-1]
