@@ -322,14 +322,14 @@ ASYNC = dict(runtime="ray", max_staleness=1, num_generators=2)
 
 def test_rlhf_on_ray_generators_is_bounded_repeatable_and_resumes(tmp_path, reward_model, pairs_file, monkeypatch):
     """PPO-RLHF on the rollouts seam: replies from two generator actors one version behind,
-    pi_old recomputed by the trainer, the sampler's log-probs in the capped weight."""
+    pi_old recomputed by the trainer, the sampler's log-probs in the capped weight. Same seed,
+    same metrics: the interrupted run is a second run of the first's seed, and resumed, it
+    ends with the first's metrics row for row."""
     pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
     reward_dir, _ = reward_model
     cfg = rlhf_cfg(reward_dir, pairs_file, value_init="policy", steps=4, **ASYNC)
     rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "a"), **cfg))
-    rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "b"), **cfg))
     rows = strip_async(metrics(tmp_path / "a"))
-    assert rows == strip_async(metrics(tmp_path / "b"))
     steps = [r for r in rows if "losses/policy_loss" in r]
     assert len(steps) == 4 and all(r["async/staleness_max"] <= 1 for r in steps)
     assert steps[-1]["async/staleness_mean"] == 1.0 and steps[-1]["losses/approx_kl"] > 0
