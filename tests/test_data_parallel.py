@@ -127,6 +127,9 @@ def test_the_other_language_trainers_match_one_process(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--training-backend", "ddp"], "--training-backend ddp trains on the processes its launcher starts: torchrun"),
+    # the launcher the README shows for every backend (the message named deepspeed's alone, which the README does not use)
+    (["--training-backend", "deepspeed"], "launcher starts: torchrun --nproc-per-node 2 -m omnigym train ... "
+                                          "--training-backend deepspeed (or DeepSpeed's launcher"),
     (["--training-backend", "fsdp3"], "unknown --training-backend 'fsdp3'; choose local, ddp, fsdp2, deepspeed"),
     (["--deepspeed-config", "ds.json"], "--deepspeed-config is read by --training-backend deepspeed only")])
 def test_data_parallel_flags_without_their_launcher_are_one_line(tmp_path, capsys, flags, message):

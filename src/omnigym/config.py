@@ -310,10 +310,12 @@ def check_backend(cfg) -> None:
         require(processes == 1, f"torchrun started {processes} processes but --training-backend is local: each "
                                 "would train alone into its own run; give --training-backend ddp, fsdp2 or deepspeed")
         return
-    launcher = "deepspeed" if backend == "deepspeed" else "torchrun --nproc-per-node 2"
+    # torchrun for every backend, as the README shows (DeepSpeed's own launcher works too)
+    also, page = (" (or DeepSpeed's launcher: deepspeed -m omnigym ...)", "docs/scaling.md") \
+        if backend == "deepspeed" else ("", "docs/scale_out.md")
     require(launched_by_torchrun(), f"--training-backend {backend} trains on the processes its launcher starts: "
-                                    f"{launcher} -m omnigym train ... --training-backend {backend} "
-                                    "(docs/scale_out.md); one process uses --training-backend local")
+                                    f"torchrun --nproc-per-node 2 -m omnigym train ... --training-backend {backend}"
+                                    f"{also} ({page}); one process uses --training-backend local")
     if backend == "deepspeed":
         import importlib.util
 
