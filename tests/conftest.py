@@ -62,7 +62,7 @@ def untimed_start(monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     """The slow learning tests first: a test of minutes that starts near the end of the suite
-    keeps one core busy after the other has run out of work (pytest-xdist hands each worker
-    its share in collection order and steals from the end). Stable, so the order is otherwise
-    the files' own."""
+    keeps one core busy after the other has run out of work. The Makefile's pytest-xdist hands
+    tests out one at a time from the front of this list, so both workers start on these. Stable,
+    so the order is otherwise the files' own."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
