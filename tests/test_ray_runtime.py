@@ -106,6 +106,28 @@ def test_a_killed_generator_is_restarted_and_no_step_is_lost_or_repeated():
         assert all(t.reward == float(t.policy_version) for t in out.items)
 
 
+def test_a_killed_generators_lost_jobs_are_sampled_as_they_were_sent():
+    """The restarted actor gets each lost job after the weights the job was sent with, not the
+    current ones: the run's rollouts (versions and what each version's weights made) equal those
+    of a run whose generator never died. (Before: they came from the current weights, fresher
+    than the schedule's, and a kill changed the run.)"""
+    runs = []
+    for kill_at in (None, 4):
+        rollouts = toy_rollouts(steps=8, max_staleness=2)
+        try:
+            runs.append(train_toy(rollouts, ToyModel(), 8, kill_at=kill_at))
+        finally:
+            rollouts.close()
+    whole, killed = ([[(t.policy_version, t.reward) for t in out.items] for out in run] for run in runs)
+    assert killed == whole
+
+
+def test_generator_resources_that_no_node_has_are_one_error():
+    with pytest.raises(OmnigymError, match=r"no node of the Ray cluster has --generator-resources "
+                                           r"\{\"omnigym_generator\": 1\}; start one with them: ray start --address"):
+        toy_rollouts(resources={"omnigym_generator": 1})
+
+
 def test_a_hung_generator_is_one_error_within_the_timeout(untimed_start):
     rollouts = toy_rollouts(delay=600.0, timeout=10.0, max_staleness=0)  # started without the clock
     try:
@@ -180,13 +202,30 @@ def test_async_grpo_is_repeatable_bounded_and_a_killed_trainer_resumes_exactly(t
     (["--runtime", "ray", "--num-generators", "0"], "--num-generators must be positive, got 0"),
     (["--runtime", "ray", "--sync-timeout", "0"], "--sync-timeout must be positive, got 0.0"),
     (["--runtime", "ray", "--num-generators", "17"], "--num-generators 17 is more than the 16 prompts"),
-    (["--num-generators", "2", "--max-staleness", "3"], "--max-staleness, --num-generators: read by --runtime ray only")])
+    (["--num-generators", "2", "--max-staleness", "3"], "--max-staleness, --num-generators: read by --runtime ray only"),
+    (["--ray-address", "127.0.0.1:6379"], "--ray-address: read by --runtime ray only"),
+    (["--runtime", "ray", "--ray-address", "127.0.0.1:1"],
+     "--ray-address 127.0.0.1:1: no Ray cluster answers there (Connection refused); start it with `ray start --head`"),
+    (["--runtime", "ray", "--ray-address", "head-node"], "--ray-address head-node: not a Ray cluster address"),
+    (["--runtime", "ray", "--generator-resources", "omnigym_generator"],
+     "--generator-resources must be a JSON object of Ray resource names and positive amounts")])
 def test_bad_runtime_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
     from omnigym.cli import main
 
     assert main(["train", "grpo", "--run-dir", str(tmp_path / "run"), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("omnigym: error:") and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_ray_address_in_the_environment_that_does_not_answer_is_one_line(tmp_path, capsys, monkeypatch):
+    from omnigym.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    assert main(["train", "grpo", "--run-dir", str(tmp_path / "run"), "--runtime", "ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("omnigym: error: RAY_ADDRESS=127.0.0.1:1: no Ray cluster answers there (Connection refused); "
+                   "start it with `ray start --head`, or give the address it printed")
     assert not (tmp_path / "run").exists()
 
 

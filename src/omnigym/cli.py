@@ -146,10 +146,11 @@ def resumed_defaults(argv: list[str], config_cls):
         raise OmnigymError(f"{run_dir} is a {values.get('algo')} run; continue it with: "
                            f"omnigym train {values.get('algo')} --resume {run_dir}")
     placement = {f.name: f.default for f in dataclasses.fields(config_cls)
-                 if f.name in ("training_backend", "deepspeed_config")}
+                 if f.name in ("training_backend", "deepspeed_config", "ray_address", "generator_resources")}
     source = str(Path(run_dir) / CONFIG_NAME)
     check_foreign_settings(argv[0], unknown_settings(config_cls, values), source)
-    # how many processes train it is this command's to say: a data-parallel run resumes in one
+    # how many processes train it is this command's to say (a data-parallel run resumes in one), and
+    # which Ray cluster and nodes it runs on (a run resumes on another cluster, or on this machine)
     return dataclasses.replace(config_from_dict(config_cls, values, source), run_dir=None, resume=None,
                                overwrite=False, **placement)
 

@@ -387,7 +387,8 @@ def config_from_dict(cls, values: dict, saved_file: str | None = None):
     # The ranges every run checks, on the settings alone: where this process runs (device,
     # launcher, W&B) is the current command's to say, not the saved file's.
     placement = {f.name: f.default for f in dataclasses.fields(cls)
-                 if f.name in ("device", "wandb", "resume", "overwrite", "training_backend", "deepspeed_config")}
+                 if f.name in ("device", "wandb", "resume", "overwrite", "training_backend", "deepspeed_config",
+                               "ray_address")}
     if "training_backend" in placement and data_parallel_launch():
         placement["training_backend"] = "ddp"  # a launcher's processes: the launcher check is this command's
     try:

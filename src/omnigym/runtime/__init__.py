@@ -55,6 +55,13 @@ class RolloutRuntimeConfig:
     (default: off with --runtime sync, where the current policy samples; 2.0 with --runtime ray or
     --rollouts async, where a sample may come from a policy up to --max-staleness versions old)"""
 
+    ray_address: str | None = None
+    """with --runtime ray: the Ray cluster to join (host:port of its head, as `ray start --head` prints it,
+    or auto); default: RAY_ADDRESS if set, else a local Ray started for the run"""
+    generator_resources: str = ""
+    """with --runtime ray: Ray resources each generator (rollout worker) asks for, as JSON, e.g.
+    '{"omnigym_generator": 1}': they are placed on the nodes started with them (`ray start --resources`)"""
+
     ray_trainer: bool = False
     """with --runtime ray: the trainer runs as a Ray task too (placed by Ray: on a cluster,
     RAY_ADDRESS=..., on a node with --trainer-gpus GPUs free); this process waits for it"""
@@ -87,6 +94,8 @@ class RolloutRuntimeConfig:
                                                        ("--num-generators", self.num_generators, 1),
                                                        ("--sync-timeout", self.sync_timeout, 600.0),
                                                        ("--ray-trainer", self.ray_trainer, False),
+                                                       ("--ray-address", self.ray_address, None),
+                                                       ("--generator-resources", self.generator_resources, ""),
                                                        ("--trainer-gpus", self.trainer_gpus, 0.0))
                      if value != default]
             require(not given, f"{', '.join(given)}: read by --runtime ray only (this run generates in its own "
@@ -106,6 +115,16 @@ class RolloutRuntimeConfig:
 
             require(importlib.util.find_spec("ray") is not None,
                     "--runtime ray needs Ray; install it with: pip install 'omnigym[ray]'")
+            from omnigym.runtime.cluster import check_cluster, generator_resources
+
+            generator_resources(self.generator_resources)  # its JSON, checked before the run starts
+            check_cluster(self.ray_address)  # a cluster that does not answer: one line, before any run dir
+
+    def generator_placement(self) -> dict:
+        """The Ray resources each generator actor asks for (``--generator-resources``)."""
+        from omnigym.runtime.cluster import generator_resources
+
+        return generator_resources(self.generator_resources)
 
 
 class Rollouts(Protocol):
@@ -138,4 +157,4 @@ def make_rollouts(cfg: RolloutRuntimeConfig, local_generator, build_generator: C
     from omnigym.runtime.ray_actors import RayRollouts
 
     return RayRollouts(build_generator, examples_for, group_size, steps, cfg.num_generators, cfg.max_staleness,
-                       cfg.sync_timeout, seed)
+                       cfg.sync_timeout, seed, ray_address=cfg.ray_address, resources=cfg.generator_placement())

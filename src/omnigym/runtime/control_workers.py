@@ -138,7 +138,8 @@ class RayControlRollouts(RaySchedule):
     def __init__(self, cfg, algo: str, updates: int, stats, device):
         n = cfg.num_generators
         super().__init__(RolloutWorker, [(cfg, algo, i, cfg.num_envs // n, os.getcwd()) for i in range(n)], updates,
-                         cfg.max_staleness, cfg.sync_timeout, cfg.seed, kind="rollout worker")
+                         cfg.max_staleness, cfg.sync_timeout, cfg.seed, kind="rollout worker",
+                         ray_address=cfg.ray_address, resources=cfg.generator_placement())
         self.stats, self.device = stats, device
 
     def collect(self, agent, update: int, global_step: int) -> tuple[Rollout, int]:

@@ -17,20 +17,28 @@ Each job's sampling is seeded by (seed, step, chunk), and the order of calls on 
 is fixed by the schedule above, so an async run is as repeatable as a sync one: a run
 killed and resumed from its checkpoint (which keeps the finished jobs that were in flight)
 gives the same parameters as one that was not. A generator that dies is restarted by Ray
-(``max_restarts``); its lost jobs are sent again, after the current weights, so no step is
-lost or trained twice. Every wait is bounded by ``--sync-timeout``: a hung actor becomes
-one error that names it.
+(``max_restarts``); its lost jobs are sent again, each after the weights it was first sent
+with, so no step is lost or trained twice and the run's samples are those of a run that lost
+nothing. One whose node left the cluster, when no node left has its ``--generator-resources``,
+starts again on the nodes left (``cluster.py`` joins a cluster). Every wait is bounded by
+``--sync-timeout``: a hung actor becomes one error that names it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import sys
 import time
 from collections import Counter
 
 from omnigym.errors import OmnigymError, missing_extra
 from omnigym.generators.base import Trajectories
+from omnigym.runtime.cluster import has_node_with, init_ray
+
+PLACEMENT_POLL = 5.0
+"""seconds between looks at a restarted actor that has not started yet, and at the cluster's nodes"""
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -98,20 +106,27 @@ class RaySchedule:
     one batch (``_merge``) and which policy version made each sample (``_versions``)."""
 
     def __init__(self, worker_class, worker_args: list[tuple], steps: int, max_staleness: int = 1,
-                 timeout: float = 600.0, seed: int = 0, kind: str = "generator"):
+                 timeout: float = 600.0, seed: int = 0, kind: str = "generator", ray_address: str | None = None,
+                 resources: dict | None = None):
         ray = self.ray = _ray()
         self.steps, self.max_staleness, self.timeout, self.seed, self.kind = steps, max_staleness, timeout, seed, kind
         self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:  # a local cluster for this run; RAY_ADDRESS=... joins an existing one instead
-            ray.init(num_cpus=max(len(worker_args) + 1, os.cpu_count() or 1), include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=True, runtime_env={"env_vars": THREAD_ENV})
-        actor = ray.remote(worker_class).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
-                                                 runtime_env={"env_vars": THREAD_ENV})
-        self.workers = [actor.remote(*args) for args in worker_args]
+        if self.owns_ray:  # --ray-address / RAY_ADDRESS: join that cluster; else a local Ray for this run
+            init_ray(ray_address, max(len(worker_args) + 1, os.cpu_count() or 1), THREAD_ENV)
+        self.worker_class, self.worker_args, self.resources = ray.remote(worker_class), worker_args, resources or {}
+        if self.resources and not has_node_with(self.resources):  # they would wait for a node for ever
+            if self.owns_ray:
+                ray.shutdown()
+            raise OmnigymError(f"no node of the Ray cluster has --generator-resources {json.dumps(self.resources)}; "
+                               "start one with them: ray start --address HEAD_HOST:PORT --resources "
+                               f"'{json.dumps(self.resources)}'")
+        self.placed = [self.resources] * len(worker_args)  # what each actor asked for: {} once it lost its node
+        self.workers = [self._start(i, self.resources) for i in range(len(worker_args))]
         self._wait_started()
         self.live: dict | None = None  # the trainer's named tensors (its own, not copies)
         self.version: int | None = None
         self.weight_loads: list = []  # (worker, ref) of updates not yet confirmed
+        self.trainable_at: dict[int, object] = {}  # version -> the ref of its trainable weights, while a job needs it
         self.jobs: dict[int, list[dict]] = {}  # step -> its chunks in flight
         self.ready: dict = {}
         self.next_job = 0
@@ -149,6 +164,12 @@ class RaySchedule:
             self.live = tensors
         ref = self.ray.put(self._weights(trainable_only=not first) if tensors else None)
         self.weight_loads += [(i, w.load_weights.remote(ref, version)) for i, w in enumerate(self.workers)]
+        # What a restarted actor needs to sample a lost job exactly as it was sent: the trainable
+        # weights of the job's version (the frozen ones never change), kept while a job has it.
+        # K + 1 versions at most: a full fine-tune's object store holds that many copies.
+        latest = ref if tensors else self.trainable_at.get(self.version)
+        oldest = min((chunk["version"] for chunks in self.jobs.values() for chunk in chunks), default=version)
+        self.trainable_at = {v: r for v, r in self.trainable_at.items() if v >= oldest} | {version: latest}
         self.version = version
 
     def trajectories(self, step: int):
@@ -235,9 +256,15 @@ class RaySchedule:
                 self.close()
                 raise
 
+    def _start(self, index: int, resources: dict):
+        """Actor ``index``, asking Ray for one CPU and ``resources`` (``--generator-resources``)."""
+        return self.worker_class.options(num_cpus=1, resources=resources, max_restarts=-1, max_task_retries=0,
+                                         runtime_env={"env_vars": THREAD_ENV}).remote(*self.worker_args[index])
+
     def _submit(self, step: int) -> None:
         chunks = self._split(step)
         for chunk in chunks:
+            chunk["version"] = self.version  # the weights it samples from (sent before it)
             chunk["ref"] = self.workers[chunk["worker"]].generate.remote(*chunk["args"])
         self.jobs[step] = chunks
 
@@ -252,37 +279,72 @@ class RaySchedule:
     def _get(self, chunk: dict, step: int):
         try:
             return self._wait(chunk["ref"], f"{self.kind} {chunk['worker']} gave no rollouts for step {step}")
-        except self.ray.exceptions.RayActorError:
-            self._restarted(chunk["worker"])  # Ray has restarted it; its queue was lost with it
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError):
+            # the actor died (Ray restarts it; its queue was lost with it), or its node did with the result
+            self._restarted(chunk["worker"])
             return self._get(chunk, step)
 
     def _restarted(self, index: int) -> None:
-        """Send a restarted actor the current weights, then every job of its that was lost."""
-        load = self.workers[index].load_weights.remote(self.ray.put(self._weights()), self.version)
-        self.weight_loads = [(i, ref) for i, ref in self.weight_loads if i != index] + [(index, load)]
+        """Give a restarted actor every job of its that was lost, each after the weights it was
+        sent with (so it samples what it would have), then the current weights."""
+        self._wait_placed(index)
+        worker = self.workers[index]
+        frozen = {name: p.detach().to("cpu", copy=True) for name, p in self.live.items() if not p.requires_grad}
+        loads = [worker.load_weights.remote(self.ray.put(frozen), self.version)] if frozen else []
         for step in sorted(self.jobs):
             for chunk in self.jobs[step]:
                 if chunk["worker"] == index:
-                    chunk["ref"] = self.workers[index].generate.remote(*chunk["args"])
+                    loads.append(worker.load_weights.remote(self.trainable_at[chunk["version"]], chunk["version"]))
+                    chunk["ref"] = worker.generate.remote(*chunk["args"])
+        loads.append(worker.load_weights.remote(self.trainable_at[self.version], self.version))
+        self.weight_loads = [(i, ref) for i, ref in self.weight_loads if i != index] + [(index, r) for r in loads]
         self._confirm_weight_loads()
 
+    def _wait_placed(self, index: int) -> None:
+        """Wait for a restarted actor to run again. One that asked for ``--generator-resources``
+        that no live node holds any more (its node left the cluster) starts again on the nodes
+        left, with one line saying so; bounded by --sync-timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.ray.get(self.workers[index].pid.remote(), timeout=PLACEMENT_POLL)
+                return
+            except (self.ray.exceptions.GetTimeoutError, self.ray.exceptions.RayActorError):
+                pass  # starting, waiting for a node, or not yet known to be gone
+            if self.placed[index] and not has_node_with(self.placed[index]):
+                self.ray.kill(self.workers[index], no_restart=True)
+                self.placed[index] = {}
+                self.workers[index] = self._start(index, {})
+                print(f"omnigym: {self.kind} {index}'s node left the Ray cluster and no node left has "
+                      f"--generator-resources {json.dumps(self.resources)}; it goes on on the nodes left",
+                      file=sys.stderr, flush=True)
+            if time.monotonic() > deadline:
+                raise OmnigymError(f"{self.kind} {index} died and did not start again within --sync-timeout "
+                                   f"{self.timeout:g} s: the cluster may be short of CPUs (each {self.kind} takes one); "
+                                   "check `ray status`")
+            time.sleep(PLACEMENT_POLL / 5)
+
     def _confirm_weight_loads(self) -> None:
-        pending, self.weight_loads = self.weight_loads, []
+        pending, self.weight_loads, restarted = self.weight_loads, [], set()
         for index, ref in pending:
+            if index in restarted:  # its other updates went with the actor; _restarted sent them again
+                continue
             try:
                 self._wait(ref, f"weight update to version {self.version} did not reach {self.kind} {index}")
             except self.ray.exceptions.RayActorError:
                 self._restarted(index)
+                restarted.add(index)
 
 
 class RayRollouts(RaySchedule):
     """The language algorithms' generator actors: each step's prompts split into contiguous groups."""
 
     def __init__(self, build_generator, examples_for, group_size: int, steps: int, num_generators: int = 1,
-                 max_staleness: int = 1, timeout: float = 600.0, seed: int = 0):
+                 max_staleness: int = 1, timeout: float = 600.0, seed: int = 0, ray_address: str | None = None,
+                 resources: dict | None = None):
         self.examples_for, self.group_size = examples_for, group_size
         super().__init__(GeneratorWorker, [(build_generator, i) for i in range(num_generators)], steps,
-                         max_staleness, timeout, seed)
+                         max_staleness, timeout, seed, ray_address=ray_address, resources=resources)
 
     def _split(self, step: int) -> list[dict]:
         examples = self.examples_for(step)

@@ -42,6 +42,7 @@ def train_on_ray(module_name: str, cfg, call):
     returns its summary. Starts a local cluster for the run unless one is already joined.
     ``call`` is this process's ``TrainCall``: the task gets a fresh one with what the caller
     gave and the run directory, decided here so that an interrupted run can be named."""
+    from omnigym.runtime.cluster import init_ray
     from omnigym.runtime.ray_actors import THREAD_ENV, _ray, remote_error
     from omnigym.track.run import TrainCall
 
@@ -50,9 +51,8 @@ def train_on_ray(module_name: str, cfg, call):
     run_dir = call.run_dir_for(cfg, algo, getattr(cfg, "env_id", None) or cfg.model)
     task_call = TrainCall(given_flags=call.given_flags, run_dir=call.run_dir)
     owns_ray = not ray.is_initialized()
-    if owns_ray:  # the trainer and each generator take one CPU
-        ray.init(num_cpus=max(cfg.num_generators + 2, os.cpu_count() or 1), include_dashboard=False,
-                 logging_level="ERROR", log_to_driver=True, runtime_env={"env_vars": THREAD_ENV})
+    if owns_ray:  # joins --ray-address / RAY_ADDRESS; a local Ray: the trainer and each generator take one CPU
+        init_ray(cfg.ray_address, max(cfg.num_generators + 2, os.cpu_count() or 1), THREAD_ENV)
     task = ray.remote(run_trainer).options(num_cpus=1, num_gpus=cfg.trainer_gpus, max_retries=0,
                                            runtime_env={"env_vars": {**THREAD_ENV, IN_TRAINER_TASK: "1"}})
     ref = task.remote(module_name, cfg, os.getcwd(), task_call)
