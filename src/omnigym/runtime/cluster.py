@@ -94,8 +94,8 @@ def init_ray(flag: str | None, num_cpus: int, env_vars: dict) -> None:
                            "check `ray status` on its head") from None
     nodes = [node for node in ray.nodes() if node.get("Alive")]
     cpus = ray.cluster_resources().get("CPU", 0)
-    gcs = getattr(context, "address_info", {}).get("gcs_address") or address
-    print(f"omnigym: joined the Ray cluster at {gcs} ({len(nodes)} node{'s' * (len(nodes) != 1)}, {cpus:g} CPUs)",
+    named = address if address != "auto" else getattr(context, "address_info", {}).get("gcs_address", address)
+    print(f"omnigym: joined the Ray cluster at {named} ({len(nodes)} node{'s' * (len(nodes) != 1)}, {cpus:g} CPUs)",
           file=sys.stderr, flush=True)
 
 

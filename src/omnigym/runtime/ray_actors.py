@@ -269,20 +269,22 @@ class RaySchedule:
         self.jobs[step] = chunks
 
     def _collect(self, step: int):
-        chunks, outputs = self.jobs.pop(step), []
+        chunks, outputs = self.jobs[step], []  # listed while collected: an actor restarted meanwhile gets them again
         for chunk in chunks:
             out, busy = self._get(chunk, step)
+            chunk["done"] = True
             self.generator_busy += busy
             outputs.append(out)
+        del self.jobs[step]
         return self._merge(step, chunks, outputs)
 
     def _get(self, chunk: dict, step: int):
-        try:
-            return self._wait(chunk["ref"], f"{self.kind} {chunk['worker']} gave no rollouts for step {step}")
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError):
-            # the actor died (Ray restarts it; its queue was lost with it), or its node did with the result
-            self._restarted(chunk["worker"])
-            return self._get(chunk, step)
+        while True:
+            try:
+                return self._wait(chunk["ref"], f"{self.kind} {chunk['worker']} gave no rollouts for step {step}")
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError):
+                # the actor died (Ray restarts it; its queue was lost with it), or its node did with the result
+                self._restarted(chunk["worker"])
 
     def _restarted(self, index: int) -> None:
         """Give a restarted actor every job of its that was lost, each after the weights it was
@@ -293,7 +295,7 @@ class RaySchedule:
         loads = [worker.load_weights.remote(self.ray.put(frozen), self.version)] if frozen else []
         for step in sorted(self.jobs):
             for chunk in self.jobs[step]:
-                if chunk["worker"] == index:
+                if chunk["worker"] == index and not chunk.get("done"):
                     loads.append(worker.load_weights.remote(self.trainable_at[chunk["version"]], chunk["version"]))
                     chunk["ref"] = worker.generate.remote(*chunk["args"])
         loads.append(worker.load_weights.remote(self.trainable_at[self.version], self.version))
