@@ -122,6 +122,24 @@ def test_a_killed_generators_lost_jobs_are_sampled_as_they_were_sent():
     assert killed == whole
 
 
+def test_a_generator_killed_while_its_step_is_collected_sends_that_step_again():
+    """The actor dies while the trainer waits for the step it is sampling. (Before: that step was
+    no longer listed as in flight, so it was never sent again and the wait retried until Python's
+    recursion limit.) The kill comes 1 s into a 3 s job; on a slow start it may land earlier,
+    where the weight update's wait catches it instead, and the test still holds."""
+    import threading
+
+    rollouts = toy_rollouts(steps=2, delay=3.0, max_staleness=0)
+    try:
+        rollouts.update_weights(ToyModel().named_parameters(), 0)
+        threading.Timer(1.0, lambda: ray.kill(rollouts.workers[0], no_restart=False)).start()
+        out = rollouts.trajectories(0)
+    finally:
+        rollouts.close()
+    assert [t.example for t in out.items] == [{"step": 0, "i": i} for i in range(4) for _ in range(2)]
+    assert {t.policy_version for t in out.items} == {0}
+
+
 def test_generator_resources_that_no_node_has_are_one_error():
     with pytest.raises(OmnigymError, match=r"no node of the Ray cluster has --generator-resources "
                                            r"\{\"omnigym_generator\": 1\}; start one with them: ray start --address"):
