@@ -39,25 +39,31 @@ def check_cluster(flag: str | None) -> None:
     address, source = cluster_address(flag)
     if address is None or address.startswith("ray://"):  # Ray Client: ray.init says what is wrong
         return
-    from ray._private import services  # Ray's own reading of an address (``auto``: the cluster on this machine)
-
-    try:
-        host_port = services.canonicalize_bootstrap_address(address)
-    except ValueError as error:
-        raise OmnigymError(f"{source}: not a Ray cluster address ({str(error).strip() or 'bad host'}); give the "
-                           "head's host:port, as `ray start --head` printed it") from None
-    except ConnectionError:  # ``auto`` found no cluster started on this machine
-        host_port = None
+    host_port = _local_cluster() if address == "auto" else address
     if host_port is None:
         raise OmnigymError(f"{source}: no Ray cluster was started on this machine; start one with "
                            "`ray start --head`, or give its head's host:port")
     host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        raise OmnigymError(f"{source}: not a Ray cluster address (HOST:PORT expected); give the head's host:port, "
+                           "as `ray start --head` printed it")
     try:
         socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT).close()
     except (OSError, ValueError) as error:
         why = getattr(error, "strerror", None) or str(error) or type(error).__name__
         raise OmnigymError(f"{source}: no Ray cluster answers there ({why}); start it with "
                            "`ray start --head`, or give the address it printed") from None
+
+
+def _local_cluster() -> str | None:
+    """``auto``: the head of the cluster started on this machine, as Ray finds it (Ray has no public
+    call for this, so its private one is guarded: should it move, `auto` reads as no cluster here)."""
+    try:
+        from ray._private import services
+
+        return services.canonicalize_bootstrap_address("auto")
+    except (ImportError, AttributeError, ConnectionError, ValueError):
+        return None
 
 
 def generator_resources(text: str) -> dict:
