@@ -73,6 +73,9 @@ class SamplerSource:
     weights one training run saved for sampling under ``name``."""
     model_id: str | None = None
     name: str | None = None
+    session: str | None = None
+    """the sampling session (or caller) the request belongs to: the prefix cache's key, so one
+    client's conversation is never read from another's cache entries (None: not cached)"""
 
 
 @dataclass

@@ -97,7 +97,8 @@ def _tinker_loss(rows: list, spec, config: dict, model, batch) -> tuple[torch.Te
 
 class ModelHub:
     def __init__(self, base_model: str, root: Path, max_batch_tokens: int = 2048, engine: str = "auto",
-                 sampler_cache: int = 2, device: str = "cpu", activation_budget: float = 2 * 2**30):
+                 sampler_cache: int = 2, device: str = "cpu", activation_budget: float = 2 * 2**30,
+                 prefix_cache_bytes: int = 256 * 2**20):
         from omnigym.models.lm import LoadFailed, load_model, load_tokenizer, resolve_model
 
         path = resolve_model(base_model)
@@ -114,7 +115,7 @@ class ModelHub:
         self.device = device
         self._layers = linear_layers(model)
         self._adapters = LoRAAdapters(model, activation_budget)  # freezes the base weights
-        self._sampler = SamplerPool(model, self.tokenizer, engine, sampler_cache)
+        self._sampler = SamplerPool(model, self.tokenizer, engine, sampler_cache, prefix_cache_bytes)
         self._runs: dict[str, _Run] = {}
         self._made = 0
 
@@ -341,15 +342,13 @@ class ModelHub:
             raise RequestError("temperature must be >= 0 and top_p in (0, 1]")
         self._check_ids(torch.tensor(params.stop_tokens, dtype=torch.long), "stop tokens")
         if source.model_id is None:
-            model = self._sampler.model_for(None, None, None)
-        else:
-            folder = self._folder(source.model_id, "sampler", source.name or "")
-            if not (folder / "adapter.safetensors").is_file():
-                raise RequestError(f"no sampler weights {source.name!r} of model {source.model_id!r}", status=404)
+            return self._sampler.sample_from(None, None, None, prompt, n, params, source.session)
+        folder = self._folder(source.model_id, "sampler", source.name or "")
+        if not (folder / "adapter.safetensors").is_file():
+            raise RequestError(f"no sampler weights {source.name!r} of model {source.model_id!r}", status=404)
 
-            def load():
-                tensors, meta = read_adapter(folder)
-                return tensors, meta["lora_alpha"] / meta["rank"]
+        def load():
+            tensors, meta = read_adapter(folder)
+            return tensors, meta["lora_alpha"] / meta["rank"]
 
-            model = self._sampler.model_for(source.model_id, source.name, load)
-        return self._sampler.sample(model, prompt, n, params)
+        return self._sampler.sample_from(source.model_id, source.name, load, prompt, n, params, source.session)

@@ -8,6 +8,14 @@ The worker also owns which training runs are in the hub right now (``loaded``): 
 store knows but the hub does not (after a restart, or after its session expired) is created
 again on first use, from its rank and seed, and given its last saved state when it has one.
 When idle it expires sessions without a heartbeat and frees their runs from the hub.
+
+Sampling jobs do not wait in that queue: each runs on a thread of its own (at most
+``sampling_threads``) and blocks there while the hub's sampler batches it with the other
+sampling requests in flight, so a long ``forward_backward`` of one run does not hold up any
+client's sampling. A sampling job over a run's saved weights first waits for the training jobs
+of that run submitted before it (a ``save_weights_for_sampler`` the client did not wait for
+still comes first); sampling reads only saved adapters and the frozen base, never a run's live
+weights, so it cannot change or see any run's training.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from omnigym.serve.contract import RequestError
@@ -30,7 +40,8 @@ Job = Callable[[], tuple[str, bytes]]
 
 
 class Worker:
-    def __init__(self, hub, store: Store, session_ttl_s: float = 300.0, idle_s: float = 1.0):
+    def __init__(self, hub, store: Store, session_ttl_s: float = 300.0, idle_s: float = 1.0,
+                 sampling_threads: int = 64):
         self.hub = hub
         self.store = store
         self.session_ttl_s = session_ttl_s
@@ -39,15 +50,40 @@ class Worker:
         self._jobs: queue.Queue = queue.Queue()
         self._events: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
         self._events_lock = threading.Lock()
+        # per training run: jobs submitted and jobs run (a run's jobs run in order), for the
+        # sampling jobs that must come after them
+        self._submitted: Counter = Counter()
+        self._ran: Counter = Counter()
+        self._ran_changed = threading.Condition()
+        self._sampling = ThreadPoolExecutor(sampling_threads, thread_name_prefix="omnigym-serve-sample")
         self._thread = threading.Thread(target=self._loop, name="omnigym-serve-worker", daemon=True)
         self._thread.start()
 
     # called from the event loop
-    def submit(self, future_id: str, job: Job) -> None:
+    def submit(self, future_id: str, job: Job, model_id: str | None = None) -> None:
+        """Queue a training job (of run ``model_id`` when given)."""
         loop = asyncio.get_running_loop()
         with self._events_lock:
             self._events[future_id] = (loop, asyncio.Event())
-        self._jobs.put((future_id, job))
+        with self._ran_changed:
+            if model_id is not None:
+                self._submitted[model_id] += 1
+        self._jobs.put((future_id, job, model_id))
+
+    def submit_sampling(self, future_id: str, job: Job, after: str | None = None) -> None:
+        """Run a sampling job beside the queue, once run ``after``'s jobs submitted so far have run."""
+        loop = asyncio.get_running_loop()
+        with self._events_lock:
+            self._events[future_id] = (loop, asyncio.Event())
+        with self._ran_changed:
+            mark = self._submitted[after] if after is not None else 0
+        self._sampling.submit(self._sample, future_id, job, after, mark)
+
+    def _sample(self, future_id: str, job: Job, after: str | None, mark: int) -> None:
+        if after is not None:
+            with self._ran_changed:
+                self._ran_changed.wait_for(lambda: self._ran[after] >= mark)
+        self._run(future_id, job)
 
     async def wait(self, future_id: str, timeout: float) -> None:
         """Returns when the future finished or ``timeout`` passed (a long poll: the SDK asks
@@ -68,6 +104,7 @@ class Worker:
     def stop(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=60)
+        self._sampling.shutdown(wait=False, cancel_futures=True)
 
     # the worker thread
     def _loop(self) -> None:
@@ -79,21 +116,31 @@ class Worker:
                 continue
             if item is None:
                 return
-            future_id, job = item
+            future_id, job, model_id = item
             try:
-                content_type, body = job()
-                if future_id is not None:
-                    self.store.finish_future(future_id, content_type, body)
-            except RequestError as exc:
-                if future_id is not None:
-                    self.store.fail_future(future_id, str(exc), "user")
-            except Exception as exc:  # the server's fault: logged in full, one line to the client
-                log.exception("request %s failed", future_id)
-                if future_id is not None:
-                    self.store.fail_future(future_id, f"internal error: {type(exc).__name__}: {exc}", "server")
-            self._wake(future_id)
+                self._run(future_id, job)
+            finally:
+                if model_id is not None:
+                    with self._ran_changed:
+                        self._ran[model_id] += 1
+                        self._ran_changed.notify_all()
             if self._jobs.empty():
                 self._expire()
+
+    def _run(self, future_id: str | None, job: Job) -> None:
+        """Run one job and put its outcome in the store (on the worker or a sampling thread)."""
+        try:
+            content_type, body = job()
+            if future_id is not None:
+                self.store.finish_future(future_id, content_type, body)
+        except RequestError as exc:
+            if future_id is not None:
+                self.store.fail_future(future_id, str(exc), "user")
+        except Exception as exc:  # the server's fault: logged in full, one line to the client
+            log.exception("request %s failed", future_id)
+            if future_id is not None:
+                self.store.fail_future(future_id, f"internal error: {type(exc).__name__}: {exc}", "server")
+        self._wake(future_id)
 
     def _wake(self, future_id: str) -> None:
         # popped, not kept until a retrieve: a client that never retrieves would grow the dict
@@ -129,7 +176,7 @@ class Worker:
 
     def free_session(self, session_id: str) -> None:
         """Queued like any job, so it runs after the session's earlier requests."""
-        self._jobs.put((None, lambda: self._free(session_id)))
+        self._jobs.put((None, lambda: self._free(session_id), None))
 
     def _free(self, session_id: str):
         for model_id in self.store.session_models(session_id):

@@ -113,12 +113,14 @@ class ServeContext:
                                    "pick another name")
 
     # -- the queue -----------------------------------------------------------------------------
-    def queue(self, owner: str, model_id: str | None, seq_id, job, request: bytes | dict = b"") -> dict:
+    def queue(self, owner: str, model_id: str | None, seq_id, job, request: bytes | dict = b"",
+              sampling: bool = False, after: str | None = None) -> dict:
         """Records a future, queues its job, and returns the SDK's untyped future; a training
         request sent again with the same seq_id (a retry) gets the first one's future. The
         request's own bytes are part of that key: another request that reuses a seq_id (a
         client's mistake, a raw call beside the SDK's) runs as itself, and does not get the
-        first one's result in silence."""
+        first one's result in silence. A ``sampling`` job runs beside the training queue, after
+        run ``after``'s jobs queued so far."""
         seq_key = None
         if model_id is not None and isinstance(seq_id, int):
             digest = hashlib.sha256(request if isinstance(request, bytes) else as_json(request)).hexdigest()[:32]
@@ -126,7 +128,10 @@ class ServeContext:
         fresh = "f-" + secrets.token_urlsafe(12)
         future_id = self.store.add_future(fresh, owner, model_id, seq_key)
         if future_id == fresh:
-            self.worker.submit(future_id, job)
+            if sampling:
+                self.worker.submit_sampling(future_id, job, after)
+            else:
+                self.worker.submit(future_id, job, model_id)
         return {"request_id": future_id, "model_id": model_id}
 
 

@@ -38,23 +38,25 @@ async def get_sampler(sampler_id: str, request: Request):
     return {"sampler_id": rec["id"], "base_model": serve.hub.base_model, "model_path": path}
 
 
-def _source(serve, owner: str, body: dict) -> SamplerSource:
-    """The weights a sample request names: a sampling session's, a checkpoint's, or the base model."""
+def _source(serve, owner: str, body: dict) -> tuple[SamplerSource, str | None]:
+    """The weights a sample request names (a sampling session's, a checkpoint's, or the base
+    model's) and the training run whose queued jobs come first (None: none). The prefix cache
+    is kept per sampling session, else per caller."""
     if body.get("sampling_session_id") is not None:
         rec = serve.owned_sampler(owner, body["sampling_session_id"])
-        return SamplerSource(rec["model"] and wire.hub_id(rec["model"]), rec["name"])
+        return SamplerSource(rec["model"] and wire.hub_id(rec["model"]), rec["name"], rec["id"]), rec["model"]
     if body.get("model_path") is not None:
         parsed = serve.owned_checkpoint(owner, body["model_path"], "sampler")
-        return SamplerSource(wire.hub_id(parsed.model_id), parsed.name)
+        return SamplerSource(wire.hub_id(parsed.model_id), parsed.name, owner), parsed.model_id
     serve.check_base(body.get("base_model"))
-    return SamplerSource()
+    return SamplerSource(session=owner), None
 
 
 @router.post("/api/v1/asample")
 async def asample(request: Request):
     serve = served(request)
     owner, body, hub = request.state.owner, await serve.body_of(request), serve.hub
-    source = _source(serve, owner, body)
+    source, after = _source(serve, owner, body)
     n = bodies.get(body, "num_samples", int, 1, low=1, high=serve.limits.max_samples)
     prompt = bodies.prompt_tokens(body)
     params = bodies.sample_params(body)
@@ -74,6 +76,6 @@ async def asample(request: Request):
             cut = len(result.prompt_logprobs) - keep
             result.prompt_logprobs = [None] * cut + list(result.prompt_logprobs[cut:])
         return PROTO, wire.encode_sample_result(result)
-    future = serve.queue(owner, None, None, job)
+    future = serve.queue(owner, None, None, job, sampling=True, after=after)
     future["sample_sequence_ids"] = [f"{future['request_id']}:{i}" for i in range(n)]
     return future
