@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from omnigym.inference import make_engine  # noqa: E402
+from omnigym.inference import kv, make_engine  # noqa: E402
 from omnigym.inference.engine import Sample, SamplingParams, processed_logits  # noqa: E402
 from omnigym.inference.hf import HFEngine  # noqa: E402
 from omnigym.inference.kv import LlamaFamilyEngine, draw  # noqa: E402
@@ -47,17 +47,56 @@ def family_model(kind: str, vocab_size: int):
 PROMPTS = [[4, 20, 21, 22, 5], [4, 30, 31, 32, 33, 34, 35, 36, 5], [4, 40, 5]]
 
 
+def shared_prompts_always(monkeypatch) -> list:
+    """Decoding reads each prompt's cache once (``SharedPrompts``) even for these small batches;
+    the returned list fills with one entry per decoding attention call it served."""
+    calls, attend = [], kv.SharedPrompts.attend
+
+    def counted(self, *args):
+        calls.append(1)
+        return attend(self, *args)
+
+    monkeypatch.setattr(kv, "SHARED_PROMPT_MIN_TOKENS", 1)
+    monkeypatch.setattr(kv.SharedPrompts, "attend", counted)
+    return calls
+
+
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-def test_kv_sampler_matches_generate(tiny, kind):
+def test_kv_sampler_matches_generate(tiny, kind, shared, monkeypatch):
     tokenizer = load_tokenizer(tiny)
     model = family_model(kind, len(tokenizer))
     greedy = SamplingParams(max_new_tokens=12, greedy=True)
     expected = HFEngine(model, tokenizer).generate(PROMPTS, 2, greedy)
+    calls = shared_prompts_always(monkeypatch) if shared else []
     got = LlamaFamilyEngine(model, tokenizer).generate(PROMPTS, 2, greedy)
+    assert bool(calls) == shared
     for want_group, got_group in zip(expected, got):
         for want, have in zip(want_group, got_group):
             assert have.completion_ids == want.completion_ids
             assert torch.allclose(torch.tensor(have.logprobs), torch.tensor(want.logprobs), atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_shared_prompt_decoding_equals_copied_caches(tiny, kind, monkeypatch):
+    """Rows that sample the same prompt (a prompt given twice, n samples each, prompts of
+    different lengths: groups of unequal size, out of order) decode to the same tokens with the
+    same log-probs, up to float rounding, whether each row reads its own copy of its prompt's
+    cache or every prompt's cache is read once for all its rows."""
+    tokenizer = load_tokenizer(tiny)
+    model = family_model(kind, len(tokenizer))
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2]]
+    for params in (SamplingParams(max_new_tokens=12, greedy=True), SamplingParams(max_new_tokens=12)):
+        torch.manual_seed(0)
+        copied = [s for g in LlamaFamilyEngine(model, tokenizer).generate(prompts, 3, params) for s in g]
+        with monkeypatch.context() as patch:
+            calls = shared_prompts_always(patch)
+            torch.manual_seed(0)
+            shared = [s for g in LlamaFamilyEngine(model, tokenizer).generate(prompts, 3, params) for s in g]
+        assert calls
+        for want, have in zip(copied, shared):
+            assert have.completion_ids == want.completion_ids and have.finished == want.finished
+            assert torch.allclose(torch.tensor(have.logprobs), torch.tensor(want.logprobs), atol=1e-5)
 
 
 def test_stop_ids_end_samples_in_both_engines(tiny):
