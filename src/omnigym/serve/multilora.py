@@ -75,6 +75,26 @@ class LoRADeltas:
                 raise RequestError(f"the saved sampler weights do not fit this base model (at {path})")
             self.pairs[where] = (a.to(device, dtype), (scaling * b).to(device, dtype))
         self.nbytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.pairs.values())
+        self.fused: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        """(layer, fused product) -> one (A, B) pair for all its projections: the A's stacked,
+        the B's placed block-diagonally at their output columns (2 products a layer's q|k|v
+        instead of 6; the zeros add nothing)"""
+
+    def fuse(self, splits: dict, layers: int) -> "LoRADeltas":
+        for layer in range(layers):
+            for kind, parts in splits.items():
+                found = [(self.pairs[(layer, name)], offset) for name, offset, _ in parts if (layer, name) in self.pairs]
+                if not found:
+                    continue
+                width = parts[-1][1] + (parts[-1][2] or found[-1][0][1].shape[0])
+                a = torch.cat([pair[0] for pair, _ in found])
+                b = a.new_zeros(width, a.shape[0])
+                rank = 0
+                for (pa, pb), offset in found:
+                    b[offset:offset + pb.shape[0], rank:rank + pa.shape[0]] = pb
+                    rank += pa.shape[0]
+                self.fused[(layer, kind)] = (a, b)
+        return self
 
 
 @dataclass
@@ -203,7 +223,7 @@ class MultiLoRAEngine:
                 torch.zeros(1, 1, dtype=self.dtype, device=self.device), torch.arange(most, device=self.device)[None]))
         inner = backbone.layers[0].mlp.gate_proj.weight.shape[0]
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        # where each projection's output sits in the fused products
+        # where each projection's output sits in the fused products (None: the whole output)
         self.splits = {"qkv": (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)),
                        "out": (("o_proj", 0, None),), "gate_up": (("gate_proj", 0, inner), ("up_proj", inner, inner)),
                        "down": (("down_proj", 0, None),)}
@@ -217,6 +237,10 @@ class MultiLoRAEngine:
                       a.k_norm.weight if hasattr(a, "k_norm") else None, a.o_proj.weight, a.o_proj.bias,
                       layer.post_attention_layernorm.weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]),
                       _cat(m.gate_proj.bias, m.up_proj.bias), m.down_proj.weight, m.down_proj.bias)
+
+    def deltas(self, tensors: dict[str, torch.Tensor], scaling: float) -> LoRADeltas:
+        """A saved adapter's tensors, checked against this base and fused as its products are."""
+        return LoRADeltas(tensors, scaling, self.shapes(), self.device, self.dtype).fuse(self.splits, len(self.layers))
 
     def shapes(self) -> dict[tuple, tuple]:
         """(layer, projection) -> its weight's shape, and the head's: what an adapter must fit."""
@@ -245,11 +269,9 @@ class MultiLoRAEngine:
         for start, end, lora in segments:
             if lora is None:
                 continue
-            for name, offset, width in self.splits[kind]:
-                pair = lora.pairs.get((layer, name))
-                if pair is not None:
-                    delta = F.linear(F.linear(x[start:end], pair[0]), pair[1])
-                    y[start:end, ..., offset:offset + delta.shape[-1]] += delta
+            pair = lora.fused.get((layer, kind))
+            if pair is not None:
+                y[start:end] += F.linear(F.linear(x[start:end], pair[0]), pair[1])
         return y
 
     def _stack(self, ids, positions, segments, attend) -> torch.Tensor:

@@ -100,7 +100,7 @@ class SamplerPool:
                 self._adapters.move_to_end(key)
                 return self._adapters[key]
         tensors, scaling = load()
-        deltas = LoRADeltas(tensors, scaling, self.batcher.shapes(), self.batcher.device, self.batcher.dtype)
+        deltas = self.batcher.deltas(tensors, scaling)
         with self._lock:
             self._adapters[key] = deltas
             while len(self._adapters) > ADAPTERS_KEPT:
