@@ -70,7 +70,7 @@ class EnvCursor:
         with ``next_obs`` raw and ``valid`` False for the envs whose step was an autoreset."""
         next_obs, rewards, terminated, truncated, info = self.envs.step(actions)
         valid = ~self.autoreset
-        self.steps += int(valid.sum())
+        self.steps += int(np.count_nonzero(valid))  # faster than valid.sum() on a bool array
         check_finite_obs(next_obs, self.steps)
         if not np.isfinite(rewards).all():
             raise OmnigymError(f"the env returned a non-finite reward ({rewards[~np.isfinite(rewards)][0]}) at env step "

@@ -9,7 +9,8 @@ Every backend returns a gymnasium 1.x ``VectorEnv`` in NEXT_STEP autoreset mode 
 mode gymnasium's own vector envs use): the step that ends an episode returns its true
 final observation, and the following step returns the reset observation with reward 0.
 Algorithms drop that reset transition. Episode statistics come from gymnasium's
-``RecordEpisodeStatistics`` on every backend, so returns mean the same thing everywhere.
+``RecordEpisodeStatistics`` on every backend (with a cheaper step, envs/episode_stats.py),
+so returns mean the same thing everywhere.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gymnasium.vector import AutoresetMode
 from omnigym.envs.atari import AtariOptions, is_atari, make_atari_vec
 from omnigym.envs.cursor import LearningSignal
 from omnigym.envs.envpool import EnvPoolVectorEnv
+from omnigym.envs.episode_stats import RecordEpisodeStatistics
 from omnigym.errors import OmnigymError, missing_extra, require
 from omnigym.user_code import import_object, import_reference, is_reference, where
 
@@ -262,7 +264,7 @@ def make_vec(
     if backend == "mjlab":  # its own task ids, on the GPU (envs/mjlab_backend.py)
         from omnigym.envs.mjlab_backend import make_mjlab_vec
 
-        return gym.wrappers.vector.RecordEpisodeStatistics(make_mjlab_vec(env, num_envs, seed, video_dir, **env_kwargs))
+        return RecordEpisodeStatistics(make_mjlab_vec(env, num_envs, seed, video_dir, **env_kwargs))
     env_id = resolve_env(env)
     video = None
     if video_dir is not None:
@@ -287,7 +289,7 @@ def make_vec(
         except Exception as exc:  # a missing dependency (MuJoCo, ROMs) or an env that fails to build
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise OmnigymError(f"env {env_id} could not be made: {type(exc).__name__}: {detail}") from None
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    envs = RecordEpisodeStatistics(envs)
     if seed is not None:
         envs.action_space.seed(seed)
         envs.single_action_space.seed(seed)

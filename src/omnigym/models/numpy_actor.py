@@ -36,6 +36,8 @@ def _weights(linear: nn.Linear) -> tuple[np.ndarray, np.ndarray]:
 class NumpyActor:
     def __init__(self, torso: list, head: tuple, gaussian: bool, log_std: np.ndarray | None):
         self.torso, self.head, self.gaussian, self.log_std = torso, head, gaussian, log_std
+        self.std = None if log_std is None else np.exp(log_std)  # once per snapshot, not per step
+        self._rows = np.arange(0)
 
     @classmethod
     def of(cls, agent: ActorCritic) -> "NumpyActor | None":
@@ -53,17 +55,20 @@ class NumpyActor:
         return None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator, mask: np.ndarray | None = None):
-        """``(actions, log_probs)`` for a batch of observations (float32)."""
+        """``(actions, log_probs)`` for a batch of observations (float32). The layers write
+        in place into their own products (the same numbers, fewer allocations)."""
         x = obs.reshape(len(obs), -1)
         for weight, bias in self.torso:
-            x = np.tanh(x @ weight + bias)
-        out = x @ self.head[0] + self.head[1]
+            x = x @ weight
+            np.add(x, bias, out=x)
+            np.tanh(x, out=x)
+        out = x @ self.head[0]
+        np.add(out, self.head[1], out=out)
         if self.gaussian:
-            std = np.exp(self.log_std)
             noise = rng.standard_normal(out.shape, dtype=np.float32)
-            actions = out + std * noise
-            log_prob = (-0.5 * noise**2 - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-            return actions, log_prob.astype(np.float32)
+            actions = out + self.std * noise
+            log_prob = (-0.5 * (noise * noise) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+            return actions, log_prob.astype(np.float32, copy=False)
         if mask is not None:
             out = np.where(mask, out, np.float32(-1e8))
         shifted = out - out.max(-1, keepdims=True)
@@ -72,9 +77,12 @@ class NumpyActor:
         cdf = np.exp(log_probs).cumsum(-1)
         u = rng.random((len(out), 1), dtype=np.float32) * cdf[:, -1:]
         actions = np.minimum((cdf < u).sum(-1), out.shape[-1] - 1)
+        if len(self._rows) != len(out):
+            self._rows = np.arange(len(out))
+        rows = self._rows
         if mask is not None:  # rounding at a zero-probability edge must not pick an invalid action
-            actions = np.where(mask[np.arange(len(out)), actions], actions, log_probs.argmax(-1))
-        return actions, log_probs[np.arange(len(out)), actions].astype(np.float32)
+            actions = np.where(mask[rows, actions], actions, log_probs.argmax(-1))
+        return actions, log_probs[rows, actions].astype(np.float32, copy=False)
 
 
 def values_of(agent: ActorCritic, obs: np.ndarray, device) -> torch.Tensor:

@@ -96,28 +96,32 @@ class RolloutCollector:
     def collect(self, agent, global_step: int, values: bool = True) -> tuple[Rollout, int]:
         """Run ``num_steps`` vector steps with ``agent``; returns the rollout and the new step count.
         ``values`` False skips the critic where it is a separate call (a learner recomputes them)."""
-        space = self.envs.single_action_space
+        space, cursor, stats, scaler = self.envs.single_action_space, self.cursor, self.stats, self.reward_scaler
+        low, high = (space.low, space.high) if self.continuous else (None, None)
+        obs_buf, actions_buf, logprobs_buf, masks_buf = self.obs_buf, self.actions_buf, self.logprobs_buf, self.masks_buf
         actor = NumpyActor.of(agent)
         for t in range(self.num_steps):
-            self.obs_buf[t] = self.cursor.obs
+            obs_buf[t] = cursor.obs
             if actor is not None:
-                action, logprob = actor.act(self.obs_buf[t], self.rng, self.masks)
+                action, logprob = actor.act(obs_buf[t], self.rng, self.masks)
             else:
                 action, logprob = self._act_torch(agent, t)
-            self.actions_buf[t], self.logprobs_buf[t] = action, logprob
-            if self.masks is not None:
-                self.masks_buf[t] = self.masks
-            if self.continuous:  # the Gaussian is unbounded; the env sees actions inside its box
-                action = np.clip(action, space.low, space.high)
-            _, reward, terminated, truncated, info, valid = self.cursor.step(action)
-            global_step += int(valid.sum())
+            actions_buf[t], logprobs_buf[t] = action, logprob
+            if masks_buf is not None:
+                masks_buf[t] = self.masks
+            if low is not None:  # the Gaussian is unbounded; the env sees actions inside its box (np.clip's numbers)
+                action = np.minimum(np.maximum(action, low), high)
+            counted = cursor.steps
+            _, reward, terminated, truncated, info, valid = cursor.step(action)
+            global_step += cursor.steps - counted  # the valid steps, as the cursor counted them
             reward = np.asarray(reward, dtype=np.float32)
-            if self.reward_scaler is not None:
-                reward = self.reward_scaler(reward, terminated, valid)
+            if scaler is not None:
+                reward = scaler(reward, terminated, valid)
             self.valid_buf[t], self.rewards_buf[t] = valid, reward
             self.terminated_buf[t], self.truncated_buf[t] = terminated, truncated
-            self.stats.add(info, global_step)
-            self.masks = self._current_masks()
+            stats.add(info, global_step)
+            if self.action_masks is not None:
+                self.masks = self._current_masks()
         self.obs_buf[-1] = self.cursor.obs
         if values and actor is not None:  # every value at once
             flat_obs = self.obs_buf.reshape(-1, *self.obs_buf.shape[2:])
