@@ -55,28 +55,26 @@ class NumpyActor:
         return None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator, mask: np.ndarray | None = None):
-        """``(actions, log_probs)`` for a batch of observations (float32). The layers write
-        in place into their own products (the same numbers, fewer allocations)."""
+        """``(actions, log_probs)`` for a batch of observations (float32). Reductions call their
+        ufuncs directly: the same sums as ``ndarray.sum``/``max``, without their Python wrappers,
+        which on a few rows cost more than the sums (~25 numpy calls a step in all)."""
         x = obs.reshape(len(obs), -1)
         for weight, bias in self.torso:
-            x = x @ weight
-            np.add(x, bias, out=x)
-            np.tanh(x, out=x)
-        out = x @ self.head[0]
-        np.add(out, self.head[1], out=out)
+            x = np.tanh(x @ weight + bias)
+        out = x @ self.head[0] + self.head[1]
         if self.gaussian:
             noise = rng.standard_normal(out.shape, dtype=np.float32)
             actions = out + self.std * noise
-            log_prob = (-0.5 * (noise * noise) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+            log_prob = np.add.reduce(-0.5 * (noise * noise) - self.log_std - 0.5 * math.log(2 * math.pi), axis=-1)
             return actions, log_prob.astype(np.float32, copy=False)
         if mask is not None:
             out = np.where(mask, out, np.float32(-1e8))
-        shifted = out - out.max(-1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        shifted = out - np.maximum.reduce(out, axis=-1, keepdims=True)
+        log_probs = shifted - np.log(np.add.reduce(np.exp(shifted), axis=-1, keepdims=True))
         # Inverse-CDF sampling: one uniform draw per row.
         cdf = np.exp(log_probs).cumsum(-1)
         u = rng.random((len(out), 1), dtype=np.float32) * cdf[:, -1:]
-        actions = np.minimum((cdf < u).sum(-1), out.shape[-1] - 1)
+        actions = np.minimum(np.add.reduce(cdf < u, axis=-1), out.shape[-1] - 1)
         if len(self._rows) != len(out):
             self._rows = np.arange(len(out))
         rows = self._rows
