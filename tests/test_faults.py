@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from child_process import as_from_a_terminal
+from child_process import ForkedChild, as_from_a_terminal, run_forked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +105,7 @@ def commands(tmp: Path) -> dict[str, list[str]]:
         "sac": ["train", "sac", "--total-timesteps", "500", "--learning-starts", "100", "--batch-size", "32",
                 "--hidden", "32", "32", "--buffer-size", "1000", "--save-buffer", "--checkpoint-every", "150"],
         "sft": ["train", "sft", "--model", "tiny", "--data", "words", "--steps", "8", "--batch-size", "4",
-                "--eval-every", "4", "--checkpoint-every", "3"],
+                "--eval-every", "4", "--eval-size", "16", "--checkpoint-every", "3"],
         "dpo": ["train", "dpo", "--model", "tiny", "--data", str(pairs), "--eval-size", "8", "--steps", "6",
                 "--batch-size", "4", "--eval-every", "3", "--eval-prompts", "4", "--max-new-tokens", "4",
                 "--checkpoint-every", "2"],
@@ -121,15 +121,20 @@ def child_env(**extra) -> dict:
             "HF_HUB_OFFLINE": "1", "OMNIGYM_STOP_GRACE": "2", **extra}
 
 
-def start(args: list[str], **env) -> subprocess.Popen:
+def start(args: list[str], **env) -> ForkedChild:
+    """``python -c CHILD ARGS``, forked from a process that has torch and transformers imported
+    (tests/child_process.py: the same run, without 3-7 CPU-seconds of imports each time)."""
+    return ForkedChild(CHILD, args, child_env(**env))
+
+
+def start_afresh(args: list[str], **env) -> subprocess.Popen:
+    """``python -c CHILD ARGS`` in a new interpreter, for what happens during its imports."""
     return subprocess.Popen([sys.executable, "-c", CHILD, *args], env=child_env(**env), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
 
 
 def finish(args: list[str], timeout: float = 240, **env) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", CHILD, *args], env=child_env(**env), capture_output=True, text=True,
-                          timeout=timeout)
-    return done
+    return run_forked(CHILD, args, child_env(**env), timeout)
 
 
 def wait_for(process: subprocess.Popen, ready, timeout: float = 180) -> None:
@@ -336,8 +341,8 @@ def test_signal_during_the_first_imports_is_one_line(tmp_path, name):
     # ("Exception ignored in _get_module_lock"), leaving numpy half-imported: left alone, see the report.
     for delay in (0.0, 0.05, 0.15):
         run, marker = tmp_path / f"run{delay}", tmp_path / f"entered{delay}"
-        process = start(["train", "ppo", "--total-timesteps", "100000", "--run-dir", str(run), *QUIET],
-                        FAULT_HOOK="entered", FAULT_MARKER=str(marker))
+        process = start_afresh(["train", "ppo", "--total-timesteps", "100000", "--run-dir", str(run), *QUIET],
+                               FAULT_HOOK="entered", FAULT_MARKER=str(marker))
         wait_for(process, marker.exists)
         time.sleep(delay)
         process.send_signal(signal.Signals[name])
