@@ -1,7 +1,8 @@
 """Env throughput: each vector-env backend stepped raw, and omnigym's PPO rollout on it.
 
-For ALE/Pong-v5 x 8 envs and HalfCheetah-v5 x 1 and x 8 envs, on every backend available
-here (Atari: ale, envpool when installed, async, sync; MuJoCo: sync, async, native and
+For CartPole-v1 x 8, HalfCheetah-v5 x 1 and x 8, the Go2 locomotion task
+(omnigym/Go2-Velocity-Flat-v0) x 64 and ALE/Pong-v5 x 8 envs, on every backend available
+here (Atari: ale, envpool when installed, async, sync; the rest: sync, async, native and
 envpool where they have the env), three measurements, alternated (raw, stub, omnigym,
 raw, stub, omnigym, ...) ``--repeats`` times, median reported:
 
@@ -23,14 +24,17 @@ Steps are counted as vector-env calls x envs on every line (autoreset steps incl
 the three measure the same env work.
 
 The last table divides omnigym's rollout on ``--backend auto`` by the fastest raw backend:
-the documented target is >= 80%.
+the documented target is >= 80%. ``--quick`` (about 2 minutes) measures the MLP cases
+(CartPole, HalfCheetah x 1, Go2) on their ``auto`` backend only, with fewer steps. The
+machine's load average is printed with every repeat and with the tables: other work on
+the cores moves these figures more than anything measured here.
 
 EnvPool is not in omnigym's venv by default; ``--envpool-python PYTHON`` adds a raw-only
 ``envpool*`` row stepped by another interpreter that has it (e.g. the venv that
 bench/control_vs_cleanrl.py builds: EnvPool 0.8.4), with omnigym's EnvPool settings (the
 id's sticky actions; HalfCheetah as EnvPool's -v4, it has no -v5), alternated with the rest.
 
-    OMP_NUM_THREADS=1 python bench/env_throughput.py [--steps 8192] [--repeats 3]
+    OMP_NUM_THREADS=1 python bench/env_throughput.py [--quick] [--steps 8192] [--repeats 3]
         [--envpool-python bench/.cache/cleanrl-control-venv/bin/python]
 """
 
@@ -41,6 +45,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import io
+import os
 import statistics
 import subprocess
 import time
@@ -57,7 +62,13 @@ from omnigym.rl.rollout import RolloutCollector
 from omnigym.rl.running_stats import RewardScaler
 from omnigym.track.episodes import EpisodeStats
 
-CASES = [("ALE/Pong-v5", 8), ("HalfCheetah-v5", 1), ("HalfCheetah-v5", 8)]
+GO2 = "omnigym/Go2-Velocity-Flat-v0"
+CASES = [("CartPole-v1", 8), ("HalfCheetah-v5", 1), ("HalfCheetah-v5", 8), (GO2, 64), ("ALE/Pong-v5", 8)]
+QUICK = [("CartPole-v1", 8), ("HalfCheetah-v5", 1), (GO2, 64)]
+
+
+def load() -> str:
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def backends(env_id: str) -> list[str]:
@@ -195,14 +206,20 @@ class EnvPoolElsewhere:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=8192, help="env steps per measurement (calls x envs)")
+    parser.add_argument("--steps", type=int, help="env steps per measurement (calls x envs; 8192, --quick 4096)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--torch-threads", type=int, default=1, help="as omnigym's --torch-threads (default 1)")
-    parser.add_argument("--cases", nargs="+", default=[f"{e}x{n}" for e, n in CASES],
-                        help="ENV_IDxNUM_ENVS, e.g. ALE/Pong-v5x8 HalfCheetah-v5x1")
+    parser.add_argument("--cases", nargs="+", help="ENV_IDxNUM_ENVS, e.g. ALE/Pong-v5x8 HalfCheetah-v5x1 "
+                                                   "(default: all five; with --quick, the three MLP ones)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the auto backend only, 4096 steps and 3 repeats unless given: about 2 minutes")
     parser.add_argument("--envpool-python", help="an interpreter with EnvPool installed, for a raw envpool* row")
     args = parser.parse_args()
+    if args.cases is None:
+        args.cases = [f"{e}x{n}" for e, n in (QUICK if args.quick else CASES)]
+    if args.steps is None:
+        args.steps = 4096 if args.quick else 8192
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     if importlib.util.find_spec("envpool") is None and not args.envpool_python:
@@ -212,7 +229,7 @@ def main() -> None:
     for spec in args.cases:
         env_id, _, n = spec.rpartition("x")
         num_envs = int(n)
-        names = backends(env_id)
+        names = [auto_backend(env_id)] if args.quick else backends(env_id)
         print(f"\n== {env_id} x {num_envs}: {', '.join(names)}; {args.repeats} repeats of {args.steps} steps",
               flush=True)
         cases = {}
@@ -248,7 +265,8 @@ def main() -> None:
                 results[backend]["stub"].append(case.measure_collector(case.stub) if ours else nan)
                 results[backend]["omnigym"].append(case.measure_collector(case.agent) if ours else nan)
                 print(f"   rep {rep} {backend:8s} raw {results[backend]['raw'][-1]:8.0f}  stub "
-                      f"{results[backend]['stub'][-1]:8.0f}  omnigym {results[backend]['omnigym'][-1]:8.0f} steps/s",
+                      f"{results[backend]['stub'][-1]:8.0f}  omnigym {results[backend]['omnigym'][-1]:8.0f} steps/s  "
+                      f"({load()})",
                       flush=True)
         for case in cases.values():
             case.close()
@@ -261,7 +279,8 @@ def main() -> None:
             ours = med[auto]["omnigym"] if auto in med else float("nan")
             summary.append((f"{env_id} x {num_envs}", auto, ours, fastest, med[fastest]["raw"]))
 
-    print(f"\nmedian steps/s over {args.repeats} repeats of {args.steps} env steps, {args.torch_threads} torch thread(s)")
+    print(f"\nmedian steps/s over {args.repeats} repeats of {args.steps} env steps, {args.torch_threads} torch thread(s), "
+          f"{load()} at the end")
     print(f"{'case':20s} {'backend':8s} {'raw':>9s} {'stub':>9s} {'omnigym':>9s} {'stub/raw':>9s} {'omnigym/raw':>12s}")
     for case, backend, raw, stub, ours in rows:
         print(f"{case:20s} {backend:8s} {raw:9.0f} {stub:9.0f} {ours:9.0f} {stub / raw:8.0%} {ours / raw:11.0%}")
