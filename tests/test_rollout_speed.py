@@ -30,7 +30,12 @@ def test_make_vec_uses_the_cheaper_episode_statistics():
     envs.close()
 
 
-@pytest.mark.parametrize("make", [sync_cartpole, lambda n: gym.make_vec("CartPole-v1", n, "vector_entry_point")])
+def same_step_cartpole(n):  # gymnasium's own step, reached through the wrapper's fallback
+    return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+@pytest.mark.parametrize("make", [sync_cartpole, lambda n: gym.make_vec("CartPole-v1", n, "vector_entry_point"),
+                                  same_step_cartpole])
 def test_episode_statistics_equal_gymnasiums(make):
     ours, theirs = RecordEpisodeStatistics(make(4)), gym.wrappers.vector.RecordEpisodeStatistics(make(4))
     ours.reset(seed=3), theirs.reset(seed=3)
