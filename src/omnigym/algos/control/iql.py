@@ -95,35 +95,34 @@ def train(cfg: IQLConfig) -> dict:
                   "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "actor_schedule": actor_schedule}
     q_params, target_params = list(qf.parameters()), list(qf_target.parameters())
 
+    optimizers = (v_optimizer, q_optimizer, actor_optimizer)
+
     def update(batch: dict, step: int) -> dict:
         obs, actions = batch["obs"], batch["actions"]
-        # 1. V(s) toward the expectile of the target Q over the dataset's actions.
+        # The three losses share no parameter and none reads another's update (the targets, V(s')
+        # and the advantage weights are taken before any step), so one backward of their sum gives
+        # each network exactly the gradient of its own loss, as three backward passes would.
         with torch.no_grad():
             target_q = qf_target(obs, actions).min(0).values
             next_v = vf(batch["next_obs"])
+        # 1. V(s) toward the expectile of the target Q over the dataset's actions.
         advantage = target_q - vf(obs)
         v_loss = expectile_loss(advantage, cfg.expectile)
-        v_optimizer.zero_grad()
-        v_loss.backward()
-        v_optimizer.step()
-
-        # 2. The twin Q-functions toward r + gamma * V(s'); the targets follow.
+        # 2. The twin Q-functions toward r + gamma * V(s').
         target = batch["rewards"] + cfg.gamma * (1.0 - batch["terminated"]) * next_v
         q = qf(obs, actions)
         q_loss = (F.mse_loss(q[0], target) + F.mse_loss(q[1], target)) / 2
-        q_optimizer.zero_grad()
-        q_loss.backward()
-        q_optimizer.step()
-        with torch.no_grad():
-            torch._foreach_lerp_(target_params, q_params, cfg.tau)
-
         # 3. The actor: advantage-weighted regression onto the dataset's actions.
         weights = torch.exp(cfg.beta * advantage.detach()).clamp(max=cfg.exp_adv_max)
         actor_loss = -(weights * actor.log_prob(obs, actions)).mean()
-        actor_optimizer.zero_grad()
-        actor_loss.backward()
-        actor_optimizer.step()
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        (v_loss + q_loss + actor_loss).backward()
+        for optimizer in optimizers:
+            optimizer.step()
         actor_schedule.step()
+        with torch.no_grad():  # the target Q-networks follow
+            torch._foreach_lerp_(target_params, q_params, cfg.tau)
         return {"losses/value_loss": v_loss.detach(), "losses/qf_loss": q_loss.detach(),
                 "losses/actor_loss": actor_loss.detach(), "losses/qf1_values": q[0].detach().mean(),
                 "losses/advantage_weight": weights.mean()}

@@ -1,0 +1,138 @@
+"""The offline loop's speed paths keep the results: ``DatasetSampler`` draws the replay buffer's own
+batches (same random stream, same values and dtypes, Cal-QL's ``index`` included); IQL's one
+backward of its three summed losses takes the same step as CORL's three backward passes and three
+optimizer steps in turn; subnormal floats are flushed to zero while an offline run trains on the
+CPU, and not after it."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+minari = pytest.importorskip("minari")
+
+from omnigym.algos import iql, td3_bc  # noqa: E402
+from omnigym.offline import training  # noqa: E402
+from omnigym.offline.datasets import load_offline_data  # noqa: E402
+from omnigym.runs import collect  # noqa: E402
+
+SMALL = {"hidden": (32, 32), "batch_size": 16, "eval_every": 4, "log_every": 2, "eval_episodes": 1,
+         "checkpoint_every": 4, "progress": False, "plot": False, "tensorboard": False}
+SUBNORMAL = 1e-39  # below float32's smallest normal number, 1.18e-38
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("minari")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINARI_DATASETS_PATH", str(root))
+        collect(["random"], 3, "pendulum/random-v0", env_id="Pendulum-v1", seed=1, ref_max_score=-150.0,
+                reference_episodes=2)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def datasets_path(datasets, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(datasets))
+
+
+def subnormals_kept() -> bool:
+    return torch.tensor([SUBNORMAL]).mul(1.0).item() != 0.0
+
+
+def test_dataset_sampler_draws_the_buffers_own_batches():
+    data = load_offline_data(td3_bc.CONFIG(dataset="pendulum/random-v0"), "td3_bc")
+    sampler = training.DatasetSampler(data.buffer, torch.device("cpu"))
+    assert sampler.size == data.transitions
+    ours, theirs = np.random.default_rng(7), np.random.default_rng(7)
+    for batch_size in (5, 64, 600):
+        fast, reference = sampler.sample(batch_size, ours), data.buffer.sample(batch_size, theirs, with_index=True)
+        assert set(fast) == set(reference)
+        for key, expected in reference.items():
+            assert fast[key].dtype == expected.dtype and fast[key].shape == expected.shape, key
+            torch.testing.assert_close(fast[key], expected, rtol=0, atol=0)
+    assert ours.integers(1 << 30) == theirs.integers(1 << 30)  # the stream is where the buffer's would be
+
+
+def capture_first_update(monkeypatch, module, cfg):
+    """Train ``module`` for one step, handing back its ``update``, its components as they were
+    before that step and the batch it took."""
+    seen = {}
+    original = module.train_offline
+
+    def capturing(cfg, name, run, data, evaluator, components, update, act):
+        def first(batch, step):
+            if step == 0:
+                seen.update(before=copy.deepcopy({k: v for k, v in components.items()
+                                                  if isinstance(v, torch.nn.Module)}), batch=batch)
+            return update(batch, step)
+
+        seen["components"] = components
+        return original(cfg, name, run, data, evaluator, components, first, act)
+
+    monkeypatch.setattr(module, "train_offline", capturing)
+    module.train(cfg)
+    return seen
+
+
+def test_iqls_one_backward_steps_as_corls_three_updates(monkeypatch, tmp_path):
+    """CORL's order: V's loss, backward and Adam step; then Q's (toward r + gamma V(s') with V(s')
+    taken before V's step), the target networks; then the actor's with the advantage of before
+    V's step. Replayed here on copies of the networks as they were before step 1: the same
+    gradients and the same parameters after the step."""
+    cfg = iql.CONFIG(dataset="pendulum/random-v0", seed=3, total_timesteps=1, run_dir=str(tmp_path / "run"),
+                     **SMALL)
+    seen = capture_first_update(monkeypatch, iql, cfg)
+    nets, batch = seen["before"], seen["batch"]
+    start = copy.deepcopy(nets)
+    vf, qf, qf_target, actor = nets["vf"], nets["qf"], nets["qf_target"], nets["actor"]
+    adam = {name: torch.optim.Adam(nets[name].parameters(), lr=cfg.learning_rate) for name in ("vf", "qf", "actor")}
+    obs, actions = batch["obs"], batch["actions"]
+    with torch.no_grad():
+        target_q, next_v = qf_target(obs, actions).min(0).values, vf(batch["next_obs"])
+    advantage = target_q - vf(obs)
+    adam["vf"].zero_grad()
+    iql.expectile_loss(advantage, cfg.expectile).backward()
+    adam["vf"].step()
+    target = batch["rewards"] + cfg.gamma * (1.0 - batch["terminated"]) * next_v
+    q = qf(obs, actions)
+    adam["qf"].zero_grad()
+    ((F.mse_loss(q[0], target) + F.mse_loss(q[1], target)) / 2).backward()
+    adam["qf"].step()
+    with torch.no_grad():
+        for t, p in zip(qf_target.parameters(), qf.parameters()):
+            t.copy_((1 - cfg.tau) * t + cfg.tau * p)
+    weights = torch.exp(cfg.beta * advantage.detach()).clamp(max=cfg.exp_adv_max)
+    adam["actor"].zero_grad()
+    (-(weights * actor.log_prob(obs, actions)).mean()).backward()
+    adam["actor"].step()
+    trained = seen["components"]
+    for name in ("vf", "qf", "actor"):  # each network's gradient is its own loss's (Adam's first step alone is ~ its sign)
+        for expected, actual in zip(nets[name].parameters(), trained[name].parameters()):
+            torch.testing.assert_close(actual.grad, expected.grad, rtol=1e-5, atol=1e-7, msg=name)
+    for name in ("vf", "qf", "qf_target", "actor"):
+        for (key, expected), actual in zip(nets[name].state_dict().items(), trained[name].state_dict().values()):
+            torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7, msg=f"{name}.{key}")
+    for name in ("vf", "qf", "qf_target", "actor"):  # the step moved every network
+        assert not all(torch.equal(a, b) for a, b in zip(start[name].parameters(), nets[name].parameters())), name
+
+
+def test_subnormals_are_flushed_while_an_offline_run_trains_and_kept_after(monkeypatch, tmp_path):
+    during = []
+    original = td3_bc.train_offline
+
+    def watching(cfg, name, run, data, evaluator, components, update, act):
+        def watched(batch, step):
+            during.append(subnormals_kept())
+            return update(batch, step)
+
+        return original(cfg, name, run, data, evaluator, components, watched, act)
+
+    monkeypatch.setattr(td3_bc, "train_offline", watching)
+    assert subnormals_kept()
+    td3_bc.train(td3_bc.CONFIG(dataset="pendulum/random-v0", total_timesteps=3, run_dir=str(tmp_path / "run"),
+                               **SMALL))
+    assert during == [False, False, False]
+    assert subnormals_kept()
