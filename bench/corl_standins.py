@@ -114,12 +114,12 @@ class Timing:
     log is training only."""
 
     def __init__(self):
-        self.first = self.last = None
+        self.first = self.last = None  # (wall clock, this process's CPU time)
         self.first_step = self.last_step = 0
         self.scores: list[float] = []
 
     def log(self, values: dict, step: int | None = None) -> None:
-        now = time.perf_counter()
+        now = (time.perf_counter(), time.process_time())
         if "d4rl_normalized_score" in values:
             self.scores.append(float(values["d4rl_normalized_score"]))
             return
@@ -127,8 +127,11 @@ class Timing:
             self.first, self.first_step = now, step
         self.last, self.last_step = now, step
 
-    def seconds_per(self, steps: int) -> float:
-        return (self.last - self.first) / max(self.last_step - self.first_step, 1) * steps
+    def seconds_per(self, steps: int, cpu: bool = False) -> float:
+        """Wall-clock seconds per ``steps`` gradient steps; ``cpu``: this process's CPU seconds
+        (one thread: what the steps cost, less what other jobs on the machine took from them)."""
+        clock = 1 if cpu else 0
+        return (self.last[clock] - self.first[clock]) / max(self.last_step - self.first_step, 1) * steps
 
 
 def install(timing: Timing | None = None) -> Timing:

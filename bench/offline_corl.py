@@ -18,9 +18,12 @@ omnigym then CORL, and evaluate once at the end with ``--eval-episodes`` episode
 - **score**: the D4RL normalized score of that evaluation (each library's own evaluation loop, the
   same reference returns);
 - **s/100k**: wall-clock seconds per 100k gradient steps, measured over the run's steps and scaled,
-  evaluation and dataset loading excluded: omnigym's own ``perf/sps`` (logged just before the final
-  evaluation), CORL's time between its first and its last gradient step's ``wandb.log``;
-- **ratio**: CORL's time / omnigym's (above 1: omnigym is faster);
+  evaluation and dataset loading excluded, the same way on both sides: from the end of the first
+  gradient step to the end of the last (CORL's: its per-step ``wandb.log``; omnigym's: its
+  algorithm's ``update`` wrapped in the worker process);
+- **CPU s/100k**: the same span in the process's CPU time (one thread each): what the steps cost,
+  less what other jobs on a shared machine took from them;
+- **ratio**, **CPU ratio**: CORL's time / omnigym's (above 1: omnigym is faster);
 - the machine's load average (1 min) when each pair started and ended.
 
 The published CORL D4RL averages over Gym-MuJoCo locomotion (1M steps, D4RL's datasets) are printed
@@ -40,6 +43,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # corl_standins
 ALGOS = ("iql", "td3_bc")
 DATASETS = ("halfcheetah/medium-v0", "halfcheetah/medium-replay-v0", "hopper/medium-v0", "hopper/medium-replay-v0")
 PUBLISHED = {"iql": 81.6, "td3_bc": 76.5, "cql": 78.3}  # CORL's README: Gym-MuJoCo locomotion averages, D4RL v2
@@ -50,24 +54,54 @@ def one_thread_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def run_omnigym(dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="omnigym-bench-") as tmp:
-        run_dir = Path(tmp) / "run"
-        command = [sys.executable, "-m", "omnigym.cli", "train", algo, "--dataset", dataset, "--seed", str(seed),
-                   "--total-timesteps", str(steps), "--eval-every", str(steps), "--log-every", str(steps),
-                   "--checkpoint-every", str(steps), "--eval-episodes", str(eval_episodes), "--torch-threads", "1",
-                   "--run-dir", str(run_dir), "--no-progress", "--no-plot", "--no-tensorboard",
-                   "--normalize-reward" if NORMALIZE_REWARD[algo] else ""]
-        subprocess.run([c for c in command if c], check=True, env=one_thread_env(), stdout=subprocess.DEVNULL)
-        last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-1]
-    return {"score": last["eval/normalized_score"], "seconds_per_100k": 1e5 / last["perf/sps"]}
-
-
-def run_corl(corl: str, dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> dict:
-    command = [sys.executable, __file__, "--worker", "--corl", corl, "--datasets", dataset, "--algos", algo,
+def run_worker(side: str, corl: str, dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> dict:
+    """One run of one library in a fresh process (this file with ``--worker``); its score and times."""
+    command = [sys.executable, __file__, "--worker", side, "--corl", corl, "--datasets", dataset, "--algos", algo,
                "--seeds", str(seed), "--steps", str(steps), "--eval-episodes", str(eval_episodes)]
     out = subprocess.run(command, check=True, env=one_thread_env(), capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def result(score: float, timing) -> dict:
+    return {"score": score, "seconds_per_100k": timing.seconds_per(100_000),
+            "cpu_seconds_per_100k": timing.seconds_per(100_000, cpu=True)}
+
+
+def omnigym_worker(dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> None:
+    """In a fresh process: ``omnigym train ALGO`` through its CLI, each gradient step's end noted as
+    CORL's are (the algorithm's ``update`` wrapped); prints its score and time as JSON."""
+    import contextlib
+
+    import corl_standins
+
+    from omnigym.cli import main as omnigym_main
+
+    timing = corl_standins.Timing()
+    module = importlib.import_module(f"omnigym.algos.control.{algo}")
+    train_offline = module.train_offline
+
+    def timed_train_offline(cfg, name, run, data, evaluator, components, update, act):
+        def timed_update(batch, step):
+            losses = update(batch, step)
+            timing.log({}, step=step + 1)
+            return losses
+
+        return train_offline(cfg, name, run, data, evaluator, components, timed_update, act)
+
+    module.train_offline = timed_train_offline
+    with tempfile.TemporaryDirectory(prefix="omnigym-bench-") as tmp:
+        run_dir = Path(tmp) / "run"
+        command = ["train", algo, "--dataset", dataset, "--seed", str(seed), "--total-timesteps", str(steps),
+                   "--eval-every", str(steps), "--log-every", str(steps), "--checkpoint-every", str(steps),
+                   "--eval-episodes", str(eval_episodes), "--torch-threads", "1", "--run-dir", str(run_dir),
+                   "--no-progress", "--no-plot", "--no-tensorboard",
+                   "--normalize-reward" if NORMALIZE_REWARD[algo] else ""]
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is the result
+            code = omnigym_main([c for c in command if c])
+        if code:
+            sys.exit(code)
+        last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-1]
+    print(json.dumps(result(last["eval/normalized_score"], timing)))
 
 
 def corl_worker(corl: str, dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> None:
@@ -76,7 +110,6 @@ def corl_worker(corl: str, dataset: str, algo: str, seed: int, steps: int, eval_
 
     import torch
 
-    sys.path.insert(0, str(HERE))
     import corl_standins
 
     torch.set_num_threads(1)
@@ -88,7 +121,7 @@ def corl_worker(corl: str, dataset: str, algo: str, seed: int, steps: int, eval_
                                 device="cpu", normalize_reward=NORMALIZE_REWARD[algo], checkpoints_path=None)
     with contextlib.redirect_stdout(sys.stderr):  # CORL prints its progress; stdout is the result
         module.train(config)
-    print(json.dumps({"score": timing.scores[-1], "seconds_per_100k": timing.seconds_per(100_000)}))
+    print(json.dumps(result(timing.scores[-1], timing)))
 
 
 def check_corl(corl: str, algos) -> None:
@@ -100,13 +133,15 @@ def check_corl(corl: str, algos) -> None:
 
 def table(rows: list[dict]) -> str:
     lines = ["| dataset | algorithm | seed | omnigym score | CORL score | omnigym s/100k | CORL s/100k | ratio "
-             "| load start/end |", "|---|---|---|---|---|---|---|---|---|"]
+             "| omnigym CPU s/100k | CORL CPU s/100k | CPU ratio | load start/end |", "|---" * 12 + "|"]
     for r in rows:
-        lines.append(f"| {r['dataset']} | {r['algo']} | {r['seed']} | {r['omnigym']['score']:.1f} | "
-                     f"{r['corl']['score']:.1f} | {r['omnigym']['seconds_per_100k']:.0f} | "
-                     f"{r['corl']['seconds_per_100k']:.0f} | {r['ratio']:.2f}x | {r['load'][0]:.1f}/{r['load'][1]:.1f} |")
+        ours, theirs = r["omnigym"], r["corl"]
+        lines.append(f"| {r['dataset']} | {r['algo']} | {r['seed']} | {ours['score']:.1f} | {theirs['score']:.1f} | "
+                     f"{ours['seconds_per_100k']:.0f} | {theirs['seconds_per_100k']:.0f} | {r['ratio']:.2f}x | "
+                     f"{ours['cpu_seconds_per_100k']:.0f} | {theirs['cpu_seconds_per_100k']:.0f} | "
+                     f"{r['cpu_ratio']:.2f}x | {r['load'][0]:.1f}/{r['load'][1]:.1f} |")
     lines += ["", "| dataset | algorithm | omnigym score (mean ± std over seeds) | CORL score | ratio (median) "
-                  "| CORL published (D4RL, 1M steps) |", "|---|---|---|---|---|---|"]
+                  "| CPU ratio (median) | CORL published (D4RL, 1M steps) |", "|---|---|---|---|---|---|---|"]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         for algo in dict.fromkeys(r["algo"] for r in rows):
             group = [r for r in rows if r["dataset"] == dataset and r["algo"] == algo]
@@ -116,7 +151,8 @@ def table(rows: list[dict]) -> str:
             shown = {lib: f"{statistics.mean(s):.1f} ± {statistics.stdev(s):.1f}" if len(s) > 1 else f"{s[0]:.1f}"
                      for lib, s in spread.items()}
             lines.append(f"| {dataset} | {algo} | {shown['omnigym']} | {shown['corl']} | "
-                         f"{statistics.median(r['ratio'] for r in group):.2f}x | {PUBLISHED[algo]} (average) |")
+                         f"{statistics.median(r['ratio'] for r in group):.2f}x | "
+                         f"{statistics.median(r['cpu_ratio'] for r in group):.2f}x | {PUBLISHED[algo]} (average) |")
     lines.append(f"\nCORL's published Gym-MuJoCo averages: IQL {PUBLISHED['iql']}, TD3+BC {PUBLISHED['td3_bc']}, "
                  f"CQL {PUBLISHED['cql']} (D4RL v2 datasets, 1M gradient steps; for orientation only)")
     return "\n".join(lines)
@@ -131,21 +167,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20_000, help="gradient steps of each run")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--out", help="also write the rows as JSON here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("omnigym", "corl"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     check_corl(args.corl, args.algos)
     if args.worker:
-        corl_worker(args.corl, args.datasets[0], args.algos[0], args.seeds[0], args.steps, args.eval_episodes)
+        run = (lambda *a: corl_worker(args.corl, *a)) if args.worker == "corl" else omnigym_worker
+        run(args.datasets[0], args.algos[0], args.seeds[0], args.steps, args.eval_episodes)
         return
     rows = []
     for dataset in args.datasets:
         for algo in args.algos:
             for seed in args.seeds:
                 load_start = os.getloadavg()[0]
-                ours = run_omnigym(dataset, algo, seed, args.steps, args.eval_episodes)
-                theirs = run_corl(args.corl, dataset, algo, seed, args.steps, args.eval_episodes)
+                ours, theirs = (run_worker(side, args.corl, dataset, algo, seed, args.steps, args.eval_episodes)
+                                for side in ("omnigym", "corl"))
                 row = {"dataset": dataset, "algo": algo, "seed": seed, "steps": args.steps, "omnigym": ours,
                        "corl": theirs, "ratio": theirs["seconds_per_100k"] / ours["seconds_per_100k"],
+                       "cpu_ratio": theirs["cpu_seconds_per_100k"] / ours["cpu_seconds_per_100k"],
                        "load": (load_start, os.getloadavg()[0])}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
