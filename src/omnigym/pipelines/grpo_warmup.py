@@ -33,7 +33,8 @@ from omnigym.inference.engine import SamplingParams
 from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
 from omnigym.models.tokens import batch_logprobs, local_batch
 from omnigym.optim import adamw
-from omnigym.pipelines.stages import export_model_folder, finished_stage
+from omnigym.pipelines.stages import (RANDOM_STATE, export_model_folder, finished_stage, go_on_from_random_state,
+                                      keep_random_state)
 from omnigym.rl.losses import check_finite, nll_loss
 from omnigym.tasks.sft_data import to_sequence
 from omnigym.track.progress import ProgressBar
@@ -60,6 +61,7 @@ def warm_up(cfg, run, env, correct, train_set: list[dict]) -> Path:
     stage = run.dir / STAGES_FOLDER / STAGE
     if finished_stage(stage, settings(cfg)):
         run.say(f"warm-up: reusing {stage}")
+        go_on_from_random_state(stage / RANDOM_STATE)  # GRPO then samples what it sampled after making it
         return stage / "model"
     # a misspelt --model, a broken template or an impossible --max-new-tokens: one line, nothing written
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
@@ -122,6 +124,7 @@ def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy,
     whole = trainer.full_model()  # every process takes part (FSDP2 gathers); the first gets it
     if whole is not None:
         export_model_folder(whole, tokenizer, stage / "model")
+        keep_random_state(stage / RANDOM_STATE)
         write_atomically(stage / "config.json", json.dumps(settings(cfg), indent=1).encode())  # last: finished
     barrier()  # the other processes load the folder the first one wrote
     return step, metrics["sft/val_accuracy"]

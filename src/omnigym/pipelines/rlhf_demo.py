@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from omnigym.pipelines.stages import go_on_from_random_state, keep_random_state
 from omnigym.track.files import DiskFault, load_config_dict, write_atomically
 from omnigym.track.run import MODEL_FOLDER, STAGES_FOLDER, Run
 
@@ -31,6 +32,8 @@ RM_STEPS = 100
 PAIR_PROMPTS = 2000
 REPLY_TOKENS = 40
 GOLD_REWARD = "gold_vowels"
+PAIRS_RANDOM_STATE = "pairs_random_state.pt"
+"""the random state sampling the pairs left (pipelines/stages.py): reusing them goes on from it"""
 
 
 @dataclass
@@ -68,6 +71,8 @@ def prepare(cfg, run: Run, sft: ModuleType, rm: ModuleType | None = None) -> Sta
             run.say(f"demo stage 2: {PAIR_PROMPTS} pairs of SFT replies, labelled by the hidden gold rule -> "
                     f"{stages.pairs}")
             write_gold_pairs(stages.sft, stages.pairs, cfg.seed, cfg.device)
+        else:  # the SFT and RM stages run in scopes of their own; sampling the pairs moved the random state
+            go_on_from_random_state(root / PAIRS_RANDOM_STATE)
         if reward_model and not finished(stages.reward_model, cfg.seed):
             run.say(f"demo stage 3: a reward model on those pairs -> {stages.reward_model}")
             rm.train(rm.CONFIG(data=str(stages.pairs), model=str(stages.sft), run_dir=str(stages.reward_model), steps=RM_STEPS,
@@ -144,5 +149,6 @@ def write_gold_pairs(sft_dir: Path, out: Path, seed: int, device: str) -> None:
     replies = [tuple(tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in group) for group in samples]
     pairs = label_pairs(rows, replies)
     out.parent.mkdir(parents=True, exist_ok=True)
+    keep_random_state(out.parent / PAIRS_RANDOM_STATE)  # before the pairs: reused pairs always have it
     # whole or absent: a reused pairs file is never half-written
     write_atomically(out, "".join(json.dumps(pair) + "\n" for pair in pairs).encode())
