@@ -140,10 +140,10 @@ def test_reinforce_on_text_learns_a_keyword(tmp_path):
 
 @pytest.mark.slow
 def test_demo_grpo_raises_heldout_accuracy(tmp_path):
-    """The offline demo as it runs by default (50 GRPO steps since 2026-11-28), seed 1
-    (docs/benchmarks.md). Measured with `omnigym train grpo --steps 50 --seed 1`, one thread:
-    held-out accuracy 0.240 -> 0.404 at 8f17a71, 0.240 -> 0.442 at 26f03ff (the kv sampler's
-    shared prompts round differently); asked: +0.10. It ran 100 steps (0.240 -> 0.466 in an
+    """The offline demo's settings, seed 1, with 50 GRPO steps instead of 400 (the whole demo is
+    in docs/benchmarks.md). Measured with `omnigym train grpo --steps 50 --seed 1` in a fresh run
+    directory, one thread: held-out accuracy 0.240 -> 0.404 at 8f17a71 and again at 26f03ff
+    (the kv sampler's shared prompts); asked: +0.10. It ran 100 steps (0.240 -> 0.466 in an
     earlier measurement) at 6.8 minutes, the suite's longest test, for a claim that 50 steps
     already show with 6 points to spare."""
     summary = grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path), steps=50, progress=False, plot=False,

@@ -64,9 +64,7 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
     """rewards on the steps inside a reply, name:weight (prm:RUN_DIR:1.0, a model of omnigym train prm): each
     step's score on the token that ends it, beside --rewards' outcome; read apart by --advantage process
     (docs/prm.md)"""
-    steps: int = 50
-    """GRPO steps. 50 keeps the offline demo (its warm-up included) near 5 minutes on one core: seed 1 went
-    0.240 -> 0.442 held-out accuracy in 50 steps and 0.492 in 150 (docs/benchmarks.md)"""
+    steps: int = 400
     prompts_per_step: int = 16
     group_size: int = 8
     learning_rate: float = 1e-4
