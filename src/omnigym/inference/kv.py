@@ -13,14 +13,13 @@ other architectures) goes to ``HFEngine``: ``omnigym.inference.make_engine`` pic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from omnigym.backends import whole_weights
 from omnigym.errors import OmnigymError
 from omnigym.inference.engine import BatchedEngine, SamplingParams, drawn_logprobs, processed_logits
+from omnigym.inference.llama_stack import Dimensions, decoder_stack, fused_layers, rotary_tables
 from omnigym.models.tokens import distinct_rows, left_pad
 
 FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -45,26 +44,6 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-@dataclass
-class _Layer:
-    input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    out: torch.Tensor
-    out_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
-
-
-def _cat(*tensors):
-    return None if tensors[0] is None else torch.cat(tensors)
-
-
 class LlamaFamilyEngine(BatchedEngine):
     def __init__(self, model, tokenizer, batch_size: int = 256):
         reason = unsupported_reason(model)
@@ -72,34 +51,16 @@ class LlamaFamilyEngine(BatchedEngine):
             raise OmnigymError(f"--engine kv cannot run this model: {reason}; use --engine hf")
         super().__init__(model, tokenizer, batch_size)
 
-    def _snapshot(self) -> list[_Layer]:
-        """Fused projection weights (q|k|v and gate|up) of the model as it is now."""
-        layers = []
-        for layer in self.model.model.layers:
-            a, m = layer.self_attn, layer.mlp
-            layers.append(_Layer(
-                layer.input_layernorm.weight,
-                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
-                a.q_norm.weight if hasattr(a, "q_norm") else None, a.k_norm.weight if hasattr(a, "k_norm") else None,
-                a.o_proj.weight, a.o_proj.bias,
-                layer.post_attention_layernorm.weight,
-                torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias),
-                m.down_proj.weight, m.down_proj.bias))
-        return layers
-
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams):
         with whole_weights(self.model):  # DeepSpeed ZeRO-3 partitions them at rest: gathered for the batch
             return self._sample(prompts, params)
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams):
-        config, backbone = self.model.config, self.model.model
+        backbone = self.model.model
         device = backbone.embed_tokens.weight.device
-        heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or \
-            config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        eps = config.rms_norm_eps
-        layers = self._snapshot()
+        dims = Dimensions.of(self.model.config)
+        kv_heads, head_dim = dims.kv_heads, dims.head_dim
+        layers = fused_layers(self.model)
         batch, width = len(prompts), max(map(len, prompts))
         total = width + params.max_new_tokens
 
@@ -122,38 +83,21 @@ class LlamaFamilyEngine(BatchedEngine):
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
         mask = (causal & valid[:, None, None, :width]) | torch.eye(width, dtype=torch.bool, device=device)
 
-        # The rotary angles of every position, once: a position's cos and sin depend on it alone.
-        cos_table, sin_table = (t[0] for t in backbone.rotary_emb(
-            torch.zeros(1, 1, dtype=dtype, device=device), torch.arange(total, device=device)[None]))
+        cos_table, sin_table = rotary_tables(backbone, total)
 
         def forward(ids: torch.Tensor, start: int, pos: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-            x = backbone.embed_tokens(ids)
-            cos, sin = cos_table[pos].unsqueeze(2), sin_table[pos].unsqueeze(2)  # broadcast over heads
-            end, q_width = start + ids.shape[1], heads * head_dim
-            for i, w in enumerate(layers):
-                h = F.rms_norm(x, (x.shape[-1],), w.input_norm, eps)
-                qkv = F.linear(h, w.qkv, w.qkv_bias).unflatten(-1, (heads + 2 * kv_heads, head_dim))
-                qk, v = qkv[:, :, :heads + kv_heads], qkv[:, :, heads + kv_heads:]
-                if w.q_norm is not None:
-                    qk = torch.cat([F.rms_norm(qk[:, :, :heads], (head_dim,), w.q_norm, eps),
-                                    F.rms_norm(qk[:, :, heads:], (head_dim,), w.k_norm, eps)], 2)
-                half = head_dim // 2
-                qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
-                q = qk[:, :, :heads].transpose(1, 2)
+            end = start + ids.shape[1]
+
+            def attend(i, q, k, v):
                 if shared is not None and start >= width:  # a decoding step of rows that share their prompts
-                    shared.keys[i][:, :, start - width] = qk[:, 0, heads:]
-                    shared.values[i][:, :, start - width] = v[:, 0]
-                    attn = shared.attend(q, i, start - width + 1, cache_k[i][:, :, :width], cache_v[i][:, :, :width])
-                else:
-                    cache_k[i][:, :, start:end] = qk[:, :, heads:].transpose(1, 2)
-                    cache_v[i][:, :, start:end] = v.transpose(1, 2)
-                    attn = F.scaled_dot_product_attention(q, cache_k[i][:, :, :end], cache_v[i][:, :, :end],
-                                                          attn_mask=attn_mask, enable_gqa=heads != kv_heads)
-                x = x + F.linear(attn.transpose(1, 2).reshape(*x.shape[:2], q_width), w.out, w.out_bias)
-                h = F.rms_norm(x, (x.shape[-1],), w.post_norm, eps)
-                gate, up = F.linear(h, w.gate_up, w.gate_up_bias).chunk(2, -1)
-                x = x + F.linear(F.silu(gate) * up, w.down, w.down_bias)
-            x = F.rms_norm(x[:, -1], (x.shape[-1],), backbone.norm.weight, eps)
+                    shared.keys[i][:, :, start - width], shared.values[i][:, :, start - width] = k[:, :, 0], v[:, :, 0]
+                    return shared.attend(q, i, start - width + 1, cache_k[i][:, :, :width], cache_v[i][:, :, :width])
+                cache_k[i][:, :, start:end], cache_v[i][:, :, start:end] = k, v
+                return F.scaled_dot_product_attention(q, cache_k[i][:, :, :end], cache_v[i][:, :, :end],
+                                                      attn_mask=attn_mask, enable_gqa=dims.heads != kv_heads)
+
+            x = decoder_stack(backbone.embed_tokens(ids), layers, cos_table[pos], sin_table[pos], dims, attend)
+            x = F.rms_norm(x[:, -1], (x.shape[-1],), backbone.norm.weight, dims.eps)
             return self.model.lm_head(x).float()
 
         logits = forward(tokens, 0, positions, mask)[rows]

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from omnigym.inference.engine import SamplingParams, drawn_logprobs, processed_logits
 from omnigym.inference.kv import unsupported_reason
+from omnigym.inference.llama_stack import Dimensions, decoder_stack, fused_layers, rotary_tables
 from omnigym.serve.contract import RequestError
 
 _ADAPTED = re.compile(r"model\.layers\.(\d+)\.(?:self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|"
@@ -95,26 +96,6 @@ class LoRADeltas:
                     rank += pa.shape[0]
                 self.fused[(layer, kind)] = (a, b)
         return self
-
-
-@dataclass
-class _Layer:
-    input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    out: torch.Tensor
-    out_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
-
-
-def _cat(*tensors):
-    return None if tensors[0] is None else torch.cat(tensors)
 
 
 @dataclass
@@ -206,10 +187,9 @@ class MultiLoRAEngine:
         self.model, self.pad_id, self.eos_id = model, pad_id, eos_id
         self.cache = prefix_cache
         config = model.config
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.eps = config.rms_norm_eps
+        self.dims = Dimensions.of(config)
+        self.heads, self.kv_heads, self.head_dim, self.eps = (self.dims.heads, self.dims.kv_heads, self.dims.head_dim,
+                                                              self.dims.eps)
         self.prefilled_tokens = 0
         """prompt tokens run through the model (not those taken from the prefix cache)"""
         self.largest_batch = 0
@@ -217,26 +197,14 @@ class MultiLoRAEngine:
         backbone = model.model
         self.device, self.dtype = backbone.embed_tokens.weight.device, backbone.embed_tokens.weight.dtype
         with torch.no_grad():
-            self.layers = [self._fused(layer) for layer in backbone.layers]
-            most = int(getattr(config, "max_position_embeddings", 0) or 4096)
-            self.cos, self.sin = (t[0] for t in backbone.rotary_emb(
-                torch.zeros(1, 1, dtype=self.dtype, device=self.device), torch.arange(most, device=self.device)[None]))
+            self.layers = fused_layers(model)
+            self.cos, self.sin = rotary_tables(backbone, int(getattr(config, "max_position_embeddings", 0) or 4096))
         inner = backbone.layers[0].mlp.gate_proj.weight.shape[0]
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         # where each projection's output sits in the fused products (None: the whole output)
         self.splits = {"qkv": (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)),
                        "out": (("o_proj", 0, None),), "gate_up": (("gate_proj", 0, inner), ("up_proj", inner, inner)),
                        "down": (("down_proj", 0, None),)}
-
-    @staticmethod
-    def _fused(layer) -> _Layer:
-        a, m = layer.self_attn, layer.mlp
-        return _Layer(layer.input_layernorm.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                      _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
-                      a.q_norm.weight if hasattr(a, "q_norm") else None,
-                      a.k_norm.weight if hasattr(a, "k_norm") else None, a.o_proj.weight, a.o_proj.bias,
-                      layer.post_attention_layernorm.weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                      _cat(m.gate_proj.bias, m.up_proj.bias), m.down_proj.weight, m.down_proj.bias)
 
     def deltas(self, tensors: dict[str, torch.Tensor], scaling: float) -> LoRADeltas:
         """A saved adapter's tensors, checked against this base and fused as its products are."""
@@ -277,24 +245,11 @@ class MultiLoRAEngine:
     def _stack(self, ids, positions, segments, attend) -> torch.Tensor:
         """The hidden states after the last layer, ``[rows, width, hidden]``; ``attend(layer, q,
         k, v)`` writes the keys and values into each request's cache and returns its attention."""
-        x = self.model.model.embed_tokens(ids)
-        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
-        heads, kv_heads, half = self.heads, self.kv_heads, self.head_dim // 2
-        for i, w in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), w.input_norm, self.eps)
-            qkv = self._linear(h, w.qkv, w.qkv_bias, segments, i, "qkv").unflatten(-1, (heads + 2 * kv_heads,
-                                                                                        self.head_dim))
-            qk, v = qkv[:, :, :heads + kv_heads], qkv[:, :, heads + kv_heads:]
-            if w.q_norm is not None:
-                qk = torch.cat([F.rms_norm(qk[:, :, :heads], (self.head_dim,), w.q_norm, self.eps),
-                                F.rms_norm(qk[:, :, heads:], (self.head_dim,), w.k_norm, self.eps)], 2)
-            qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
-            attn = attend(i, qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2), v.transpose(1, 2))
-            x = x + self._linear(attn.transpose(1, 2).flatten(2), w.out, w.out_bias, segments, i, "out")
-            h = F.rms_norm(x, (x.shape[-1],), w.post_norm, self.eps)
-            gate, up = self._linear(h, w.gate_up, w.gate_up_bias, segments, i, "gate_up").chunk(2, -1)
-            x = x + self._linear(F.silu(gate) * up, w.down, w.down_bias, segments, i, "down")
-        return x
+        def linear(x, weight, bias, layer: int, kind: str):
+            return self._linear(x, weight, bias, segments, layer, kind)
+
+        return decoder_stack(self.model.model.embed_tokens(ids), self.layers, self.cos[positions], self.sin[positions],
+                             self.dims, attend, linear)
 
     def _head(self, x, segments) -> torch.Tensor:
         x = F.rms_norm(x, (x.shape[-1],), self.model.model.norm.weight, self.eps)
