@@ -93,15 +93,22 @@ class SamplerPool:
 
     # -- the batched path ------------------------------------------------------------------------
 
-    def _deltas(self, model_id: str, name: str | None, load) -> LoRADeltas:
+    def _deltas(self, model_id: str, name: str | None, load, version: int | None = None) -> LoRADeltas:
+        """``load()``'s adapter, kept for the next request unless the weights were written again
+        since ``version`` (default: now) was read: a save on the worker thread can land while
+        this thread reads the files, and what it read then must not outlive that request."""
         key = (model_id, name or "")
         with self._lock:
+            if version is None:
+                version = self._versions.get(key, 0)
             if key in self._adapters:
                 self._adapters.move_to_end(key)
                 return self._adapters[key]
         tensors, scaling = load()
         deltas = self.batcher.deltas(tensors, scaling)
         with self._lock:
+            if self._versions.get(key, 0) != version:
+                return deltas
             self._adapters[key] = deltas
             while len(self._adapters) > ADAPTERS_KEPT:
                 self._adapters.popitem(last=False)
@@ -121,9 +128,11 @@ class SamplerPool:
         if not self.batched:  # one at a time: this path seeds the process's global RNG
             with self._alone:
                 return self.sample(self.model_for(model_id, name, load), prompt, n, params)
-        lora = None if model_id is None else self._deltas(model_id, name, load)
+        # the version before the files are read: prefixes computed with weights that a save
+        # replaced meanwhile go under the old version, which no later request asks for
         with self._lock:
             version = self._versions.get((model_id, name or ""), 0)
+        lora = None if model_id is None else self._deltas(model_id, name, load, version)
         key = None if session is None else (session, model_id, name or "", version)
         job = Job(list(prompt), n, self._settings(params), self._seed(params), lora, key, bool(params.prompt_logprobs))
         self._submit(job)
@@ -212,13 +221,18 @@ class SamplerPool:
         if model_id is None:
             return self.base
         key = (model_id, name or "")
-        if key in self._merged:
-            self._merged.move_to_end(key)
-            return self._merged[key]
+        with self._lock:
+            version = self._versions.get(key, 0)
+            if key in self._merged:
+                self._merged.move_to_end(key)
+                return self._merged[key]
         merged = self._merge(*load())
-        self._merged[key] = merged
-        while len(self._merged) > self.keep:
-            self._merged.popitem(last=False)
+        with self._lock:
+            if self._versions.get(key, 0) != version:  # saved again while read: not kept (see _deltas)
+                return merged
+            self._merged[key] = merged
+            while len(self._merged) > self.keep:
+                self._merged.popitem(last=False)
         return merged
 
     @torch.no_grad()
