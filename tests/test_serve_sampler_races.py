@@ -4,6 +4,9 @@ request read before the save may outlive it: not its adapter, not its prefixes' 
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 import torch
 
@@ -11,7 +14,7 @@ pytest.importorskip("peft")
 
 from omnigym.inference.engine import SamplingParams  # noqa: E402
 from omnigym.models.lm import build_tiny_model  # noqa: E402
-from omnigym.serve.contract import AdamStep, DatumIn, SampleParams  # noqa: E402
+from omnigym.serve.contract import AdamStep, DatumIn, SampleParams, SamplerSource  # noqa: E402
 from omnigym.serve.hub import ModelHub  # noqa: E402
 from omnigym.serve.multilora import Job  # noqa: E402
 from omnigym.serve.sampler import read_adapter  # noqa: E402
@@ -88,3 +91,54 @@ def test_the_one_at_a_time_path_keeps_no_merge_of_overwritten_weights_either(tin
     probe = torch.tensor([PROMPT])
     # before: the merge of the overwritten files stayed kept under the name
     assert torch.equal(used(probe).logits, fresh(probe).logits)
+
+
+class SpyLock:
+    """A lock that says when a thread other than the test's own waits for it."""
+
+    def __init__(self, other_waits: threading.Event):
+        self.lock, self.other_waits, self.mine = threading.Lock(), other_waits, threading.get_ident()
+
+    def __enter__(self):
+        if threading.get_ident() != self.mine:
+            self.other_waits.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def test_a_request_for_weights_being_saved_again_under_their_name_waits_for_the_new_files(tiny, tmp_path,
+                                                                                        monkeypatch):
+    """save_weights_for_sampler moves the old folder aside, then the new one in: a sampling
+    thread that looked between the two found no weights (404) or failed reading them (500)."""
+    import omnigym.serve.hub as hub_module
+
+    hub = ModelHub(tiny, tmp_path / "hub")
+    hub.create_model("a", 4, seed=1)
+    step(hub, "a")
+    hub.save("a", "w", "sampler")
+    moved = threading.Event()  # the sampling thread waits for the files, or has failed
+    hub._files = SpyLock(moved)
+    outcome: dict = {}
+
+    def sample():
+        try:
+            outcome["result"] = hub.sample(SamplerSource("a", "w"), PROMPT, 1, SampleParams(max_tokens=3, seed=0))
+        except Exception as exc:  # what the client would have got
+            outcome["error"] = exc
+        moved.set()
+
+    real, reader = os.replace, threading.Thread(target=sample)
+
+    def replace(src, dst):
+        real(src, dst)
+        if str(dst).endswith(f".old-w-{os.getpid()}") and not reader.is_alive():
+            reader.start()  # the old folder is aside, the new one not yet in
+            assert moved.wait(120), "the sampling thread neither waited nor failed"
+
+    monkeypatch.setattr(hub_module.os, "replace", replace)
+    hub.save("a", "w", "sampler")
+    reader.join(120)
+    assert "error" not in outcome, outcome.get("error")
+    assert len(outcome["result"].sequences[0].tokens) == 3

@@ -17,7 +17,9 @@ What crosses it (plain Python and torch; no HTTP, no pydantic, no ``tinker`` typ
 The HTTP layer owns identities and paths: it decides who may touch which model id and maps a
 ``tinker://`` path onto (model id, kind, name) after checking the caller owns it; the hub gets
 only those validated parts (never a path a request wrote) and keeps its files under ``root``.
-Every hub call runs on one worker thread (the HTTP layer's queue), so the hub needs no locks.
+Every hub call but ``sample`` runs on one worker thread (the HTTP layer's queue); ``sample``
+runs on sampling threads beside it, so what it shares with ``save`` (the checkpoint folders,
+the sampler's caches) is locked.
 A mistake in a request is a ``RequestError`` (HTTP 400 with its message; ``status`` may say
 404 or 413); anything else is the server's own fault (500).
 """

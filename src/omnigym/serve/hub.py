@@ -22,6 +22,7 @@ import math
 import os
 import re
 import shutil
+import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -118,6 +119,10 @@ class ModelHub:
         self._sampler = SamplerPool(model, self.tokenizer, engine, sampler_cache, prefix_cache_bytes)
         self._runs: dict[str, _Run] = {}
         self._made = 0
+        self._files = threading.Lock()
+        """held while save swaps a checkpoint's folder (the old one aside, then the new one in) and
+        while a sampling thread reads sampler weights: between the two renames the folder is
+        absent, and a request that looked then failed for weights that exist"""
 
     @property
     def _peft(self):
@@ -289,9 +294,10 @@ class ModelHub:
                 with open(file, "rb") as f:
                     os.fsync(f.fileno())
             old = final.with_name(f".old-{name}-{os.getpid()}")
-            if final.exists():
-                os.replace(final, old)
-            os.replace(tmp, final)
+            with self._files:
+                if final.exists():
+                    os.replace(final, old)
+                os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -344,11 +350,14 @@ class ModelHub:
         if source.model_id is None:
             return self._sampler.sample_from(None, None, None, prompt, n, params, source.session)
         folder = self._folder(source.model_id, "sampler", source.name or "")
-        if not (folder / "adapter.safetensors").is_file():
+        with self._files:
+            found = (folder / "adapter.safetensors").is_file()
+        if not found:
             raise RequestError(f"no sampler weights {source.name!r} of model {source.model_id!r}", status=404)
 
         def load():
-            tensors, meta = read_adapter(folder)
+            with self._files:
+                tensors, meta = read_adapter(folder)
             return tensors, meta["lora_alpha"] / meta["rank"]
 
         return self._sampler.sample_from(source.model_id, source.name, load, prompt, n, params, source.session)
