@@ -142,3 +142,36 @@ def test_a_request_for_weights_being_saved_again_under_their_name_waits_for_the_
     reader.join(120)
     assert "error" not in outcome, outcome.get("error")
     assert len(outcome["result"].sequences[0].tokens) == 3
+
+
+class NoStore:
+    def finish_future(self, *args):
+        pass
+
+    def fail_future(self, *args):
+        pass
+
+
+def test_sampling_that_waits_for_its_own_runs_training_holds_no_thread_another_client_needs():
+    """A sampling request over a run's weights waits for that run's training jobs queued before
+    it; it used to wait on one of the sampling threads, so a client that sent as many such
+    requests as there are threads (an RL loop pipelining its next batch behind its step) held up
+    every other client's sampling until its own training finished."""
+    import asyncio
+
+    from omnigym.serve.worker import Worker
+
+    async def scenario() -> bool:
+        worker = Worker(None, NoStore(), session_ttl_s=0, sampling_threads=2)
+        step_may_end, bob_sampled = threading.Event(), threading.Event()
+        try:
+            worker.submit("alice-step", lambda: (step_may_end.wait(600), ("x", b""))[1], model_id="alice-run")
+            for i in range(2):  # alice's samples come after her step (her run's order)
+                worker.submit_sampling(f"alice-{i}", lambda: ("x", b""), after="alice-run")
+            worker.submit_sampling("bob", lambda: (bob_sampled.set(), ("x", b""))[1])
+            return bob_sampled.wait(60)  # before: never, both threads waited for alice's step
+        finally:
+            step_may_end.set()
+            worker.stop()
+
+    assert asyncio.run(scenario())

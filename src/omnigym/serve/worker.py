@@ -14,8 +14,9 @@ Sampling jobs do not wait in that queue: each runs on a thread of its own (at mo
 sampling requests in flight, so a long ``forward_backward`` of one run does not hold up any
 client's sampling. A sampling job over a run's saved weights first waits for the training jobs
 of that run submitted before it (a ``save_weights_for_sampler`` the client did not wait for
-still comes first); sampling reads only saved adapters and the frozen base, never a run's live
-weights, so it cannot change or see any run's training.
+still comes first), parked off the threads meanwhile, so that one client's waiting requests
+never take the threads other clients' sampling needs; sampling reads only saved adapters and
+the frozen base, never a run's live weights, so it cannot change or see any run's training.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ class Worker:
         # sampling jobs that must come after them
         self._submitted: Counter = Counter()
         self._ran: Counter = Counter()
-        self._ran_changed = threading.Condition()
+        self._ran_changed = threading.Lock()
+        self._parked: list[tuple[str, Job, str, int]] = []
+        """sampling jobs (future id, job, run, mark) waiting until that run has run ``mark`` jobs"""
         self._sampling = ThreadPoolExecutor(sampling_threads, thread_name_prefix="omnigym-serve-sample")
         self._thread = threading.Thread(target=self._loop, name="omnigym-serve-worker", daemon=True)
         self._thread.start()
@@ -76,14 +79,10 @@ class Worker:
         with self._events_lock:
             self._events[future_id] = (loop, asyncio.Event())
         with self._ran_changed:
-            mark = self._submitted[after] if after is not None else 0
-        self._sampling.submit(self._sample, future_id, job, after, mark)
-
-    def _sample(self, future_id: str, job: Job, after: str | None, mark: int) -> None:
-        if after is not None:
-            with self._ran_changed:
-                self._ran_changed.wait_for(lambda: self._ran[after] >= mark)
-        self._run(future_id, job)
+            if after is not None and self._ran[after] < self._submitted[after]:
+                self._parked.append((future_id, job, after, self._submitted[after]))
+                return
+        self._sampling.submit(self._run, future_id, job)
 
     async def wait(self, future_id: str, timeout: float) -> None:
         """Returns when the future finished or ``timeout`` passed (a long poll: the SDK asks
@@ -121,11 +120,18 @@ class Worker:
                 self._run(future_id, job)
             finally:
                 if model_id is not None:
-                    with self._ran_changed:
-                        self._ran[model_id] += 1
-                        self._ran_changed.notify_all()
+                    self._ran_one(model_id)
             if self._jobs.empty():
                 self._expire()
+
+    def _ran_one(self, model_id: str) -> None:
+        """One more of ``model_id``'s jobs has run: start the sampling jobs that waited for it."""
+        with self._ran_changed:
+            self._ran[model_id] += 1
+            ready = [p for p in self._parked if self._ran[p[2]] >= p[3]]
+            self._parked = [p for p in self._parked if self._ran[p[2]] < p[3]]
+        for future_id, job, _, _ in ready:
+            self._sampling.submit(self._run, future_id, job)
 
     def _run(self, future_id: str | None, job: Job) -> None:
         """Run one job and put its outcome in the store (on the worker or a sampling thread)."""
