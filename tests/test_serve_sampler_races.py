@@ -4,6 +4,7 @@ request read before the save may outlive it: not its adapter, not its prefixes' 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 
@@ -175,3 +176,14 @@ def test_sampling_that_waits_for_its_own_runs_training_holds_no_thread_another_c
             worker.stop()
 
     assert asyncio.run(scenario())
+
+
+def test_a_temperature_too_small_for_float32_samples_greedily_not_token_0(tiny, tmp_path):
+    """Logits divided by a temperature under ~1e-37 overflow float32: every sample was token 0
+    with log-probs of -inf or NaN, silently; such temperatures now sample as temperature 0 does."""
+    hub = ModelHub(tiny, tmp_path / "hub")
+    greedy = hub.sample(SamplerSource(), PROMPT, 2, SampleParams(max_tokens=5, temperature=0.0))
+    for temperature in (1e-40, 1e-300):
+        tiny_t = hub.sample(SamplerSource(), PROMPT, 2, SampleParams(max_tokens=5, temperature=temperature, seed=0))
+        assert [s.tokens for s in tiny_t.sequences] == [s.tokens for s in greedy.sequences]
+        assert all(math.isfinite(x) for s in tiny_t.sequences for x in s.logprobs)

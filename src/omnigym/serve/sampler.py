@@ -35,6 +35,9 @@ from omnigym.serve.multilora import Job, LoRADeltas, MultiLoRAEngine, PrefixCach
 
 ADAPTERS_KEPT = 64
 """saved adapters held unmerged for the batched path (a few LoRA tensors each, not a model)"""
+GREEDY_BELOW = 1e-5
+"""temperatures under this sample as temperature 0 does (greedy), as vLLM's do: float32 logits
+divided by one under ~1e-37 overflow, and every sample was token 0 with NaN log-probs"""
 
 
 def shared_view(model):
@@ -213,7 +216,7 @@ class SamplerPool:
     @staticmethod
     def _settings(params: SampleParams) -> SamplingParams:
         return SamplingParams(max_new_tokens=params.max_tokens, temperature=params.temperature or 1.0,
-                              top_p=params.top_p, top_k=max(params.top_k, 0), greedy=params.temperature == 0,
+                              top_p=params.top_p, top_k=max(params.top_k, 0), greedy=params.temperature < GREEDY_BELOW,
                               stop_ids=tuple(params.stop_tokens))
 
     def model_for(self, model_id: str | None, name: str | None, load) -> torch.nn.Module:
