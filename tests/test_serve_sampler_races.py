@@ -187,3 +187,27 @@ def test_a_temperature_too_small_for_float32_samples_greedily_not_token_0(tiny, 
         tiny_t = hub.sample(SamplerSource(), PROMPT, 2, SampleParams(max_tokens=5, temperature=temperature, seed=0))
         assert [s.tokens for s in tiny_t.sequences] == [s.tokens for s in greedy.sequences]
         assert all(math.isfinite(x) for s in tiny_t.sequences for x in s.logprobs)
+
+
+def test_a_new_runs_lora_init_never_overlaps_a_sample_drawing_from_the_process_rng(tiny, tmp_path):
+    """The one-at-a-time path seeds torch's process-wide RNG and Hugging Face's generate draws
+    from it, on a sampling thread; a run's LoRA init seeds and draws from the same RNG on the
+    worker thread. Overlapping, each took numbers from the other's stream: a seeded run's
+    initial adapter, and a seeded sample, depended on what else ran. Both now hold one lock."""
+    hub = ModelHub(tiny, tmp_path / "hub", engine="hf")
+    pool = hub._sampler
+    seen = []
+    real_add, real_sample = hub._adapters.add, pool.sample
+
+    def add(*args, **kwargs):
+        seen.append(("init", pool.global_rng.locked()))
+        return real_add(*args, **kwargs)
+
+    def sample(*args, **kwargs):
+        seen.append(("sample", pool.global_rng.locked()))
+        return real_sample(*args, **kwargs)
+
+    hub._adapters.add, pool.sample = add, sample
+    hub.create_model("a", 4, seed=1)
+    hub.sample(SamplerSource(), PROMPT, 1, SampleParams(max_tokens=2, seed=0))
+    assert seen == [("init", True), ("sample", True)]

@@ -154,7 +154,8 @@ class ModelHub:
     def _add_run(self, model_id: str, rank: int, seed: int, targets: list[str]) -> _Run:
         self._made += 1
         adapter = f"run{self._made}"  # peft names sit in module paths: a model id may not fit there
-        backend = self._adapters.add(adapter, rank, LORA_ALPHA, targets, seed, new_optimizer)
+        with self._sampler.global_rng:  # seeds the process-wide RNG, which a sampling thread may be using
+            backend = self._adapters.add(adapter, rank, LORA_ALPHA, targets, seed, new_optimizer)
         run = _Run(adapter, rank, seed, targets, backend)
         self._runs[model_id] = run
         return run

@@ -54,7 +54,10 @@ class SamplerPool:
         # process's global RNG is put back after), so unseeded calls still differ from each other
         self._seeds = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self._lock = threading.Lock()  # requests come from several threads; the worker forgets
-        self._alone = threading.Lock()
+        self.global_rng = threading.Lock()
+        """held while the one-at-a-time path samples, seeding torch's process-wide RNG (Hugging
+        Face's generate draws from it), and by whatever else seeds that RNG on another thread
+        (a new run's LoRA init on the worker thread): neither may draw from the other's stream"""
         self.batched = engine in ("auto", "kv") and can_batch(self.base)
         self.max_rows = max_rows
         self.cache = PrefixCache(prefix_cache_bytes) if self.batched else None
@@ -129,7 +132,7 @@ class SamplerPool:
         adapter; blocks this thread until they are drawn (other threads' requests join the same
         batch meanwhile). ``session`` keys the prefix cache (None: not cached)."""
         if not self.batched:  # one at a time: this path seeds the process's global RNG
-            with self._alone:
+            with self.global_rng:
                 return self.sample(self.model_for(model_id, name, load), prompt, n, params)
         # the version before the files are read: prefixes computed with weights that a save
         # replaced meanwhile go under the old version, which no later request asks for
