@@ -34,8 +34,10 @@ def step(hub, model_id):
     hub.optim_step(model_id, AdamStep(learning_rate=5e-2))
 
 
-def test_a_save_landing_while_a_request_reads_the_old_weights_leaves_nothing_stale(tiny, tmp_path):
-    hub = ModelHub(tiny, tmp_path / "hub")
+def saved_then_overwritten(hub):
+    """Run "a" saved as sampler weights "w", then trained a step more: ``read`` reads the files as
+    they are; ``read_then_saved`` returns the old weights after saving the new ones over them
+    (a request that read the old files, overtaken by the worker thread's save)."""
     hub.create_model("a", 4, seed=1)
     step(hub, "a")
     hub.save("a", "w", "sampler")
@@ -49,10 +51,15 @@ def test_a_save_landing_while_a_request_reads_the_old_weights_leaves_nothing_sta
     step(hub, "a")
 
     def read_then_saved():
-        # the request has read the old files; the worker thread's save lands before it samples
         hub.save("a", "w", "sampler")
         return old
 
+    return read, read_then_saved
+
+
+def test_a_save_landing_while_a_request_reads_the_old_weights_leaves_nothing_stale(tiny, tmp_path):
+    hub = ModelHub(tiny, tmp_path / "hub")
+    read, read_then_saved = saved_then_overwritten(hub)
     pool, params = hub._sampler, SampleParams(max_tokens=6, seed=3)
     before = pool.sample_from("a", "w", read_then_saved, PROMPT, 1, params, session="s")
     after = pool.sample_from("a", "w", read, PROMPT, 1, params, session="s")
@@ -70,22 +77,7 @@ def test_the_one_at_a_time_path_keeps_no_merge_of_overwritten_weights_either(tin
     hub = ModelHub(tiny, tmp_path / "hub", engine="hf")  # not batched: merged views, kept per name
     pool = hub._sampler
     assert not pool.batched
-    hub.create_model("a", 4, seed=1)
-    step(hub, "a")
-    hub.save("a", "w", "sampler")
-    folder = hub.root / "models" / "a" / "sampler" / "w"
-
-    def read():
-        tensors, meta = read_adapter(folder)
-        return tensors, meta["lora_alpha"] / meta["rank"]
-
-    old = read()
-    step(hub, "a")
-
-    def read_then_saved():
-        hub.save("a", "w", "sampler")
-        return old
-
+    read, read_then_saved = saved_then_overwritten(hub)
     pool.model_for("a", "w", read_then_saved)
     used = pool.model_for("a", "w", read)
     fresh = pool._merge(*read())

@@ -63,11 +63,14 @@ class Worker:
         self._thread.start()
 
     # called from the event loop
+    def _listen(self, future_id: str) -> None:
+        """The event that ``wait`` on this event loop waits on until the future finishes."""
+        with self._events_lock:
+            self._events[future_id] = (asyncio.get_running_loop(), asyncio.Event())
+
     def submit(self, future_id: str, job: Job, model_id: str | None = None) -> None:
         """Queue a training job (of run ``model_id`` when given)."""
-        loop = asyncio.get_running_loop()
-        with self._events_lock:
-            self._events[future_id] = (loop, asyncio.Event())
+        self._listen(future_id)
         with self._ran_changed:
             if model_id is not None:
                 self._submitted[model_id] += 1
@@ -75,9 +78,7 @@ class Worker:
 
     def submit_sampling(self, future_id: str, job: Job, after: str | None = None) -> None:
         """Run a sampling job beside the queue, once run ``after``'s jobs submitted so far have run."""
-        loop = asyncio.get_running_loop()
-        with self._events_lock:
-            self._events[future_id] = (loop, asyncio.Event())
+        self._listen(future_id)
         with self._ran_changed:
             if after is not None and self._ran[after] < self._submitted[after]:
                 self._parked.append((future_id, job, after, self._submitted[after]))
