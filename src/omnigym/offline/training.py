@@ -49,7 +49,6 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
     ``act(normalized obs) -> actions`` is the policy evaluations play."""
     device = torch.device(cfg.device)
     replay = Replay(data.buffer, cfg.seed, save_buffer=False)  # the dataset is read again on resume
-    sampler = DatasetSampler(data.buffer, device)
     components = {**components, "obs_stats": data.obs_stats, "replay": replay}
     try:
         counters = run.begin(components)  # restores the checkpoint when resuming
@@ -61,15 +60,11 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
     last_eval: dict = {}
     progress = ProgressBar(cfg.total_timesteps, algo, start=step, enabled=cfg.progress)
     clock = Clock(step)
-    # Adam's second moments of gradients that are ~0 (dead ReLU units) decay into float32's
-    # subnormal range within a few hundred steps, and an x86 CPU can take many times longer on an
-    # operation with a subnormal operand (a microcode assist; Intel's are ~100 cycles; no gain was
-    # measurable here at 5000 steps). Flushed to zero, no number above 1.2e-38 changes. (The CPU's
-    # flag, for this thread: put back after the run.)
-    flush = device.type == "cpu" and torch.set_flush_denormal(True)
     try:
         while step < cfg.total_timesteps:
-            losses = update(sampler.sample(cfg.batch_size, replay.rng), step)
+            batch = {k: v.to(device, non_blocking=True)
+                     for k, v in data.buffer.sample(cfg.batch_size, replay.rng, with_index=True).items()}
+            losses = update(batch, step)
             previous_step, step = step, step + 1
             done = step >= cfg.total_timesteps
             metrics = {}
@@ -87,49 +82,9 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
             if done or checkpoint_due(step, previous_step, cfg.checkpoint_every):
                 run.save(components, global_step=step)
     finally:
-        if flush:
-            torch.set_flush_denormal(False)
         progress.close()
         evaluator.close()
     return finish_offline_run(cfg, run, data, step, last_eval)
-
-
-class DatasetSampler:
-    """The dataset's transitions laid out once, on the run's device, in the order
-    ``ReplayBuffer.sample`` draws them, and sampled with one index: the same ``rng.integers`` draw
-    as the buffer's own ``sample``, so the same batches (and a resumed run's), at one indexing
-    call a step instead of the frame ring's dozen numpy gathers and five host-to-device copies.
-    The columns are views into one float tensor (obs, actions, rewards, next_obs, terminated);
-    ``index`` is the transition's index in the buffer (Cal-QL's returns-to-go). It holds a copy
-    of the dataset (next observations included), as the buffer does."""
-
-    def __init__(self, buffer, device: torch.device):
-        self.size = int((buffer.added - buffer.oldest).sum())
-        everything = buffer.sample(self.size, _EveryDraw(), with_index=True)  # draw i -> transition i
-        names = ("obs", "actions", "rewards", "next_obs", "terminated")
-        columns = [everything[k].reshape(self.size, -1).float() for k in names]
-        self.table = torch.cat(columns, 1).to(device)
-        self.index = everything["index"].to(device)
-        self.device = device
-        self.slices, start = {}, 0
-        for name, column in zip(names, columns):
-            width = column.shape[1]
-            self.slices[name] = slice(start, start + width) if name in ("obs", "actions", "next_obs") else start
-            start += width
-
-    def sample(self, batch_size: int, rng: np.random.Generator) -> dict:
-        draw = torch.from_numpy(rng.integers(0, self.size, size=batch_size)).to(self.device, non_blocking=True)
-        rows = self.table.index_select(0, draw)
-        return {**{name: rows[:, where] for name, where in self.slices.items()}, "index": self.index[draw]}
-
-
-class _EveryDraw:
-    """An ``rng`` whose ``integers(low, high, size)`` is every draw in order: ``ReplayBuffer.sample``
-    with it returns transition ``i`` at row ``i``, laid out as later random draws will find it."""
-
-    @staticmethod
-    def integers(low: int, high: int, size: int) -> np.ndarray:
-        return np.arange(low, high, dtype=np.int64)[:size]
 
 
 def finish_offline_run(cfg, run: Run, data: OfflineData, step: int, last_eval: dict, when: str = "") -> dict:
