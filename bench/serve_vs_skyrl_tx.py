@@ -290,6 +290,13 @@ def main() -> None:
     p.add_argument("--skip-skyrl", action="store_true", help="measure omnigym serve only")
     p.add_argument("--measure-url", help=argparse.SUPPRESS)  # internal: run the clients against this server
     args = p.parse_args()
+    for flag, values, least in (("--clients", args.clients, 1), ("--steps", [1 if args.steps is None else args.steps], 1),
+                                ("--warmup", [args.warmup], 0), ("--samples", [args.samples], 1),
+                                ("--max-tokens", [args.max_tokens], 1)):
+        if min(values) < least:
+            p.error(f"{flag} must be at least {least}")
+    if args.model and not Path(args.model).is_dir():
+        p.error(f"--model {args.model}: no such folder")
     args.steps = args.steps or (3 if args.quick else 6)
     if args.measure_url:
         print(json.dumps(measure(args.measure_url, args.model, args.clients[0], args)), flush=True)
