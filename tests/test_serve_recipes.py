@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import socket
 import subprocess
@@ -259,3 +260,26 @@ def test_cookbook_guess_number_multi_turn_runs_unchanged(served):
     # several turns per episode: the environment answered each guess and the model went on
     turns = [row["env/all/turns_per_episode"] for row in rows if "env/all/turns_per_episode" in row]
     assert turns and all(t >= 2 for t in turns), turns
+
+
+def test_cookbook_text_arena_self_play_runs_unchanged(served):
+    """The cookbook's two-player recipe (multiplayer_rl/text_arena): the policy plays TextArena's
+    tic-tac-toe against itself, both seats' trajectories trained, then tested against a random
+    player. Its command line has no base_url: the SDK takes TINKER_BASE_URL."""
+    pytest.importorskip("textarena", reason="the text_arena recipe needs textarena (the [serve] extra)")
+    work, base_url = served
+    log_path = work / "runs" / "text_arena"
+    _run_recipe(work, base_url, "tinker_cookbook.recipes.multiplayer_rl.text_arena.train",
+                f"model_name={MODEL_NAME}", "renderer_name=role_colon", "batch_size=4",
+                "num_train_datapoints=8", "num_test_datapoints=4", "test_opponent=random", "max_tokens=4",
+                "learning_rate=1e-4", "max_steps=2", "eval_every=2", "save_every=0", f"log_path={log_path}",
+                "behavior_if_log_dir_exists=delete", url_flag=False)
+    rows = _metrics(log_path)
+    train_rewards = _reward_rows(log_path)
+    assert len(train_rewards) == 2, rows
+    # each seat scores in [-1, 1] (an untrained model's unparsable move ends the game at -1)
+    assert all(-1.0 - 1e-6 <= r <= 1.0 + 1e-6 for r in train_rewards), train_rewards
+    # the test games against the random player ran at step 0 and step 2 and were scored (at most +1:
+    # a win; the recipe adds its own penalties below -1)
+    tested = [row["test/env/all/reward/total"] for row in rows if "test/env/all/reward/total" in row]
+    assert len(tested) == 2 and all(math.isfinite(r) and r <= 1.0 + 1e-6 for r in tested), rows
