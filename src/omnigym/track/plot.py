@@ -27,6 +27,7 @@ OFFLINE_SCORE = ("eval/normalized_score", "eval/episodic_return")  # normalized 
 HEADLINES = MappingProxyType({
     **dict.fromkeys(("ppo", "reinforce", "dqn", "sac", "td3", "drq"), CONTROL_RETURN),
     **dict.fromkeys(("bc", "td3_bc", "iql", "cql"), OFFLINE_SCORE),
+    "alphazero": ("eval/vs_mcts/score", "eval/vs_random/win_rate"),
     "grpo": ("eval/accuracy",), "text_reinforce": ("reward/mean",), "sft": ("eval/loss",),
     "dpo": ("eval/gold_reward", "eval/accuracy"), "rm": ("eval/accuracy",), "prm": ("eval/step_accuracy",),
     "rlhf": ("eval/gold_reward", "eval/rm_score"), "online_dpo": ("eval/gold_reward", "eval/judge_score"),
