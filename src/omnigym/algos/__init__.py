@@ -23,6 +23,7 @@ ALGORITHMS = {
     "td3_bc": "omnigym.algos.control.td3_bc",
     "iql": "omnigym.algos.control.iql",
     "cql": "omnigym.algos.control.cql",
+    "mappo": "omnigym.algos.control.mappo",
     "alphazero": "omnigym.algos.control.alphazero",
     "grpo": "omnigym.algos.lm.grpo",
     "text_reinforce": "omnigym.algos.lm.text_reinforce",
