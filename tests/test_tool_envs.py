@@ -274,7 +274,7 @@ def test_the_envs_pickle_for_other_processes():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--env", "pyhton"], "--env must be one of single-turn, tools, python, search, guess, got 'pyhton'"),
+    (["--env", "pyhton"], "--env must be one of single-turn, tools, python, search, guess, tictactoe, got 'pyhton'"),
     (["--env", "search", "--task", "gsm8k:x.jsonl"], "--env search brings its own task (search-v0); leave out --task"),
     (["--env", "guess", "--max-turns", "0"], "--max-turns must be positive, got 0"),
     (["--task", "pyhton-v0"], "unknown --task 'pyhton-v0'; closest known: python-v0")])

@@ -5,10 +5,12 @@ from omnigym.envs.text import register_text_env
 from omnigym.envs.guess_env import guess_env
 from omnigym.envs.python_env import python_env
 from omnigym.envs.search_env import search_env
+from omnigym.envs.text_games import tictactoe_env
 
 register_text_env("python-v0", python_env)
 register_text_env("search-v0", search_env)
 register_text_env("guess-v0", guess_env)
+register_text_env("tictactoe-v0", tictactoe_env)
 
 __all__ = ["BACKENDS", "available_backends", "make_vec"]
 

@@ -21,8 +21,13 @@ from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference.engine import SamplingParams
 from omnigym.rewards import WeightedSum, leading_part, parse_weights
 
-ENVS = ("single-turn", "tools", "python", "search", "guess")
-"""--env: python, search and guess are the registered tool envs python-v0, search-v0, guess-v0"""
+ENVS = ("single-turn", "tools", "python", "search", "guess", "tictactoe")
+"""--env: python, search and guess are the registered tool envs python-v0, search-v0, guess-v0;
+tictactoe the text game tictactoe-v0 (envs/text_games.py)"""
+OWN_TASK = ("python", "search", "guess", "tictactoe")
+"""--env values that bring their own task ({env}-v0)"""
+GAMES = ("tictactoe",)
+"""--env values that are two-player games (--opponent)"""
 ECOSYSTEM = ("skyrl:", "vf:")
 """--env prefixes of envs written for another library (envs/skyrl.py, envs/vf.py)"""
 DEFAULT_REWARDS = "math:1.0,format:0.1"
@@ -54,13 +59,16 @@ class TextTaskConfig:
     <tool name="calculator"> and read the answer, up to --max-turns replies); python (a Python
     session kept across turns; its own computation task unless --task is given); search (BM25 over
     an invented world's facts) or guess (a secret number, told higher or lower): each with its own task;
-    skyrl:NAME (a skyrl-gym env; skyrl:MODULE:NAME for one MODULE registers) or vf:MODULE (a verifiers
+    tictactoe (a game against --opponent, docs/text_games.md); skyrl:NAME (a skyrl-gym env; skyrl:MODULE:NAME for one MODULE registers) or vf:MODULE (a verifiers
     environment module): the ecosystem's envs, docs/agents.md"""
     env_args: str | None = None
     """JSON object for --env skyrl:NAME (the env's env_config, e.g. {"search_url": ...}) or --env vf:MODULE
     (load_environment's keyword arguments)"""
     max_turns: int = 4
-    """replies per episode in a multi-turn env"""
+    """replies per episode in a multi-turn env (--env tictactoe: 5 or more, a seat's moves in a game)"""
+    opponent: str | None = None
+    """--env tictactoe: who plays the other seat: random (a random free cell; the default), search (minimax,
+    perfect at tic-tac-toe) or self (the policy: both seats sampled and trained, docs/text_games.md)"""
     rewards: str | None = None
     """weighted rewards, name:weight,... (module:name:weight for your own); default: the task env's
     own reward, else math:1.0,format:0.1"""
@@ -81,13 +89,21 @@ class TextTaskConfig:
                 f"--env {self.env} is scored by the env's own rewards; leave out --rewards")
         require(self.env_args is None or self.env.startswith(ECOSYSTEM),
                 "--env-args is for --env skyrl:NAME or vf:MODULE")
-        require(self.env not in ("search", "guess") or self.task == "arithmetic",
+        require(self.env not in OWN_TASK[1:] or self.task == "arithmetic",
                 f"--env {self.env} brings its own task ({self.env}-v0); leave out --task {self.task}")
+        if self.opponent is not None:
+            from omnigym.envs.text_games import check_opponent
+
+            require(self.env in GAMES, f"--opponent is for a game: --env {' or '.join(GAMES)}, not {self.env}")
+            check_opponent(self.opponent)
+        require(self.env not in GAMES or self.max_turns >= 5,
+                f"--env {self.env}: a seat moves up to 5 times in a game; give --max-turns 5 or more "
+                f"(got {self.max_turns}: a game cut short scores as a loss)")
 
 
 def task_spec(cfg: TextTaskConfig) -> str:
     """What --task loads: with --env python, search or guess and no --task, that env's own task."""
-    return f"{cfg.env}-v0" if cfg.env in ("python", "search", "guess") and cfg.task == "arithmetic" else cfg.task
+    return f"{cfg.env}-v0" if cfg.env in OWN_TASK and cfg.task == "arithmetic" else cfg.task
 
 
 def text_task(cfg: TextTaskConfig) -> tuple[Task, object]:
@@ -117,6 +133,8 @@ def task_env(cfg: TextTaskConfig, task: Task):
             env.max_turns = cfg.max_turns
         if cfg.system_prompt is not None:
             env.system_prompt = cfg.system_prompt or None
+        if cfg.env in GAMES:  # self-play's seats are the two-seat generator's; the env plays random then
+            env.opponent = cfg.opponent if cfg.opponent in ("random", "search") else "random"
     elif cfg.env == "python":  # the Python session over a task of your own, scored like the tools env
         from omnigym.envs.python_env import SYSTEM_PROMPT, PythonEnv
 
@@ -133,8 +151,17 @@ def task_env(cfg: TextTaskConfig, task: Task):
 
 def make_generator(cfg: TextTaskConfig, env, engine, tokenizer, greedy: bool = False) -> TextEnvGenerator:
     """The generator that plays ``env`` with ``engine``; ``cfg`` also gives the episode budgets
-    (``runtime.episodes.EpisodeScheduleConfig``'s flags)."""
+    (``runtime.episodes.EpisodeScheduleConfig``'s flags). A game's held-out judge (``greedy``)
+    plays the random opponent whatever --opponent trains against: its accuracy is the win rate
+    ``eval/vs_random/win_rate``; --opponent self trains on both seats of the policy's own games."""
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy)
+    if cfg.env in GAMES and greedy:
+        env = copy.copy(env)
+        env.opponent = "random"
+    elif cfg.env in GAMES and cfg.opponent == "self":
+        from omnigym.generators.two_seat_episodes import TwoSeatGenerator
+
+        return TwoSeatGenerator(env, engine, tokenizer, params)
     # the held-out judge plays by the same budgets, but without the overlong penalty: it reads correctness
     return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns,
                             max_episode_tokens=cfg.max_episode_tokens or None,

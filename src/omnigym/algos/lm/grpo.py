@@ -3,7 +3,8 @@
 Each step: draw ``prompts_per_step`` prompts, play ``group_size`` episodes of each in the
 text env (``--env single-turn``: one scored reply; ``--env tools``: replies may call a
 Python sandbox or a calculator first; ``--env python``, ``search``, ``guess``: the built-in tool
-envs of ``envs/``, docs/text_env.md), turn each group's rewards into advantages
+envs of ``envs/``, docs/text_env.md; ``--env tictactoe``: a game against ``--opponent``, or itself,
+docs/text_games.md), turn each group's rewards into advantages
 (``--advantage``: grpo, dr_grpo, rloo, reinforce_pp), drop groups whose rewards are all
 equal (no signal), then take ``ppo_epochs`` clipped policy steps on the tokens the model
 generated against the stored old log-probs, with a KL penalty to the reference model
@@ -34,7 +35,7 @@ from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy, judged_env
-from omnigym.generators.text_tasks import TextTaskConfig, make_generator, remote_generator, task_env, text_task
+from omnigym.generators.text_tasks import GAMES, TextTaskConfig, make_generator, remote_generator, task_env, text_task
 from omnigym.inference import make_engine
 from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
@@ -104,7 +105,7 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "env_args", "eval_size", "digits", "terms",
                                                        "operations", "runtime", "max_staleness", "num_generators",
-                                                       "rollouts", "agent")
+                                                       "rollouts", "agent", "opponent")
     BUDGET = ("steps", "step")
     FINAL_MODEL = True
 
@@ -141,6 +142,9 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
         self.check_agent()
         require(not self.step_rewards or (self.env == "single-turn" and not self.agent),
                 "--step-rewards reads the steps of one reply: use it with --env single-turn and no --agent")
+        require(self.opponent != "self" or (self.runtime == "sync" and self.rollouts == "sync"),
+                "--opponent self plays both seats of each game in one batch-synchronous generator: use --runtime sync "
+                "and --rollouts sync")
         require(not self.agent or (self.rewards is None and self.env == "single-turn"),
                 f"--agent {self.agent} plays its own episodes and returns their reward: leave out --rewards and --env")
 
@@ -192,9 +196,9 @@ def train(cfg: GRPOConfig) -> dict:
             if step % cfg.eval_every == 0:
                 before = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
                 if step == 0 == cfg.steps - 1:  # --steps 1: the only step's row gets the accuracy after it, so the
-                    run.log(step, {"eval/accuracy": before})  # accuracy before GRPO gets a row of its own
+                    run.log(step, eval_metrics(cfg, before))  # accuracy before GRPO gets a row of its own
                 else:
-                    metrics["eval/accuracy"] = before
+                    metrics.update(eval_metrics(cfg, before))
 
             # 1. Sample group_size episodes of each prompt, each scored by the env's reward (ray:
             # sampled up to --max-staleness versions ago; the sampler's log-probs come along).
@@ -217,7 +221,8 @@ def train(cfg: GRPOConfig) -> dict:
                             "steps/no_usable_episode": float(failed_in_a_row > 0),
                             "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
             if step == cfg.steps - 1:
-                metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step + 1, step + 1)
+                metrics.update(eval_metrics(cfg, evaluate(run, judge, policy, tokenizer, task.heldout, step + 1,
+                                                          step + 1)))
             run.log(step + 1, metrics)
             progress.update(step + 1, reward=metrics["reward/mean"], acc=metrics.get("eval/accuracy", float("nan")))
             if step == cfg.steps - 1 or checkpoint_due(step + 1, step, cfg.checkpoint_every) or \
@@ -255,6 +260,12 @@ def evaluate(run: Run, judge, policy, tokenizer, examples: list[dict], version: 
     value = accuracy(judge, tokenizer, examples, samples)
     run.log_samples(log_step, samples)
     return value
+
+
+def eval_metrics(cfg: GRPOConfig, accuracy_: float) -> dict:
+    """Held-out accuracy; in a game (--env tictactoe) the judge plays the random opponent and wins
+    score 1, so it is also the win rate under issue 42's name for it."""
+    return {"eval/accuracy": accuracy_, **({"eval/vs_random/win_rate": accuracy_} if cfg.env in GAMES else {})}
 
 
 def group_advantages(cfg: GRPOConfig, estimator, trajectories) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,6 +381,9 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
             metrics["kl/mean"] = stats["kl"].item()
     if cfg.env != "single-turn":
         metrics["episode/turns"] = sum(t.info["turns"] for t in items) / len(items)
+    if cfg.env in GAMES:  # a reply that is not one legal move lost its game
+        metrics["game/invalid_move_fraction"] = sum(bool(t.example.get("invalid") or t.info.get("invalid_move"))
+                                                    for t in items) / len(items)
     if cfg.agent or cfg.env.startswith("vf:"):
         metrics.update(agent_metrics(items))
     return metrics

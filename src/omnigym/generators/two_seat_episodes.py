@@ -1,0 +1,161 @@
+"""Self-play: one game, both seats played by the policy, each seat's turns its own trajectory.
+
+What crosses it::
+
+    source = TwoSeatEpisodes(env, service, tokenizer, params)
+    trajectories = await source.play(example, group_id)   # one game: [seat 0's, seat 1's]
+    TwoSeatGenerator(env, engine, tokenizer, params).generate(examples, group_size)  # the generator seam
+
+``env`` is a text game env (``envs/text_games.py``): it lends the rules and the words
+(``new_game``, ``opening``, ``move``, ``report``) and plays no seat itself. Each seat has its
+own conversation: its opening (its mark and the board), then its replies, and between them
+what the env tells it of the other seat's move. The other seat's tokens never appear in a
+seat's sequence: a move reaches it as the env's text, rendered by the chat template and
+appended with loss mask 0 (``episode_rules.inserted_tokens``), as a tool's output is in
+``text_episodes.py``. Each seat's model calls are ``Turn``s joined by ``stitch``, so the
+trainer sees exactly the tokens the engine saw.
+
+Both trajectories of a game share its outcome, each from its own seat's view (win 1, draw
+0.5, loss 0). A reply that is not exactly one legal move loses the game for its seat.
+
+``TwoSeatGenerator.generate`` plays a step's games batch-synchronously: every game's
+coroutine runs until it waits for a sample, then one engine call answers all of them
+(``LockstepService``), so a seeded run samples the same batches every time.
+``examples`` are played ``group_size`` times each; seat ``s`` of example ``g``'s games is
+group ``2 g + s``: a seat is compared with the same seat, since moving first is worth more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from omnigym.errors import OmnigymError
+from omnigym.generators.base import Trajectories, Trajectory
+from omnigym.generators.episode_rules import inserted_tokens, render
+from omnigym.generators.turns import Turn, stitch
+from omnigym.inference.engine import SamplingParams
+
+
+def check_two_seats(env) -> None:
+    seats = getattr(env, "seats", None)
+    if seats != 2:
+        raise OmnigymError(f"self-play plays games of two seats; {type(env).__name__} has {seats}")
+
+
+class TwoSeatEpisodes:
+    def __init__(self, env, service, tokenizer, params: SamplingParams):
+        check_two_seats(env)
+        self.env, self.service, self.tokenizer, self.params = env, service, tokenizer, params
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.service.update_weights(named_tensors, version)
+
+    def _conversation(self, seat: int, game, last: int | None) -> tuple[list[dict], list[int]]:
+        system = [{"role": "system", "content": self.env.system_prompt}] if self.env.system_prompt else []
+        messages = system + [{"role": "user", "content": self.env.opening(seat, game, last)}]
+        return messages, render(self.tokenizer, messages)
+
+    async def play(self, example: dict, group_id: int) -> list[Trajectory]:
+        """One game from the start; returns seat 0's trajectory, then seat 1's."""
+        game = self.env.new_game()
+        messages, tokens = [None, None], [None, None]
+        turns: list[list[Turn]] = [[], []]
+        seat, last, loser, cut_off = 0, None, None, [False, False]
+        while True:
+            if tokens[seat] is None:  # the seat's first turn: its opening shows the move before it
+                messages[seat], tokens[seat] = self._conversation(seat, game, last)
+            samples, version = await self.service.sample(tokens[seat], self.params, 1)
+            sample = samples[0]
+            turns[seat].append(Turn(list(tokens[seat]), list(sample.completion_ids), list(sample.logprobs), version,
+                                    sample.finished))
+            cut_off[seat] |= not sample.finished
+            tokens[seat] = tokens[seat] + list(sample.completion_ids)
+            text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+            messages[seat].append({"role": "assistant", "content": text})
+            cell = self.env.move(text, game)
+            if cell is None:
+                loser = seat
+                break
+            game.play(cell)
+            if game.over():
+                break
+            other = 1 - seat
+            if messages[other] is not None:  # the other seat hears of the move as the env's text
+                messages[other].append({"role": "user", "content": self.env.report(game, seat, cell)})
+                tokens[other] = tokens[other] + inserted_tokens(self.tokenizer, messages[other], tokens[other])
+            seat, last = other, cell
+        out = []
+        for s in (0, 1):
+            score = game.score(s) if loser is None else float(s != loser)
+            for sequence in stitch(turns[s]):
+                versions = [v for v in sequence.versions if v >= 0]
+                info = {"turns": sequence.turns, "truncated": False, "cut_off": cut_off[s], "budget_cut": False,
+                        "reward_parts": {}, "invalid_move": loser == s, "versions": sequence.versions}
+                out.append(Trajectory(sequence.prompt_ids, sequence.response_ids, sequence.loss_mask, sequence.logprobs,
+                                      score, group_id, min(versions) if versions else self.service.version,
+                                      {**example, "seat": s, "score": score}, info))
+        return out
+
+
+class LockstepService:
+    """``EngineService``'s ``sample``, answered batch by batch: once every live episode waits
+    for a sample, one ``engine.generate`` call answers them all, in the order they asked. With
+    no threads and no timing in it, a seeded run samples the same batches every time."""
+
+    def __init__(self, engine):
+        self.engine, self.live, self.waiting = engine, 0, []
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    async def sample(self, prompt_ids: list[int], params: SamplingParams, n: int = 1):
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((list(prompt_ids), params, n, future))
+        self._answer_if_all_wait()
+        return await future
+
+    def _answer_if_all_wait(self) -> None:
+        if not self.waiting or len(self.waiting) < self.live:
+            return
+        waiting, self.waiting = self.waiting, []
+        params, n = waiting[0][1], waiting[0][2]  # one step's episodes share them
+        groups = self.engine.generate([prompt for prompt, *_ in waiting], n, params)
+        for (*_, future), samples in zip(waiting, groups):
+            future.set_result((samples, self.engine.version))
+
+    async def run(self, coroutines: list) -> list:
+        self.live = len(coroutines)
+
+        async def one(coroutine):
+            try:
+                return await coroutine
+            finally:
+                self.live -= 1
+                self._answer_if_all_wait()  # the episodes still running may all be waiting now
+
+        return await asyncio.gather(*(one(c) for c in coroutines))
+
+
+class TwoSeatGenerator:
+    """The generator seam over self-play games: ``generate(examples, group_size)`` plays each
+    example's game ``group_size`` times and returns both seats' trajectories."""
+
+    def __init__(self, env, engine, tokenizer, params: SamplingParams):
+        check_two_seats(env)
+        self.env, self.engine, self.tokenizer, self.params = env, engine, tokenizer, params
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
+    def generate(self, examples: list[dict], group_size: int) -> Trajectories:
+        service = LockstepService(self.engine)
+        source = TwoSeatEpisodes(self.env, service, self.tokenizer, self.params)
+        games = [source.play(example, 2 * g) for g, example in enumerate(examples) for _ in range(group_size)]
+        played = asyncio.run(service.run(games))
+        items = []
+        for trajectories in played:
+            for t in trajectories:
+                t.group_id += t.example["seat"]
+                items.append(t)
+        return Trajectories(items)
