@@ -52,6 +52,11 @@ def _register_optional_envs(env_id: str) -> None:
     # filled once ale_py is imported.
     if env_id in gym.registry:
         return
+    from omnigym.envs.games import is_game_id, register_game
+
+    if is_game_id(env_id):  # pettingzoo/NAME, openspiel/NAME: one seat of the game (envs/games/)
+        register_game(env_id)
+        return
     if env_id.startswith("dm_control/"):  # shimmy's ids (envs/pixels.py)
         from omnigym.envs.pixels import register_dm_control
 
@@ -146,6 +151,10 @@ def env_family(env) -> str | None:
         return None
     if env in FETCH_IDS:
         return "fetch"
+    from omnigym.envs.games import game_family, is_game_id
+
+    if is_game_id(env):
+        return game_family(env)
     if is_atari(env) or env.startswith("ALE/"):
         return "atari"
     try:

@@ -40,6 +40,7 @@ from omnigym.optim import Adam, clip_grad_norm
 from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, EpisodeEnds, gae, normalize
 from omnigym.rl.augment import random_shift
+from omnigym.rl.league import League, SelfPlayConfig, check_games_envs
 from omnigym.rl.losses import PolicyLossConfig, check_finite, ppo_clip, value_loss
 from omnigym.rl.rollout import actor_critic_policy
 from omnigym.runtime import RolloutRuntimeConfig
@@ -51,7 +52,7 @@ from omnigym.track.run import start_run
 
 
 @dataclass
-class PPOConfig(RolloutRuntimeConfig, ControlConfig):
+class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
     num_envs: int = 8
     num_steps: int = 32
     """steps per env per rollout"""
@@ -127,6 +128,7 @@ class PPOConfig(RolloutRuntimeConfig, ControlConfig):
                 "rollout workers; make it a multiple")
         if self.compile:
             check_compiler(self.device)
+        self.check_self_play()
 
 
 CONFIG = PPOConfig
@@ -139,15 +141,20 @@ def train(cfg: PPOConfig) -> dict:
         envs.close()
         raise OmnigymError(f"--preset locomotion is for joint-position (Box) actions; {cfg.env_id} has "
                            f"{envs.single_action_space}: use --preset auto or none")
+    if cfg.self_play:
+        check_games_envs(envs)
     run = start_run(cfg, "ppo", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
+    # --self-play: the game's other seat is the league's (this policy, its snapshots, random), rl/league.py
+    league = League(cfg, envs, agent) if cfg.self_play else None
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
     stats = EpisodeStats(cfg.print_episodes)
     batch_size = cfg.num_steps * cfg.num_envs
     num_updates = whole_rollouts(cfg.total_timesteps, cfg.num_envs, cfg.num_steps)
     # sync: a collector on these envs; ray: rollout workers with their own envs (these close)
     rollouts = make_control_rollouts(cfg, "ppo", envs, signal, stats, num_updates)
-    components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": rollouts}
+    components = {"model": agent, "optimizer": optimizer, "episodes": stats, "collector": rollouts,
+                  **({"league": league} if league else {})}
     with closing(rollouts):  # the envs, or Ray's workers, end with the run however it ends
         counters = run.begin(components)  # restores the checkpoint when resuming
         global_step, first_update = counters.get("global_step", 0), counters.get("update", 0)
@@ -219,6 +226,7 @@ def train(cfg: PPOConfig) -> dict:
                 "losses/explained_variance": explained_variance, "losses/early_stop": int(stop_early),
                 "charts/learning_rate": optimizer.param_groups[0]["lr"], "perf/sps": clock.sps(global_step),
                 **rollouts.metrics(),
+                **(league.after_update(update + 1, last=update == num_updates - 1) if league else {}),
             })
             if update == num_updates - 1 or checkpoint_due(global_step, global_step - batch_size, cfg.checkpoint_every):
                 run.save(components, global_step=global_step, update=update + 1)

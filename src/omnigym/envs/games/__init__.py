@@ -1,0 +1,122 @@
+"""Many-agent games from the field's libraries: ``pettingzoo/NAME`` (any env in PettingZoo's
+registry, classic boards, butterfly, SISL, and MPE from its new home ``mpe2``) and ``openspiel/NAME`` (any game
+``pyspiel.registered_names()`` lists), as one turn-based ``Game`` (core.py); ``TurnEnv``
+(turn_env.py) is one seat of a two-seat game as a gymnasium env, the other seat played by an
+opponent (opponents.py: uniform random, alpha-beta search, or self-play's league, rl/league.py).
+docs/games.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import pkgutil
+
+from omnigym.envs.games.core import Game, OpenSpielGame, PettingZooGame
+from omnigym.errors import OmnigymError, missing_extra
+
+PREFIXES = ("pettingzoo/", "openspiel/")
+# Boards with no chance and nothing hidden: the search opponent can play them.
+PERFECT_INFORMATION = ("tictactoe", "connect_four", "chess", "go")
+# --preset auto's family for each game (algos' PRESETS); other games get none.
+FAMILIES = (("pettingzoo/tictactoe_v3", "tictactoe"), ("openspiel/tic_tac_toe", "tictactoe"),
+            ("pettingzoo/connect_four_v3", "connect_four"), ("openspiel/connect_four", "connect_four"))
+# The search opponent's default depth per game (--search-depth 0): tic-tac-toe's whole tree
+# (a perfect player), two plies elsewhere (takes a win in one, blocks a loss in one).
+FULL_DEPTH = 9
+DEFAULT_DEPTH = 2
+
+
+def is_game_id(env_id) -> bool:
+    return isinstance(env_id, str) and env_id.startswith(PREFIXES)
+
+
+def game_family(env_id) -> str | None:
+    return next((family for game, family in FAMILIES if game == env_id), None)
+
+
+def default_search_depth(env_id: str) -> int:
+    return FULL_DEPTH if game_family(env_id) == "tictactoe" else DEFAULT_DEPTH
+
+
+def pettingzoo_names() -> dict[str, str]:
+    """``NAME -> where it is made from`` for every env PettingZoo's registry holds (its id
+    ``classic/tictactoe-v3`` spelt as the module, ``tictactoe_v3``) and every MPE env in mpe2
+    (MPE's home since PettingZoo 1.25, ``mpe2:simple_spread_v3``)."""
+    import pettingzoo
+
+    names = {spec_id.split("/")[-1].replace("-v", "_v"): spec_id for spec_id in pettingzoo.aec_registry}
+    if importlib.util.find_spec("mpe2") is not None:
+        import mpe2
+
+        names.update({m.name: f"mpe2:{m.name}" for m in pkgutil.iter_modules(mpe2.__path__)
+                      if "_v" in m.name and m.name.rsplit("_v", 1)[1].isdigit()})
+    return names
+
+
+def _unknown(env_id: str, known) -> OmnigymError:
+    prefix, name = env_id.split("/", 1)
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    hint = f"; closest: {', '.join(prefix + '/' + c for c in close)}" if close else ""
+    return OmnigymError(f"unknown game {env_id!r}{hint} (docs/games.md lists where the names come from)")
+
+
+def check_game_id(env_id: str) -> None:
+    """One line for a game id that does not exist, or whose library is not installed."""
+    prefix, name = env_id.split("/", 1)
+    if prefix == "pettingzoo":
+        if importlib.util.find_spec("pettingzoo") is None:
+            raise missing_extra("pettingzoo", "games")
+        names = pettingzoo_names()
+        if name not in names:
+            raise _unknown(env_id, names)
+    else:
+        if importlib.util.find_spec("pyspiel") is None:
+            raise missing_extra("open-spiel", "games")
+        import pyspiel
+
+        if name not in pyspiel.registered_names():
+            raise _unknown(env_id, pyspiel.registered_names())
+
+
+def pettingzoo_env(name: str, **kwargs):
+    """PettingZoo's own AEC env for ``name``, made through its registry (``pettingzoo.make``):
+    what omnigym plays, and what ``pettingzoo.test.api_test`` checks in tests/test_games.py."""
+    check_game_id(f"pettingzoo/{name}")
+    source = pettingzoo_names()[name]
+    if source.startswith("mpe2:"):
+        return importlib.import_module(f"mpe2.{name}").env(**kwargs)
+    import pettingzoo
+
+    return pettingzoo.make("aec", source, **kwargs)
+
+
+def make_game(env_id: str, **kwargs) -> Game:
+    """The game behind ``pettingzoo/NAME`` or ``openspiel/NAME``; ``kwargs``: the env's own
+    (PettingZoo) or the game's parameters (OpenSpiel, e.g. ``players=3``)."""
+    if not is_game_id(env_id):
+        raise OmnigymError(f"{env_id!r} is not a game id; games are pettingzoo/NAME or openspiel/NAME")
+    check_game_id(env_id)
+    prefix, name = env_id.split("/", 1)
+    try:
+        if prefix == "pettingzoo":
+            perfect = name.rsplit("_v", 1)[0] in PERFECT_INFORMATION
+            return PettingZooGame(name, pettingzoo_env(name, **kwargs), perfect_information=perfect)
+        import pyspiel
+
+        return OpenSpielGame(name, pyspiel.load_game(name, kwargs))
+    except OmnigymError:
+        raise
+    except Exception as exc:  # the library refused the settings (an unknown kwarg, a bad parameter)
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise OmnigymError(f"{env_id} could not be made: {type(exc).__name__}: {detail}") from None
+
+
+def register_game(env_id: str) -> None:
+    """Puts ``env_id`` into gymnasium's registry as a ``TurnEnv`` (what ``make_vec`` makes)."""
+    import gymnasium as gym
+
+    check_game_id(env_id)
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point="omnigym.envs.games.turn_env:TurnEnv", kwargs={"game": env_id})

@@ -1,0 +1,206 @@
+"""PettingZoo and OpenSpiel games (envs/games/), their opponents, and self-play's league
+(rl/league.py): the wrapper, the masks, the search opponent, PFSP sampling, Elo against a
+hand computation, bad input in one line, and one learning run on tic-tac-toe."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo", reason="needs the [games] extra")
+pytest.importorskip("pyspiel", reason="needs the [games] extra")
+
+from omnigym.cli import main  # noqa: E402
+from omnigym.envs.games import check_game_id, make_game, pettingzoo_env  # noqa: E402
+from omnigym.envs.games.opponents import Search, random_move  # noqa: E402
+from omnigym.envs.games.turn_env import TurnEnv, score  # noqa: E402
+from omnigym.errors import OmnigymError  # noqa: E402
+from omnigym.rl.league import Member, elo_expected, elo_update  # noqa: E402
+
+TIC_TAC_TOE = ("pettingzoo/tictactoe_v3", "openspiel/tic_tac_toe")
+
+
+@pytest.mark.parametrize("name", ["tictactoe_v3", "connect_four_v3", "rps_v2", "simple_spread_v3"])
+def test_pettingzoo_api_test_passes_on_the_envs_omnigym_plays(name):
+    from pettingzoo.test import api_test
+
+    api_test(pettingzoo_env(name), num_cycles=50)
+
+
+@pytest.mark.parametrize("env_id", TIC_TAC_TOE)
+def test_a_game_gives_the_movers_view_its_legal_moves_and_per_seat_returns(env_id):
+    game = make_game(env_id)
+    assert (game.num_seats, game.num_actions) == (2, 9)
+    first = game.current()
+    assert game.legal_mask().all()
+    game.step(4)
+    assert game.current() != first and not game.legal_mask()[4] and game.legal_mask().sum() == 8
+    mover = game.current()
+    # the board as each seat sees it differs (whose stone is in the centre), and the mover's is one of them
+    assert not np.array_equal(game.observation(first), game.observation(mover))
+    while not game.done():
+        game.step(int(np.flatnonzero(game.legal_mask())[0]))
+    assert sorted(game.returns()) in ([-1.0, 1.0], [0.0, 0.0])
+
+
+def test_a_won_game_returns_plus_one_and_minus_one_on_both_libraries():
+    for env_id in TIC_TAC_TOE:
+        game = make_game(env_id)
+        first = game.current()
+        for move in (0, 3, 1, 4, 2):  # the first seat takes the top row
+            game.step(move)
+        assert game.done()
+        returns = game.returns()
+        assert returns[first] == 1.0 and returns[1 - first] == -1.0, (env_id, returns)
+
+
+def test_the_turn_env_alternates_seats_masks_moves_and_ends_on_the_learners_return():
+    env = TurnEnv("pettingzoo/tictactoe_v3")
+    seats, lengths = [], []
+    for episode in range(4):
+        obs, info = env.reset(seed=0) if episode == 0 else env.reset()
+        seats.append(env.seat)
+        assert obs.shape == env.observation_space.shape and info["action_mask"].dtype == bool
+        done, steps = False, 0
+        while not done:
+            action = int(np.flatnonzero(info["action_mask"])[0])
+            obs, reward, terminated, truncated, info = env.step(action)
+            done, steps = terminated or truncated, steps + 1
+        assert info["action_mask"].all()  # the final step: no legal move, a mask the vector env accepts
+        assert reward in (-1.0, 0.0, 1.0)
+        lengths.append(steps)
+    assert seats == [seats[0], 1 - seats[0]] * 2
+
+
+def test_an_illegal_move_loses_the_game():
+    env = TurnEnv("openspiel/tic_tac_toe")
+    _, info = env.reset(seed=1)
+    taken = int(np.flatnonzero(~info["action_mask"])[0]) if not info["action_mask"].all() else None
+    if taken is None:  # the learner moves first: take a square, then try it again
+        env.step(4)
+        taken = 4
+    _, reward, terminated, _, info = env.step(taken)
+    assert (reward, terminated, info["illegal_action"]) == (-1.0, True, True)
+
+
+def test_the_full_depth_search_is_perfect_at_tic_tac_toe():
+    rng = np.random.default_rng(0)
+    search = Search(9)
+    for env_id in TIC_TAC_TOE:
+        game = make_game(env_id)
+        game.reset(seed=0)
+        while not game.done():  # against itself: a draw
+            game.step(search(game, rng))
+        assert list(game.returns()) == [0.0, 0.0]
+        for i in range(10):  # against random: never a loss
+            game.reset(seed=i)
+            while not game.done():
+                game.step(search(game, rng) if game.current() == i % 2 else random_move(game, rng))
+            assert game.returns()[i % 2] >= 0
+
+
+@pytest.mark.parametrize("env_id", ["pettingzoo/connect_four_v3", "openspiel/connect_four"])
+def test_the_depth_2_search_takes_a_win_in_one_and_blocks_a_loss_in_one(env_id):
+    rng = np.random.default_rng(0)
+    game = make_game(env_id)
+    for move in (0, 6, 0, 6, 0):  # the first seat has three in column 0; the second must block it
+        game.step(move)
+    assert Search(2)(game, rng) == 0
+    game.step(5)  # it did not: now the first seat wins in one
+    assert Search(2)(game, rng) == 0
+
+
+def test_the_search_refuses_a_game_with_hidden_information():
+    game = make_game("openspiel/kuhn_poker")
+    with pytest.raises(OmnigymError, match="nothing hidden and no chance"):
+        Search(2)(game, np.random.default_rng(0))
+
+
+def test_elo_matches_a_hand_computation():
+    # 1200 vs 1000: E = 1 / (1 + 10^(-200/400)) = 0.759747; a loss with K = 16 moves 16 * 0.759747 = 12.156 points
+    assert elo_expected(1200, 1000) == pytest.approx(0.759747, abs=1e-6)
+    assert elo_expected(1000, 1200) == pytest.approx(1 - 0.759747, abs=1e-6)
+    assert elo_update(1200, 1000, 0.0, 16) == pytest.approx((1187.844, 1012.156), abs=1e-3)
+    assert elo_update(1000, 1000, 0.5, 32) == (1000, 1000)
+    assert [score(r) for r in (1.0, 0.0, -1.0)] == [1.0, 0.5, 0.0]
+
+
+class _Cfg:
+    latest_share, random_share, elo_k = 0.25, 0.0, 16.0
+
+
+def _league(members):
+    from omnigym.rl.league import League
+
+    league = League.__new__(League)  # the sampling and rating parts, without envs or a network
+    league.cfg, league.latest, league.members, league.rating = _Cfg(), "LATEST", members, 1000.0
+    return league
+
+
+def test_pfsp_draws_the_members_that_beat_the_learner_most():
+    beaten, strong = Member("beaten", None, 1000.0), Member("strong", None, 1000.0)
+    beaten.learner_score, strong.learner_score = 0.9, 0.2
+    league = _league([beaten, strong])
+    rng = np.random.default_rng(0)
+    drawn = [league.draw(rng)[1] for _ in range(4000)]
+    latest = sum(d == "latest" for d in drawn) / len(drawn)
+    assert latest == pytest.approx(0.25, abs=0.03)
+    # weights (1 - 0.9)^2 = 0.01 and (1 - 0.2)^2 = 0.64 (+ 0.001 each): the strong one ~98% of member games
+    share = sum(d is strong for d in drawn) / sum(d != "latest" for d in drawn)
+    assert share == pytest.approx(0.641 / 0.652, abs=0.02)
+    league.cfg.random_share = 0.5  # a fixed share for the random player (the first member) on top
+    drawn = [league.draw(rng)[1] for _ in range(4000)]
+    assert sum(d is beaten for d in drawn) / len(drawn) == pytest.approx(0.5, abs=0.03)
+
+
+def test_a_reported_game_moves_the_ratings_and_the_random_anchor_stays():
+    anchor = Member("random", None, 1000.0)
+    league = _league([anchor])
+    league.report(anchor, 1.0)
+    assert league.rating == pytest.approx(1008.0) and anchor.rating == 1000.0 and anchor.games == 1
+    assert anchor.learner_score == pytest.approx(0.5 + 0.05 * 0.5)
+    league.report("latest", 0.0)  # games against itself rate nothing
+    assert league.rating == pytest.approx(1008.0)
+
+
+def _one_line(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--env-id", "pettingzoo/tictactoe_v9"], "unknown game 'pettingzoo/tictactoe_v9'; closest: pettingzoo/tictactoe_v3"),
+    (["--env-id", "openspiel/conect_four"], "unknown game 'openspiel/conect_four'; closest: openspiel/connect_four"),
+    (["--env-id", "openspiel/kuhn_poker", "--env-kwargs", "players=3"], "openspiel/kuhn_poker has 3 seats; omnigym "
+                                                                        "plays one seat against an opponent, and "
+                                                                        "self-play supports 2-seat games"),
+    (["--env-id", "CartPole-v1"], "--self-play plays two-seat games, pettingzoo/NAME or openspiel/NAME; CartPole-v1"),
+    (["--env-id", "pettingzoo/tictactoe_v3", "--backend", "async"], "--self-play keeps its league in this process"),
+    (["--env-id", "pettingzoo/tictactoe_v3", "--eval-games", "0"], "--eval-games must be positive, got 0"),
+])
+def test_bad_game_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message):
+    _one_line(tmp_path, monkeypatch, capsys, ["train", "ppo", "--self-play", *argv], message)
+
+
+def test_a_missing_games_extra_names_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyspiel" else real(name, *a))
+    with pytest.raises(OmnigymError, match=r"pip install 'omnigym\[games\]'"):
+        check_game_id("openspiel/tic_tac_toe")
+
+
+def test_self_play_logs_the_league_and_the_evaluations(tmp_path):
+    run_dir = tmp_path / "run"
+    assert main(["train", "ppo", "--self-play", "--env-id", "openspiel/tic_tac_toe", "--total-timesteps", "1024",
+                 "--num-envs", "4", "--num-steps", "32", "--league-every", "2", "--eval-every", "4",
+                 "--eval-games", "6", "--run-dir", str(run_dir), "--no-progress"]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/vs_random/win_rate" in r]
+    assert evals and all(0 <= r["eval/vs_random/win_rate"] <= 1 and 0 <= r["eval/vs_search/score"] <= 1
+                         for r in evals)
+    assert all("eval/elo" in r for r in rows) and rows[-1]["league/size"] > 1
