@@ -86,6 +86,13 @@ ROWS = (
         Figure("KL to the SFT policy (nats)", r"seed 1, gold [\d.]+ -> \*\*[\d.]+\*\* at KL ([\d.]+)", "eval/kl",
                "last", 0.005),
     ), 4.0),
+    Row("alphazero_tic_tac_toe", "docs/alphazero.md",
+        "omnigym train alphazero --env-id openspiel/tic_tac_toe --iterations 40 --eval-games 40 --seed 1", (
+            Figure("score vs OpenSpiel's MCTS before training", r"\| 1 \| ([\d.]+) \|", "eval/vs_mcts/score", "first",
+                   0.01),
+            Figure("score vs OpenSpiel's MCTS after 640 games", r"\| 1 \| (?:[\d.]+ \| ){4}([\d.]+) \|",
+                   "eval/vs_mcts/score", "last", 0.01),
+    ), 2.0),
 )
 
 
