@@ -127,6 +127,7 @@ IMPORT_TIME_CALLS = {
                                             "gymnasium env package registers its ids at import; nothing is replaced",
     "envs/goal.py:register_own_envs": "as register_locomotion: omnigym/BitFlip-v0 and omnigym/PointReach-v0, "
                                       "so that gym.make finds them after import omnigym",
+    "envs/__init__.py:register_memory": "as register_locomotion: omnigym/CartPoleNoVel-v1 (envs/memory.py)",
 }
 """``file:function`` of each call made when a module is imported, with the reason."""
 

@@ -71,6 +71,7 @@ def train_config(argv: list[str]):
     module = get_algorithm(argv[0])
     config_cls = config_class(module)
     argv = renamed_flags(argv, config_cls)  # --backend on a language command, for one more release
+    refuse_recurrent(argv, config_cls)
     default = None
     if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
         default = resumed_defaults(argv, config_cls)
@@ -83,6 +84,27 @@ def train_config(argv: list[str]):
     # A preset (control runs) never overrides these; a resumed run's values are all its own.
     given = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
     return module, cfg, given
+
+
+RECURRENT_WORDS = ("recurrent", "lstm", "gru", "rnn")
+"""how a user asks for a policy with memory: --recurrent, --lstm, --use-lstm, --gru, --policy MlpLstmPolicy, ..."""
+
+
+def refuse_recurrent(argv: list[str], config_cls) -> None:
+    """A recurrent policy asked of an algorithm that has none: one line naming the one that has
+    (tyro's own line would only say the flag is unknown)."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    for i, arg in enumerate(argv[1:], 1):
+        name, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if not name or name.replace("-", "_") in fields:
+            continue
+        if name in ("policy", "policy-type", "policy-class") and not value and i + 1 < len(argv):
+            value, arg = argv[i + 1], f"{arg} {argv[i + 1]}"
+        if any(word in f"{name} {value}".lower() for word in RECURRENT_WORDS):
+            raise OmnigymError(f"omnigym train {argv[0]} has no recurrent policy ({arg}); PPO with an LSTM policy is "
+                               "omnigym train ppo_lstm (docs/recurrent.md)")
 
 
 def given_flags(args: list[str], cfg) -> set[str]:

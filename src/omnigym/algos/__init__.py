@@ -15,6 +15,7 @@ from omnigym.errors import OmnigymError
 ALGORITHMS = {
     "reinforce": "omnigym.algos.control.reinforce",
     "ppo": "omnigym.algos.control.ppo",
+    "ppo_lstm": "omnigym.algos.control.ppo_lstm",
     "dqn": "omnigym.algos.control.dqn",
     "sac": "omnigym.algos.control.sac",
     "td3": "omnigym.algos.control.td3",

@@ -17,3 +17,7 @@ __all__ = ["BACKENDS", "available_backends", "make_vec"]
 from omnigym.envs.locomotion import register as register_locomotion
 
 register_locomotion()  # omnigym/Go2-Velocity-Flat-v0, omnigym/Go2-Velocity-Rough-v0 (docs/robots.md)
+
+from omnigym.envs.memory import register as register_memory
+
+register_memory()  # omnigym/CartPoleNoVel-v1: CartPole without its velocities, for policies with memory (docs/recurrent.md)

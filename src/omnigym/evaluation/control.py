@@ -32,7 +32,11 @@ MAX_EPISODE_STEPS = 1_000_000
 class LoadedRun:
     """A finished (or checkpointed) control run: its directory, its algorithm's module (which has
     ``load_policy``), its config and its last checkpoint, for
-    ``module.load_policy(cfg, saved["components"], envs)``. Made by ``omnigym.runs.load_run``."""
+    ``module.load_policy(cfg, saved["components"], envs)``. Made by ``omnigym.runs.load_run``.
+
+    ``load_policy`` returns ``policy(obs batch[, masks]) -> actions``. A policy with memory (ppo_lstm)
+    also has ``reset(envs=None)``: the envs (a bool per env; None: all) whose next observation
+    begins an episode, so it forgets them; ``play_episodes`` calls it after each autoreset step."""
 
     dir: str
     module: ModuleType
@@ -76,6 +80,11 @@ class RunPolicy:
         finally:
             envs.close()
 
+    def reset(self) -> None:
+        """A new episode begins: a policy with memory (ppo_lstm) forgets the last one; others have none."""
+        if hasattr(self._policy, "reset"):
+            self._policy.reset()
+
     def __call__(self, obs, *mask):
         single = self._is_single(obs)
         if single:  # one observation: a batch of one in, its one action out
@@ -118,10 +127,14 @@ def play_episodes(run: LoadedRun, episodes: int = 10, greedy: bool = False, seed
         returns: list[float] = []
         obs, info = envs.reset(seed=seed)
         masks = ActionMasks.find(envs, info)  # the valid actions, where the env gives them
-        steps_since_episode = 0
+        forget = getattr(policy, "reset", None)  # a policy with memory (ppo_lstm): see load_policy's contract
+        steps_since_episode, autoreset = 0, np.zeros(envs.num_envs, dtype=bool)
         while len(returns) < episodes:
             actions = policy(obs) if masks is None else policy(obs, masks(envs, info, steps_since_episode))
-            obs, _, _, _, info = envs.step(actions)
+            obs, _, terminated, truncated, info = envs.step(actions)
+            if forget is not None and autoreset.any():  # that step was an autoreset: obs begins an episode
+                forget(autoreset)
+            autoreset = terminated | truncated
             steps_since_episode += 1
             if "episode" in info and info["_episode"][0]:
                 returns.append(float(info["episode"]["r"][0]))

@@ -70,6 +70,8 @@ def load_source(name: str, greedy: bool, load_run: RunLoader) -> Source:
         policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
     finally:
         envs.close()
+    require(not hasattr(policy, "reset"), f"collect: {name} is a {run.algorithm} run, whose policy has memory; "
+                                          "collect plays memoryless policies (a dataset's steps carry no hidden state)")
     return Source(name, run.algorithm, cfg.env_id, policy)
 
 
