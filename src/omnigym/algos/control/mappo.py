@@ -16,10 +16,10 @@ agent-steps. What makes it MAPPO rather than PPO run once per agent:
 - **value normalisation** (the paper's ValueNorm): the critic predicts returns standardised
   by their running mean and std, which are kept in the checkpoint.
 
-The defaults are the paper's MPE settings (its Table 13: lr 7e-4, 10 epochs, 1 minibatch, clip
-0.2, entropy 0.01, gamma 0.99, GAE lambda 0.95, gradient norm 10, episodes of 25 steps) except
-for the batch: 16 envs here where the paper steps 128, for a 2-core CPU. docs/mappo.md has the
-figures beside the published ones.
+The defaults are the MPE settings of the paper's code (marlbenchmark/on-policy: lr 7e-4, 10
+epochs, 1 minibatch, clip 0.2, entropy 0.01, gamma 0.99, GAE lambda 0.95, gradient norm 10,
+episodes of 25 steps) except for the batch: 16 envs here where it steps 128, for a 2-core CPU.
+docs/mappo.md has the figures beside the published one, and what differs.
 """
 
 from __future__ import annotations
