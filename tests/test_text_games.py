@@ -283,3 +283,19 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags, messa
     err = capsys.readouterr().err.strip()
     assert err.startswith("omnigym: error:") and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_the_held_out_judge_plays_random_and_samples_as_training_does():
+    pytest.importorskip("transformers")
+    from omnigym.algos import grpo
+    from omnigym.envs.task_spec import load_task
+    from omnigym.generators.text_tasks import make_generator, task_env, task_spec
+    from omnigym.generators.two_seat_episodes import TwoSeatGenerator
+
+    for opponent in ("search", "self"):
+        cfg = grpo.GRPOConfig(env="tictactoe", opponent=opponent, max_turns=5, eval_size=5, temperature=0.7)
+        env, _ = task_env(cfg, load_task(task_spec(cfg), 0, 5))
+        judge = make_generator(cfg, env, None, None, greedy=True)
+        assert judge.env.opponent == "random" and not judge.params.greedy and judge.params.temperature == 0.7
+        sampler = make_generator(cfg, env, None, None)
+        assert isinstance(sampler, TwoSeatGenerator) if opponent == "self" else sampler.env.opponent == "search"

@@ -152,20 +152,24 @@ def task_env(cfg: TextTaskConfig, task: Task):
 def make_generator(cfg: TextTaskConfig, env, engine, tokenizer, greedy: bool = False) -> TextEnvGenerator:
     """The generator that plays ``env`` with ``engine``; ``cfg`` also gives the episode budgets
     (``runtime.episodes.EpisodeScheduleConfig``'s flags). A game's held-out judge (``greedy``)
-    plays the random opponent whatever --opponent trains against: its accuracy is the win rate
-    ``eval/vs_random/win_rate``; --opponent self trains on both seats of the policy's own games."""
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy)
-    if cfg.env in GAMES and greedy:
-        env = copy.copy(env)
+    plays the random opponent whatever --opponent trains against, and samples its moves at
+    --temperature as training does: its accuracy is the win rate ``eval/vs_random/win_rate`` of
+    the policy that is trained. (A greedy player is another policy: one that imitated random
+    moves plays the same cell every turn and loses every game.) --opponent self trains on both
+    seats of the policy's own games."""
+    judge = greedy
+    if cfg.env in GAMES and judge:
+        env, greedy = copy.copy(env), False
         env.opponent = "random"
-    elif cfg.env in GAMES and cfg.opponent == "self":
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy)
+    if cfg.env in GAMES and cfg.opponent == "self" and not judge:
         from omnigym.generators.two_seat_episodes import TwoSeatGenerator
 
         return TwoSeatGenerator(env, engine, tokenizer, params)
     # the held-out judge plays by the same budgets, but without the overlong penalty: it reads correctness
     return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns,
                             max_episode_tokens=cfg.max_episode_tokens or None,
-                            overlong_buffer=0 if greedy else cfg.overlong_buffer, overlap_scoring=cfg.overlap_scoring)
+                            overlong_buffer=0 if judge else cfg.overlong_buffer, overlap_scoring=cfg.overlap_scoring)
 
 
 def remote_generator(cfg: TextTaskConfig, cwd: str) -> TextEnvGenerator:
