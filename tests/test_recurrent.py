@@ -112,8 +112,8 @@ def test_eval_policy_forgets_only_the_envs_that_begin_an_episode():
 
 
 def quiet(run_dir, **extra):
-    return PPOLSTMConfig(env_id=NO_VEL, seed=3, run_dir=str(run_dir), progress=False, plot=False, tensorboard=False,
-                         **extra)
+    settings = dict(env_id=NO_VEL, seed=3, run_dir=str(run_dir), progress=False, plot=False, tensorboard=False)
+    return PPOLSTMConfig(**{**settings, **extra})
 
 
 def metrics(run_dir):
