@@ -154,8 +154,8 @@ def self_play(tokenizer, moves, games=1):
 
     engine = ScriptedEngine(tokenizer, moves)
     examples = [{"question": "q", "answer": "", "seat": 0, "seed": i} for i in range(games)]
-    out = TwoSeatGenerator(tictactoe_env(n=4), engine, tokenizer, SamplingParams(max_new_tokens=8)).generate(examples, 1)
-    return out.items, engine
+    generator = TwoSeatGenerator(tictactoe_env(n=4), engine, tokenizer, SamplingParams(max_new_tokens=8))
+    return generator.generate(examples, 1).items, engine
 
 
 def own_text(tokenizer, t, mask_value):
@@ -240,7 +240,8 @@ def test_grpo_self_play_updates_the_policy(tmp_path, monkeypatch):
                 text = self.tokenizer.decode(prompt, skip_special_tokens=False)
                 groups.append([])
                 for _ in range(n):
-                    ids = self.tokenizer(policy(text), add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+                    ids = self.tokenizer(policy(text), add_special_tokens=False)["input_ids"]
+                    ids.append(self.tokenizer.eos_token_id)
                     groups[-1].append(Sample(list(prompt), ids, [-1.0] * len(ids), True))
             return groups
 

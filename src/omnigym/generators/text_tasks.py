@@ -58,9 +58,9 @@ class TextTaskConfig:
     """single-turn (one reply, scored); tools (the reply may call <tool name="python"> or
     <tool name="calculator"> and read the answer, up to --max-turns replies); python (a Python
     session kept across turns; its own computation task unless --task is given); search (BM25 over
-    an invented world's facts) or guess (a secret number, told higher or lower): each with its own task;
-    tictactoe (a game against --opponent, docs/text_games.md); skyrl:NAME (a skyrl-gym env; skyrl:MODULE:NAME for one MODULE registers) or vf:MODULE (a verifiers
-    environment module): the ecosystem's envs, docs/agents.md"""
+    an invented world's facts), guess (a secret number, told higher or lower) or tictactoe (a game against
+    --opponent, docs/text_games.md): each with its own task; skyrl:NAME (a skyrl-gym env; skyrl:MODULE:NAME for
+    one MODULE registers) or vf:MODULE (a verifiers environment module): the ecosystem's envs, docs/agents.md"""
     env_args: str | None = None
     """JSON object for --env skyrl:NAME (the env's env_config, e.g. {"search_url": ...}) or --env vf:MODULE
     (load_environment's keyword arguments)"""
