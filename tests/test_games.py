@@ -204,3 +204,17 @@ def test_self_play_logs_the_league_and_the_evaluations(tmp_path):
     assert evals and all(0 <= r["eval/vs_random/win_rate"] <= 1 and 0 <= r["eval/vs_search/score"] <= 1
                          for r in evals)
     assert all("eval/elo" in r for r in rows) and rows[-1]["league/size"] > 1
+
+
+@pytest.mark.slow
+def test_self_play_learns_tic_tac_toe(tmp_path):
+    """The tictactoe preset, 30k steps, seed 1 (~20 s quiet, 62 s under load 5): measured 0.79 against random, 0.165
+    against the perfect player, Elo 1228 (the untrained policy: about 0.65, 0.02 and 1000)."""
+    run_dir = tmp_path / "run"
+    assert main(["train", "ppo", "--self-play", "--env-id", "openspiel/tic_tac_toe", "--total-timesteps", "30000",
+                 "--seed", "1", "--run-dir", str(run_dir), "--no-progress"]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = [r for r in rows if "eval/vs_random/win_rate" in r][-1]
+    assert final["eval/vs_random/win_rate"] >= 0.7
+    assert final["eval/vs_search/score"] >= 0.1
+    assert final["eval/elo"] > 1100
