@@ -15,11 +15,11 @@ from omnigym.errors import OmnigymError
 ALGORITHMS = {
     "reinforce": "omnigym.algos.control.reinforce",
     "ppo": "omnigym.algos.control.ppo",
-    "ppo_lstm": "omnigym.algos.control.ppo_lstm",
     "dqn": "omnigym.algos.control.dqn",
     "sac": "omnigym.algos.control.sac",
     "td3": "omnigym.algos.control.td3",
     "drq": "omnigym.algos.control.drq",
+    "ppo_lstm": "omnigym.algos.control.ppo_lstm",
     "bc": "omnigym.algos.control.bc",
     "td3_bc": "omnigym.algos.control.td3_bc",
     "iql": "omnigym.algos.control.iql",
