@@ -17,7 +17,7 @@ from omnigym.models.recurrent import RecurrentActorCritic
 from omnigym.rl.rollout import RolloutCollector
 from omnigym.errors import OmnigymError
 from omnigym.offline.collect import load_source
-from omnigym.runs import evaluate_run, load_run
+from omnigym.runs import evaluate_run, load_policy, load_run
 from omnigym.track.episodes import EpisodeStats
 from omnigym.track.run import Run
 
@@ -144,6 +144,12 @@ def test_interrupted_run_resumes_to_the_same_metrics_and_eval_replays_it(tmp_pat
     returns = evaluate_run(str(tmp_path / "whole"), episodes=3, seed=5)
     assert len(returns) == 3 and all(r > 0 for r in returns)
     assert returns == evaluate_run(str(tmp_path / "whole"), episodes=3, seed=5)
+    # From Python: one observation at a time keeps the memory until reset() says an episode begins.
+    policy = load_policy(str(tmp_path / "whole"))
+    first = policy(np.zeros(2, dtype=np.float32))
+    assert first in (0, 1) and policy._policy.state.abs().sum() > 0
+    policy.reset()
+    assert policy._policy.state is None
     # omnigym collect plays memoryless policies: a run with memory is one line
     with pytest.raises(OmnigymError, match="whose policy has memory"):
         load_source(str(tmp_path / "whole"), True, load_run)
