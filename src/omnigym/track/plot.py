@@ -25,7 +25,7 @@ from omnigym.track.run_dir import STAGES_FOLDER
 CONTROL_RETURN = ("charts/episodic_return",)
 OFFLINE_SCORE = ("eval/normalized_score", "eval/episodic_return")  # normalized where the dataset has references
 HEADLINES = MappingProxyType({
-    **dict.fromkeys(("ppo", "reinforce", "dqn", "sac", "td3", "drq", "ppo_lstm"), CONTROL_RETURN),
+    **dict.fromkeys(("ppo", "reinforce", "dqn", "sac", "td3", "drq", "ppo_lstm", "mappo"), CONTROL_RETURN),
     **dict.fromkeys(("bc", "td3_bc", "iql", "cql"), OFFLINE_SCORE),
     "alphazero": ("eval/vs_mcts/score", "eval/vs_random/win_rate"),
     "grpo": ("eval/accuracy",), "text_reinforce": ("reward/mean",), "sft": ("eval/loss",),
