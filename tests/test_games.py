@@ -208,6 +208,19 @@ def test_self_play_logs_the_league_and_the_evaluations(tmp_path):
     assert all("eval/elo" in r for r in rows) and rows[-1]["league/size"] > 1
 
 
+def test_a_resumed_self_play_run_keeps_its_league_and_ratings(tmp_path):
+    run_dir = str(tmp_path / "run")
+    flags = ["--self-play", "--env-id", "openspiel/tic_tac_toe", "--league-every", "2", "--eval-every", "4",
+             "--eval-games", "4", "--no-progress"]
+    assert main(["train", "ppo", *flags, "--total-timesteps", "1024", "--run-dir", run_dir]) == 0
+    first = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")][-1]
+    assert main(["train", "ppo", "--resume", run_dir, "--total-timesteps", "2048", "--no-progress"]) == 0
+    rows = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+    resumed = rows[rows.index(first) + 1]
+    assert resumed["league/size"] >= first["league/size"]  # not back to the random player alone
+    assert abs(resumed["eval/elo"] - first["eval/elo"]) < 100  # one update's games from where it was, not from 1000
+
+
 @pytest.mark.slow
 def test_self_play_learns_tic_tac_toe(tmp_path):
     """The tictactoe preset, 30k steps, seed 1 (~20 s quiet, 62 s under load 5): measured 0.79 against random, 0.165
