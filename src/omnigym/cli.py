@@ -20,6 +20,8 @@ COMMANDS = ("train", "eval", "sample", "collect", "export", "plot", "list", "imp
 USAGE = f"usage: omnigym {{{','.join(COMMANDS)}}} ...\n\n" + """  omnigym train ALGO [flags]     train; `omnigym train ALGO --help` lists the flags
   omnigym eval RUN_DIR [--episodes N] [--greedy] [--video [--video-dir DIR]] [--randomize] [--command VX,VY,YAW]
                                  --video: the episodes as .mp4 in RUN_DIR/videos/eval (docs/video.md)
+  omnigym eval LM_RUN_DIR [--n N --k K,...] [--task gsm8k|humaneval|SPEC] [--lm-eval TASKS]
+                                 pass@k, maj@k and a decontamination report (docs/evaluation.md)
   omnigym sample RUN_DIR_OR_MODEL --n N [--rewards NAME:W,...] [--min-reward R] [--out DATA.jsonl] [--curve]
                                  the best of N replies per prompt as an SFT dataset, or with --curve
                                  best-of-N accuracy vs N on held-out prompts (docs/best_of_n.md)
@@ -199,7 +201,10 @@ def evaluate(argv: list[str]) -> None:
                              "strength, pushes) and report falls and velocity tracking (docs/robots.md)")
     parser.add_argument("--command", metavar="VX,VY,YAW", help="locomotion runs: the fixed velocity command to "
                         "track, reporting falls and tracking (default with --randomize: 0.5,0,0)")
+    add_language_flags(parser)
     args = parser.parse_args(argv)
+    if language_run(args):
+        return evaluate_language(args)
     if args.randomize or args.command:
         return evaluate_locomotion(args)
     from pathlib import Path
@@ -231,6 +236,64 @@ def evaluate(argv: list[str]) -> None:
     if video_dir:
         written = sorted(set(Path(video_dir).glob("*.mp4")) - before)
         print(f"videos: {len(written)} in {video_dir}" + (f" ({written[0].name} ...)" if written else ""))
+
+
+LANGUAGE_FLAGS = ("n", "k", "task", "prompts", "ngram", "temperature", "max_new_tokens", "lm_eval",
+                  "lm_eval_include", "lm_eval_limit")
+
+
+def add_language_flags(parser) -> None:
+    add = parser.add_argument
+    add("--n", type=int, help="language runs: replies sampled per prompt (default 8)")
+    add("--k", help="language runs: the k of pass@k and maj@k, comma-separated, each <= --n (default 1 and n)")
+    add("--task", help="language runs: the eval set: the run's own task's held-out split (default), gsm8k or "
+                       "humaneval (the shared data, whole), or any train grpo --task (its held-out split)")
+    add("--data-dir", default="../shared/data", help="the folder holding gsm8k/ and humaneval/ (default ../shared/data)")
+    add("--prompts", type=int, help="language runs: evaluate the first N items only")
+    add("--ngram", type=int, help="language runs: the n of the decontamination check (default 13 words)")
+    add("--temperature", type=float, help="language runs: sampling temperature (default: the run's)")
+    add("--max-new-tokens", type=int, help="language runs: reply budget (default: the run's)")
+    add("--lm-eval", metavar="TASKS", help="language runs: run lm-eval's harness on the run's model for these "
+                                           "tasks (comma-separated; data must be local; needs the [eval] extra)")
+    add("--lm-eval-include", metavar="DIR", help="a folder of lm-eval task YAMLs of your own, for --lm-eval")
+    add("--lm-eval-limit", type=int, help="--lm-eval: at most this many items per task")
+
+
+def language_run(args) -> bool:
+    """Whether RUN_DIR is a language run (its config names a training backend); language flags
+    on a control run are refused in one line."""
+    from omnigym.track.files import load_config_dict
+
+    is_language = "training_backend" in load_config_dict(args.run_dir)
+    given = [f for f in LANGUAGE_FLAGS if getattr(args, f) is not None]
+    if not is_language and given:
+        raise OmnigymError(f"--{given[0].replace('_', '-')} is for language runs; {args.run_dir} is a control run")
+    control = [f for f in ("video", "video_dir", "randomize", "command", "greedy") if getattr(args, f)]
+    if is_language and control:
+        raise OmnigymError(f"--{control[0].replace('_', '-')} is for control runs; {args.run_dir} is a language run")
+    return is_language
+
+
+def evaluate_language(args) -> None:
+    """``omnigym eval RUN`` on a language run: pass@k, maj@k and the decontamination report
+    (docs/evaluation.md), or with --lm-eval lm-eval's tasks on its model."""
+    import json
+
+    from omnigym.evaluation.language import evaluate_language_run, lm_eval_tasks, result_path
+    from omnigym.track.files import load_config_dict
+
+    if args.lm_eval is None:
+        args.n = 8 if args.n is None else args.n
+        args.ngram = 13 if args.ngram is None else args.ngram
+        evaluate_language_run(args.run_dir, load_config_dict(args.run_dir), args)
+        return
+    if args.n is not None or args.k is not None or args.task is not None:
+        raise OmnigymError("--lm-eval runs lm-eval's own tasks; give --n/--k/--task in a separate omnigym eval")
+    results = lm_eval_tasks(args.run_dir, load_config_dict(args.run_dir), args.lm_eval, args.lm_eval_include,
+                            args.lm_eval_limit, args.seed, 13 if args.ngram is None else args.ngram)
+    out = result_path(args.run_dir, "lm-eval")
+    out.write_text(json.dumps({"run": args.run_dir, "lm_eval": results}, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 def sample(argv: list[str]) -> None:

@@ -1,0 +1,418 @@
+"""``omnigym eval RUN`` for a language run: ``--n`` sampled replies per prompt, scored as pass@k
+and maj@k, with a decontamination report against the run's own training prompts.
+
+- **pass@k**: the unbiased estimator of Chen et al. (2021), ``1 - C(n-c, k) / C(n, k)`` for ``c``
+  correct replies of ``n``, computed as their product form ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``
+  (no factorials, so no overflow or cancellation at large ``n``); the mean over prompts.
+- **maj@k**: among ``k`` replies, the answer most of them extract (``rewards.text.extract_answer``,
+  numbers compared as numbers); a tie goes to the answer met first; replies with no answer do not
+  vote, and a prompt with no vote counts as wrong. The expectation over every ``k``-subset of the
+  ``n`` replies when there are at most ``MAJ_SUBSETS`` of them, else the mean over that many
+  subsets drawn with the eval's seed. Code tasks (HumanEval) have no answer to vote on: n/a.
+- **decontamination**: ``contamination`` below.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from math import comb
+from pathlib import Path
+from typing import Sequence
+
+from omnigym.config import LanguageModelConfig
+from omnigym.errors import OmnigymError, require
+from omnigym.generators.text_tasks import TextTaskConfig
+from omnigym.runtime.episodes import EpisodeScheduleConfig
+
+MAJ_SUBSETS = 2000
+"""maj@k is exact over all k-subsets up to this many, else the mean over this many drawn"""
+
+NGRAM = 13
+"""the default n of the decontamination check (GPT-3's upper bound, Brown et al. 2020, App. C)"""
+
+SHARED_SETS = (("gsm8k", "gsm8k/test.jsonl"), ("humaneval", "humaneval/HumanEval.jsonl.gz"))
+"""``--task`` names that read a whole file of the shared data folder (``--data-dir``) as the eval set"""
+
+EXAMPLES_SHOWN = 3
+
+
+# -- the estimators ------------------------------------------------------------------------------
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al. (2021): the chance that some reply of ``k`` drawn without replacement from
+    ``n`` replies, ``c`` of them correct, is correct."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:  # every k-subset holds a correct reply
+        return 1.0
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
+def answer_key(answer: str | None) -> str | None:
+    """What a reply votes for: its extracted answer, a number as a number (``1,000`` = ``1000.0``)."""
+    if answer is None or not answer.strip():
+        return None
+    text = answer.strip().replace(",", "").replace("$", "")
+    try:
+        return repr(float(text))
+    except ValueError:
+        return " ".join(text.split())
+
+
+def majority_correct(keys: Sequence[str | None], correct: Sequence[bool]) -> bool:
+    """Whether the answer most of these replies give is right (a tie: the one met first; a reply
+    with that answer carries its verdict)."""
+    votes = Counter(key for key in keys if key is not None)
+    if not votes:
+        return False
+    winner = max(votes, key=lambda key: (votes[key], -keys.index(key)))
+    return bool(correct[keys.index(winner)])
+
+
+def maj_at_k(keys: Sequence[str | None], correct: Sequence[bool], k: int, seed: int = 0) -> float:
+    """maj@k of one prompt's ``n`` replies (their answer keys and verdicts); see the module."""
+    n = len(keys)
+    if not 1 <= k <= n or len(correct) != n:
+        raise ValueError(f"maj@k needs 1 <= k <= n and one verdict per reply, got k={k}, n={n}")
+    if comb(n, k) <= MAJ_SUBSETS:
+        subsets = itertools.combinations(range(n), k)
+        total = comb(n, k)
+    else:
+        rng = random.Random(seed)
+        subsets = (sorted(rng.sample(range(n), k)) for _ in range(MAJ_SUBSETS))
+        total = MAJ_SUBSETS
+    return sum(majority_correct([keys[i] for i in s], [correct[i] for i in s]) for s in subsets) / total
+
+
+# -- decontamination -----------------------------------------------------------------------------
+
+WORD = re.compile(r"[a-z0-9]+|[-+*/=^<>%]")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words, punctuation and whitespace dropped (GPT-3's normalization); arithmetic
+    operators are kept as words, so that ``88 + 69`` and ``88 * 69`` stay different problems."""
+    return WORD.findall(text.lower())
+
+
+def ngrams(tokens: list[str], n: int) -> set[str]:
+    return {" ".join(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def prompt_text(example: dict) -> str:
+    """What a prompt says: a code task's own prompt (the instruction wrapped around it is the same
+    for every item and would match everywhere), else the question."""
+    text = example.get("prompt") if isinstance(example.get("prompt"), str) else example.get("question", "")
+    return str(text)
+
+
+def contamination(train_texts: Sequence[str], eval_texts: Sequence[str], n: int = NGRAM) -> dict:
+    """Which eval items share a word ``n``-gram with some training prompt, or hold a whole training
+    prompt that is shorter than ``n`` words (it has no ``n``-gram: "What is 88 + 69?" copied into
+    an eval item, a prompt template around it or not). Returns counts, the share, the first hits."""
+    require(n >= 1, f"--ngram must be at least 1, got {n}")
+    seen: set[str] = set()
+    whole: set[str] = set()
+    for text in train_texts:
+        tokens = words(text)
+        seen |= ngrams(tokens, n)
+        if 0 < len(tokens) < n:
+            whole.add(" ".join(tokens))
+    lengths = sorted({len(w.split()) for w in whole}, reverse=True)
+    hits, short = [], 0
+    for index, text in enumerate(eval_texts):
+        tokens = words(text)
+        short += len(tokens) < n
+        shared = next((g for g in (" ".join(tokens[i:i + n]) for i in range(len(tokens) - n + 1)) if g in seen), None)
+        if shared is None:
+            shared = next((g for size in lengths for g in (" ".join(tokens[i:i + size])
+                                                             for i in range(len(tokens) - size + 1)) if g in whole),
+                          None)
+        if shared is not None:
+            hits.append({"index": index, "overlap": shared, "text": text})
+    total = len(eval_texts)
+    return {"ngram": n, "train_prompts": len(train_texts), "eval_items": total, "contaminated": len(hits),
+            "share": len(hits) / total if total else 0.0, "shorter_than_n": short,
+            "short_train_prompts": len(whole), "examples": hits[:EXAMPLES_SHOWN],
+            "contaminated_indices": [h["index"] for h in hits]}
+
+
+def contamination_lines(report: dict, what: str) -> list[str]:
+    lines = [f"decontamination ({report['ngram']}-gram word overlap with {report['train_prompts']} training "
+             f"prompts of {what}): {report['contaminated']} of {report['eval_items']} eval items contaminated "
+             f"({report['share']:.1%}); rule: a shared {report['ngram']}-word sequence, or a whole training "
+             f"prompt shorter than that inside the item ({report['short_train_prompts']} such prompts)"]
+    for hit in report["examples"]:
+        lines.append(f"  item {hit['index']}: shares {hit['overlap'][:80]!r}  ({hit['text'][:80]!r})")
+    return lines
+
+
+# -- the eval set and the samples ----------------------------------------------------------------
+
+@dataclass
+class LanguageEvalConfig(TextTaskConfig, EpisodeScheduleConfig, LanguageModelConfig):
+    """The run's own task and sampling flags, read back from its config.json."""
+
+
+def run_config(values: dict, run_dir: str) -> LanguageEvalConfig:
+    """The flags of the run (``values``: its config.json) that choose its task and sample replies;
+    the model is the run's own ``model/`` folder."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(LanguageEvalConfig)}
+    cfg = LanguageEvalConfig(**{k: v for k, v in values.items() if k in names})
+    cfg.model = run_dir
+    return cfg
+
+
+def shared_rows(name: str, data_dir: str) -> tuple[list[dict], object | None]:
+    """The shared GSM8K test split or HumanEval, whole, and the env HumanEval comes with."""
+    relative = dict(SHARED_SETS)[name]
+    path = Path(data_dir) / relative
+    require(path.is_file(), f"--task {name} reads {path}, which is not there; give --data-dir the folder that "
+                            f"holds {relative}")
+    from omnigym.tasks.datasets import load_gsm8k, load_humaneval
+
+    if name == "gsm8k":
+        return load_gsm8k(path), None
+    from omnigym.envs.text import TextEnv
+    from omnigym.rewards import WeightedSum
+
+    rows = load_humaneval(path)
+    return rows, TextEnv(rows, WeightedSum({"code": 1.0}))
+
+
+def eval_task(cfg: LanguageEvalConfig, task: str | None, data_dir: str):
+    """``(eval examples, Task)``: the run's task's held-out split (``task`` None), another task
+    spec's held-out split (the run's seed and --eval-size), or a shared set whole."""
+    from omnigym.generators.text_tasks import text_task
+    from omnigym.tasks import Task
+
+    if task in dict(SHARED_SETS):
+        rows, env = shared_rows(task, data_dir)
+        return rows, Task(rows, rows, env)
+    if task is not None:
+        cfg.task, cfg.rewards, cfg.accuracy_reward = task, None, None  # that task's own reward decides
+    loaded, _ = text_task(cfg)
+    return loaded.heldout, loaded
+
+
+def training_prompts(values: dict, run_dir: str) -> tuple[list[str], str]:
+    """The prompts the run trained on, and what they are: its task's training split (the seed
+    and --eval-size it ran with), or its --data file's prompts."""
+    from omnigym.generators.text_tasks import text_task
+
+    if values.get("task") and not values.get("data"):
+        cfg = run_config(values, run_dir)
+        return [prompt_text(e) for e in text_task(cfg)[0].train], f"--task {values['task']}"
+    if values.get("data"):
+        from omnigym.tasks.datasets import read_jsonl
+
+        rows = read_jsonl(values["data"], ())
+        return [prompt_text(r) if not isinstance(r.get("prompt"), list) else
+                " ".join(str(m.get("content", "")) for m in r["prompt"]) for r in rows], f"--data {values['data']}"
+    raise OmnigymError(f"{run_dir}: its config.json names neither a --task nor a --data file, so its training "
+                       "prompts are unknown and no decontamination report can be made")
+
+
+def sample_replies(judge, tokenizer, examples: list[dict], n: int, per_call: int = 64) -> list[dict]:
+    """Per example its ``n`` replies' texts and verdicts: ``judge`` is a generator whose env is
+    scored by the correctness reward, and a reply is correct when that scores >= 1 (as held-out
+    accuracy counts it), each reply scored once (HumanEval's tests run once per reply)."""
+    groups = []
+    for begin in range(0, len(examples), per_call):
+        batch = examples[begin:begin + per_call]
+        items = judge.generate(batch, n).items
+        texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in items]
+        right = [float(t.reward) if not t.info.get("error") else 0.0 for t in items]
+        for g, example in enumerate(batch):
+            mine = range(g * n, (g + 1) * n)
+            groups.append({"example": example, "replies": [texts[i] for i in mine],
+                           "correct": [right[i] >= 1.0 for i in mine]})
+    return groups
+
+
+def scores(groups: list[dict], ks: list[int], code: bool, seed: int) -> dict:
+    """pass@k and maj@k (None for code) per ``k``, each the mean over prompts."""
+    from omnigym.rewards.text import extract_answer
+
+    result = {}
+    for k in ks:
+        result[f"pass@{k}"] = sum(pass_at_k(len(g["correct"]), sum(g["correct"]), k) for g in groups) / len(groups)
+        result[f"maj@{k}"] = None if code else sum(
+            maj_at_k([answer_key(extract_answer(r)) for r in g["replies"]], g["correct"], k, seed + i)
+            for i, g in enumerate(groups)) / len(groups)
+    return result
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def parse_ks(text: str | None, n: int) -> list[int]:
+    """``--k 1,4``: each at least 1 and at most ``--n`` (default: 1 and ``n``)."""
+    if text is None:
+        return sorted({1, n})
+    try:
+        ks = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise OmnigymError(f"--k takes whole numbers separated by commas, got {text!r}") from None
+    bad = [k for k in ks if not 1 <= k <= n]
+    require(not bad, f"--k {bad[0]} must be between 1 and --n {n} (pass@k draws k of the n replies)" if bad else "")
+    return ks
+
+
+def result_path(run_dir: str, task_label: str) -> Path:
+    """A new file under ``RUN/evals/`` (created here, exclusively): an eval never replaces a
+    file of the run, its own earlier evals included."""
+    import os
+
+    folder = Path(run_dir) / "evals"
+    folder.mkdir(exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", task_label)[:60]
+    for number in itertools.count(1):
+        path = folder / f"{stem}-{number:03d}.json"
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
+def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
+    """``omnigym eval RUN`` on a language run (``values``: its config.json; ``args``: the flags).
+    Everything is checked before the model loads; the results go to a new file in RUN/evals/."""
+    import json
+
+    from omnigym.evaluation.text import judged_env
+    from omnigym.generators.text_tasks import make_generator, task_env
+    from omnigym.inference import make_engine
+    from omnigym.models.lm import CHAT_TEMPLATE, LoraSettings, check_context, load_policy_and_tokenizer, resolve_model
+    from omnigym.process import run_scope
+    from omnigym.track.lock import RunLock
+
+    require(args.n >= 1, f"--n must be at least 1, got {args.n}")
+    ks = parse_ks(args.k, args.n)
+    require(args.prompts is None or args.prompts >= 1, f"--prompts must be at least 1, got {args.prompts}")
+    resolve_model(run_dir)  # a run that has not finished its model/ is refused here, in one line
+    train_texts, trained_on = training_prompts(values, run_dir)
+    cfg = run_config(values, run_dir)
+    cfg.seed = args.seed
+    if args.temperature is not None:
+        cfg.temperature = args.temperature
+    if args.max_new_tokens is not None:
+        cfg.max_new_tokens = args.max_new_tokens
+    examples, task = eval_task(cfg, args.task, args.data_dir)
+    examples = examples[:args.prompts] if args.prompts else examples
+    label = args.task or f"{values.get('task')} held-out"
+    report = contamination(train_texts, [prompt_text(e) for e in examples], args.ngram)
+    for line in contamination_lines(report, trained_on):
+        print(line)
+    lock = RunLock(Path(run_dir))
+    lock.acquire()  # not while the run trains: its own process writes there
+    try:
+        with run_scope(cfg.seed, cfg.torch_threads):
+            policy, tokenizer = load_policy_and_tokenizer(run_dir, cfg.seed, cfg.chat_template, LoraSettings(),
+                                                          cfg.device)
+            check_context(policy, cfg.max_new_tokens)
+            if cfg.system_prompt is None and tokenizer.chat_template == CHAT_TEMPLATE:
+                cfg.system_prompt = ""  # the tiny model's family: trained without one
+            env, correct = task_env(cfg, task)
+            require(not hasattr(env, "max_turns"), f"--task {cfg.task} is a multi-turn env; eval samples one-reply "
+                                                   "answers: give a single-turn task")
+            engine = make_engine(policy, tokenizer, cfg.engine)
+            groups = sample_replies(make_generator(cfg, judged_env(env, correct), engine, tokenizer), tokenizer,
+                                    examples, args.n)
+        code = any("entry_point" in e for e in examples)
+        measured = scores(groups, ks, code, args.seed)
+        result = {"run": str(run_dir), "eval_set": label, "items": len(examples), "samples_per_item": args.n,
+                  "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens, "seed": args.seed,
+                  "scores": measured, "decontamination": report,
+                  "clean_scores": scores([g for i, g in enumerate(groups)
+                                          if i not in set(report["contaminated_indices"])], ks, code, args.seed)
+                  if report["contaminated"] < len(groups) else None,
+                  "replies": [{"prompt": prompt_text(g["example"])[:500], "replies": g["replies"],
+                               "correct": g["correct"]} for g in groups]}
+        out = result_path(run_dir, label)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    finally:
+        lock.release()
+    print(f"{label}: {len(examples)} items, {args.n} samples each (temperature {cfg.temperature}, seed {args.seed})")
+    for k in ks:
+        maj = measured[f"maj@{k}"]
+        print(f"  pass@{k} {measured[f'pass@{k}']:.3f}   maj@{k} " + ("n/a (code)" if maj is None else f"{maj:.3f}"))
+    print(f"wrote {out}")
+    return result
+
+
+def lm_eval_tasks(run_dir: str, values: dict, tasks: str, include: str | None, limit: int | None, seed: int,
+                  ngram: int = NGRAM) -> dict:
+    """``--lm-eval TASKS``: the run's model folder (``model/``: LoRA already merged) through
+    lm-eval's harness, offline (the hub switched off: a task whose data is not local fails in
+    one line). ``include``: a folder of task YAMLs of your own (``--lm-eval-include``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise OmnigymError("--lm-eval needs the [eval] extra (lm-eval): pip install 'omnigym[eval]'")
+    from omnigym.models.lm import resolve_model
+    from omnigym.scoped_env import environment
+
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    require(names, "--lm-eval takes task names separated by commas")
+    require(include is None or Path(include).is_dir(), f"--lm-eval-include {include}: no such folder")
+    folder = resolve_model(run_dir)
+    train_texts, trained_on = training_prompts(values, run_dir)
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with environment(offline):  # set before lm-eval and datasets are imported: they read it then
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+
+        # lm-eval indexes its thousands of built-in tasks first (tens of seconds): only when the
+        # folder given does not hold every task named
+        manager = TaskManager(include_path=include, include_defaults=False) if include else None
+        if manager is None or any(t not in manager.all_tasks for t in names):
+            manager = TaskManager(include_path=include)
+        unknown = [t for t in names if t not in manager.all_tasks]
+        require(not unknown, f"--lm-eval: unknown lm-eval task {unknown[0]!r}" if unknown else "")
+        reports = lm_eval_contamination(manager, names, train_texts, trained_on, limit, ngram)
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's hf model asks for cuda by default
+        try:
+            out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},device={device}", tasks=names,
+                                          task_manager=manager, limit=limit, random_seed=seed, numpy_random_seed=seed,
+                                          torch_random_seed=seed, fewshot_random_seed=seed)
+        except Exception as exc:  # noqa: BLE001 - a hub download refused offline, a dataset it cannot find
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise OmnigymError(f"--lm-eval {tasks}: lm-eval failed ({detail}); it runs offline, so only tasks "
+                               "whose data is on this machine run") from None
+    results = {task: {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+               for task, metrics in out["results"].items()}
+    for task, metrics in results.items():
+        print(f"lm-eval {task}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return {"results": results, "decontamination": reports}
+
+
+def lm_eval_contamination(manager, names: list[str], train_texts: list[str], trained_on: str, limit: int | None,
+                          ngram: int) -> dict:
+    """The decontamination report of each lm-eval task's eval documents (as the model is shown
+    them: ``doc_to_text``), printed before the harness runs."""
+    reports = {}
+    try:
+        found = manager.load(names)["tasks"]  # every leaf task, a group's members included
+    except Exception as exc:  # noqa: BLE001 - its data is not on this machine: said in one line
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise OmnigymError(f"--lm-eval {','.join(names)}: lm-eval could not load it offline ({detail})") from None
+    for name, task in found.items():
+        texts = [str(task.doc_to_text(doc)) for doc in task.eval_docs]
+        report = contamination(train_texts, texts[:limit] if limit else texts, ngram)
+        reports[str(name)] = report
+        for line in contamination_lines(report, trained_on):
+            print(f"lm-eval {name}: {line}")
+    return reports
