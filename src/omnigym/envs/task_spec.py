@@ -34,6 +34,14 @@ def load_task(spec: str, seed: int, eval_size: int, digits: int = 2, terms: int 
         chain = ChainTask(digits, terms, operations)
         train = chain.sample(20_000, seed)
         return Task(train, chain.sample(eval_size, 10_000 + seed, split="heldout"), chain_env(train))
+    if spec == "ifeval":  # IFEval-style instructions, scored by the share followed (strict), loose logged beside it
+        from omnigym.rewards import WeightedSum
+        from omnigym.tasks.instructions import InstructionTask
+
+        task = InstructionTask()
+        train = task.sample(20_000, seed)
+        reward = WeightedSum({"ifeval": 1.0, "ifeval_loose": 0.0})
+        return Task(train, task.sample(eval_size, 10_000 + seed, split="heldout"), TextEnv(train, reward))
     env = None
     if spec.startswith("reasoning_gym:"):
         from omnigym.tasks.reasoning_gym import load_reasoning_gym
@@ -78,7 +86,7 @@ def _hub_dataset(spec: str) -> list[dict]:
 
     from omnigym.tasks.datasets import load_prompt_answer
 
-    close = difflib.get_close_matches(spec, ["arithmetic", "chain", *TEXT_ENVS], n=3, cutoff=0.6)
+    close = difflib.get_close_matches(spec, ["arithmetic", "chain", "ifeval", *TEXT_ENVS], n=3, cutoff=0.6)
     if close:
         raise OmnigymError(f"unknown --task {spec!r}; closest known: {', '.join(close)}")
     try:

@@ -7,7 +7,9 @@ with the text env they are played in, and envs sit above tasks in the layers
 
 1. ``arithmetic`` and ``chain`` (built in, procedural; ``chain`` is worked one checkable step a
    line: ``omnigym.tasks.steps``), ``reasoning_gym:<task>``, ``gsm8k:<file.jsonl>``,
-   ``humaneval:<file.jsonl[.gz]>`` (scored by the ``code`` reward: its tests, in the sandbox);
+   ``humaneval:<file.jsonl[.gz]>`` (scored by the ``code`` reward: its tests, in the sandbox),
+   ``ifeval`` (procedural IFEval-style instructions, ``omnigym.tasks.instructions``, scored by
+   the ``ifeval`` reward);
 2. a registered text env id (``arithmetic-tools-v0``): its examples, and the env itself
    (its class and reward) to train in;
 3. a ``.jsonl`` file with ``question`` and ``answer`` fields;
