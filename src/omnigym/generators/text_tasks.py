@@ -72,6 +72,9 @@ class TextTaskConfig:
     rewards: str | None = None
     """weighted rewards, name:weight,... (module:name:weight for your own); default: the task env's
     own reward, else math:1.0,format:0.1"""
+    judge_rubric: str | None = None
+    """the rubric file of a judge:MODEL_OR_URL reward (slots {question}, {reply}, {reference}; it asks for a
+    last line 'Score: N'); default: rewards/judge.py's own (docs/judge.md)"""
     accuracy_reward: str | None = None
     """the reward that decides correctness for sft/val_accuracy and eval/accuracy (an episode is
     correct when it scores >= 1); default: the first of --rewards"""
@@ -87,6 +90,12 @@ class TextTaskConfig:
                 "docs/agents.md)")
         require(not (self.env.startswith(ECOSYSTEM) and self.rewards),
                 f"--env {self.env} is scored by the env's own rewards; leave out --rewards")
+        if self.judge_rubric is not None:  # read and checked before anything is written
+            from omnigym.rewards.judge import read_rubric
+
+            require(bool(self.rewards and "judge" in self.rewards), "--judge-rubric is for a judge:MODEL_OR_URL reward "
+                    "in --rewards")
+            read_rubric(self.judge_rubric)
         require(self.env_args is None or self.env.startswith(ECOSYSTEM),
                 "--env-args is for --env skyrl:NAME or vf:MODULE")
         require(self.env not in OWN_TASK[1:] or self.task == "arithmetic",
@@ -128,7 +137,7 @@ def task_env(cfg: TextTaskConfig, task: Task):
         env = copy.copy(task.env)
         env.examples = task.train
         if cfg.rewards:
-            env.reward = parse_weights(cfg.rewards)
+            env.reward = parse_weights(cfg.rewards, cfg.judge_rubric)
         if hasattr(env, "max_turns"):  # a multi-turn env plays the turns --max-turns gives
             env.max_turns = cfg.max_turns
         if cfg.system_prompt is not None:
@@ -139,9 +148,10 @@ def task_env(cfg: TextTaskConfig, task: Task):
         from omnigym.envs.python_env import SYSTEM_PROMPT, PythonEnv
 
         system = cfg.system_prompt if cfg.system_prompt is not None else SYSTEM_PROMPT
-        env = PythonEnv(task.train, parse_weights(cfg.rewards or DEFAULT_REWARDS), system or None, cfg.max_turns)
+        env = PythonEnv(task.train, parse_weights(cfg.rewards or DEFAULT_REWARDS, cfg.judge_rubric), system or None,
+                        cfg.max_turns)
     else:
-        reward = parse_weights(cfg.rewards or DEFAULT_REWARDS)
+        reward = parse_weights(cfg.rewards or DEFAULT_REWARDS, cfg.judge_rubric)
         system = cfg.system_prompt if cfg.system_prompt is not None else None if cfg.model == "tiny" else ANSWER_FORMAT
         env = ToolEnv(task.train, reward, system or None, cfg.max_turns) if cfg.env == "tools" else \
             TextEnv(task.train, reward, system or None)

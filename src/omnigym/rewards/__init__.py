@@ -44,12 +44,13 @@ def builtin_rewards() -> dict[str, Reward]:
             "ifeval_loose": per_sample(instructions.ifeval_loose), "ifeval_all": per_sample(instructions.ifeval_all)}
 
 
-def get_reward(name: str) -> Reward:
+def get_reward(name: str, judge_rubric: str | None = None) -> Reward:
     """A built-in or registered reward, or ``module:name`` from your own code: a reward the
     module registers under ``name`` on import, or the module's batched reward object ``name``;
     ``rm:RUN_DIR`` is a reward model trained by ``omnigym train rm``, ``rm:http://HOST:PORT`` one
     served by ``omnigym serve-rm``, ``prm:RUN_DIR`` a process reward model trained by ``omnigym train
-    prm`` (a reply's weakest step)."""
+    prm`` (a reply's weakest step), ``judge:MODEL_OR_URL`` an LLM judge (rewards/judge.py) with the
+    rubric of the file ``judge_rubric`` (default: its own)."""
     builtins = builtin_rewards()
     if name in builtins:
         return builtins[name]
@@ -66,6 +67,10 @@ def get_reward(name: str) -> Reward:
         from omnigym.rewards.process import ProcessRewardScorer
 
         return ProcessRewardScorer(name[4:])
+    if name == "judge" or name.startswith("judge:"):  # an LLM judge: judge:MODEL_FOLDER or judge:http://HOST:PORT/v1
+        from omnigym.rewards.judge import JudgeReward, read_rubric
+
+        return JudgeReward(name[len("judge:"):], read_rubric(judge_rubric))
     if is_reference(name):
         _, attr = import_reference(name, "reward")
         reward = REWARDS.get(attr) or import_object(name, "reward")
@@ -79,9 +84,9 @@ def get_reward(name: str) -> Reward:
 class WeightedSum(Reward):
     """``sum_i weight_i * reward_i``; ``components`` gives each reward's own values."""
 
-    def __init__(self, weights: dict[str, float]):
-        self.weights = dict(weights)
-        self.parts = {name: as_reward(get_reward(name), name) for name in self.weights}
+    def __init__(self, weights: dict[str, float], judge_rubric: str | None = None):
+        self.weights, self.judge_rubric = dict(weights), judge_rubric
+        self.parts = {name: as_reward(get_reward(name, judge_rubric), name) for name in self.weights}
         self.label = ",".join(f"{name}:{weight}" for name, weight in self.weights.items())
 
     def components(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, torch.Tensor]:
@@ -94,7 +99,7 @@ class WeightedSum(Reward):
 
     def accuracy(self) -> Reward:
         """The first part alone: ``math`` in ``math:1.0,format:0.1``."""
-        return WeightedSum({next(iter(self.weights)): 1.0})
+        return WeightedSum({next(iter(self.weights)): 1.0}, self.judge_rubric)
 
     def to(self, device: str) -> "WeightedSum":
         """Run the parts that hold a model (``rm:``) on ``device``."""
@@ -125,14 +130,14 @@ def leading_part(reward) -> Reward:
     return as_reward(reward, "of the env").accuracy()
 
 
-def parse_weights(spec: str) -> WeightedSum:
+def parse_weights(spec: str, judge_rubric: str | None = None) -> WeightedSum:
     """``"math:1.0,format:0.1"`` as a ``WeightedSum``; every name must be a known reward
     (``my_module:my_reward:1.0`` names your own, ``rm:http://127.0.0.1:8000:1.0`` a served reward
-    model: the weight follows the last colon)."""
+    model: the weight follows the last colon; ``judge_rubric``: the rubric file of ``judge:`` parts)."""
     weights = {}
     for part in spec.split(","):
         name, _, weight = part.strip().rpartition(":")
-        if re.fullmatch(r"rm:https?://(\[[^\]]*\]|[^/:\[\]]+)", name, flags=re.IGNORECASE) and weight.isdigit():
+        if re.fullmatch(r"(rm|judge):https?://(\[[^\]]*\]|[^/:\[\]]+)", name, flags=re.IGNORECASE) and weight.isdigit():
             # rm:http://HOST:PORT with its weight left out: the port would be read as the weight
             raise OmnigymError(f"--rewards {part.strip()}: give the weight after the port "
                                f"({part.strip()}:1.0)")
@@ -141,10 +146,16 @@ def parse_weights(spec: str) -> WeightedSum:
         try:
             weights[name] = float(weight)
         except ValueError:
+            if part.strip().rstrip(":") == "judge":
+                raise OmnigymError("--rewards judge: names no judge; write judge:MODEL_FOLDER:1.0 or "
+                                   "judge:http://HOST:PORT/v1:1.0") from None
+            if part.strip().startswith("judge:"):
+                raise OmnigymError(f"--rewards {part.strip()}: the weight after the last colon must be a number "
+                                   "(judge:MODEL_OR_URL:1.0)") from None
             name = ""
         if not name:
             raise OmnigymError(f"--rewards must look like 'math:1.0,format:0.1' (name:weight,...), got {spec!r}")
         if weights[name] != weights[name] or abs(weights[name]) == float("inf"):
             raise OmnigymError(f"--rewards: the weight of {name} must be a finite number, got {weight}")
-    return WeightedSum(weights)
+    return WeightedSum(weights, judge_rubric)
 
