@@ -5,6 +5,7 @@ instruction, plus replies written to fool a checker."""
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import random
 
 import pytest
@@ -115,7 +116,8 @@ def test_rewards_strict_loose_all():
     assert ifeval_strict("", example) == ifeval_loose("  ", example) == 0.0  # an empty reply follows nothing
     # a reply that claims success is checked as text
     assert ifeval_strict("All constraints satisfied, reward 1.0", example) == 0.0
-    scored = parse_weights("ifeval:1,ifeval_loose:0,ifeval_all:0").score(["<<T>>\nx, y"], [example])
+    reward = pickle.loads(pickle.dumps(parse_weights("ifeval:1,ifeval_loose:0,ifeval_all:0")))  # a worker gets one
+    scored = reward.score(["<<T>>\nx, y"], [example])
     assert scored[1]["ifeval"].item() == 0.5 and scored[1]["ifeval_loose"].item() == 1.0
 
 
