@@ -43,6 +43,7 @@ from omnigym.optim import adamw
 from omnigym.pipelines.grpo_warmup import warm_up
 from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, get_advantage, outcome_rewards, turn_spans
+from omnigym.rl.hacking import HackingMonitor
 from omnigym.rl.losses import (AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, masked_mean,
                                ppo_clip)
 from omnigym.rl.step_rewards import place_step_rewards, step_reward_tensor, step_scorer
@@ -102,6 +103,10 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
     eval_every: int = 50
     checkpoint_every: int = 50
     """GRPO steps between checkpoints (one is always written at the end)"""
+    hacking_warnings: bool = True
+    """a warning line when a step shows a known reward hack (the question echoed, format-only reward,
+    length gaming, reward up and held-out accuracy down, code the sandbox blocked); the hacking/...
+    metrics are logged either way (docs/hacking.md)"""
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "env_args", "eval_size", "digits", "terms",
                                                        "operations", "runtime", "max_staleness", "num_generators",
@@ -191,10 +196,14 @@ def train(cfg: GRPOConfig) -> dict:
         clock = Clock(step)
         rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
         failed_in_a_row = 0
+        monitor = HackingMonitor(warn=cfg.hacking_warnings and run.writer)
+        if step and run.writer:  # resumed: its window as the logged rows left it
+            monitor.replay(read_metrics(run.dir), until=step)
         for step in range(step, cfg.steps):
             metrics = {}
             if step % cfg.eval_every == 0:
                 before = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
+                monitor.heldout(step, before)
                 if step == 0 == cfg.steps - 1:  # --steps 1: the only step's row gets the accuracy after it, so the
                     run.log(step, eval_metrics(cfg, before))  # accuracy before GRPO gets a row of its own
                 else:
@@ -219,7 +228,9 @@ def train(cfg: GRPOConfig) -> dict:
             # 4. Log, show, checkpoint.
             metrics.update({**step_metrics(cfg, trajectories, informative, stats),
                             "steps/no_usable_episode": float(failed_in_a_row > 0),
-                            "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
+                            "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics(),
+                            **monitor.step(step + 1, trajectories,
+                                           functools.partial(tokenizer.decode, skip_special_tokens=True))})
             if step == cfg.steps - 1:
                 metrics.update(eval_metrics(cfg, evaluate(run, judge, policy, tokenizer, task.heldout, step + 1,
                                                           step + 1)))

@@ -1,0 +1,186 @@
+"""The reward-hacking monitor (rl/hacking.py): each detector fires on a batch where the hack was
+planted and stays quiet on a clean one; GRPO logs its metrics and says its warning line."""
+
+import json
+import random
+import re
+
+import pytest
+
+from omnigym.generators.base import Trajectories, Trajectory
+from omnigym.rl.hacking import HackingMonitor, HackingThresholds, echoes
+
+QUESTION = "What is 682*609?"
+
+
+def decode(ids):
+    return "".join(chr(i) for i in ids)
+
+
+def episode(reply: str, reward: float, parts=None, question=QUESTION, **info):
+    ids = [ord(c) for c in reply]
+    return Trajectory([1], ids, [1] * len(ids), [0.0] * len(ids), reward, 0, 0,
+                      {"question": question, "answer": "415338"}, {"reward_parts": parts or {}, **info})
+
+
+def run_steps(monitor, batches):
+    metrics = {}
+    for step, batch in enumerate(batches, start=1):
+        metrics = monitor.step(step, Trajectories(batch), decode)
+    return metrics
+
+
+def test_echo_detector_fires_on_the_question_handed_back_and_not_on_answers():
+    th = HackingThresholds()
+    assert echoes("<answer>682 * 609</answer>", QUESTION, th)
+    assert not echoes("<answer>415338</answer>", QUESTION, th)
+    assert not echoes("<think>682*609 is 415338</think><answer>415338</answer>", QUESTION, th)  # its answer counts
+    hacked, clean = HackingMonitor(), HackingMonitor()
+    m = run_steps(hacked, [[episode("<answer>682*609</answer>", 1.0)] * 3 + [episode("<answer>7</answer>", 0.0)]])
+    assert m["hacking/echo_rate"] == 0.75 and m["hacking/detected/echo"] == 1.0
+    assert len(hacked.said) == 1 and "question" in hacked.said[0]
+    m = run_steps(clean, [[episode("<answer>415338</answer>", 1.0), episode("<answer>7</answer>", 0.0)] * 2])
+    assert m["hacking/echo_rate"] == 0.0 and "hacking/detected/echo" not in m and not clean.said
+
+
+def test_echoes_that_score_worse_than_the_rest_are_not_called_a_hack():
+    monitor = HackingMonitor()
+    m = run_steps(monitor, [[episode("<answer>682*609</answer>", 0.0)] * 2 + [episode("<answer>415338</answer>", 1.0)]])
+    assert m["hacking/echo_rate"] > 0.5 and not monitor.said
+
+
+def batches_with(format_values, correct_values, n=4, length=lambda i: 10):
+    return [[episode("x" * length(i), 0.1 * f + c, {"math": c, "format": f}) for _ in range(n)]
+            for i, (f, c) in enumerate(zip(format_values, correct_values))]
+
+
+def test_format_only_fires_when_format_rises_and_correctness_does_not():
+    hacked, clean = HackingMonitor(), HackingMonitor()
+    m = run_steps(hacked, batches_with([0.0] * 4 + [1.0] * 4, [0.0] * 8))
+    assert "hacking/detected/format_only" in m and m["hacking/format_only_rate"] == 1.0
+    assert len(hacked.said) == 1 and "format part rose" in hacked.said[0]
+    m = run_steps(clean, batches_with([0.0] * 4 + [1.0] * 4, [0.0] * 4 + [0.5] * 4))  # both rise: learning
+    assert "hacking/detected/format_only" not in m and not clean.said
+
+
+def test_length_gaming_fires_when_reward_follows_length_and_correctness_is_flat():
+    rng = random.Random(0)
+
+    def step_batch(correct):
+        lengths = [rng.randrange(5, 60) for _ in range(8)]
+        return [episode("x" * n, n / 60 + correct, {"paid": n / 60 + correct}) for n in lengths]
+
+    hacked = HackingMonitor()
+    m = run_steps(hacked, [step_batch(0.0) for _ in range(6)])
+    hacked.heldout(0, 0.3), hacked.heldout(3, 0.3)  # held-out accuracy flat
+    m = run_steps(hacked, [step_batch(0.0) for _ in range(6)])
+    assert m["hacking/length_reward_corr"] > 0.9 and "hacking/detected/length" in m and len(hacked.said) == 1
+    clean = HackingMonitor()  # reward independent of length, held-out accuracy rising
+    for step in range(1, 9):
+        clean.heldout(step - 1, 0.1 * step)
+        m = clean.step(step, Trajectories([episode("x" * rng.randrange(5, 60), float(i % 2), {"math": float(i % 2)})
+                                           for i in range(8)]), decode)
+    assert abs(m["hacking/length_reward_corr"]) < 0.5 and "hacking/detected/length" not in m and not clean.said
+
+
+def test_rising_reward_with_falling_heldout_accuracy():
+    def batch(r):
+        return [episode("<answer>1</answer>", r), episode("<answer>2</answer>", r)]
+
+    hacked, clean = HackingMonitor(), HackingMonitor()
+    for step, (reward, acc) in enumerate(zip([0.1, 0.2, 0.3, 0.5, 0.7, 0.9], [0.5, 0.5, 0.4, 0.35, 0.3, 0.3]), 1):
+        hacked.heldout(step - 1, acc), clean.heldout(step - 1, 0.5 + 0.05 * step)
+        m = hacked.step(step, Trajectories(batch(reward)), decode)
+        c = clean.step(step, Trajectories(batch(reward)), decode)
+    assert m["hacking/heldout_drop"] >= 0.2 and "hacking/detected/heldout" in m and len(hacked.said) == 1
+    assert c["hacking/heldout_drop"] == 0.0 and "hacking/detected/heldout" not in c and not clean.said
+
+
+def test_sandbox_blocked_rate_and_rate_limited_warnings():
+    monitor = HackingMonitor(HackingThresholds(warn_every=3))
+    blocked = [episode("os.system('x')", 0.0, sandbox_blocked=2), episode("def f(): pass", 1.0, sandbox_blocked=0)]
+    for step in range(1, 8):
+        m = monitor.step(step, Trajectories(blocked), decode)
+        assert m["hacking/sandbox_blocked_rate"] == 0.5
+    assert [re.search(r"step \d+", line).group() for line in monitor.said] == ["step 1", "step 4", "step 7"]
+    quiet = HackingMonitor(warn=False)
+    run_steps(quiet, [blocked] * 3)
+    assert not quiet.said
+    clean = HackingMonitor()
+    m = run_steps(clean, [[episode("def f(): pass", 1.0, sandbox_blocked=0)] * 2])
+    assert m["hacking/sandbox_blocked_rate"] == 0.0 and not clean.said
+
+
+def test_every_rate_is_in_0_1():
+    monitor = HackingMonitor()
+    for batch in batches_with([0.0] * 4 + [1.0] * 4, [0.0] * 8):
+        m = monitor.step(1, Trajectories(batch), decode)
+        assert all(0.0 <= v <= 1.0 for k, v in m.items() if k.endswith(("_rate", "_drop")))
+
+
+PLANTED = '''import torch
+
+
+def echo_pays(completions, examples):
+    """A hacked reward: it pays for the question's sum handed back (as math-verify once did)."""
+    return torch.tensor([float(e["question"][8:-1] in c.replace(" ", "")) for c, e in zip(completions, examples)])
+'''
+
+
+def grpo_run(run_dir, **extra):
+    grpo = pytest.importorskip("omnigym.algos.lm.grpo", reason="GRPO needs transformers (the [lm] extra)")
+    flags = dict(sft_steps=200, sft_target_accuracy=0.5, sft_eval_every=20, steps=4, prompts_per_step=4, group_size=4,
+                 eval_size=16, eval_every=2, checkpoint_every=0, progress=False, plot=False, tensorboard=False)
+    return grpo.train(grpo.GRPOConfig(run_dir=str(run_dir), **{**flags, **extra}))
+
+
+def logged(run_dir):
+    return [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+
+
+@pytest.mark.slow  # a warm-up of ~100 supervised steps teaches the echo first
+def test_grpo_warns_on_a_planted_echo_reward_and_logs_the_metric(tmp_path, monkeypatch, capsys):
+    """A policy that hands the question back (warmed up on such answers) under a reward that pays
+    for it: the echo warning line and hacking/echo_rate."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "planted.py").write_text(PLANTED)
+    rng = random.Random(0)
+    rows = [(rng.randrange(10, 100), rng.randrange(10, 100)) for _ in range(200)]
+    (tmp_path / "echo.jsonl").write_text("\n".join(json.dumps({"question": f"What is {a}+{b}?", "answer": f"{a}+{b}"})
+                                                   for a, b in rows))
+    grpo_run(tmp_path / "run", task=str(tmp_path / "echo.jsonl"), rewards="planted:echo_pays:1.0",
+             temperature=0.3)  # near greedy: the warm-up's echoes, not the tiny model's noise
+    err = capsys.readouterr().err
+    assert "reward hacking? step" in err and "question" in err
+    rates = [row["hacking/echo_rate"] for row in logged(tmp_path / "run") if "hacking/echo_rate" in row]
+    assert len(rates) == 4 and max(rates) >= 0.2
+
+
+def test_grpo_on_the_demo_reward_says_no_warning(tmp_path, capsys):
+    grpo_run(tmp_path / "run", sft_steps=20, sft_target_accuracy=1.1)
+    assert "reward hacking?" not in capsys.readouterr().err
+    rows = [row for row in logged(tmp_path / "run") if "hacking/echo_rate" in row]
+    assert len(rows) == 4 and all(row["hacking/echo_rate"] == 0.0 for row in rows)
+
+
+def test_a_resumed_monitor_logs_what_the_whole_run_logged():
+    """--resume refills the window from metrics.jsonl's rows (as GRPO logs them): the same metrics after."""
+    batches = batches_with([0.0] * 5 + [1.0] * 5, [0.0] * 10, length=lambda i: 5 + 3 * i)
+
+    def rows_of(monitor, steps, rows):
+        for step in steps:
+            if step % 3 == 1:
+                monitor.heldout(step - 1, 0.5 - 0.05 * step)
+            trajectories = Trajectories(batches[step - 1])
+            rows.append({"global_step": step, "reward/mean": trajectories.rewards().mean().item(),
+                         "completion/length": sum(sum(t.loss_mask) for t in trajectories.items) / len(trajectories),
+                         **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
+                         **({"eval/accuracy": 0.5 - 0.05 * step} if step % 3 == 1 else {}),
+                         **monitor.step(step, trajectories, decode)})
+        return rows
+
+    whole = rows_of(HackingMonitor(), range(1, 11), [])
+    resumed = HackingMonitor()
+    resumed.replay(whole[:4], until=4)
+    assert rows_of(resumed, range(5, 11), []) == whole[4:]
+    assert any("hacking/detected/format_only" in row for row in whole[4:])  # the window mattered
