@@ -204,3 +204,49 @@ def test_a_local_judge_runs_in_process(tmp_path):
     copy = pickle.loads(pickle.dumps(reward))  # the folder travels, not the weights
     assert copy._model is None and copy(["4"], [EXAMPLE]).tolist() == [0.0]
     assert isinstance(scores, torch.Tensor)
+
+
+class Item:
+    def __init__(self, group_id, text):
+        self.group_id, self.response_ids, self.example = group_id, list(text.encode()), EXAMPLE
+
+
+class Bytes:
+    @staticmethod
+    def decode(ids, skip_special_tokens=True):
+        return bytes(ids).decode()
+
+
+class LongerWins:
+    """A pairwise judge stub: the longer reply wins, equal lengths tie."""
+
+    def prefer(self, examples, firsts, seconds):
+        return [None if len(a) == len(b) else 0 if len(a) > len(b) else 1 for a, b in zip(firsts, seconds)]
+
+
+def test_pairwise_judging_makes_each_prompts_pair():
+    from omnigym.algos.lm.online_dpo import preferred_pairs
+
+    items = [Item(0, "bb"), Item(0, "a"), Item(0, "cccc"), Item(1, "x"), Item(1, "y"), Item(2, "long"), Item(2, "s")]
+    pairs, scores = preferred_pairs(LongerWins(), items, Bytes)
+    texts = [(bytes(c.response_ids).decode(), bytes(r.response_ids).decode()) for c, r in pairs]
+    assert texts == [("cccc", "a"), ("long", "s")]  # group 1 only ties: no pair
+    assert scores.tolist() == [0, 0, 1, 1, 0, 1, 0]
+
+
+def test_a_pairwise_judge_that_always_says_A_decides_nothing(fake_judge, monkeypatch):
+    from omnigym.rewards.judge import PairwiseJudge
+
+    judge = PairwiseJudge(fake_judge.url)
+    monkeypatch.setattr(judge, "_ask", lambda prompts: ["Preferred: A"] * len(prompts))
+    assert judge.prefer([EXAMPLE] * 2, ["4", "Preferred: B"], ["5", "x"]) == [None, None]
+    monkeypatch.setattr(judge, "_ask", lambda prompts: ["Preferred: A" if 'Reply A: "4"' in p else "Preferred: B"
+                                                        for p in prompts])
+    assert judge.prefer([EXAMPLE], ["6"], ["4"]) == [1]  # "4" wins in both orders (6 vs 4: not yet cached)
+
+
+def test_online_dpo_takes_a_pairwise_judge_or_rewards_not_both():
+    from omnigym.algos.lm.online_dpo import OnlineDPOConfig
+
+    with pytest.raises(OmnigymError, match="not both"):
+        OnlineDPOConfig(rewards="math:1.0", pairwise_judge="http://127.0.0.1:1/v1", model="x").check()

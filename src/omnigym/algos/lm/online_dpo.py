@@ -59,6 +59,11 @@ class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig
     """the judge, name:weight,... of the reward registry: rm:RUN_DIR (omnigym train rm), rm:URL
     (omnigym serve-rm), a verifiable reward, your own module:name; none (with --model tiny):
     the offline demo's reward model"""
+    pairwise_judge: str | None = None
+    """instead of --rewards: a judge model shown two replies, MODEL_FOLDER or http://HOST:PORT/v1 (an
+    OpenAI-compatible endpoint): each prompt's pair is the replies it prefers most and least, each
+    comparison asked in both orders (docs/judge.md); held-out replies get its judge:... score; --missing-eos-penalty
+    is not applied (the judge reads the reply as it was cut)"""
     gold_reward: str | None = None
     """rewards scored on held-out samples at each evaluation, never trained on; the demo uses
     its hidden rule, gold_vowels:1.0"""
@@ -80,7 +85,7 @@ class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig
     eval_every: int = 25
     checkpoint_every: int = 50
 
-    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("rewards", "data", "split", "max_prompt_length",
+    RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("rewards", "pairwise_judge", "data", "split", "max_prompt_length",
                                                        "eval_prompts", "samples_per_prompt", "loss", "runtime",
                                                        "max_staleness", "num_generators")
     BUDGET = ("steps", "step")
@@ -100,7 +105,9 @@ class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig
                                                 f"{', '.join(PREFERENCE_LOSSES)}")
         require(self.behaviour_cap is None, "--behaviour-cap weighs a policy-gradient loss by pi_old / pi_behaviour; "
                                             "online DPO's loss has no such ratio (a stale pair is still a pair)")
-        require(self.rewards is not None or self.model == "tiny",
+        require(not (self.rewards and self.pairwise_judge), "give --rewards or --pairwise-judge, not both: "
+                "each is the judge that makes the pairs")
+        require(self.rewards is not None or self.pairwise_judge is not None or self.model == "tiny",
                 "give --rewards, the judge (rm:RUN_DIR of a finished `omnigym train rm`, rm:URL of `omnigym serve-rm`, "
                 "or any reward); only the built-in demo (--model tiny) trains its own")
 
@@ -111,13 +118,19 @@ CONFIG = OnlineDPOConfig
 @scoped_run
 def train(cfg: OnlineDPOConfig) -> dict:
     judge = parse_weights(cfg.rewards) if cfg.rewards else None  # a misspelt reward: one line before any run
+    pairwise = None
+    if cfg.pairwise_judge:  # its pointwise score is the held-out judge_score
+        from omnigym.rewards.judge import PairwiseJudge
+
+        pairwise = PairwiseJudge(cfg.pairwise_judge, max_new_tokens=256, device=cfg.device)
+        judge = parse_weights(f"judge:{cfg.pairwise_judge}:1.0")
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)
     run = start_run(cfg, "online_dpo", cfg.model)
     if judge is None:  # the demo: its SFT policy, its reward model as the judge, its gold rule
         models = demo_models(cfg, run, get_algorithm("sft"), get_algorithm("rm"))  # its stages' trainers, by name
         judge = parse_weights(f"rm:{models.reward_model}:1.0")
     else:
-        models = DemoModels(cfg.model, cfg.rewards, cfg.gold_reward)
+        models = DemoModels(cfg.model, cfg.rewards or f"judge:{cfg.pairwise_judge}:1.0", cfg.gold_reward)
     judge = judge.to(cfg.device)
     gold = parse_weights(models.gold_reward).to(cfg.device) if models.gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,
@@ -150,8 +163,11 @@ def train(cfg: OnlineDPOConfig) -> dict:
             # 1. k replies a prompt (ray: sampled up to --max-staleness versions ago).
             items = rollouts.trajectories(step).items
             # 2. The judge scores every reply; 3. each prompt's best and worst make its pair.
-            scores = judged_scores(cfg, judge, items, tokenizer)
-            pairs = best_and_worst(items, scores)
+            if pairwise is not None:
+                pairs, scores = preferred_pairs(pairwise, items, tokenizer)
+            else:
+                scores = judged_scores(cfg, judge, items, tokenizer)
+                pairs = best_and_worst(items, scores)
             # 4. One step on the preference loss of the pairs, against the reference's log-probs.
             stats = {}
             if pairs:
@@ -200,6 +216,35 @@ def best_and_worst(items: list, scores: torch.Tensor) -> list[tuple]:
         if scores[best] > scores[worst]:
             pairs.append((items[best], items[worst]))
     return pairs
+
+
+@torch.no_grad()
+def preferred_pairs(judge, items: list, tokenizer) -> tuple[list[tuple], torch.Tensor]:
+    """(chosen, rejected) per prompt by a pairwise judge: the reply that beat or tied every one
+    it met and the one that lost or tied every one, each reply after the first meeting the best
+    and the worst so far (2(k-1) comparisons a prompt, all prompts' in one batch a round); none
+    where no comparison was decided. Scores: 1 for the chosen, 0 for the rest (for the metrics)."""
+    texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in items]
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(items):
+        groups.setdefault(t.group_id, []).append(i)
+    best = {g: members[0] for g, members in groups.items()}
+    worst = dict(best)
+    for round_ in range(1, max(len(m) for m in groups.values())):
+        meet = [(g, members[round_]) for g, members in groups.items() if round_ < len(members)]
+        firsts = [texts[best[g]] for g, _ in meet] + [texts[worst[g]] for g, _ in meet]
+        seconds = [texts[c] for _, c in meet] * 2
+        examples = [items[c].example for _, c in meet] * 2
+        verdicts = judge.prefer(examples, firsts, seconds)
+        for (g, c), over_best, over_worst in zip(meet, verdicts[:len(meet)], verdicts[len(meet):]):
+            if over_best == 1:
+                best[g] = c
+            if over_worst == 0:
+                worst[g] = c
+    pairs = [(items[best[g]], items[worst[g]]) for g in groups if best[g] != worst[g]]
+    scores = torch.zeros(len(items), dtype=torch.float64)
+    scores[[best[g] for g in groups]] = 1.0
+    return pairs, scores
 
 
 def sequence_logps(model, pairs: list[tuple], cfg: OnlineDPOConfig, pad_id: int) -> torch.Tensor:
