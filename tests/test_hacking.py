@@ -84,15 +84,18 @@ def test_length_gaming_fires_when_reward_follows_length_and_correctness_is_flat(
 
 
 def test_rising_reward_with_falling_heldout_accuracy():
+    """Evaluations every 3 steps (steps 0, 3, 6): accuracy 0.5 -> 0.4 -> 0.3 while the reward climbs."""
     def batch(r):
         return [episode("<answer>1</answer>", r), episode("<answer>2</answer>", r)]
 
     hacked, clean = HackingMonitor(), HackingMonitor()
-    for step, (reward, acc) in enumerate(zip([0.1, 0.2, 0.3, 0.5, 0.7, 0.9], [0.5, 0.5, 0.4, 0.35, 0.3, 0.3]), 1):
-        hacked.heldout(step - 1, acc), clean.heldout(step - 1, 0.5 + 0.05 * step)
-        m = hacked.step(step, Trajectories(batch(reward)), decode)
-        c = clean.step(step, Trajectories(batch(reward)), decode)
-    assert m["hacking/heldout_drop"] >= 0.2 and "hacking/detected/heldout" in m and len(hacked.said) == 1
+    for step in range(1, 9):
+        if step % 3 == 1:
+            hacked.heldout(step - 1, 0.5 - 0.1 * (step // 3)), clean.heldout(step - 1, 0.3 + 0.1 * (step // 3))
+        m = hacked.step(step, Trajectories(batch(0.1 * step)), decode)
+        c = clean.step(step, Trajectories(batch(0.1 * step)), decode)
+    assert abs(m["hacking/heldout_drop"] - 0.2) < 1e-9 and "hacking/detected/heldout" in m and len(hacked.said) == 1
+    assert "0.500 -> 0.400" in hacked.said[0]  # said where it first showed
     assert c["hacking/heldout_drop"] == 0.0 and "hacking/detected/heldout" not in c and not clean.said
 
 

@@ -11,7 +11,8 @@ Five patterns, each a known way a policy raises its reward without getting bette
    (the first part that is not ``format``) does not.
 3. **length**: the reward follows the reply's length (batch correlation) or the mean length grows
    fast, while correctness stays flat.
-4. **held-out**: the training reward rises over the window while held-out accuracy falls.
+4. **held-out**: over the last few evaluations, held-out accuracy falls while the training
+   reward (the window's mean at each evaluation) rises.
 5. **sandbox**: episodes whose code the sandbox blocked (``info["sandbox_blocked"]``, where the
    generator records it).
 
@@ -55,8 +56,12 @@ class HackingThresholds:
     """length gaming: the window's mean correlation of reward with reply length at least this ..."""
     length_growth: float = 2.0
     """... or the mean length grew by this factor over the window (and correctness is flat)"""
+    heldout_evals: int = 3
+    """the held-out detector compares the last this many evaluations (``--eval-every`` apart, which
+    is usually longer than the window)"""
     heldout_drop: float = 0.05
-    """held-out accuracy fell this far below its best in the window while the reward rose"""
+    """held-out accuracy fell this far below its best of those evaluations while the training
+    reward rose by ``rise``"""
     sandbox_rate: float = 0.05
     """warn when at least this share of a batch's episodes had an attempt the sandbox blocked"""
     warn_every: int = 50
@@ -117,7 +122,18 @@ class HackingMonitor:
     """the warning lines said so far (tests read them)"""
 
     def heldout(self, step: int, accuracy: float) -> None:
-        self.accuracy.append((step, accuracy))
+        """An evaluation, kept with the training reward then (the window's mean; before any step,
+        the first step's, filled in by ``step``)."""
+        rewards = [row["reward"] for _, row in self.history]
+        self.accuracy.append([step, accuracy, sum(rewards) / len(rewards) if rewards else None])
+
+    def keep(self, step: int, row: dict) -> None:
+        """A step's row into the window (an evaluation before any step takes its reward)."""
+        self.history.append((step, row))
+        while len(self.history) > self.thresholds.window:
+            self.history.popleft()
+        for evaluation in self.accuracy:
+            evaluation[2] = row["reward"] if evaluation[2] is None else evaluation[2]
 
     def replay(self, rows: list[dict], until: int) -> None:
         """Refill the window, the held-out history and the last warnings from a resumed run's logged
@@ -132,10 +148,8 @@ class HackingMonitor:
                 continue
             parts = {f"part/{k[7:]}": v for k, v in row.items()
                      if k.startswith("reward/") and k not in ("reward/mean", "reward/std")}
-            self.history.append((step, {"reward": row["reward/mean"], "length": row["completion/length"],
-                                        "length_corr": row["hacking/length_reward_corr"], **parts}))
-            while len(self.history) > self.thresholds.window:
-                self.history.popleft()
+            self.keep(step, {"reward": row["reward/mean"], "length": row["completion/length"],
+                             "length_corr": row["hacking/length_reward_corr"], **parts})
             for name in (k[len("hacking/detected/"):] for k in row if k.startswith("hacking/detected/")):
                 if step - self.last_warned.get(name, -self.thresholds.warn_every) >= self.thresholds.warn_every:
                     self.last_warned[name] = step  # where step() said it (the same rate limit)
@@ -154,9 +168,7 @@ class HackingMonitor:
         parts = trajectories.reward_parts()
         row = {"reward": mean_reward, "length": sum(sum(t.loss_mask) for t in items) / len(items),
                "length_corr": correlation(lengths, rewards), **{f"part/{k}": v for k, v in parts.items()}}
-        self.history.append((step, row))
-        while len(self.history) > th.window:
-            self.history.popleft()
+        self.keep(step, row)
         metrics = {"hacking/echo_rate": sum(echoed) / len(items),
                    "hacking/length_reward_corr": row["length_corr"]}
         found = {}
@@ -179,6 +191,7 @@ class HackingMonitor:
                 found["sandbox"] = (f"{100 * metrics['hacking/sandbox_blocked_rate']:.0f}% of episodes had code the "
                                     f"sandbox blocked ({sum(blocked)} attempts): files, processes or network denied")
         found.update(self.trends(metrics, correct))
+        found.update(self.heldout_trend(metrics))
         for name, line in found.items():
             if self.warn and step - self.last_warned.get(name, -th.warn_every) >= th.warn_every:
                 self.last_warned[name] = step
@@ -188,14 +201,14 @@ class HackingMonitor:
         return metrics
 
     def trends(self, metrics: dict, correct: str | None) -> dict:
-        """Detectors 2-4: the window's first half against its second."""
+        """Detectors 2 and 3: the window's first half against its second."""
         th, rows = self.thresholds, [row for _, row in self.history]
         found = {}
         if len(rows) < th.min_steps:
             return found
         # an evaluation at step s measured the policy that then trains step s + 1 (as logged)
         first_step = self.history[0][0]
-        accuracy = [a for s, a in self.accuracy if s + 1 >= first_step]
+        accuracy = [a for s, a, _ in self.accuracy if s + 1 >= first_step]
         if correct and all(f"part/{correct}" in r for r in rows):
             before, after = halves([r[f"part/{correct}"] for r in rows])
             flat, what = after - before < th.flat, f"the {correct} part"
@@ -214,11 +227,18 @@ class HackingMonitor:
         if flat and (corr >= th.length_corr or metrics["hacking/length_growth"] >= th.length_growth):
             found["length"] = (f"reward follows reply length (mean correlation {corr:.2f} over {len(rows)} steps; "
                                f"mean length {l0:.1f} -> {l1:.1f} tokens) while {what} stays flat")
-        r0, r1 = halves([r["reward"] for r in rows])
-        if len(accuracy) >= 2:
-            drop = max(accuracy) - accuracy[-1]
-            metrics["hacking/heldout_drop"] = max(0.0, drop)
-            if drop >= th.heldout_drop and r1 - r0 >= th.rise:
-                found["heldout"] = (f"training reward rose {r0:.3f} -> {r1:.3f} while held-out accuracy fell "
-                                    f"{max(accuracy):.3f} -> {accuracy[-1]:.3f}: the reward and the task have parted")
         return found
+
+    def heldout_trend(self, metrics: dict) -> dict:
+        """Detector 4: the last ``heldout_evals`` evaluations, each with the training reward then."""
+        th, recent = self.thresholds, self.accuracy[-self.thresholds.heldout_evals:]
+        if len(recent) < 2:
+            return {}
+        best = max(recent, key=lambda e: e[1])
+        drop, rise = best[1] - recent[-1][1], recent[-1][2] - best[2]
+        metrics["hacking/heldout_drop"] = max(0.0, drop)
+        if drop >= th.heldout_drop and rise >= th.rise:
+            return {"heldout": f"training reward rose {best[2]:.3f} -> {recent[-1][2]:.3f} while held-out accuracy "
+                               f"fell {best[1]:.3f} -> {recent[-1][1]:.3f} (steps {best[0]} -> {recent[-1][0]}): the "
+                               "reward and the task have parted"}
+        return {}
