@@ -262,10 +262,14 @@ def add_language_flags(parser) -> None:
 def language_run(args) -> bool:
     """Whether RUN_DIR is a language run (its config names a training backend); language flags
     on a control run are refused in one line."""
-    from omnigym.track.files import load_config_dict
+    from pathlib import Path
 
-    is_language = "training_backend" in load_config_dict(args.run_dir)
+    from omnigym.track.files import CONFIG_NAME, load_config_dict
+
     given = [f for f in LANGUAGE_FLAGS if getattr(args, f) is not None]
+    if not given and not (Path(args.run_dir) / CONFIG_NAME).is_file():
+        return False  # not a run: the control path checks its flags first, then says so
+    is_language = "training_backend" in load_config_dict(args.run_dir)
     if not is_language and given:
         raise OmnigymError(f"--{given[0].replace('_', '-')} is for language runs; {args.run_dir} is a control run")
     control = [f for f in ("video", "video_dir", "randomize", "command", "greedy") if getattr(args, f)]
