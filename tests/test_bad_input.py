@@ -42,6 +42,7 @@ CASES = [
     (["train", "text_reinforce", "--max-new-tokens", "256"], "--max-new-tokens 256 does not fit the model's context"),
     (["train", "grpo", "--model", "/nonexistent/path"], "--model /nonexistent/path: no such folder"),
     (["train", "grpo", "--task", "EMPTY"], "has no examples"),
+    (["train", "grpo", "--task", "ifeval"], "--task ifeval has examples without a reference answer, which the warm-up"),
     (["train", "grpo", "--task", "SMALL"], "has 3 examples, and --eval-size 500 holds out that many or more"),
     (["train", "grpo", "--task", "arithmetic-tool-v0"], "unknown --task 'arithmetic-tool-v0'; closest known: "
                                                         "arithmetic-tools-v0"),

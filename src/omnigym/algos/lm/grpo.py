@@ -167,6 +167,12 @@ def train(cfg: GRPOConfig) -> dict:
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step or --sft-batch-size")
     env, correct = task_env(cfg, task)
+    if cfg.sft_steps and not hasattr(env, "demonstration") and not all(str(e.get("answer", "")).strip()
+                                                                        for e in task.train):
+        # a task scored by rules on the reply (--task ifeval) has no answer to put in <answer> tags:
+        # the warm-up would teach the model to write an empty one
+        raise OmnigymError(f"--task {cfg.task} has examples without a reference answer, which the warm-up "
+                           f"(--sft-steps {cfg.sft_steps}) demonstrates: give --sft-steps 0")
     step_reward = step_scorer(cfg.step_rewards) if cfg.step_rewards else None  # not a PRM: one line, no run
     run = start_run(cfg, "grpo", cfg.model)
     # The demo's model first learns the answer format from demonstrations: a stage of its own
