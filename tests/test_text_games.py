@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+from eco_helpers import Scripted, watch_parameters
 
 from omnigym.envs.text import TEXT_ENVS, make_text_env
 from omnigym.envs.text_games import TextGameEnv, TicTacToe, game_score, read_move, search_move, tictactoe_env
@@ -221,42 +222,11 @@ def test_grpo_self_play_updates_the_policy(tmp_path, monkeypatch):
 
     policy = random_legal(0)
 
-    class Engine(ScriptedEngine):
-        def __init__(self, real, tokenizer):
-            self.real, self.tokenizer = real, tokenizer
-
-        @property
-        def version(self):
-            return self.real.version
-
-        def update_weights(self, named_tensors, version):
-            self.real.update_weights(named_tensors, version)
-
-        def generate(self, prompts, n, params):
-            from omnigym.inference.engine import Sample
-
-            groups = []
-            for prompt in prompts:
-                text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-                groups.append([])
-                for _ in range(n):
-                    ids = self.tokenizer(policy(text), add_special_tokens=False)["input_ids"]
-                    ids.append(self.tokenizer.eos_token_id)
-                    groups[-1].append(Sample(list(prompt), ids, [-1.0] * len(ids), True))
-            return groups
-
     real = grpo.make_engine
-    monkeypatch.setattr(grpo, "make_engine", lambda model, tokenizer, kind: Engine(real(model, tokenizer, kind),
-                                                                                   tokenizer))
-    seen, original = {}, grpo.policy_steps
-
-    def watched(cfg, trainer, *args, **kwargs):
-        seen.setdefault("before", {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
-        out = original(cfg, trainer, *args, **kwargs)
-        seen["after"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        return out
-
-    monkeypatch.setattr(grpo, "policy_steps", watched)
+    # the real engine keeps its weights and version; the replies are the scripted player's
+    monkeypatch.setattr(grpo, "make_engine", lambda model, tokenizer, kind: Scripted(
+        real(model, tokenizer, kind), tokenizer, lambda text, _: policy(text)))
+    seen = watch_parameters(monkeypatch, grpo)
     grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path), env="tictactoe", opponent="self", max_turns=5, sft_steps=0,
                                steps=2, prompts_per_step=2, group_size=4, eval_size=8, eval_every=1,
                                checkpoint_every=10, max_new_tokens=8, progress=False, plot=False, tensorboard=False))
