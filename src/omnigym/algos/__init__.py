@@ -34,6 +34,7 @@ ALGORITHMS = {
     "online_dpo": "omnigym.algos.lm.online_dpo",
     "rlhf": "omnigym.algos.lm.rlhf",
     "prm": "omnigym.algos.lm.prm",
+    "distill": "omnigym.algos.lm.distill",
 }
 
 

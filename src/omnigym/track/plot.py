@@ -31,6 +31,7 @@ HEADLINES = MappingProxyType({
     "grpo": ("eval/accuracy",), "text_reinforce": ("reward/mean",), "sft": ("eval/loss",),
     "dpo": ("eval/gold_reward", "eval/accuracy"), "rm": ("eval/accuracy",), "prm": ("eval/step_accuracy",),
     "rlhf": ("eval/gold_reward", "eval/rm_score"), "online_dpo": ("eval/gold_reward", "eval/judge_score"),
+    "distill": ("eval/accuracy", "distill/reverse_kl"),
 })
 # A run of an algorithm not in the table (a newer version's): the first of these it logged.
 MAIN_METRICS = ("charts/episodic_return", "eval/normalized_score", "eval/episodic_return", "eval/gold_reward",
