@@ -182,6 +182,9 @@ def test_humaneval_is_scored_in_the_sandbox(lm_run, capsys):
     (["--task", "arithmetik"], "unknown --task 'arithmetik'"),
     (["--task", "gsm8k", "--data-dir", "/nonexistent"], "--task gsm8k reads /nonexistent/gsm8k/test.jsonl"),
     (["--video"], "--video is for control runs"),
+    (["--episodes", "3"], "--episodes is for control runs"),  # was ignored: a full default eval ran
+    (["--n", "2", "--temperature", "-1"], "--temperature must be positive, got -1.0"),  # was sampled and written
+    (["--n", "2", "--max-new-tokens", "0"], "--max-new-tokens must be positive, got 0"),
     (["--lm-eval", "x", "--n", "2"], "--lm-eval runs lm-eval's own tasks"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(lm_run, capsys, argv, message):

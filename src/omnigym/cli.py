@@ -189,7 +189,7 @@ class ArgumentParser(argparse.ArgumentParser):
 def evaluate(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym eval", description="Evaluate a run's last checkpoint.")
     parser.add_argument("run_dir")
-    parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    parser.add_argument("--episodes", type=int, help="episodes to play (default 10)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
     parser.add_argument("--seed", type=int, default=12345,
                         help="seeds the env and the sampled actions: same seed, same returns (default 12345)")
@@ -205,6 +205,8 @@ def evaluate(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if language_run(args):
         return evaluate_language(args)
+    # None until here, so that --episodes given to a language run is refused rather than ignored
+    args.episodes = 10 if args.episodes is None else args.episodes
     if args.randomize or args.command:
         return evaluate_locomotion(args)
     from pathlib import Path
@@ -272,7 +274,8 @@ def language_run(args) -> bool:
     is_language = "training_backend" in load_config_dict(args.run_dir)
     if not is_language and given:
         raise OmnigymError(f"--{given[0].replace('_', '-')} is for language runs; {args.run_dir} is a control run")
-    control = [f for f in ("video", "video_dir", "randomize", "command", "greedy") if getattr(args, f)]
+    control = [f for f in ("episodes", "video", "video_dir", "randomize", "command", "greedy")
+               if getattr(args, f) not in (None, False)]
     if is_language and control:
         raise OmnigymError(f"--{control[0].replace('_', '-')} is for control runs; {args.run_dir} is a language run")
     return is_language

@@ -300,6 +300,10 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     require(args.n >= 1, f"--n must be at least 1, got {args.n}")
     ks = parse_ks(args.k, args.n)
     require(args.prompts is None or args.prompts >= 1, f"--prompts must be at least 1, got {args.prompts}")
+    # as train refuses them: a negative temperature would sample from the inverted distribution
+    for flag in ("temperature", "max_new_tokens"):
+        value = getattr(args, flag)
+        require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
     resolve_model(run_dir)  # a run that has not finished its model/ is refused here, in one line
     train_texts, trained_on = training_prompts(values, run_dir)
     cfg = run_config(values, run_dir)
