@@ -168,6 +168,17 @@ def test_a_recurrent_policy_asked_of_an_algorithm_without_one_is_one_line(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_misspelt_flag_of_ppo_lstm_is_not_told_that_ppo_lstm_has_no_recurrent_policy(tmp_path, monkeypatch, capsys):
+    from omnigym.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo_lstm", "--lstm-hidden", "64"]) == 2  # the flag is --lstm-size
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Unrecognized options: --lstm-hidden" in err[0], err
+    assert "has no recurrent policy" not in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_image_observations_are_one_line_before_the_run_dir(tmp_path):
     with pytest.raises(OmnigymError, match="vector"):
         RecurrentActorCritic(gym.spaces.Box(0, 255, (3, 84, 84), np.uint8), gym.spaces.Discrete(2))

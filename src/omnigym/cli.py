@@ -97,6 +97,8 @@ def refuse_recurrent(argv: list[str], config_cls) -> None:
     (tyro's own line would only say the flag is unknown)."""
     import dataclasses
 
+    if argv[0] == "ppo_lstm":  # its own misspelt flag (--lstm-hidden) is tyro's unknown-option line, not this hint
+        return
     fields = {f.name for f in dataclasses.fields(config_cls)}
     for i, arg in enumerate(argv[1:], 1):
         name, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
