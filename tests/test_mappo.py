@@ -85,6 +85,8 @@ def snapshot(path):
 @pytest.mark.parametrize("env_id, message", [
     ("pettingzoo/tictactoe_v3", "pettingzoo/tictactoe_v3 is turn-based (PettingZoo's AEC API"),
     ("pettingzoo/simple_tag_v3", "pettingzoo/simple_tag_v3 is not a cooperative task"),
+    # cooperative, but not MPE: before, told that its agents had 'adversaries, predators and prey'
+    ("pettingzoo/pistonball_v6", "pettingzoo/pistonball_v6 is not an MPE task"),
     ("pettingzoo/simple_speaker_listener_v4", "do not share one vector observation space"),
     ("pettingzoo/simple_sprad_v3", "unknown PettingZoo env 'pettingzoo/simple_sprad_v3'"),
     ("CartPole-v1", "mappo trains PettingZoo parallel envs named pettingzoo/NAME"),

@@ -69,6 +69,10 @@ def make_team_env(env_id: str, env_kwargs: dict | None = None):
     except (TypeError, ValueError, AssertionError) as exc:
         raise OmnigymError(f"{env_id} does not take --env-kwargs {env_kwargs}: {str(exc).splitlines()[0]}") from None
     world = getattr(env.unwrapped, "world", None)
+    if world is None:  # butterfly, sisl: their shared-reward settings differ per env and are not read here
+        env.close()
+        raise OmnigymError(f"{env_id} is not an MPE task; mappo knows a team's shared reward only from MPE's "
+                           f"collaborative worlds: {COOPERATIVE}")
     if not getattr(world, "collaborative", False):
         env.close()
         raise OmnigymError(f"{env_id} is not a cooperative task (its agents have rewards of their own: adversaries, "
