@@ -250,3 +250,11 @@ def test_online_dpo_takes_a_pairwise_judge_or_rewards_not_both():
 
     with pytest.raises(OmnigymError, match="not both"):
         OnlineDPOConfig(rewards="math:1.0", pairwise_judge="http://127.0.0.1:1/v1", model="x").check()
+
+
+def test_an_empty_pairwise_judge_is_one_line_not_the_demo():
+    """Before, --pairwise-judge '' read as no judge: the demo's SFT and reward-model stages trained."""
+    from omnigym.algos.lm.online_dpo import OnlineDPOConfig
+
+    with pytest.raises(OmnigymError, match="--pairwise-judge names no judge"):
+        OnlineDPOConfig(pairwise_judge="").check()

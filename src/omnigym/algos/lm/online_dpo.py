@@ -105,6 +105,9 @@ class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig
                                                 f"{', '.join(PREFERENCE_LOSSES)}")
         require(self.behaviour_cap is None, "--behaviour-cap weighs a policy-gradient loss by pi_old / pi_behaviour; "
                                             "online DPO's loss has no such ratio (a stale pair is still a pair)")
+        # an empty one would read as "no judge" and train the demo's reward model instead
+        require(self.pairwise_judge is None or self.pairwise_judge.strip() != "",
+                "--pairwise-judge names no judge; give a model folder or http://HOST:PORT/v1")
         require(not (self.rewards and self.pairwise_judge), "give --rewards or --pairwise-judge, not both: "
                 "each is the judge that makes the pairs")
         require(self.rewards is not None or self.pairwise_judge is not None or self.model == "tiny",
