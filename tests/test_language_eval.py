@@ -174,6 +174,16 @@ def test_humaneval_is_scored_in_the_sandbox(lm_run, capsys):
     assert "maj@2 n/a (code)" in capsys.readouterr().out
 
 
+def test_maj_at_k_is_na_on_a_task_without_a_reference_answer(lm_run, capsys):
+    """ifeval's examples have no answer to vote on; before, maj@k printed 0.000 whatever the replies
+    (an item all of whose replies passed counted as wrong)."""
+    assert main(["eval", str(lm_run), "--task", "ifeval", "--n", "2", "--prompts", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "maj@1 n/a (no reference answer)" in out and "maj@2 n/a (no reference answer)" in out
+    result = json.loads(sorted((lm_run / "evals").glob("ifeval*.json"))[-1].read_text())
+    assert result["scores"]["maj@2"] is None and 0.0 <= result["scores"]["pass@2"] <= 1.0
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [

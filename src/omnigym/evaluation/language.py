@@ -8,7 +8,8 @@ and maj@k, with a decontamination report against the run's own training prompts.
   numbers compared as numbers); a tie goes to the answer met first; replies with no answer do not
   vote, and a prompt with no vote counts as wrong. The expectation over every ``k``-subset of the
   ``n`` replies when there are at most ``MAJ_SUBSETS`` of them, else the mean over that many
-  subsets drawn with the eval's seed. Code tasks (HumanEval) have no answer to vote on: n/a.
+  subsets drawn with the eval's seed. Code tasks (HumanEval) and tasks without a reference answer
+  (ifeval) have no answer to vote on: n/a.
 - **decontamination**: ``contamination`` below.
 """
 
@@ -333,7 +334,11 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
             engine = make_engine(policy, tokenizer, cfg.engine)
             groups = sample_replies(make_generator(cfg, judged_env(env, correct), engine, tokenizer), tokenizer,
                                     examples, args.n)
-        code = any("entry_point" in e for e in examples)
+        # no vote without an answer to vote on: code, and tasks scored by rules on the reply (ifeval),
+        # where maj@k would read 0 whatever the replies
+        no_vote = "code" if any("entry_point" in e for e in examples) else (
+            None if all(str(e.get("answer", "")).strip() for e in examples) else "no reference answer")
+        code = no_vote is not None
         measured = scores(groups, ks, code, args.seed)
         result = {"run": str(run_dir), "eval_set": label, "items": len(examples), "samples_per_item": args.n,
                   "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens, "seed": args.seed,
@@ -350,7 +355,7 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     print(f"{label}: {len(examples)} items, {args.n} samples each (temperature {cfg.temperature}, seed {args.seed})")
     for k in ks:
         maj = measured[f"maj@{k}"]
-        print(f"  pass@{k} {measured[f'pass@{k}']:.3f}   maj@{k} " + ("n/a (code)" if maj is None else f"{maj:.3f}"))
+        print(f"  pass@{k} {measured[f'pass@{k}']:.3f}   maj@{k} " + (f"n/a ({no_vote})" if maj is None else f"{maj:.3f}"))
     print(f"wrote {out}")
     return result
 
