@@ -174,6 +174,22 @@ def test_humaneval_is_scored_in_the_sandbox(lm_run, capsys):
     assert "maj@2 n/a (code)" in capsys.readouterr().out
 
 
+def test_a_task_file_is_split_with_the_runs_seed_not_the_evals(lm_run, tmp_path, capsys):
+    """Before, the held-out split was drawn with --seed (12345): other items than the run held out,
+    most of them in its training split."""
+    from omnigym.envs.task_spec import load_task
+
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(40)))
+    heldout = load_task(str(data), 1, 8).heldout  # the run's --seed 1 and --eval-size 8
+    before = set((lm_run / "evals").glob("*.json"))
+    assert main(["eval", str(lm_run), "--task", str(data), "--n", "1"]) == 0
+    [written] = set((lm_run / "evals").glob("*.json")) - before
+    result = json.loads(written.read_text())
+    assert [r["prompt"] for r in result["replies"]] == [e["question"] for e in heldout]
+
+
 def test_maj_at_k_is_na_on_a_task_without_a_reference_answer(lm_run, capsys):
     """ifeval's examples have no answer to vote on; before, maj@k printed 0.000 whatever the replies
     (an item all of whose replies passed counted as wrong)."""

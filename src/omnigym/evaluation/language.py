@@ -308,12 +308,14 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     resolve_model(run_dir)  # a run that has not finished its model/ is refused here, in one line
     train_texts, trained_on = training_prompts(values, run_dir)
     cfg = run_config(values, run_dir)
-    cfg.seed = args.seed
     if args.temperature is not None:
         cfg.temperature = args.temperature
     if args.max_new_tokens is not None:
         cfg.max_new_tokens = args.max_new_tokens
+    # the split with the run's own seed: a task shuffled by seed (a file, tictactoe-v0) held out other
+    # items under --seed, most of them trained on
     examples, task = eval_task(cfg, args.task, args.data_dir)
+    cfg.seed = args.seed  # the sampling's
     examples = examples[:args.prompts] if args.prompts else examples
     label = args.task or f"{values.get('task')} held-out"
     report = contamination(train_texts, [prompt_text(e) for e in examples], args.ngram)
