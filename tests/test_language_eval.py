@@ -190,6 +190,20 @@ def test_a_task_file_is_split_with_the_runs_seed_not_the_evals(lm_run, tmp_path,
     assert [r["prompt"] for r in result["replies"]] == [e["question"] for e in heldout]
 
 
+def test_a_multi_turn_run_is_refused_naming_its_env(lm_run, tmp_path, capsys):
+    """Before, a --env tictactoe run was refused as '--task arithmetic is a multi-turn env'."""
+    import shutil
+
+    run = tmp_path / "game"
+    shutil.copytree(lm_run, run, ignore=shutil.ignore_patterns("evals"))
+    values = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**values, "env": "tictactoe", "max_turns": 5}))
+    assert main(["eval", str(run), "--n", "1", "--prompts", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the run's --env tictactoe is a multi-turn env" in err[0], err
+    assert not (run / "evals").exists() or not list((run / "evals").iterdir())
+
+
 def test_maj_at_k_is_na_on_a_task_without_a_reference_answer(lm_run, capsys):
     """ifeval's examples have no answer to vote on; before, maj@k printed 0.000 whatever the replies
     (an item all of whose replies passed counted as wrong)."""

@@ -331,7 +331,9 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
             if cfg.system_prompt is None and tokenizer.chat_template == CHAT_TEMPLATE:
                 cfg.system_prompt = ""  # the tiny model's family: trained without one
             env, correct = task_env(cfg, task)
-            require(not hasattr(env, "max_turns"), f"--task {cfg.task} is a multi-turn env; eval samples one-reply "
+            # a run's --env (tictactoe, tools, ...) makes the env, whatever the --task: name what did
+            source = f"--task {cfg.task}" if cfg.env == "single-turn" else f"the run's --env {cfg.env}"
+            require(not hasattr(env, "max_turns"), f"{source} is a multi-turn env; eval samples one-reply "
                                                    "answers: give a single-turn task")
             engine = make_engine(policy, tokenizer, cfg.engine)
             groups = sample_replies(make_generator(cfg, judged_env(env, correct), engine, tokenizer), tokenizer,
