@@ -182,6 +182,9 @@ def _one_line(tmp_path, monkeypatch, capsys, argv, message):
     (["--env-id", "CartPole-v1"], "--self-play plays two-seat games, pettingzoo/NAME or openspiel/NAME; CartPole-v1"),
     (["--env-id", "pettingzoo/tictactoe_v3", "--backend", "async"], "--self-play keeps its league in this process"),
     (["--env-id", "pettingzoo/tictactoe_v3", "--eval-games", "0"], "--eval-games must be positive, got 0"),
+    # before, trained against the league and never against the opponent asked for
+    (["--env-id", "pettingzoo/tictactoe_v3", "--env-kwargs", "opponent=search"],
+     "--env-kwargs opponent=search picks a fixed opponent, which --self-play replaces with its league"),
 ])
 def test_bad_game_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message):
     _one_line(tmp_path, monkeypatch, capsys, ["train", "ppo", "--self-play", *argv], message)

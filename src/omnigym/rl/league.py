@@ -83,6 +83,11 @@ class SelfPlayConfig:
                 f"and {self.random_share}")
         for name in ("league_every", "league_size", "eval_every", "eval_games"):
             require(getattr(self, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        fixed = [pair for pair in getattr(self, "env_kwargs", ()) if pair.split("=", 1)[0] in ("opponent",
+                                                                                             "search_depth")]
+        # the league plays the other seat, so a fixed opponent asked for here would be ignored
+        require(not fixed, f"--env-kwargs {fixed[0] if fixed else ''} picks a fixed opponent, which --self-play "
+                           "replaces with its league; leave it out (the evaluation's search depth is --search-depth)")
         require(self.elo_k > 0, f"--elo-k must be positive, got {self.elo_k}")
         require(self.search_depth >= 0, f"--search-depth must be 0 (the game's default) or more, got "
                                         f"{self.search_depth}")
