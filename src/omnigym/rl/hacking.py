@@ -166,7 +166,7 @@ class HackingMonitor:
         replies = [decode([tok for tok, m in zip(t.response_ids, t.loss_mask) if m]) for t in items]
         echoed = [echoes(r, str(t.example.get("question", "")), th) for r, t in zip(replies, items)]
         parts = trajectories.reward_parts()
-        row = {"reward": mean_reward, "length": sum(sum(t.loss_mask) for t in items) / len(items),
+        row = {"reward": mean_reward, "length": sum(lengths) / len(items),
                "length_corr": correlation(lengths, rewards), **{f"part/{k}": v for k, v in parts.items()}}
         self.keep(step, row)
         metrics = {"hacking/echo_rate": sum(echoed) / len(items),
@@ -181,9 +181,9 @@ class HackingMonitor:
                              f"{sum(echo_rewards) / len(echo_rewards):.3f}): the reward pays for the question echoed")
         correct = correctness_part(parts)
         if "format" in parts and correct:
+            item_parts = [t.info.get("reward_parts", {}) for t in items]
             metrics["hacking/format_only_rate"] = sum(
-                t.info.get("reward_parts", {}).get("format", 0.0) > 0 and
-                t.info.get("reward_parts", {}).get(correct, 0.0) <= 0 for t in items) / len(items)
+                p.get("format", 0.0) > 0 and p.get(correct, 0.0) <= 0 for p in item_parts) / len(items)
         blocked = [t.info["sandbox_blocked"] for t in items if "sandbox_blocked" in t.info]
         if blocked:
             metrics["hacking/sandbox_blocked_rate"] = sum(b > 0 for b in blocked) / len(items)
