@@ -281,6 +281,9 @@ BAD = [
     (["collect", "random", "--episodes", "1", "--dataset", "pendulum/r-v0"], "a random policy needs the env"),
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "no version"],
      "a Minari id is NAME-vN"),
+    # no -vN at all: Minari's parser raised a TypeError (a traceback) before this case was added
+    (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "mytest"],
+     "--dataset 'mytest': a Minari id is NAME-vN"),
     (["collect", "nowhere", "--episodes", "1", "--dataset", "x-v0"], "'nowhere' is neither 'random' nor a run"),
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "0", "--dataset", "x-v0"],
      "--episodes must be positive"),

@@ -112,7 +112,7 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
     require(not (expert and ref_max_score is not None), "give --expert RUN or --ref-max-score, not both")
     try:
         namespace = parse_dataset_id(dataset_id)[0]
-    except ValueError:
+    except (ValueError, TypeError):  # TypeError: Minari's own parser on an id without -vN (minari 0.5)
         raise OmnigymError(f"--dataset {dataset_id!r}: a Minari id is NAME-vN or NAMESPACE/NAME-vN "
                            "(e.g. pendulum/random-v0)") from None
     root = datasets_root()
