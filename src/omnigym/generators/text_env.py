@@ -29,7 +29,7 @@ from omnigym.generators.text_episodes import TextEnvEpisodes
 from omnigym.inference import engine_on_own_copy
 from omnigym.inference.engine import SamplingParams
 from omnigym.inference.service import EngineService
-from omnigym.rewards import scored_with_parts
+from omnigym.rewards import scored_with_notes
 
 __all__ = ["TextEnvGenerator", "render"]
 
@@ -44,6 +44,8 @@ class _Episode:
         self.tool_calls = self.tool_errors = 0
         self.budget_cut = False
         self.reward, self.parts = 0.0, {}
+        self.notes: dict[str, float] = {}
+        """what the reward observed beside its score (``sandbox_blocked``), into the info"""
 
     @property
     def tokens(self) -> list[int]:
@@ -96,7 +98,7 @@ class TextEnvGenerator:
                                         e.env.example, {"reward_parts": e.parts, "turns": e.turns,
                                                         "truncated": e.truncated, "cut_off": e.cut_off,
                                                         "tool_calls": e.tool_calls, "tool_errors": e.tool_errors,
-                                                        "budget_cut": e.budget_cut,
+                                                        "budget_cut": e.budget_cut, **e.notes,
                                                         "versions": [version if m else -1 for m in e.mask]})
                              for e in episodes])
 
@@ -147,7 +149,7 @@ class TextEnvGenerator:
             if finished:  # they are done now; their rewards arrive with the future
                 for episode in finished:
                     episode.done = True
-                pending.append((submit(scored_with_parts, self.env.reward, texts, [e.env.example for e in finished]),
+                pending.append((submit(scored_with_notes, self.env.reward, texts, [e.env.example for e in finished]),
                                 finished))
             running = [e for e in running if not e.done]
             if not running:
@@ -164,11 +166,12 @@ class TextEnvGenerator:
         episode.logprobs += [0.0] * len(inserted)
 
     @staticmethod
-    def _take_scores(finished: list[_Episode], totals, parts: dict) -> None:
+    def _take_scores(finished: list[_Episode], totals, parts: dict, notes: dict) -> None:
         totals, parts = totals.tolist(), {name: values.tolist() for name, values in parts.items()}
         for i, episode in enumerate(finished):
             episode.reward = totals[i]
             episode.parts = {name: values[i] for name, values in parts.items()}
+            episode.notes = {name: values[i] for name, values in notes.items()}
 
 
 def _now(function, *args) -> Future:

@@ -30,7 +30,7 @@ from omnigym.generators.base import Trajectory
 from omnigym.generators.episode_rules import budget_cut, inserted_tokens, out_of_budget, render, with_overlong
 from omnigym.generators.turns import Turn, stitch
 from omnigym.inference.engine import SamplingParams
-from omnigym.rewards import scored_with_parts
+from omnigym.rewards import scored_with_notes
 
 
 class TextEnvEpisodes:
@@ -78,9 +78,10 @@ class TextEnvEpisodes:
             info["tool_calls"] += step_info.get("tool_calls", 0)
             info["tool_errors"] += step_info.get("tool_errors", 0)
             if terminated:
-                totals, parts = await asyncio.to_thread(scored_with_parts, env.reward, [text], [env.example])
+                totals, parts, notes = await asyncio.to_thread(scored_with_notes, env.reward, [text], [env.example])
                 reward = float(totals[0])
                 info["reward_parts"] = {name: float(values[0]) for name, values in parts.items()}
+                info.update({name: values[0] for name, values in notes.items()})  # sandbox_blocked
                 break
             if truncated:
                 info["truncated"] = True

@@ -29,7 +29,7 @@ from omnigym.rewards.base import REWARDS, CallableReward, Reward, as_reward, che
 from omnigym.user_code import call_user_code, import_object, import_reference, is_reference
 
 __all__ = ["REWARDS", "CallableReward", "Reward", "WeightedSum", "as_reward", "builtin_rewards", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
-           "register_reward", "scored_with_parts"]
+           "register_reward", "scored_with_notes", "scored_with_parts"]
 
 def builtin_rewards() -> dict[str, Reward]:
     """The rewards omnigym ships, by name, made afresh (their modules are imported here, on
@@ -97,6 +97,16 @@ class WeightedSum(Reward):
         parts = self.components(completions, examples)
         return self.total(parts), parts
 
+    def score_notes(self, completions, examples):
+        """``score`` and the parts' notes, added up where two parts note the same name."""
+        parts, notes = {}, {}
+        for name, reward in self.parts.items():
+            values, _, own = reward.score_notes(completions, examples)
+            parts[name] = values
+            for key, column in own.items():
+                notes[key] = [a + b for a, b in zip(notes.get(key, [0.0] * len(column)), column)]
+        return self.total(parts), parts, notes
+
     def accuracy(self) -> Reward:
         """The first part alone: ``math`` in ``math:1.0,format:0.1``."""
         return WeightedSum({next(iter(self.weights)): 1.0}, self.judge_rubric)
@@ -122,6 +132,12 @@ def scored_with_parts(reward, completions: Sequence[str],
                       examples: Sequence[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(totals, parts)`` of any reward (``Reward.score``; a plain callable is the env's reward)."""
     return as_reward(reward, "of the env").score(completions, examples)
+
+
+def scored_with_notes(reward, completions: Sequence[str], examples: Sequence[dict]):
+    """``(totals, parts, notes)`` of any reward (``Reward.score_notes``): notes are per-completion
+    numbers a reward observed beside its score (``sandbox_blocked``), for the trajectories' info."""
+    return as_reward(reward, "of the env").score_notes(completions, examples)
 
 
 def leading_part(reward) -> Reward:

@@ -45,6 +45,14 @@ class Reward:
         values = call_user_code(f"reward {self.label}", self, completions, examples)
         return checked(self.label, values, len(completions)), {}
 
+    def score_notes(self, completions: Sequence[str],
+                    examples: Sequence[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, list[float]]]:
+        """``score``'s totals and parts, and notes: ``{name: one number per completion}`` that
+        the reward observed beside its score (the code reward: ``sandbox_blocked``, attempts the
+        sandbox stopped), for each trajectory's info; none by default."""
+        totals, parts = self.score(completions, examples)
+        return totals, parts, {}
+
     def accuracy(self) -> "Reward":
         return self
 
@@ -95,6 +103,18 @@ class per_sample(Reward):
         if len(completions) != len(examples):
             raise OmnigymError(f"{len(completions)} completions but {len(examples)} examples")
         return torch.tensor([float(self.fn(c, e)) for c, e in zip(completions, examples)], dtype=torch.float64)
+
+    def score_notes(self, completions, examples):
+        """A function with ``with_notes(completion, example) -> (float, {name: number})`` (the code
+        reward) gives its notes; any other, none."""
+        if not hasattr(self.fn, "with_notes"):
+            return super().score_notes(completions, examples)
+        if len(completions) != len(examples):
+            raise OmnigymError(f"{len(completions)} completions but {len(examples)} examples")
+        scored = [self.fn.with_notes(c, e) for c, e in zip(completions, examples)]
+        notes = {name: [float(own.get(name, 0.0)) for _, own in scored] for name in dict.fromkeys(
+            name for _, own in scored for name in own)}
+        return checked(self.label, [value for value, _ in scored], len(completions)), {}, notes
 
 
 def checked(name: str, values, n: int) -> torch.Tensor:

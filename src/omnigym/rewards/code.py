@@ -56,6 +56,9 @@ class Verdict:
     total: int
     reason: str = ""
     """why the program was not run or judged (empty when the judge ran its tests)"""
+    blocked: tuple[str, ...] = ()
+    """what the sandbox stopped the program doing (``network``, ``cpu``, ``file size``, ``killed``
+    from the judge; ``timeout``, ``processes``, ``memory`` from the trainer): docs/hacking.md"""
 
 
 def verdict(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> Verdict:
@@ -83,7 +86,8 @@ def verdict(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLim
                                       f"at character {exc.start}")
     result = sandbox.run(sandbox.python_argv(HARNESS), limits, "", (repr(job).encode(), program), writable=1)
     passed, reason = _count_passed(result.channels[0], len(tests))
-    return Verdict(passed, len(tests), "timed out" if result.timed_out and not reason else reason)
+    return Verdict(passed, len(tests), "timed out" if result.timed_out and not reason else reason,
+                   _blocked(result.channels[0]) + result.blocked)
 
 
 def judge(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> tuple[int, int]:
@@ -110,6 +114,15 @@ def _count_passed(verdict: bytes, tests: int) -> tuple[int, str]:
     return passed, ""
 
 
+BLOCKED_BY_JUDGE = ("network", "cpu", "file size", "killed")
+
+
+def _blocked(verdict: bytes) -> tuple[str, ...]:
+    """The judge's ``blocked KIND`` lines (after its test lines), known kinds only."""
+    lines = verdict.decode("ascii", errors="replace").split("\n")
+    return tuple(line[8:] for line in lines if line.startswith("blocked ") and line[8:] in BLOCKED_BY_JUDGE)
+
+
 def code_score(completion: str, example: dict, sandbox: Sandbox, limits: SandboxLimits | None = None) -> float:
     """The fraction of the example's tests that pass (0 for an example with none)."""
     found = verdict(completion, example, sandbox, limits)
@@ -125,5 +138,11 @@ class CodeScore:
         self.__name__ = "code_graded" if graded else "code"
 
     def __call__(self, completion: str, example: dict) -> float:
-        score = code_score(completion, example, self.sandbox)
-        return score if self.graded else float(score == 1.0)
+        return self.with_notes(completion, example)[0]
+
+    def with_notes(self, completion: str, example: dict) -> tuple[float, dict[str, float]]:
+        """The score and ``{"sandbox_blocked": n}``: how many kinds of attempt the sandbox
+        stopped (``Verdict.blocked``), for the trajectory's info (the hacking monitor reads it)."""
+        found = verdict(completion, example, self.sandbox)
+        score = found.passed / found.total if found.total else 0.0
+        return (score if self.graded else float(score == 1.0)), {"sandbox_blocked": float(len(found.blocked))}

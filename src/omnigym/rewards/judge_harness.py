@@ -320,7 +320,7 @@ def judge(job, candidate, verdict_fd):
         candidate.provide(namespace, sources, [job["entry_point"]] if "check" in job else [])
     except Exception as exc:  # the type only: a message can carry the candidate's text
         os.write(verdict_fd, f"error {type(exc).__name__}\n".encode())
-        os._exit(0)
+        return
     for index, test in enumerate(tests):
         try:
             exec(compile(test, f"test_{index}", "exec"), namespace)
@@ -355,9 +355,11 @@ def main():
     job_fd, code_fd, verdict_fd = (int(a) for a in sys.argv[1:4])
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     handlers = ignore_signals()
+    packets = packets_sent()  # before the candidate exists
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
-    if os.fork() == 0:
+    pid = os.fork()
+    if pid == 0:
         for number, handler in handlers.items():  # the program runs as under a plain python
             signal.signal(number, handler if handler is not None else signal.SIG_DFL)
         for fd in (job_fd, verdict_fd, requests_write, replies_read):
@@ -368,7 +370,50 @@ def main():
     job = ast.literal_eval(read_all(job_fd))
     os.close(job_fd)
     judge(job, Candidate(requests_write, replies_read), verdict_fd)
+    os.close(requests_write)  # the candidate reads the end of its calls and exits
+    report_blocked(pid, packets, verdict_fd)
     os._exit(0)
+
+
+LIMIT_SIGNALS = ((signal.SIGXCPU, "cpu"), (signal.SIGXFSZ, "file size"), (signal.SIGKILL, "killed"))
+"""how the kernel ends a process at a limit: CPU seconds, file size, memory (the OOM killer)"""
+
+
+def packets_sent():
+    """IP packets this network namespace sent or refused for want of a route (v4 and v6), from
+    the kernel's counters; None outside bubblewrap, where the namespace is the host's."""
+    if os.getpid() != 1:
+        return None
+    total = 0
+    try:
+        with open("/proc/net/snmp") as f:
+            rows = [line.split() for line in f if line.startswith("Ip:")]
+        names, values = rows[0], rows[1]
+        total += sum(int(values[names.index(key)]) for key in ("OutRequests", "OutNoRoutes"))
+        with open("/proc/net/snmp6") as f:
+            total += sum(int(line.split()[1]) for line in f if line.split()[0] in ("Ip6OutRequests", "Ip6OutNoRoutes"))
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+def report_blocked(pid, packets, verdict_fd):
+    """After the verdict, one ``blocked KIND`` line for what the sandbox stopped the candidate
+    doing, as the kernel saw it (the candidate can add to these counts only by trying, and take
+    from them never): ``network`` (a packet sent or refused in the sandbox's own network namespace,
+    which has nothing to reach), ``cpu``/``file size``/``killed`` (the candidate's process ended by
+    a limit's signal). A candidate that never exits holds the judge here until the wall clock,
+    which the trainer counts as ``timeout``."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        status = 0
+    for number, kind in LIMIT_SIGNALS:
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == number:
+            os.write(verdict_fd, f"blocked {kind}\n".encode())
+    after = packets_sent()
+    if packets is not None and after is not None and after > packets:
+        os.write(verdict_fd, b"blocked network\n")
 
 
 if __name__ == "__main__":

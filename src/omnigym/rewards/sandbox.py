@@ -69,6 +69,11 @@ class SandboxResult:
     isolation: str
     channels: list[bytes] = field(default_factory=list)
     """What the program wrote to each ``writable`` descriptor handed to ``run_sandboxed``."""
+    blocked: tuple[str, ...] = ()
+    """What the sandbox stopped, as the trainer saw it (the program cannot write any of it):
+    ``timeout`` (killed at ``wall_seconds``), ``processes`` (a fork the sandbox's cgroup refused:
+    ``pids.events``), ``memory`` (a process the cgroup's memory limit killed: ``oom_kill``); the
+    last two only where a cgroup is made (root)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,20 @@ class _Cgroup:
                 self.remove()
                 self.dirs = []
                 return
+
+    def blocked(self) -> tuple[str, ...]:
+        """What the kernel counted against this cgroup's limits: ``processes`` (forks refused at
+        ``pids.max``), ``memory`` (processes killed at the memory limit)."""
+        counts = {}
+        for path in self.dirs:
+            for file in ("pids.events", "memory.events", "memory.oom_control"):
+                try:
+                    with open(os.path.join(path, file)) as f:
+                        counts.update(line.split()[:2] for line in f if len(line.split()) >= 2)
+                except OSError:
+                    continue
+        found = [kind for kind, key in (("processes", "max"), ("memory", "oom_kill")) if counts.get(key, "0") != "0"]
+        return tuple(found)
 
     def remove(self) -> None:
         for path in self.dirs:
@@ -360,7 +379,7 @@ class Sandbox:
                 _drain(ours, received, limits)
                 return SandboxResult(None if timed_out else proc.returncode, _read_capped(out, limits),
                                      _read_capped(err, limits), timed_out, "bubblewrap" if use_bwrap else "limits only",
-                                     [bytes(r) for r in received])
+                                     [bytes(r) for r in received], ("timeout",) * timed_out + cgroup.blocked())
         finally:
             for f in files + ours + ([info] if info else []):
                 f.close()

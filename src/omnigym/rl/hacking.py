@@ -13,8 +13,8 @@ Five patterns, each a known way a policy raises its reward without getting bette
    fast, while correctness stays flat.
 4. **held-out**: over the last few evaluations, held-out accuracy falls while the training
    reward (the window's mean at each evaluation) rises.
-5. **sandbox**: episodes whose code the sandbox blocked (``info["sandbox_blocked"]``, where the
-   generator records it).
+5. **sandbox**: episodes whose code the sandbox blocked (``info["sandbox_blocked"]``: the code
+   reward's note, ``Reward.score_notes``, counted by the judge and the trainer, never the program).
 
 Everything is computed from what the trainer already has (decoded replies, reward parts,
 lengths): no extra forward pass, no extra sampling.
