@@ -435,8 +435,10 @@ def finish_lm(run: Run, cfg, policy, tokenizer) -> dict:
     # accuracy, and the reward GRPO learns from below it (curve.png; the warm-up drawn first)
     plot_path = run.close(plot=cfg.plot and bool(rows), metric=("eval/accuracy", "reward/mean"))
     before, after = (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if rows else (float("nan"),) * 2
+    # in a game the judge plays the random opponent (eval_metrics): the figure is a win rate
+    measured = "win rate against the random opponent" if cfg.env in GAMES else "held-out accuracy"
     run.say(f"run: {run.dir}  (the policy: {run.dir / 'model'})",
-            f"held-out accuracy before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)")
+            f"{measured} before GRPO: {before:.3f}  after: {after:.3f}  ({100 * (after - before):+.1f} points)")
     cut = [r["completion/cut_off_fraction"] for r in logged if "completion/cut_off_fraction" in r]
     if cut and any("completion/cut_by_max_tokens_fraction" in r for r in logged):  # an agent: its own limit too
         run.say(*cut_off_lines(cfg, logged, 100 * sum(cut) / len(cut)))
