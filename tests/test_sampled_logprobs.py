@@ -14,9 +14,10 @@ import torch  # noqa: E402
 from omnigym.inference.engine import SamplingParams, drawn_logprobs, processed_logits  # noqa: E402
 from omnigym.inference.hf import HFEngine  # noqa: E402
 from omnigym.inference.kv import LlamaFamilyEngine  # noqa: E402
-from omnigym.models.lm import build_tiny_model, load_model, load_tokenizer  # noqa: E402
+from omnigym.inference.recurrent import RecurrentEngine  # noqa: E402
+from omnigym.models.lm import build_tiny_model, load_model, load_policy_and_tokenizer, load_tokenizer  # noqa: E402
 
-ENGINES = {"hf": HFEngine, "kv": LlamaFamilyEngine}
+ENGINES = {"hf": HFEngine, "kv": LlamaFamilyEngine, "recurrent": RecurrentEngine}
 PROMPTS = [[4, 20, 21, 22, 5], [4, 30, 31, 5]]
 
 
@@ -24,6 +25,13 @@ PROMPTS = [[4, 20, 21, 22, 5], [4, 30, 31, 5]]
 def tiny(tmp_path_factory):
     path = str(build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0))
     return load_model(path), load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def policies(tiny):
+    """The model each engine samples: the recurrent one an LSTM LM (``--model lstm``)."""
+    lstm = load_policy_and_tokenizer("lstm", seed=0, lstm_hidden=32)
+    return {"hf": tiny, "kv": tiny, "recurrent": lstm}
 
 
 def test_processed_logprobs_by_hand():
@@ -88,10 +96,10 @@ def recomputed(model, sample, params: SamplingParams) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
-def test_a_top_k_1_sample_is_certain(tiny, engine):
+def test_a_top_k_1_sample_is_certain(policies, engine):
     """With top-k 1 there is one token to draw: each log-prob is 0 (it was -3.9 and lower when
     engines recorded the temperature's full distribution)."""
-    model, tokenizer = tiny
+    model, tokenizer = policies[engine]
     torch.manual_seed(0)
     samples = [s for group in ENGINES[engine](model, tokenizer).generate(
         PROMPTS, 3, SamplingParams(max_new_tokens=12, temperature=0.7, top_k=1)) for s in group]
@@ -104,8 +112,8 @@ def test_a_top_k_1_sample_is_certain(tiny, engine):
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 5, 1.0), (1.2, 0, 0.8), (0.9, 8, 0.7), (1.0, 0, 1.0)])
-def test_engines_record_the_distribution_they_drew_from(tiny, engine, temperature, top_k, top_p):
-    model, tokenizer = tiny
+def test_engines_record_the_distribution_they_drew_from(policies, engine, temperature, top_k, top_p):
+    model, tokenizer = policies[engine]
     params = SamplingParams(max_new_tokens=16, temperature=temperature, top_k=top_k, top_p=top_p)
     torch.manual_seed(1)
     samples = [s for group in ENGINES[engine](model, tokenizer).generate(PROMPTS, 4, params) for s in group]

@@ -1,5 +1,6 @@
 """Inference engines behind one contract (``engine.py``): ``hf`` and ``kv`` in the trainer's
-process on its model, ``vllm`` (the ``[vllm]`` extra, a CUDA GPU) on vLLM's own copy."""
+process on its model (``recurrent`` for an LSTM LM), ``vllm`` (the ``[vllm]`` extra, a CUDA GPU)
+on vLLM's own copy."""
 
 from __future__ import annotations
 
@@ -11,12 +12,19 @@ ENGINES = ("auto", "hf", "kv", "vllm")
 def make_engine(model, tokenizer, kind: str = "auto", batch_size: int = 256):
     """``hf``: Hugging Face ``generate``; ``kv``: the lean Llama-family sampler (``kv.py``);
     ``vllm``: vLLM loaded from the model's ``name_or_path``, fed the trainer's weights by
-    ``update_weights`` (``vllm.py``); ``auto``: ``kv`` where the model allows it, else ``hf``."""
+    ``update_weights`` (``vllm.py``); ``auto``: ``kv`` where the model allows it, else ``hf``; a
+    recurrent LM (``--model lstm``) only ``recurrent.py``'s sampler, which ``auto`` picks."""
     from omnigym.inference.hf import HFEngine
     from omnigym.inference.kv import LlamaFamilyEngine, unsupported_reason
 
     if kind not in ENGINES:
         raise OmnigymError(f"unknown engine {kind!r}; choose auto, hf, kv or vllm")
+    if getattr(model, "is_recurrent", False):  # an LSTM LM (--model lstm): no attention, its own sampler
+        from omnigym.inference.recurrent import RecurrentEngine
+
+        if kind != "auto":
+            raise OmnigymError(f"--engine {kind} cannot run a recurrent (LSTM) policy; leave --engine at auto")
+        return RecurrentEngine(model, tokenizer, batch_size)
     if kind == "vllm":
         from omnigym.inference.vllm import VLLMEngine
 

@@ -100,6 +100,10 @@ def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str =
     transformers = _transformers()
     import torch
 
+    from omnigym.models.lstm_lm import register
+
+    register()  # a saved --model lstm loads like any other folder
+
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
     except LOAD_ERRORS as exc:
@@ -116,11 +120,16 @@ def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str =
 
 
 @contextmanager
-def model_folder(name_or_path: str, seed: int = 0):
+def model_folder(name_or_path: str, seed: int = 0, lstm_hidden: int = 128):
     """The folder (or hub id) ``--model`` names, for as long as the ``with`` block loads from it:
     "tiny" is built offline into a temporary folder (the same weights for the same seed), the
     run directory of an earlier omnigym run is its ``model/`` folder; a path that is not a
-    model is refused in one line."""
+    model is refused in one line. "lstm" is an LSTM LM of ``lstm_hidden`` units built offline
+    the same way (``models/lstm_lm.py``)."""
+    if name_or_path == "lstm":
+        with lstm_model_folder(seed, lstm_hidden) as folder:
+            yield folder
+        return
     if name_or_path == "tiny":
         from omnigym.distributed import barrier, broadcast, is_main_process, share_random_state
 
@@ -210,9 +219,10 @@ def check_model_folder(label: str, path: Path) -> None:
 
 
 def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: str | None = None,
-                              lora: LoraSettings | None = None, device: str = "cpu", need_chat_template: bool = True):
+                              lora: LoraSettings | None = None, device: str = "cpu", need_chat_template: bool = True,
+                              lstm_hidden: int = 128):
     """The model and tokenizer of ``--model`` (``model_folder`` says what it may name)."""
-    with model_folder(name_or_path, seed) as source:
+    with model_folder(name_or_path, seed, lstm_hidden) as source:
         try:
             tokenizer = load_tokenizer(source, chat_template, need_chat_template)  # first: the cheaper failure
             return load_model(source, lora, device=device), tokenizer
@@ -253,17 +263,9 @@ def build_tiny_model(path: str | Path, hidden: int = 128, layers: int = 4, heads
     a character tokenizer's spaces."""
     transformers = _transformers()
     import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     path = Path(path)
-    vocab = {token: i for i, token in enumerate(list(SPECIAL_TOKENS) + list(dict.fromkeys(string.printable)))}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(list(SPECIAL_TOKENS))
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
-                                                     eos_token="<|end|>", padding_side="left")
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer, vocab = build_tiny_tokenizer()
     config = transformers.LlamaConfig(
         vocab_size=len(vocab), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
@@ -276,3 +278,38 @@ def build_tiny_model(path: str | Path, hidden: int = 128, layers: int = 4, heads
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def build_tiny_tokenizer():
+    """The tiny models' character-level tokenizer (printable ASCII and the special tokens) with
+    a chat template, and its vocabulary."""
+    transformers = _transformers()
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(list(SPECIAL_TOKENS) + list(dict.fromkeys(string.printable)))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
+                                                     eos_token="<|end|>", padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer, vocab
+
+
+@contextmanager
+def lstm_model_folder(seed: int = 0, hidden: int = 128):
+    """``--model lstm``: an untrained LSTM LM over the tiny models' tokenizer, built into a
+    temporary folder for as long as the ``with`` block loads from it (by the first process of a
+    data-parallel run; the others load its folder), as ``model_folder`` builds "tiny"."""
+    _transformers()
+    from omnigym.distributed import barrier, broadcast, is_main_process, share_random_state
+    from omnigym.models.lstm_lm import build_lstm_model
+
+    with tempfile.TemporaryDirectory() as folder:
+        if is_main_process():
+            build_lstm_model(folder, build_tiny_tokenizer()[0], hidden, seed)
+        shared = broadcast(folder)
+        share_random_state()  # building seeds torch: every process goes on from the same state
+        yield shared
+        barrier()

@@ -321,8 +321,10 @@ def shared_prefix_forward(module, batch: CompletionBatch, read):
                         use_cache=True, **{name: cache})
         cache = getattr(output, name)
     packed = batch.packed
-    # flash-attention kernels take no 4-D mask: their models run the padded rows
-    if packed is None or (getattr(module.config, "_attn_implementation", None) or "sdpa") not in ("sdpa", "eager"):
+    # flash-attention kernels take no 4-D mask: their models run the padded rows; so does a
+    # recurrent LM (models/lstm_lm.py), whose state, not a mask, says what a token has read
+    if packed is None or (getattr(module.config, "_attn_implementation", None) or "sdpa") not in ("sdpa", "eager") \
+            or getattr(module, "is_recurrent", False):
         cache.batch_select_indices(batch.rows)
         attention = torch.cat([seen[batch.rows], batch.attention], 1)
         output = module(input_ids=batch.input_ids, attention_mask=attention, position_ids=batch.position_ids,
