@@ -40,7 +40,10 @@ from omnigym.track.run import start_run
 @dataclass
 class TextReinforceConfig(AgentConfig, RolloutRuntimeConfig, RunConfig):
     model: str = "tiny"
-    """hub id or local path; "tiny" builds a ~1M-parameter untrained model offline"""
+    """hub id or local path; "tiny" builds a ~1M-parameter untrained model offline, "lstm" an untrained
+    LSTM language model (embedding, LSTM, output head; the guide's first project)"""
+    lstm_hidden: int | None = None
+    """--model lstm: the LSTM's units (128 when not given)"""
     prompt: str = "Say something."
     keywords: str = "a"
     """comma-separated keywords the completion should contain"""
@@ -61,10 +64,14 @@ class TextReinforceConfig(AgentConfig, RolloutRuntimeConfig, RunConfig):
                 f"--batch-size {self.batch_size} does not split evenly between --num-generators {self.num_generators}; "
                 "make it a multiple")
         self.check_agent()
+        if self.lstm_hidden is not None:
+            require(self.model == "lstm", f"--lstm-hidden sizes the LSTM of --model lstm; --model {self.model} has none")
+            require_positive(self, "lstm_hidden")
         require(not (self.agent and self.rewards), f"--agent {self.agent} returns the episode's reward: leave out --rewards")
 
 
 CONFIG = TextReinforceConfig
+LSTM_HIDDEN = 128
 
 
 @scoped_run
@@ -77,7 +84,8 @@ def train(cfg: TextReinforceConfig) -> dict:
     if cfg.resume:
         raise OmnigymError("text_reinforce runs are short and keep no checkpoint; start a new run instead of --resume")
     run = start_run(cfg, "text_reinforce", cfg.model)
-    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, device=cfg.device)
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, device=cfg.device,
+                                                  lstm_hidden=cfg.lstm_hidden or LSTM_HIDDEN)
     check_context(policy, cfg.max_new_tokens)
     trainer = LocalBackend(policy, adamw(policy, cfg.learning_rate))
     example = {"question": cfg.prompt, "keywords": keywords}
@@ -153,5 +161,6 @@ def remote_generator(cfg: TextReinforceConfig, cwd: str) -> TextEnvGenerator:
     from omnigym.models.lm import load_policy_and_tokenizer
 
     os.chdir(cwd)
-    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, device=cfg.device)
+    policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, device=cfg.device,
+                                                  lstm_hidden=cfg.lstm_hidden or LSTM_HIDDEN)
     return make_generator(cfg, policy, tokenizer)
