@@ -83,6 +83,12 @@ def test_the_engine_seam_gives_the_recurrent_sampler_and_refuses_the_others(lstm
 @pytest.mark.parametrize("argv, message", [
     (["train", "text_reinforce", "--model", "lstm", "--lstm-hidden", "0"], "--lstm-hidden must be positive, got 0"),
     (["train", "text_reinforce", "--lstm-hidden", "64"], "--lstm-hidden sizes the LSTM of --model lstm; --model tiny"),
+    # an algorithm that puts a scalar head on --model, or an engine that cannot run an LSTM
+    (["train", "rm", "--model", "lstm"], "--model lstm is an LSTM policy, and this run needs a transformer under the "
+                                         "reward model's scalar head"),
+    (["train", "prm", "--model", "lstm"], "under the process reward model's scalar head"),
+    (["train", "rlhf", "--model", "lstm"], "under the value model's scalar head"),
+    (["train", "grpo", "--model", "lstm", "--engine", "kv"], "--engine kv cannot run a recurrent (LSTM) policy"),
 ])
 def test_bad_lstm_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)

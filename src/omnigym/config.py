@@ -284,11 +284,19 @@ class LanguageModelConfig(RunConfig):
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("model", "lora_r")
     SAVED_REQUIRED = ("model",)
+    SCALAR_HEAD: ClassVar[str | None] = None
+    """what the run puts a scalar head on --model for (rm, prm: the reward model; rlhf: the value
+    model), which a transformers sequence-classification class does, and an LSTM LM has none"""
 
     def check(self) -> None:
         super().check()
         require_non_negative(self, "lora_r")
         check_backend(self)
+        if self.model == "lstm":  # models/lstm_lm.py: a policy sampled by its own engine only
+            require(self.SCALAR_HEAD is None, f"--model lstm is an LSTM policy, and this run needs a transformer "
+                                              f"under {self.SCALAR_HEAD}; give tiny, a model folder or a hub id")
+            engine = getattr(self, "engine", "auto")
+            require(engine == "auto", f"--engine {engine} cannot run a recurrent (LSTM) policy; leave --engine at auto")
 
     def data_parallel(self) -> bool:
         return self.training_backend in ("ddp", "fsdp2", "deepspeed")

@@ -44,6 +44,7 @@ from omnigym.track.run import Run, start_run
 
 @dataclass
 class PRMConfig(LanguageModelConfig):
+    SCALAR_HEAD = "the process reward model's scalar head"
     task: str = "chain"
     """a task whose steps can be checked: chain (tasks/steps.py)"""
     digits: int = 1

@@ -61,6 +61,7 @@ from omnigym.track.run import start_run
 
 @dataclass
 class RLHFConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig):
+    SCALAR_HEAD = "the value model's scalar head"
     reward_model: str | None = None
     """the run directory of `omnigym train rm`; none (with --model tiny): the offline demo trains one first"""
     value_init: str = "reward"

@@ -37,6 +37,7 @@ from omnigym.track.run import Run, start_run
 
 @dataclass
 class RMConfig(LanguageModelConfig):
+    SCALAR_HEAD = "the reward model's scalar head"
     data: str = "gold"
     """preference pairs: a .jsonl/.json file, a dataset folder or offline hub id, or "gold" (the
     offline demo: pairs of SFT replies labelled by a hidden rule)"""
