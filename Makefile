@@ -87,7 +87,7 @@ demo-grpo: setup
 # first (tests/conftest.py), so both workers start on them and the last minutes are short tests:
 # work stealing and load's default chunks gave one worker every slow test, the longest last.
 XDIST := -n auto --dist load --maxschedchunk 1
-PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST) --durations=25
+PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST) --durations=0 --durations-min=15
 
 test: setup
 	$(PYTEST) tests
