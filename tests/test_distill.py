@@ -16,6 +16,7 @@ from omnigym.algos import distill  # noqa: E402
 from omnigym.algos.lm.distill import token_advantages  # noqa: E402
 from omnigym.cli import main  # noqa: E402
 from omnigym.models.lm import build_tiny_model  # noqa: E402
+from omnigym.pipelines import distill_demo  # noqa: E402
 from omnigym.track.run import Run  # noqa: E402
 
 SMALL = dict(hidden=32, layers=1, heads=2, max_positions=64)
@@ -131,7 +132,7 @@ def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, models, monkey
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "give --teacher MODEL_OR_RUN"),
+    (["--model", "{other}"], "--model {other} does not share the demo teacher's tokenizer"),
     (["--teacher", "{tmp}/no_such_model"], "--teacher {tmp}/no_such_model: no such folder"),
     (["--teacher", "{student}"], "is the student (--model {student}) itself"),
     (["--teacher", "tiny"], "--teacher tiny is an untrained model"),
@@ -139,6 +140,8 @@ def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, models, monkey
     (["--teacher", "{teacher}", "--loss", "gkd"], "unknown --loss 'gkd'"),
 ])
 def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, models, argv, message):
+    """(with no --teacher, the demo: a student without the tiny model's tokenizer is refused before its
+    teacher trains)"""
     run_dir = tmp_path / "run"
     names = {"tmp": tmp_path, **models}
     argv = [a.format(**names) for a in argv]
@@ -146,3 +149,40 @@ def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, models, argv, me
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.format(**names) in err[0], err
     assert not run_dir.exists()
+
+
+def test_with_no_teacher_the_demo_trains_one_by_grpo_as_a_stage_and_reuses_it(tmp_path, models, monkeypatch, capsys):
+    """The demo's wiring on a small schedule (the real one: docs/distill.md): GRPO trains the tiny
+    teacher in stages/teacher, the student is warmed up in stages/warmup and learns from it, both
+    accuracies are printed; a second run over the same directory reuses both stages and logs the
+    same metrics."""
+    monkeypatch.setattr(distill_demo, "TEACHER_FLAGS", dict(steps=1, sft_steps=2, sft_batch_size=4,
+                                                            prompts_per_step=4, group_size=2))
+    monkeypatch.setattr(distill_demo, "STUDENT_WARMUP", dict(sft_steps=2, sft_batch_size=4))
+    summary = distill.train(config(tmp_path / "run", models, teacher=None, steps=2))
+    stage = tmp_path / "run" / "stages" / "teacher"
+    assert (stage / "model" / "config.json").is_file()
+    warm_up = [r["global_step"] for r in metrics(tmp_path / "run" / "stages" / "warmup")]
+    assert warm_up == [1, 2] and (tmp_path / "run" / "stages" / "warmup" / "model" / "config.json").is_file()
+    assert [r["global_step"] for r in metrics(stage) if "eval/accuracy" in r] == [0, 1]  # the teacher's GRPO step
+    assert {"teacher_accuracy_before", "teacher_accuracy_after", "accuracy_before", "accuracy_after"} <= set(summary)
+    err = capsys.readouterr().err
+    assert "demo teacher: omnigym's GRPO demo" in err and "teacher (" in err and "before distillation" in err
+    first = metrics(tmp_path / "run")
+    distill.train(config(tmp_path / "run", models, teacher=None, steps=2, overwrite=True))
+    err = capsys.readouterr().err
+    assert "demo teacher: reusing" in err and "warm-up: reusing" in err
+    assert metrics(tmp_path / "run") == first
+
+
+def test_the_demo_student_tiny_small_is_a_quarter_of_tiny_with_its_tokenizer_and_prompts():
+    from omnigym.generators.text_tasks import task_env, text_task
+    from omnigym.models.lm import load_policy_and_tokenizer
+
+    built = {name: load_policy_and_tokenizer(name, seed=0) for name in ("tiny", "tiny-small")}
+    size = {name: sum(p.numel() for p in model.parameters()) for name, (model, _) in built.items()}
+    assert size["tiny-small"] < 0.3 * size["tiny"], size
+    assert built["tiny"][1].get_vocab() == built["tiny-small"][1].get_vocab()
+    # the teacher (tiny) was trained on prompts without a system message: the student is shown the same
+    cfg = distill.DistillConfig()
+    assert cfg.model == "tiny-small" and task_env(cfg, text_task(cfg)[0])[0].system_prompt is None

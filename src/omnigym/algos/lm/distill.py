@@ -16,9 +16,12 @@ Each step:
    importance sampling, no clip) or ``--loss ppo_clip`` (PPO's clip at ``--clip``).
 
 The teacher is a model folder or an omnigym run directory (its ``model/``); it must share the
-student's tokenizer, since it reads the student's token ids. Held-out accuracy (greedy, the
-task's correctness reward) is logged as GRPO logs it. docs/distill.md says where this differs
-from TRL's GKDTrainer.
+student's tokenizer, since it reads the student's token ids. With no ``--teacher`` the run is an
+offline demo: the teacher is omnigym's GRPO demo, trained first as a stage of the run
+(``pipelines/distill_demo.py``), and the student by default "tiny-small", a quarter of its size
+with the same character tokenizer; the run prints both models' held-out accuracy. Held-out
+accuracy (greedy, the task's correctness reward) is logged as GRPO logs it. docs/distill.md says
+where this differs from TRL's GKDTrainer.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from omnigym.algos import get_algorithm
 from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
 from omnigym.errors import OmnigymError, require
@@ -40,9 +44,10 @@ from omnigym.generators.text_tasks import ECOSYSTEM, GAMES, TextTaskConfig, make
     task_env, text_task
 from omnigym.inference import make_engine
 from omnigym.models.lm import LoadFailed, LoraSettings, check_context, load_model, load_policy_and_tokenizer, \
-    load_tokenizer, resolve_model
+    TINY_MODELS, load_tokenizer, model_folder, resolve_model
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
+from omnigym.pipelines.distill_demo import student_warm_up, teacher_accuracy, teacher_stage
 from omnigym.process import scoped_run
 from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_clip
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
@@ -57,9 +62,13 @@ LOSSES = ("is", "ppo_clip")
 
 @dataclass
 class DistillConfig(TextTaskConfig, EpisodeScheduleConfig, RolloutRuntimeConfig, LanguageModelConfig):
+    model: str = "tiny-small"
+    """the student: hub id or local path of a causal LM; "tiny-small" (0.27M parameters) and "tiny" (1.06M)
+    are built offline"""
     teacher: str | None = None
     """the teacher: a model folder (save_pretrained) or the directory of a finished omnigym run (its model/);
-    it must use the student's tokenizer"""
+    it must use the student's tokenizer. None: the offline demo's teacher, omnigym's GRPO demo trained first in
+    RUN_DIR/stages/teacher"""
     steps: int = 200
     prompts_per_step: int = 16
     samples_per_prompt: int = 4
@@ -87,8 +96,6 @@ class DistillConfig(TextTaskConfig, EpisodeScheduleConfig, RolloutRuntimeConfig,
         self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
         self.check_episodes(self.prompts_per_step, multi_turn=self.env != "single-turn")
         self.check_task()
-        require(self.teacher is not None, "give --teacher MODEL_OR_RUN: the model folder, or the directory of a "
-                                          "finished omnigym run, whose log-probs the student learns")
         require_positive(self, "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "max_grad_norm",
                          "ppo_epochs", "eval_every")
         require_non_negative(self, "clip", "reward_weight", "checkpoint_every")
@@ -108,13 +115,23 @@ def train(cfg: DistillConfig) -> dict:
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
                            "held out; that is fewer than --prompts-per-step")
     env, correct = task_env(cfg, task)
-    teacher_dir = teacher_folder(cfg)
+    teacher_dir = teacher_folder(cfg) if cfg.teacher is not None else None
     # both models load before the run directory is made: a teacher that cannot teach this student writes nothing
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
     check_context(policy, cfg.max_new_tokens)
-    teacher = load_teacher(cfg, teacher_dir, tokenizer, policy)
+    if teacher_dir is None:  # before the demo's teacher trains: a student it cannot teach waits for nothing
+        check_demo_student(cfg, tokenizer, policy)
+    teacher = load_teacher(cfg, teacher_dir, tokenizer, policy) if teacher_dir else None
     run = start_run(cfg, "distill", cfg.model)
+    demo = None
+    if teacher is None:  # the demo: its teacher, then the student's warm-up (pipelines/distill_demo.py)
+        grpo = get_algorithm("grpo")
+        demo = teacher_stage(cfg, run, grpo)
+        student = student_warm_up(cfg, run, grpo, env, correct, task.train)
+        policy, tokenizer = load_policy_and_tokenizer(str(student), cfg.seed, cfg.chat_template,
+                                                      LoraSettings(r=cfg.lora_r), cfg.device)
+        teacher = load_teacher(cfg, str(demo / "model"), tokenizer, policy)
     engine = make_engine(policy, tokenizer, cfg.engine)
     sampler = make_generator(cfg, env, engine, tokenizer)
     judge = make_generator(cfg, judged_env(env, correct), engine, tokenizer, greedy=True)  # held-out accuracy
@@ -151,20 +168,21 @@ def train(cfg: DistillConfig) -> dict:
             if step == cfg.steps - 1 or checkpoint_due(step + 1, step, cfg.checkpoint_every):
                 run.save(components, step=step + 1)
         progress.close()
-    return finish(run, cfg, trainer.full_model(), tokenizer)
+    return finish(run, cfg, trainer.full_model(), tokenizer, demo)
 
 
 def teacher_folder(cfg: DistillConfig) -> str:
     """--teacher's model folder (a run directory's model/), refused in one line when it is missing,
     not a model, "tiny" (an untrained model teaches nothing) or the student itself."""
-    require(cfg.teacher != "tiny", "--teacher tiny is an untrained model and teaches nothing; give a trained model "
-                                   "folder or the directory of a finished omnigym run")
+    require(cfg.teacher not in TINY_MODELS,
+            f"--teacher {cfg.teacher} is an untrained model and teaches nothing; give a trained model folder or the "
+            "directory of a finished omnigym run (or no --teacher: the demo trains one)")
     try:
         folder = resolve_model(cfg.teacher)
     except OmnigymError as exc:  # resolve_model names the flag it was written for
         raise OmnigymError(str(exc).replace(f"--model {cfg.teacher}", f"--teacher {cfg.teacher}", 1)) from None
     student = None
-    if cfg.model != "tiny":
+    if cfg.model not in TINY_MODELS:
         try:
             student = resolve_model(cfg.model)
         except OmnigymError:
@@ -176,6 +194,19 @@ def teacher_folder(cfg: DistillConfig) -> str:
     return folder
 
 
+def check_demo_student(cfg: DistillConfig, tokenizer, student) -> None:
+    """With no --teacher the teacher is the built-in tiny model trained by GRPO: a student that
+    does not read its character tokenizer is refused in one line, before the teacher trains."""
+    with model_folder("tiny", cfg.seed) as folder:
+        theirs = load_tokenizer(folder, need_chat_template=False).get_vocab()
+    mine, width = tokenizer.get_vocab(), student.get_output_embeddings().weight.shape[0]
+    require(mine == theirs and width == len(theirs),
+            f"--model {cfg.model} does not share the demo teacher's tokenizer (the built-in tiny model's "
+            f"{len(theirs)} characters; the student's: {len(mine)} tokens, output width {width}): with no --teacher "
+            "the teacher is omnigym's GRPO demo model; give --teacher MODEL_OR_RUN with this student's tokenizer, "
+            "or a student built with omnigym.models.lm.build_tiny_model")
+
+
 def load_teacher(cfg: DistillConfig, folder: str, tokenizer, student):
     """The frozen teacher, on the student's device, after checking that it reads the student's
     token ids as the student does (the same vocabulary, the same output width)."""
@@ -183,13 +214,13 @@ def load_teacher(cfg: DistillConfig, folder: str, tokenizer, student):
         teacher_tokenizer = load_tokenizer(folder, need_chat_template=False)
         teacher = load_model(folder, device=cfg.device)
     except LoadFailed as exc:
-        raise OmnigymError(f"--teacher {cfg.teacher}: {exc}") from None
+        raise OmnigymError(f"--teacher {cfg.teacher or folder}: {exc}") from None
     mine, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     widths = (student.get_output_embeddings().weight.shape[0], teacher.get_output_embeddings().weight.shape[0])
     if mine != theirs or widths[0] != widths[1]:
-        raise OmnigymError(f"--teacher {cfg.teacher} does not share the student's tokenizer ({len(theirs)} tokens, "
-                           f"output width {widths[1]}; the student's: {len(mine)}, {widths[0]}): the teacher scores "
-                           "the student's token ids, so both need the same tokenizer")
+        raise OmnigymError(f"--teacher {cfg.teacher or folder} does not share the student's tokenizer "
+                           f"({len(theirs)} tokens, output width {widths[1]}; the student's: {len(mine)}, "
+                           f"{widths[0]}): the teacher scores the student's token ids, so both need the same tokenizer")
     teacher.eval()
     teacher.requires_grad_(False)
     return teacher
@@ -280,7 +311,7 @@ def evaluate(run: Run, judge, policy, tokenizer, examples: list[dict], version: 
     return value
 
 
-def finish(run: Run, cfg: DistillConfig, policy, tokenizer) -> dict:
+def finish(run: Run, cfg: DistillConfig, policy, tokenizer, demo: Path | None = None) -> dict:
     if not run.writer:  # the first process of a data-parallel run reports
         run.close(plot=False)
         return {"run_dir": str(run.dir)}
@@ -291,6 +322,10 @@ def finish(run: Run, cfg: DistillConfig, policy, tokenizer) -> dict:
     plot_path = run.close(plot=cfg.plot and bool(acc), metric=("eval/accuracy", "distill/reverse_kl"))
     nan = float("nan")
     before, after = (acc[0], acc[-1]) if acc else (nan, nan)
+    teacher = teacher_accuracy(demo) if demo else None
+    if teacher:  # the demo: the teacher's own GRPO run first, on the same held-out problems
+        run.say(f"teacher ({demo}, the GRPO demo): held-out accuracy before GRPO: {teacher[0]:.3f}  "
+                f"after: {teacher[1]:.3f}")
     run.say(f"run: {run.dir}  (the student: {run.dir / 'model'})",
             f"held-out accuracy before distillation: {before:.3f}  after: {after:.3f}  "
             f"({100 * (after - before):+.1f} points)",
@@ -300,4 +335,5 @@ def finish(run: Run, cfg: DistillConfig, policy, tokenizer) -> dict:
         run.say(f"curve: {plot_path}")
     return {"run_dir": str(run.dir), "accuracy_before": before, "accuracy_after": after,
             "reverse_kl_first": kl[0] if kl else nan, "reverse_kl_last": kl[-1] if kl else nan,
-            "plot": str(plot_path) if plot_path else None}
+            "plot": str(plot_path) if plot_path else None,
+            **({"teacher_accuracy_before": teacher[0], "teacher_accuracy_after": teacher[1]} if teacher else {})}
