@@ -65,6 +65,21 @@ class LstmForCausalLM(PreTrainedModel):
         h = weight.new_zeros(self.config.num_layers, batch, self.config.hidden_size)
         return LstmState(h, h.clone())
 
+    def _masked_lstm(self, x: torch.Tensor, mask: torch.Tensor, state: LstmState):
+        """The LSTM over each row's unmasked tokens only, in their order, as if the masked ones
+        were not there (they keep the state they found; their outputs are zero): the tokens are
+        moved to the front of their row, run as a packed sequence, and put back."""
+        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)  # unmasked positions first
+        lengths = mask.sum(1)
+        moved = x.gather(1, order[..., None].expand_as(x))
+        packed = nn.utils.rnn.pack_padded_sequence(moved, lengths.clamp(min=1).cpu(), batch_first=True,
+                                                   enforce_sorted=False)
+        out, (h, c) = self.lstm(packed, (state.h, state.c))
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        out = torch.zeros_like(out).scatter(1, order[..., None].expand_as(out), out)
+        some = (lengths > 0)[None, :, None]  # a row with no token to read keeps its state
+        return out, torch.where(some, h, state.h), torch.where(some, c, state.c)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, use_cache: bool | None = None, **kwargs):
         """``attention_mask`` may cover earlier tokens too (the way attention models take it): its
@@ -76,14 +91,8 @@ class LstmForCausalLM(PreTrainedModel):
         mask = None if attention_mask is None else attention_mask[:, -length:].bool()
         if mask is None or bool(mask.all()):  # one call over the whole sequence
             out, (h, c) = self.lstm(x, (state.h, state.c))
-        else:  # token by token: a masked position keeps the state it found
-            h, c, outs = state.h, state.c, []
-            for t in range(length):
-                step, (h_t, c_t) = self.lstm(x[:, t:t + 1], (h, c))
-                keep = mask[None, :, t, None]
-                h, c = torch.where(keep, h_t, h), torch.where(keep, c_t, c)
-                outs.append(step)
-            out = torch.cat(outs, 1)
+        else:
+            out, h, c = self._masked_lstm(x, mask, state)
         logits = self.lm_head(out)
         loss = None
         if labels is not None:
