@@ -358,6 +358,8 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     cfg.seed = args.seed  # the sampling's
     examples = examples[:args.prompts] if args.prompts else examples
     label = args.task or f"{values.get('task')} held-out"
+    if args.task == IMPOSSIBLE:  # impossible variants of the run's own held-out split
+        label = f"{IMPOSSIBLE}{values.get('task')} held-out"
     report = contamination(train_texts, [prompt_text(e) for e in examples], args.ngram)
     for line in contamination_lines(report, trained_on):
         print(line)
