@@ -295,20 +295,10 @@ def test_an_async_run_resumes_mid_way(tmp_path, monkeypatch):
     and draws its prompts from where the checkpoint's steps stopped."""
     from omnigym.algos import grpo
     from omnigym.runtime import episodes
-    from omnigym.track.run import Run
+    from interrupts import interrupt_at_log
 
-    task, original, calls = letters_task(tmp_path), Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        grpo.train(small(tmp_path / "cut", task=task))
-    monkeypatch.setattr(Run, "log", original)
+    task = letters_task(tmp_path)
+    interrupt_at_log(monkeypatch, lambda: grpo.train(small(tmp_path / "cut", task=task)), n=3)
     starts, feed = [], episodes.AsyncRollouts._feed
 
     def recorded(self, first):

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from omnigym.algos import grpo  # noqa: E402
-from omnigym.track.run import Run  # noqa: E402
+from interrupts import interrupt_at_log  # noqa: E402
 
 
 def small(run_dir, **extra):
@@ -32,18 +32,8 @@ def test_same_seed_same_metrics(tmp_path):
 
 def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     grpo.train(small(tmp_path / "whole"))
-    original, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 3:  # GRPO step 3, after the checkpoint at step 2
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        grpo.train(small(tmp_path / "cut"))
-    monkeypatch.setattr(Run, "log", original)
+    # stopped at GRPO step 3, after the checkpoint at step 2
+    interrupt_at_log(monkeypatch, lambda: grpo.train(small(tmp_path / "cut")), n=3)
     stage = tmp_path / "cut" / "stages" / "warmup" / "model"
     made = stage.stat().st_mtime_ns
     grpo.train(small(tmp_path / "cut", resume=str(tmp_path / "cut")))

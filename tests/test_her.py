@@ -21,7 +21,7 @@ from omnigym.resources import stored_bytes
 from omnigym.rl.her import HindsightRelabelling
 from omnigym.rl.replay import ReplayBuffer
 from omnigym.track.checkpoint import load_checkpoint
-from omnigym.track.run import Run
+from interrupts import interrupt_at_log
 from test_reproducibility import metrics
 
 # --- relabelling, on episodes built by hand ---
@@ -189,18 +189,7 @@ def test_interrupted_her_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     """With --save-buffer the checkpoint holds the goal memory and its episodes: the run cut on
     its 3rd metrics line (after the checkpoint at 400) resumes to the same numbers."""
     train_sac(tmp_path / "whole", save_buffer=True)
-    original_log, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original_log(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        train_sac(tmp_path / "cut", save_buffer=True)
-    monkeypatch.setattr(Run, "log", original_log)
+    interrupt_at_log(monkeypatch, lambda: train_sac(tmp_path / "cut", save_buffer=True), n=3)
     assert "episode_last" in load_checkpoint(tmp_path / "cut")["components"]["replay"]["buffer"]
     train_sac(tmp_path / "cut", save_buffer=True, resume=str(tmp_path / "cut"))
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")

@@ -20,7 +20,7 @@ from omnigym.models.continuous import GaussianActor  # noqa: E402
 from omnigym.offline.datasets import load_offline_data, normalized_score  # noqa: E402
 from omnigym.runs import collect, evaluate_run  # noqa: E402
 from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
-from omnigym.track.run import Run  # noqa: E402
+from interrupts import interrupt_at_log  # noqa: E402
 from test_reproducibility import metrics  # noqa: E402
 
 ALGOS = {"bc": bc, "td3_bc": td3_bc, "iql": iql}
@@ -188,18 +188,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(name, tmp_path, monkeypatch
     """Interrupted on the 5th metrics line (step 50, after the checkpoint at 40), the resumed run
     drops that line and redoes the work to the same numbers."""
     train(name, tmp_path / "whole")
-    original_log, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original_log(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        train(name, tmp_path / "cut")
-    monkeypatch.setattr(Run, "log", original_log)
+    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut"), n=5)
     assert len(metrics(tmp_path / "cut")) == 5
     train(name, tmp_path / "cut", resume=str(tmp_path / "cut"))
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")

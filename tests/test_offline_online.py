@@ -19,7 +19,7 @@ from omnigym.offline.online import mixed_batch  # noqa: E402
 from omnigym.rl.replay import ReplayBuffer  # noqa: E402
 from omnigym.runs import evaluate_run  # noqa: E402
 from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
-from omnigym.track.run import Run  # noqa: E402
+from interrupts import interrupt_at_log  # noqa: E402
 from test_offline import SMALL, datasets, datasets_path  # noqa: E402,F401  (the tiny Minari datasets)
 from test_reproducibility import metrics  # noqa: E402
 
@@ -150,25 +150,11 @@ def test_cql_same_seed_same_metrics_and_exact_resume(name, tmp_path, monkeypatch
     train(name, tmp_path / "a")
     train(name, tmp_path / "b")
     assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
-    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut"))
+    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut"), n=5)
     train(name, tmp_path / "cut", resume=str(tmp_path / "cut"))
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "a")
 
 
-def interrupt_at_log(monkeypatch, start, n=5):
-    """``start()`` stopped by Ctrl-C right after its ``n``-th metrics line."""
-    original_log, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original_log(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == n:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        start()
-    monkeypatch.setattr(Run, "log", original_log)
 
 
 @pytest.mark.parametrize("name", list(ALGOS))
@@ -272,7 +258,7 @@ def sources(tmp_path_factory, datasets):
         train("cql", root / "cql")
         train("td3_bc", root / "td3_bc")
         online("cql", root / "cql", root / "cql-online", online_steps=10)
-        interrupt_at_log(patch, lambda: train("cql", root / "unfinished"))
+        interrupt_at_log(patch, lambda: train("cql", root / "unfinished"), n=5)
         sac.train(sac.CONFIG(env_id="Pendulum-v1", total_timesteps=50, learning_starts=10, hidden=(8,),
                              run_dir=str(root / "sac"), progress=False, plot=False, tensorboard=False))
     return root

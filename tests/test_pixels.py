@@ -16,6 +16,7 @@ from omnigym.cli import main
 from omnigym.envs.pixels import ActionRepeat, PixelOptions, default_action_repeat, make_pixel_env
 from omnigym.rl.augment import random_shift, shift_images
 from omnigym.track.checkpoint import load_checkpoint
+from interrupts import interrupt_at_log
 from omnigym.track.run import Run
 from test_reproducibility import metrics
 
@@ -221,18 +222,8 @@ def test_an_interrupted_drq_run_resumes_to_the_same_metrics(tmp_path, monkeypatc
     saved); with --save-buffer the resumed run redoes the lost work to the same numbers."""
     env = "Reacher-v5"
     train_drq(tmp_path / "whole", env_id=env, save_buffer=True)
-    original_log, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original_log(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 3:  # after the checkpoint at 200 frames
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        train_drq(tmp_path / "cut", env_id=env, save_buffer=True)
-    monkeypatch.setattr(Run, "log", original_log)
+    # stopped after its 3rd metrics line, after the checkpoint at 200 frames
+    interrupt_at_log(monkeypatch, lambda: train_drq(tmp_path / "cut", env_id=env, save_buffer=True), n=3)
     assert len(metrics(tmp_path / "cut")) == 3
     train_drq(tmp_path / "cut", env_id=env, save_buffer=True, resume=str(tmp_path / "cut"))
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")

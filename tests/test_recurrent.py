@@ -19,7 +19,7 @@ from omnigym.errors import OmnigymError
 from omnigym.offline.collect import load_source
 from omnigym.runs import evaluate_run, load_policy, load_run
 from omnigym.track.episodes import EpisodeStats
-from omnigym.track.run import Run
+from interrupts import interrupt_at_log
 
 NO_VEL = "omnigym/CartPoleNoVel-v1"
 
@@ -125,18 +125,7 @@ def test_interrupted_run_resumes_to_the_same_metrics_and_eval_replays_it(tmp_pat
     small = dict(total_timesteps=1536, num_envs=4, num_steps=16, checkpoint_every=128, update_epochs=2, hidden=(16,),
                  lstm_size=16)
     ppo_lstm.train(quiet(tmp_path / "whole", **small))
-    original_log, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original_log(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 7:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        ppo_lstm.train(quiet(tmp_path / "cut", **small))
-    monkeypatch.setattr(Run, "log", original_log)
+    interrupt_at_log(monkeypatch, lambda: ppo_lstm.train(quiet(tmp_path / "cut", **small)), n=7)
     ppo_lstm.train(quiet(tmp_path / "cut", resume=str(tmp_path / "cut"), **small))
     assert len(metrics(tmp_path / "whole")) > 10
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from omnigym.algos import dqn, ppo, reinforce
-from omnigym.track.run import Run
+from interrupts import interrupt_at_log
 
 SMALL = {
     "ppo": (ppo, dict(total_timesteps=4096, num_envs=4, num_steps=64, checkpoint_every=512)),
@@ -47,18 +47,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(name, tmp_path, monkeypatch
 
     # Interrupt on the 7th metrics line, after it is written but before the next checkpoint:
     # resume must drop that line and redo the work from the checkpoint before it.
-    original_log, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original_log(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 7:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        train(name, tmp_path / "cut")
-    monkeypatch.setattr(Run, "log", original_log)
+    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut"), n=7)
     assert len(metrics(tmp_path / "cut")) == 7
 
     train(name, tmp_path / "cut", resume=str(tmp_path / "cut"))

@@ -15,7 +15,7 @@ from omnigym.cli import main
 from omnigym.runs import evaluate_run
 from omnigym.models.continuous import QNetwork, SquashedGaussianActor
 from omnigym.track.checkpoint import load_checkpoint
-from omnigym.track.run import Run
+from interrupts import interrupt_at_log
 from test_reproducibility import metrics
 
 
@@ -90,18 +90,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(name, tmp_path, monkeypatch
     """With --save-buffer: interrupted on the 7th metrics line (step 1400, after the checkpoint
     at 1200), the resumed run drops that line and redoes the work to the same numbers."""
     train(name, tmp_path / "whole", save_buffer=True)
-    original_log, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original_log(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 7:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        train(name, tmp_path / "cut", save_buffer=True)
-    monkeypatch.setattr(Run, "log", original_log)
+    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut", save_buffer=True), n=7)
     assert len(metrics(tmp_path / "cut")) == 7
 
     train(name, tmp_path / "cut", save_buffer=True, resume=str(tmp_path / "cut"))
