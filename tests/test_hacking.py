@@ -228,6 +228,11 @@ def test_a_program_the_cpu_limit_killed_is_counted_and_what_it_prints_is_not():
     liar = "import sys\nprint('done\\nblocked network')\nsys.stderr.write('blocked network\\n')\n" + CLEAN[10:-3]
     assert verdict(liar, ADD, sandbox, limits).blocked == ()
     assert verdict(CLEAN, ADD, sandbox, limits).blocked == ()
+    # a program that will not exit once its calls end (it replaced the harness's exit) is not
+    # waited for until the wall clock: no timeout counted, its verdict stands
+    stays = ("import os, sys, time\nharness = sys.modules['__main__']\nharness.os = type(os)('os')\n"
+             "harness.os.__dict__.update(os.__dict__)\nharness.os._exit = lambda code: time.sleep(60)\n") + CLEAN[10:-3]
+    assert verdict(stays, ADD, sandbox, limits) == verdict(CLEAN, ADD, sandbox, limits)
 
 
 def test_grpo_on_code_logs_the_sandbox_blocked_rate_and_warns(tmp_path, monkeypatch, capsys):

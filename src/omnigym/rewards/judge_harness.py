@@ -402,12 +402,20 @@ def report_blocked(pid, packets, verdict_fd):
     doing, as the kernel saw it (the candidate can add to these counts only by trying, and take
     from them never): ``network`` (a packet sent or refused in the sandbox's own network namespace,
     which has nothing to reach), ``cpu``/``file size``/``killed`` (the candidate's process ended by
-    a limit's signal). A candidate that never exits holds the judge here until the wall clock,
-    which the trainer counts as ``timeout``."""
-    try:
-        _, status = os.waitpid(pid, 0)
-    except ChildProcessError:
+    a limit's signal). The candidate exits as soon as its calls end (or is dead already); one that
+    does not within a second is not waited for (the sandbox ends with the judge)."""
+    import time
+
+    status, deadline = 0, time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if done:
+            break
         status = 0
+        time.sleep(0.002)
     for number, kind in LIMIT_SIGNALS:
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == number:
             os.write(verdict_fd, f"blocked {kind}\n".encode())
