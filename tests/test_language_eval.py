@@ -174,6 +174,21 @@ def test_humaneval_is_scored_in_the_sandbox(lm_run, capsys):
     assert "maj@2 n/a (code)" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(not (SHARED / "humaneval" / "HumanEval.jsonl.gz").is_file(),
+                    reason="the shared HumanEval (../shared/data/humaneval) is absent: it is not part of the package")
+def test_a_shared_set_is_scored_by_its_own_reward_not_the_runs_rewards():
+    """A run trained with --rewards format:1.0 and evaluated on HumanEval: before, its format
+    reward decided correctness there too (a reply in <answer> tags passed every task)."""
+    from omnigym.evaluation.language import LanguageEvalConfig, eval_task
+    from omnigym.generators.text_tasks import task_env
+
+    cfg = LanguageEvalConfig(model="tiny", rewards="format:1.0")
+    rows, task = eval_task(cfg, "humaneval", str(SHARED))
+    _, correct = task_env(cfg, task)
+    good = f"```python\n{rows[0]['prompt']}{rows[0]['canonical_solution']}```"
+    assert correct([good, "<answer>1</answer>"], rows[:1] * 2).tolist() == [1.0, 0.0]
+
+
 def test_a_task_file_is_split_with_the_runs_seed_not_the_evals(lm_run, tmp_path, capsys):
     """Before, the held-out split was drawn with --seed (12345): other items than the run held out,
     most of them in its training split."""

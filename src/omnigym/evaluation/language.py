@@ -238,6 +238,7 @@ def eval_task(cfg: LanguageEvalConfig, task: str | None, data_dir: str, limit: i
         return impossible_set(examples, limit)
     if task in dict(SHARED_SETS):
         rows, env = shared_rows(task, data_dir)
+        cfg.rewards, cfg.accuracy_reward = None, None  # the set's own reward decides, not the run's --rewards
         return rows, Task(rows, rows, env)
     if task is not None:
         cfg.task, cfg.rewards, cfg.accuracy_reward = task, None, None  # that task's own reward decides
