@@ -186,3 +186,12 @@ def test_the_demo_student_tiny_small_is_a_quarter_of_tiny_with_its_tokenizer_and
     # the teacher (tiny) was trained on prompts without a system message: the student is shown the same
     cfg = distill.DistillConfig()
     assert cfg.model == "tiny-small" and task_env(cfg, text_task(cfg)[0])[0].system_prompt is None
+
+
+def test_a_built_in_untrained_student_is_warmed_up_before_it_distills(tmp_path, models, monkeypatch):
+    """(its random characters do not learn the answer format from the teacher's grades: docs/distill.md)"""
+    monkeypatch.setattr(distill_demo, "STUDENT_WARMUP", dict(sft_steps=2, sft_batch_size=4))
+    distill.train(config(tmp_path / "run", models, model="tiny-small", steps=1))
+    stages = tmp_path / "run" / "stages"
+    assert (stages / "warmup" / "model" / "config.json").is_file() and not (stages / "teacher").exists()
+    assert [r["global_step"] for r in metrics(stages / "warmup")] == [1, 2]

@@ -19,7 +19,9 @@ The teacher is a model folder or an omnigym run directory (its ``model/``); it m
 student's tokenizer, since it reads the student's token ids. With no ``--teacher`` the run is an
 offline demo: the teacher is omnigym's GRPO demo, trained first as a stage of the run
 (``pipelines/distill_demo.py``), and the student by default "tiny-small", a quarter of its size
-with the same character tokenizer; the run prints both models' held-out accuracy. Held-out
+with the same character tokenizer; the run prints both models' held-out accuracy. The demo's
+student, and any built-in untrained one ("tiny", "tiny-small"), first gets GRPO's supervised
+warm-up (``stages/warmup``). Held-out
 accuracy (greedy, the task's correctness reward) is logged as GRPO logs it. docs/distill.md says
 where this differs from TRL's GKDTrainer.
 """
@@ -124,13 +126,14 @@ def train(cfg: DistillConfig) -> dict:
         check_demo_student(cfg, tokenizer, policy)
     teacher = load_teacher(cfg, teacher_dir, tokenizer, policy) if teacher_dir else None
     run = start_run(cfg, "distill", cfg.model)
-    demo = None
-    if teacher is None:  # the demo: its teacher, then the student's warm-up (pipelines/distill_demo.py)
-        grpo = get_algorithm("grpo")
-        demo = teacher_stage(cfg, run, grpo)
+    grpo = get_algorithm("grpo")
+    demo = teacher_stage(cfg, run, grpo) if teacher is None else None  # the demo's (pipelines/distill_demo.py)
+    if demo is not None or cfg.model in TINY_MODELS:
+        # an untrained student does not learn the answer format from the teacher's grades: GRPO's warm-up first
         student = student_warm_up(cfg, run, grpo, env, correct, task.train)
         policy, tokenizer = load_policy_and_tokenizer(str(student), cfg.seed, cfg.chat_template,
                                                       LoraSettings(r=cfg.lora_r), cfg.device)
+    if demo is not None:
         teacher = load_teacher(cfg, str(demo / "model"), tokenizer, policy)
     engine = make_engine(policy, tokenizer, cfg.engine)
     sampler = make_generator(cfg, env, engine, tokenizer)
