@@ -242,7 +242,15 @@ def test_grpo_self_play_updates_the_policy(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--env", "tictactoe", "--max-turns", "5", "--opponent", "minimax"],
-     "unknown --opponent 'minimax'; choose one of random, search, self"),
+     "unknown --opponent 'minimax'; choose one of random, search, self, snapshot"),
+    (["--env", "tictactoe", "--max-turns", "5", "--opponent", "snapshot", "--snapshot-every", "-1"],
+     "--snapshot-every must be 0 (never refresh the snapshot) or more, got -1"),
+    (["--env", "tictactoe", "--max-turns", "5", "--snapshot-every", "2"],
+     "--snapshot-every is for --opponent snapshot (the frozen copy of the policy it refreshes), not --opponent random"),
+    (["--env", "tictactoe", "--max-turns", "5", "--opponent", "self", "--snapshot-every", "2"],
+     "--snapshot-every is for --opponent snapshot (the frozen copy of the policy it refreshes), not --opponent self"),
+    (["--env", "tictactoe", "--max-turns", "5", "--opponent", "snapshot", "--rollouts", "async"],
+     "--opponent snapshot plays both seats of each game in one batch-synchronous generator"),
     (["--opponent", "self"], "--opponent is for a game: --env tictactoe, not single-turn"),
     (["--env", "tictactoe"], "--env tictactoe: a seat moves up to 5 times in a game; give --max-turns 5 or more"),
     (["--env", "tictactoe", "--max-turns", "5", "--opponent", "self", "--rollouts", "async"],
@@ -272,3 +280,111 @@ def test_the_held_out_judge_plays_random_and_samples_as_training_does():
         assert judge.env.opponent == "random" and not judge.params.greedy and judge.params.temperature == 0.7
         sampler = make_generator(cfg, env, None, None)
         assert isinstance(sampler, TwoSeatGenerator) if opponent == "self" else sampler.env.opponent == "search"
+
+
+# --- a frozen snapshot in the other seat (--opponent snapshot) -----------------------------------
+
+def test_against_a_snapshot_only_the_learners_seat_is_returned_and_sampled_by_the_policy(tokenizer):
+    from omnigym.generators.two_seat_episodes import TwoSeatGenerator
+    from omnigym.inference.engine import SamplingParams
+
+    learner = ScriptedEngine(tokenizer, {"X": ["[1]", "[2]", "[3]"], "O": ["[4]", "[5]"]})
+    frozen = ScriptedEngine(tokenizer, {"X": ["[7]", "[8]", "[9]"], "O": ["[4]", "[5]"]})
+    examples = [{"question": "q", "answer": "", "seat": s, "seed": s} for s in (0, 1)]  # the learner: X, then O
+    generator = TwoSeatGenerator(tictactoe_env(n=4), learner, tokenizer, SamplingParams(max_new_tokens=8), frozen)
+    x, o = generator.generate(examples, 1).items
+    assert (x.example["seat"], o.example["seat"], x.group_id, o.group_id) == (0, 1, 0, 1)
+    assert own_text(tokenizer, x, 1) == "[1][2][3]" and "O played [5]" in own_text(tokenizer, x, 0)
+    assert own_text(tokenizer, o, 1) == "[4][5]" and "X played [8]" in own_text(tokenizer, o, 0)
+    assert (x.reward, o.reward) == (1.0, 0.0)  # X 1 2 3 wins; O 4 5 loses to X 7 8 9
+    # each engine is asked once a ply, for its own seats only: two games, 5 plies each
+    assert learner.calls == [1] * 5 and frozen.calls == [1] * 5
+
+
+class WeightsEngine:
+    """The engine contract over a real engine: a random legal move (now and then none) drawn from
+    the board, the engine's weights and the seeded RNG, so a reply says which weights sampled it; each call's
+    weights go to ``seen`` under ``name``."""
+
+    def __init__(self, engine, tokenizer, name, seen):
+        self.engine, self.tokenizer, self.name, self.seen = engine, tokenizer, name, seen
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    def update_weights(self, named_tensors, version):
+        self.engine.update_weights(named_tensors, version)
+
+    def generate(self, prompts, n, params):
+        import zlib
+
+        import torch
+
+        from omnigym.inference.engine import Sample
+
+        weights = sum(float(p.detach().double().sum()) for p in self.engine.model.parameters())
+        self.seen.append((self.name, weights))
+        groups = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+            draw = int(torch.randint(1 << 30, ()))  # the seeded RNG a sampler draws from: saved in a checkpoint
+            reply = random_legal(zlib.crc32(f"{weights!r}{text}{draw}".encode()))(text)
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            groups.append([Sample(list(prompt), ids, [-1.0] * len(ids), True)] * n)
+        return groups
+
+
+def snapshot_run(tmp_path, monkeypatch, run_dir, **overrides):
+    from omnigym.algos import grpo
+
+    from omnigym.inference import make_engine as real
+
+    seen, names = [], iter(["policy", "snapshot"])  # grpo makes the policy's engine first, then the snapshot's
+    monkeypatch.setattr(grpo, "make_engine", lambda model, tokenizer, kind: WeightsEngine(
+        real(model, tokenizer, kind), tokenizer, next(names), seen))
+    batches = []
+    group_advantages = getattr(grpo.group_advantages, "original", grpo.group_advantages)  # a resume: unwrapped
+
+    def watched(cfg, estimator, trajectories):
+        batches.append(list(trajectories.items))
+        return group_advantages(cfg, estimator, trajectories)
+
+    watched.original = group_advantages
+
+    monkeypatch.setattr(grpo, "group_advantages", watched)
+    cfg = dict(run_dir=str(tmp_path / run_dir), env="tictactoe", opponent="snapshot", snapshot_every=2, max_turns=5,
+               sft_steps=0, steps=4, prompts_per_step=2, group_size=4, eval_size=4, eval_every=10,
+               checkpoint_every=2, max_new_tokens=8, learning_rate=1e-3, progress=False, plot=False,
+               tensorboard=False)
+    grpo.train(grpo.GRPOConfig(**{**cfg, **overrides}))
+    rows = [{k: v for k, v in json.loads(line).items() if not k.startswith("perf/")}
+            for line in open(tmp_path / run_dir / "metrics.jsonl")]
+    return rows, seen, batches
+
+
+def test_the_snapshot_stays_frozen_while_the_policy_learns_and_is_refreshed_every_n_steps(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    rows, seen, batches = snapshot_run(tmp_path, monkeypatch, "run")
+    assert [r["game/snapshot_version"] for r in rows] == [0, 2, 2, 4]
+    # the weights each engine sampled with, per step: the snapshot's change only at its refresh (after step 2)
+    policy = [w for name, w in seen if name == "policy"]
+    snapshot = [w for name, w in seen if name == "snapshot"]
+    assert snapshot and len(set(policy)) > 2  # the policy changed at every step
+    assert snapshot[0] == policy[0]  # taken from the policy at the start
+    assert len(set(snapshot)) == 2  # steps 1-2 the start's weights, steps 3-4 those after step 2
+    assert set(snapshot) <= set(policy) and snapshot[-1] != policy[-1]
+    # the batch holds the learner's seat only: one group of group_size games per prompt, not self-play's two
+    for items in batches:
+        assert len(items) <= 2 * 4 and {t.group_id for t in items} <= {0, 1}
+
+
+def test_an_interrupted_snapshot_run_resumes_with_the_same_opponent(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from interrupts import interrupt_at_log
+
+    whole, _, _ = snapshot_run(tmp_path, monkeypatch, "whole")
+    # stopped at step 3, after the checkpoint at step 2 (whose snapshot is the policy after step 2)
+    interrupt_at_log(monkeypatch, lambda: snapshot_run(tmp_path, monkeypatch, "cut"), n=3)
+    resumed, _, _ = snapshot_run(tmp_path, monkeypatch, "cut", resume=str(tmp_path / "cut"))
+    assert resumed == whole and len(whole) == 4

@@ -15,8 +15,9 @@ clock is never better than losing.
 
 The other seat (``opponent``) is ``random`` (a uniformly random free cell), ``search``
 (minimax over the whole game tree: perfect, it never loses; ties broken at random) or
-``self``: the policy itself, which this env does not play. ``generators/two_seat_episodes.py``
-plays such games, both seats sampled from one engine, and the env lends it its rules
+``self``: the policy itself, or ``snapshot``: a frozen copy of it; this env plays neither.
+``generators/two_seat_episodes.py`` plays such games, both seats sampled from one engine (or the
+other seat from the snapshot's), and the env lends it its rules
 (``new_game``, ``opening``, ``move``, ``report``), so a self-play conversation reads like
 one against a fixed opponent.
 
@@ -32,7 +33,7 @@ import re
 from omnigym.envs.text import TextEnv
 from omnigym.errors import OmnigymError
 
-OPPONENTS = ("random", "search", "self")
+OPPONENTS = ("random", "search", "self", "snapshot")
 FIXED_OPPONENTS = ("random", "search")
 MARKS = "XO"
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))

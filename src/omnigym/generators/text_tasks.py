@@ -68,7 +68,11 @@ class TextTaskConfig:
     """replies per episode in a multi-turn env (--env tictactoe: 5 or more, a seat's moves in a game)"""
     opponent: str | None = None
     """--env tictactoe: who plays the other seat: random (a random free cell; the default), search (minimax,
-    perfect at tic-tac-toe) or self (the policy: both seats sampled and trained, docs/text_games.md)"""
+    perfect at tic-tac-toe), self (the policy: both seats sampled and trained) or snapshot (a frozen copy of the
+    policy, never trained; --snapshot-every), docs/text_games.md"""
+    snapshot_every: int | None = None
+    """--opponent snapshot: GRPO steps between refreshes of the frozen copy from the policy (0, the default:
+    the copy taken at the start plays every game)"""
     rewards: str | None = None
     """weighted rewards, name:weight,... (module:name:weight for your own); default: the task env's
     own reward, else math:1.0,format:0.1"""
@@ -105,6 +109,11 @@ class TextTaskConfig:
 
             require(self.env in GAMES, f"--opponent is for a game: --env {' or '.join(GAMES)}, not {self.env}")
             check_opponent(self.opponent)
+        if self.snapshot_every is not None:
+            require(self.opponent == "snapshot", "--snapshot-every is for --opponent snapshot (the frozen copy of the "
+                    f"policy it refreshes), not --opponent {self.opponent or 'random'}")
+            require(self.snapshot_every >= 0, "--snapshot-every must be 0 (never refresh the snapshot) or more, got "
+                    f"{self.snapshot_every}")
         require(self.env not in GAMES or self.max_turns >= 5,
                 f"--env {self.env}: a seat moves up to 5 times in a game; give --max-turns 5 or more "
                 f"(got {self.max_turns}: a game cut short scores as a loss)")
@@ -142,7 +151,7 @@ def task_env(cfg: TextTaskConfig, task: Task):
             env.max_turns = cfg.max_turns
         if cfg.system_prompt is not None:
             env.system_prompt = cfg.system_prompt or None
-        if cfg.env in GAMES:  # self-play's seats are the two-seat generator's; the env plays random then
+        if cfg.env in GAMES:  # self-play's and the snapshot's seats are the two-seat generator's: the env plays random
             env.opponent = cfg.opponent if cfg.opponent in ("random", "search") else "random"
     elif cfg.env == "python":  # the Python session over a task of your own, scored like the tools env
         from omnigym.envs.python_env import SYSTEM_PROMPT, PythonEnv
@@ -160,23 +169,27 @@ def task_env(cfg: TextTaskConfig, task: Task):
     return env, correct
 
 
-def make_generator(cfg: TextTaskConfig, env, engine, tokenizer, greedy: bool = False) -> TextEnvGenerator:
+def make_generator(cfg: TextTaskConfig, env, engine, tokenizer, greedy: bool = False,
+                   opponent=None) -> TextEnvGenerator:
     """The generator that plays ``env`` with ``engine``; ``cfg`` also gives the episode budgets
     (``runtime.episodes.EpisodeScheduleConfig``'s flags). A game's held-out judge (``greedy``)
     plays the random opponent whatever --opponent trains against, and samples its moves at
     --temperature as training does: its accuracy is the win rate ``eval/vs_random/win_rate`` of
     the policy that is trained. (A greedy player is another policy: one that imitated random
     moves plays the same cell every turn and loses every game.) --opponent self trains on both
-    seats of the policy's own games."""
+    seats of the policy's own games; --opponent snapshot on the learner's seat of games against
+    ``opponent``, the frozen snapshot's engine."""
     judge = greedy
     if cfg.env in GAMES and judge:
         env, greedy = copy.copy(env), False
         env.opponent = "random"
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=greedy)
-    if cfg.env in GAMES and cfg.opponent == "self" and not judge:
+    if cfg.env in GAMES and cfg.opponent in ("self", "snapshot") and not judge:
         from omnigym.generators.two_seat_episodes import TwoSeatGenerator
 
-        return TwoSeatGenerator(env, engine, tokenizer, params)
+        # a run that trains nothing (omnigym sample) has no snapshot of its own: the policy is its own frozen copy
+        frozen = (engine if opponent is None else opponent) if cfg.opponent == "snapshot" else None
+        return TwoSeatGenerator(env, engine, tokenizer, params, frozen)
     # the held-out judge plays by the same budgets, but without the overlong penalty: it reads correctness
     return TextEnvGenerator(env, engine, tokenizer, params, max_turns=cfg.max_turns,
                             max_episode_tokens=cfg.max_episode_tokens or None,

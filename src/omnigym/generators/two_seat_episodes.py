@@ -23,6 +23,12 @@ coroutine runs until it waits for a sample, then one engine call answers all of 
 (``LockstepService``), so a seeded run samples the same batches every time.
 ``examples`` are played ``group_size`` times each; seat ``s`` of example ``g``'s games is
 group ``2 g + s``: a seat is compared with the same seat, since moving first is worth more.
+
+Against a frozen snapshot (``opponent``, an engine on a frozen copy of the policy: ``Snapshot``),
+the other seat of example ``g``'s games, ``1 - example["seat"]``, is sampled from that engine in
+the same lockstep, and only the learner's seat's trajectories are returned (group ``g``): the
+snapshot's tokens are never trained. Its moves reach the learner as the env's text, as in
+self-play.
 """
 
 from __future__ import annotations
@@ -43,9 +49,14 @@ def check_two_seats(env) -> None:
 
 
 class TwoSeatEpisodes:
-    def __init__(self, env, service, tokenizer, params: SamplingParams):
+    """``against_opponent``: False in self-play (both seats the policy, both returned); True: the
+    seat ``example["seat"]`` does not give the learner is sampled from the service's opponent
+    engine, and only the learner's seat is returned."""
+
+    def __init__(self, env, service, tokenizer, params: SamplingParams, against_opponent: bool = False):
         check_two_seats(env)
         self.env, self.service, self.tokenizer, self.params = env, service, tokenizer, params
+        self.against_opponent = against_opponent
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.service.update_weights(named_tensors, version)
@@ -56,7 +67,9 @@ class TwoSeatEpisodes:
         return messages, render(self.tokenizer, messages)
 
     async def play(self, example: dict, group_id: int) -> list[Trajectory]:
-        """One game from the start; returns seat 0's trajectory, then seat 1's."""
+        """One game from the start; returns seat 0's trajectory, then seat 1's (against an
+        opponent: the learner's seat's only)."""
+        frozen = 1 - example["seat"] if self.against_opponent else None
         game = self.env.new_game()
         messages, tokens = [None, None], [None, None]
         turns: list[list[Turn]] = [[], []]
@@ -64,7 +77,7 @@ class TwoSeatEpisodes:
         while True:
             if tokens[seat] is None:  # the seat's first turn: its opening shows the move before it
                 messages[seat], tokens[seat] = self._conversation(seat, game, last)
-            samples, version = await self.service.sample(tokens[seat], self.params, 1)
+            samples, version = await self.service.sample(tokens[seat], self.params, 1, opponent=seat == frozen)
             sample = samples[0]
             turns[seat].append(Turn(list(tokens[seat]), list(sample.completion_ids), list(sample.logprobs), version,
                                     sample.finished))
@@ -85,7 +98,7 @@ class TwoSeatEpisodes:
                 tokens[other] = tokens[other] + inserted_tokens(self.tokenizer, messages[other], tokens[other])
             seat, last = other, cell
         out = []
-        for s in (0, 1):
+        for s in (0, 1) if frozen is None else (1 - frozen,):
             score = game.score(s) if loser is None else float(s != loser)
             for sequence in stitch(turns[s]):
                 versions = [v for v in sequence.versions if v >= 0]
@@ -99,19 +112,21 @@ class TwoSeatEpisodes:
 
 class LockstepService:
     """``EngineService``'s ``sample``, answered batch by batch: once every live episode waits
-    for a sample, one ``engine.generate`` call answers them all, in the order they asked. With
-    no threads and no timing in it, a seeded run samples the same batches every time."""
+    for a sample, one ``engine.generate`` call answers them all, in the order they asked (and,
+    with an ``opponent`` engine, one call of it answers the opponent's seats, after the
+    learner's). With no threads and no timing in it, a seeded run samples the same batches
+    every time."""
 
-    def __init__(self, engine):
-        self.engine, self.live, self.waiting = engine, 0, []
+    def __init__(self, engine, opponent=None):
+        self.engine, self.opponent, self.live, self.waiting = engine, opponent, 0, []
 
     @property
     def version(self) -> int:
         return self.engine.version
 
-    async def sample(self, prompt_ids: list[int], params: SamplingParams, n: int = 1):
+    async def sample(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, opponent: bool = False):
         future = asyncio.get_running_loop().create_future()
-        self.waiting.append((list(prompt_ids), params, n, future))
+        self.waiting.append((list(prompt_ids), params, n, opponent, future))
         self._answer_if_all_wait()
         return await future
 
@@ -119,10 +134,14 @@ class LockstepService:
         if not self.waiting or len(self.waiting) < self.live:
             return
         waiting, self.waiting = self.waiting, []
-        params, n = waiting[0][1], waiting[0][2]  # one step's episodes share them
-        groups = self.engine.generate([prompt for prompt, *_ in waiting], n, params)
-        for (*_, future), samples in zip(waiting, groups):
-            future.set_result((samples, self.engine.version))
+        for engine, whose in ((self.engine, False), (self.opponent, True)):
+            asked = [w for w in waiting if w[3] == whose]
+            if not asked:
+                continue
+            params, n = asked[0][1], asked[0][2]  # one step's episodes share them
+            groups = engine.generate([prompt for prompt, *_ in asked], n, params)
+            for (*_, future), samples in zip(asked, groups):
+                future.set_result((samples, engine.version))
 
     async def run(self, coroutines: list) -> list:
         self.live = len(coroutines)
@@ -139,23 +158,53 @@ class LockstepService:
 
 class TwoSeatGenerator:
     """The generator seam over self-play games: ``generate(examples, group_size)`` plays each
-    example's game ``group_size`` times and returns both seats' trajectories."""
+    example's game ``group_size`` times and returns both seats' trajectories; with an
+    ``opponent`` engine (a frozen snapshot's), the learner's seat only."""
 
-    def __init__(self, env, engine, tokenizer, params: SamplingParams):
+    def __init__(self, env, engine, tokenizer, params: SamplingParams, opponent=None):
         check_two_seats(env)
         self.env, self.engine, self.tokenizer, self.params = env, engine, tokenizer, params
+        self.opponent = opponent
 
     def update_weights(self, named_tensors, version: int) -> None:
-        self.engine.update_weights(named_tensors, version)
+        self.engine.update_weights(named_tensors, version)  # the learner's; the snapshot's is Snapshot.refresh
 
     def generate(self, examples: list[dict], group_size: int) -> Trajectories:
-        service = LockstepService(self.engine)
-        source = TwoSeatEpisodes(self.env, service, self.tokenizer, self.params)
-        games = [source.play(example, 2 * g) for g, example in enumerate(examples) for _ in range(group_size)]
+        service = LockstepService(self.engine, self.opponent)
+        against = self.opponent is not None
+        source = TwoSeatEpisodes(self.env, service, self.tokenizer, self.params, against_opponent=against)
+        # self-play: seat s of example g is group 2 g + s; against a snapshot the learner's seat is g's
+        games = [source.play(example, g if against else 2 * g) for g, example in enumerate(examples)
+                 for _ in range(group_size)]
         played = asyncio.run(service.run(games))
         items = []
         for trajectories in played:
             for t in trajectories:
-                t.group_id += t.example["seat"]
+                t.group_id += 0 if against else t.example["seat"]
                 items.append(t)
         return Trajectories(items)
+
+
+class Snapshot:
+    """The frozen seat's policy: ``model``, a copy of the policy that is never trained, and
+    ``engine`` sampling from it. Taken when the run starts; ``refresh`` copies the learner's
+    weights in (every ``--snapshot-every`` steps). A checkpoint component: its weights and
+    version are saved, so a resumed run plays the same opponent."""
+
+    def __init__(self, model, engine):
+        self.model, self.engine = model, engine
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def refresh(self, named_tensors, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
+    def state_dict(self) -> dict:
+        return {"version": self.engine.version, "weights": {k: v.detach().clone()
+                                                             for k, v in self.model.state_dict().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["weights"])
+        self.engine.update_weights((), state["version"])

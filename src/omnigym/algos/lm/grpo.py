@@ -21,6 +21,7 @@ The task, its env, its rewards and the generator that plays it are chosen from t
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import random
@@ -36,6 +37,7 @@ from omnigym.config import LanguageModelConfig, require_fraction, require_non_ne
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_tasks import GAMES, TextTaskConfig, make_generator, remote_generator, task_env, text_task
+from omnigym.generators.two_seat_episodes import Snapshot
 from omnigym.inference import make_engine
 from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
@@ -110,7 +112,7 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "env_args", "eval_size", "digits", "terms",
                                                        "operations", "runtime", "max_staleness", "num_generators",
-                                                       "rollouts", "agent", "opponent")
+                                                       "rollouts", "agent", "opponent", "snapshot_every")
     BUDGET = ("steps", "step")
     FINAL_MODEL = True
 
@@ -147,9 +149,9 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
         self.check_agent()
         require(not self.step_rewards or (self.env == "single-turn" and not self.agent),
                 "--step-rewards reads the steps of one reply: use it with --env single-turn and no --agent")
-        require(self.opponent != "self" or (self.runtime == "sync" and self.rollouts == "sync"),
-                "--opponent self plays both seats of each game in one batch-synchronous generator: use --runtime sync "
-                "and --rollouts sync")
+        require(self.opponent not in ("self", "snapshot") or (self.runtime == "sync" and self.rollouts == "sync"),
+                f"--opponent {self.opponent} plays both seats of each game in one batch-synchronous generator: use "
+                "--runtime sync and --rollouts sync")
         require(not self.agent or (self.rewards is None and self.env == "single-turn"),
                 f"--agent {self.agent} plays its own episodes and returns their reward: leave out --rewards and --env")
 
@@ -182,14 +184,16 @@ def train(cfg: GRPOConfig) -> dict:
                                                   cfg.device)
     check_context(policy, cfg.max_new_tokens)
     engine = make_engine(policy, tokenizer, cfg.engine)
+    snapshot = frozen_snapshot(cfg, policy, tokenizer) if cfg.opponent == "snapshot" else None
     if agent:  # your agent's episodes, its requests served by this engine; accuracy: held-out reward >= 1, greedy
         sampler, judge = agent_generators(cfg, agent, engine, tokenizer, policy)
     else:
-        sampler = make_generator(cfg, env, engine, tokenizer)  # the episodes GRPO trains on
+        sampler = make_generator(cfg, env, engine, tokenizer,  # the episodes GRPO trains on
+                                 opponent=snapshot.engine if snapshot else None)
         judge = make_generator(cfg, judged_env(env, correct), engine, tokenizer, greedy=True)  # held-out accuracy
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
     reference = trainer.frozen_copy() if cfg.beta > 0 else None  # the policy as GRPO starts (--beta 0: none)
-    components = {"trainer": trainer}
+    components = {"trainer": trainer, **({"snapshot": snapshot} if snapshot else {})}
     rollouts = make_rollouts(cfg, sampler, functools.partial(remote_generator, cfg, os.getcwd()),
                              functools.partial(examples_for, cfg, task.train), cfg.group_size, cfg.steps, cfg.seed)
     if cfg.runtime == "ray" or cfg.rollouts == "async":  # ray: the finished rollouts in flight, for an exact
@@ -230,10 +234,13 @@ def train(cfg: GRPOConfig) -> dict:
                                  tokenizer.pad_token_id, functools.partial(grpo_loss, cfg=cfg, loss_cfg=loss_cfg,
                                                                            step=step)) if trained else {}
             rollouts.update_weights(policy.named_parameters() if trained else (), version=step + 1)
+            if snapshot and cfg.snapshot_every and (step + 1) % cfg.snapshot_every == 0:
+                snapshot.refresh(policy.named_parameters(), version=step + 1)  # the opponent from now on
 
             # 4. Log, show, checkpoint.
             metrics.update({**step_metrics(cfg, trajectories, informative, stats),
                             "steps/no_usable_episode": float(failed_in_a_row > 0),
+                            **({"game/snapshot_version": float(snapshot.version)} if snapshot else {}),
                             "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics(),
                             **monitor.step(step + 1, trajectories,
                                            functools.partial(tokenizer.decode, skip_special_tokens=True))})
@@ -252,6 +259,13 @@ def train(cfg: GRPOConfig) -> dict:
                                    f"fails, then go on with omnigym train grpo --resume {run.dir}")
         progress.close()
     return finish_lm(run, cfg, trainer.full_model(), tokenizer)
+
+
+def frozen_snapshot(cfg: GRPOConfig, policy, tokenizer) -> Snapshot:
+    """--opponent snapshot: a copy of the policy as it starts, never trained, sampled by an engine
+    of its own (an in-process one where --engine vllm: a second vLLM would hold the GPU twice)."""
+    frozen = copy.deepcopy(policy).requires_grad_(False)
+    return Snapshot(frozen, make_engine(frozen, tokenizer, "auto" if cfg.engine == "vllm" else cfg.engine))
 
 
 def shards_weights(cfg: GRPOConfig) -> bool:
