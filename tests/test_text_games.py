@@ -301,6 +301,20 @@ def test_against_a_snapshot_only_the_learners_seat_is_returned_and_sampled_by_th
     assert learner.calls == [1] * 5 and frozen.calls == [1] * 5
 
 
+def test_a_snapshots_invalid_move_is_replaced_by_a_legal_one_not_forfeited(tokenizer):
+    from omnigym.generators.two_seat_episodes import TwoSeatGenerator
+    from omnigym.inference.engine import SamplingParams
+
+    learner = ScriptedEngine(tokenizer, {"O": ["[4]", "[5]", "[6]"]})
+    frozen = ScriptedEngine(tokenizer, {"X": ["no move", "[1]", "[2]"]})  # X errs on move one
+    generator = TwoSeatGenerator(tictactoe_env(n=4), learner, tokenizer, SamplingParams(max_new_tokens=8), frozen)
+    (o,) = generator.generate([{"question": "q", "answer": "", "seat": 1, "seed": 0}], 1).items
+    # X's move one is a free cell drawn by the game's seed (7), and the learner (O) plays on: 4 5 6 wins
+    assert "X played [7]" in tokenizer.decode(o.prompt_ids) and own_text(tokenizer, o, 1) == "[4][5][6]"
+    assert (o.reward, o.info["invalid_move"], o.info["opponent_moves"], o.info["opponent_moves_replaced"]) == \
+        (1.0, False, 3, 1)
+
+
 class WeightsEngine:
     """The engine contract over a real engine: a random legal move (now and then none) drawn from
     the board, the engine's weights and the seeded RNG, so a reply says which weights sampled it; each call's
@@ -376,7 +390,8 @@ def test_the_snapshot_stays_frozen_while_the_policy_learns_and_is_refreshed_ever
     assert set(snapshot) <= set(policy) and snapshot[-1] != policy[-1]
     # the batch holds the learner's seat only: one group of group_size games per prompt, not self-play's two
     for items in batches:
-        assert len(items) <= 2 * 4 and {t.group_id for t in items} <= {0, 1}
+        assert len(items) == 2 * 4 and {t.group_id for t in items} <= {0, 1}
+    assert all(0 < r["game/opponent_replaced_fraction"] < 1 for r in rows)  # the scripted snapshot errs now and then
 
 
 def test_an_interrupted_snapshot_run_resumes_with_the_same_opponent(tmp_path, monkeypatch):

@@ -28,12 +28,18 @@ Against a frozen snapshot (``opponent``, an engine on a frozen copy of the polic
 the other seat of example ``g``'s games, ``1 - example["seat"]``, is sampled from that engine in
 the same lockstep, and only the learner's seat's trajectories are returned (group ``g``): the
 snapshot's tokens are never trained. Its moves reach the learner as the env's text, as in
-self-play.
+self-play. A snapshot's reply that is not a legal move is replaced by a random free cell
+(seeded by the game), as a masked opponent only plays legal moves: the learner is not paid for
+the snapshot's errors, and always gets to move (a learner at O facing an X that erred on move
+one would otherwise have no turn, and a step of such games nothing to train). The learner's
+trajectories count the snapshot's moves and the replaced ones (``info["opponent_moves"]``,
+``info["opponent_moves_replaced"]``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 
 from omnigym.errors import OmnigymError
 from omnigym.generators.base import Trajectories, Trajectory
@@ -74,6 +80,7 @@ class TwoSeatEpisodes:
         messages, tokens = [None, None], [None, None]
         turns: list[list[Turn]] = [[], []]
         seat, last, loser, cut_off = 0, None, None, [False, False]
+        stand_in, replaced, frozen_moves = random.Random(int(example.get("seed", 0))), 0, 0
         while True:
             if tokens[seat] is None:  # the seat's first turn: its opening shows the move before it
                 messages[seat], tokens[seat] = self._conversation(seat, game, last)
@@ -86,6 +93,10 @@ class TwoSeatEpisodes:
             text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
             messages[seat].append({"role": "assistant", "content": text})
             cell = self.env.move(text, game)
+            if seat == frozen:
+                frozen_moves += 1
+                if cell is None:  # as a masked opponent's would be: a legal move, never a forfeit to the learner
+                    cell, replaced = stand_in.choice(game.legal()), replaced + 1
             if cell is None:
                 loser = seat
                 break
@@ -104,6 +115,8 @@ class TwoSeatEpisodes:
                 versions = [v for v in sequence.versions if v >= 0]
                 info = {"turns": sequence.turns, "truncated": False, "cut_off": cut_off[s], "budget_cut": False,
                         "reward_parts": {}, "invalid_move": loser == s, "versions": sequence.versions}
+                if frozen is not None:
+                    info.update(opponent_moves=frozen_moves, opponent_moves_replaced=replaced)
                 out.append(Trajectory(sequence.prompt_ids, sequence.response_ids, sequence.loss_mask, sequence.logprobs,
                                       score, group_id, min(versions) if versions else self.service.version,
                                       {**example, "seat": s, "score": score}, info))

@@ -415,6 +415,10 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
     if cfg.env in GAMES:  # a reply that is not one legal move lost its game
         metrics["game/invalid_move_fraction"] = sum(bool(t.example.get("invalid") or t.info.get("invalid_move"))
                                                     for t in items) / len(items)
+        if cfg.opponent == "snapshot":  # the snapshot's invalid moves, replaced by random legal ones
+            moves = sum(t.info["opponent_moves"] for t in items)
+            metrics["game/opponent_replaced_fraction"] = sum(t.info["opponent_moves_replaced"] for t in items) / \
+                max(moves, 1)
     if cfg.agent or cfg.env.startswith("vf:"):
         metrics.update(agent_metrics(items))
     return metrics
