@@ -77,8 +77,10 @@ def served(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("serve_recipes")
     # guess_number's system prompt alone is ~240 characters (tokens, to this character-level
-    # tokenizer) and an episode runs up to 10 turns: 2048 positions hold one
-    build_tiny_model(work / MODEL_NAME, max_positions=2048, seed=0)
+    # tokenizer) and an episode runs up to 10 turns: 2048 positions hold one. The rubric
+    # recipe's grader asks for max_tokens=2048 (fixed in its code) after a ~500-token prompt,
+    # which the server refuses (413) past the context: 4096 positions hold both.
+    build_tiny_model(work / MODEL_NAME, max_positions=4096, seed=0)
     port = _free_port()
     base_url = f"http://127.0.0.1:{port}"
     log = open(work / "server.log", "w")
@@ -283,3 +285,120 @@ def test_cookbook_text_arena_self_play_runs_unchanged(served):
     # a win; the recipe adds its own penalties below -1)
     tested = [row["test/env/all/reward/total"] for row in rows if "test/env/all/reward/total" in row]
     assert len(tested) == 2 and all(math.isfinite(r) and r <= 1.0 + 1e-6 for r in tested), rows
+
+
+# --- distillation, prompt distillation and rubric grading (issue 43) ---------------------------
+
+def _weights_moved(work: Path, base_url: str, sampler_path: str, monkeypatch) -> float:
+    """Largest change in log-prob, over a fixed token sequence, between the base model and the
+    weights a recipe saved for sampling: > 0 only if its training steps changed the weights."""
+    import tinker
+    from tinker import types
+
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TINKER_API_KEY", "tml-local-test")
+    service = tinker.ServiceClient(base_url=base_url)
+    tokens = types.ModelInput.from_ints([ord(c) % 64 + 32 for c in "The weather is nice today.\nen"])
+    base = service.create_sampling_client(base_model=MODEL_NAME).result().compute_logprobs(tokens).result()
+    trained = service.create_sampling_client(model_path=sampler_path).result().compute_logprobs(tokens).result()
+    return max(abs(a - b) for a, b in zip(base[1:], trained[1:]))
+
+
+# prompt_distillation's create_data writes what its teacher (Qwen/Qwen3.6-35B-A3B, fixed in code)
+# answers to "which language is this?" as {"messages": [user sentence, assistant label]}; the
+# stand-in is a file of that format with the labels written by hand
+LANGUAGE_ROWS = [("The weather is nice today.", "en"), ("Il fait beau aujourd hui.", "fr"),
+                 ("Hace buen tiempo hoy.", "es"), ("Where is the station?", "en"), ("Ou est la gare?", "fr"),
+                 ("Donde esta la estacion?", "es"), ("I like green tea.", "en"), ("J aime le the vert.", "fr"),
+                 ("Me gusta el te verde.", "es"), ("Good morning, friend.", "en"), ("Bonjour, mon ami.", "fr"),
+                 ("Buenos dias, amigo.", "es")]
+
+
+@pytest.fixture(scope="module")
+def language_teacher(served):
+    """prompt_distillation's ``train`` on the stand-in file: its metrics and final sampler path
+    (the distillation test's teacher)."""
+    work, base_url = served
+    with open(work / "prompt_distillation.jsonl", "w") as f:
+        for sentence, label in LANGUAGE_ROWS:
+            f.write(json.dumps({"messages": [{"role": "user", "content": sentence},
+                                             {"role": "assistant", "content": label}]}) + "\n")
+    log_path = work / "runs" / "prompt_distillation"
+    _run_recipe(work, base_url, "tinker_cookbook.recipes.prompt_distillation.train",
+                "file_path=prompt_distillation.jsonl", f"model_name={MODEL_NAME}", "renderer_name=role_colon",
+                "batch_size=4", "num_epochs=3", "learning_rate=1e-2", "lora_rank=8", "max_length=512",
+                "save_every=0", "eval_every=0", f"log_path={log_path}", "behavior_if_log_dir_exists=delete")
+    final = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()][-1]
+    return _metrics(log_path), final["sampler_path"]
+
+
+def test_cookbook_prompt_distillation_train_runs_unchanged(language_teacher):
+    rows, sampler_path = language_teacher
+    nll = [row["train_mean_nll"] for row in rows if "train_mean_nll" in row]
+    # 12 conversations, batch 4, 3 epochs
+    assert len(nll) == 9, nll
+    assert nll[-1] < nll[0] - 1.0, f"prompt_distillation's train_mean_nll did not fall: {nll}"
+    assert sampler_path.startswith("tinker://") and sampler_path.endswith("/sampler_weights/final")
+
+
+@pytest.mark.slow
+def test_cookbook_on_policy_distillation_runs_unchanged(served, language_teacher, monkeypatch):
+    """The student (the base model's LoRA) samples; the teacher (the base model with
+    prompt_distillation's weights, through ``teacher_checkpoint``) scores every sampled token
+    with ``compute_logprobs``; the reverse KL is the advantage. ``dataset=deepmath`` reads the
+    hub set ``zwhe99/DeepMath-103K`` by name, and a local folder of that name stands in."""
+    work, base_url = served
+    _, teacher = language_teacher
+    folder = work / "zwhe99" / "DeepMath-103K"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "train.jsonl", "w") as f:
+        for sentence, _ in LANGUAGE_ROWS * 2:
+            f.write(json.dumps({"question": sentence}) + "\n")
+    log_path = work / "runs" / "distillation"
+    _run_recipe(work, base_url, "tinker_cookbook.recipes.distillation.on_policy_distillation",
+                f"model_name={MODEL_NAME}", f"teacher_model={MODEL_NAME}", f"teacher_checkpoint={teacher}",
+                "renderer_name=role_colon", "dataset=deepmath", "group_size=4", "groups_per_batch=4",
+                "max_tokens=8", "lora_rank=8", "learning_rate=1e-2", "max_steps=6", "eval_every=0",
+                "save_every=0", f"log_path={log_path}", "behavior_if_log_dir_exists=delete")
+    kl = [row["teacher_kl"] for row in _metrics(log_path) if "teacher_kl" in row]
+    assert len(kl) == 6, kl
+    # the teacher differs from the untrained student, and the student moved towards it
+    assert kl[0] > 0.5 and kl[-1] < kl[0], f"teacher_kl did not fall: {kl}"
+    final = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()][-1]
+    moved = _weights_moved(work, base_url, final["sampler_path"], monkeypatch)
+    assert moved > 1e-3, f"the saved weights give the base model's log-probs (largest change {moved})"
+
+
+@pytest.mark.slow
+def test_cookbook_rubric_runs_unchanged(served, monkeypatch):
+    """The policy answers, a grader LLM grades each answer against a rubric, the score is the
+    reward. The grader is the served base model (``grader_llm_name``; the recipe's default is a
+    second base model); the data are the recipe's own ``generate_data`` rows, each rubric's
+    ``extraction_regex`` (a per-row field) reading the grader's first digit, since an untrained
+    grader never writes ``<score>``: the reward is noise, so this checks the loop, not learning.
+    The recipe builds its grader's client without its ``base_url``: the URL goes in
+    ``TINKER_BASE_URL``."""
+    import random
+
+    from tinker_cookbook.recipes.rubric.generate_data import generate_one
+
+    work, base_url = served
+    rng = random.Random(0)
+    for name, n in (("rubric_train.jsonl", 8), ("rubric_test.jsonl", 2)):
+        with open(work / name, "w") as f:
+            for _ in range(n):
+                row = json.loads(generate_one(rng).to_json())
+                row["rubric_items"][0]["extraction_regex"] = r"(\d)"
+                f.write(json.dumps(row) + "\n")
+    log_path = work / "runs" / "rubric"
+    _run_recipe(work, base_url, "tinker_cookbook.recipes.rubric.train", f"model_name={MODEL_NAME}",
+                "renderer_name=role_colon", f"grader_llm_name={MODEL_NAME}", "grader_renderer_name=role_colon",
+                "train_jsonl_path=rubric_train.jsonl", "test_jsonl_path=rubric_test.jsonl", "train_group_size=2",
+                "groups_per_batch=2", "max_tokens=8", "lora_rank=8", "learning_rate=1e-3", "max_steps=2",
+                "eval_every=0", "save_every=0", "loss_fn=importance_sampling", f"log_path={log_path}",
+                "behavior_if_log_dir_exists=delete", url_flag=False)
+    rewards = _reward_rows(log_path)
+    assert len(rewards) == 2 and all(0.0 <= r <= 9.0 for r in rewards), rewards
+    final = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()][-1]
+    moved = _weights_moved(work, base_url, final["sampler_path"], monkeypatch)
+    assert moved > 1e-3, f"the saved weights give the base model's log-probs (largest change {moved})"
