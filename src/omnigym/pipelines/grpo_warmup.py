@@ -140,7 +140,7 @@ def demonstration(env, tokenizer, example: dict) -> list[tuple[list[int], list[i
     """The warm-up's demonstrations for one example, as SFT sequences (``omnigym train sft``'s
     data code, conversational prompt/completion): the answer in <answer> tags after the env's
     prompt; in the tools env, when the example has an expression, first the calculator call,
-    then, after the env's real reply to it, the answer (one sequence per model turn)."""
+    then, after the env's real reply to it, the answer (one sequence per model turn, then `folded`)."""
     messages, _ = env.reset(options={"example": example})
     turns = []
     # a tool env of envs/ scripts its own episode (the calls and the env's replies, not run)
@@ -149,12 +149,28 @@ def demonstration(env, tokenizer, example: dict) -> list[tuple[list[int], list[i
         for i, message in enumerate(scripted):
             if message["role"] == "assistant":
                 turns.append((messages + scripted[:i], message["content"]))
-        return [to_sequence("warm-up", {"prompt": prompt, "completion": [{"role": "assistant", "content": reply}]},
-                            tokenizer, completion_only=True) for prompt, reply in turns]
-    if "calculator" in env.tools and "expression" in example:
-        call = f'<tool name="calculator">{example["expression"]}</tool>'
-        turns.append((messages, call))
-        messages, *_ = env.respond(call)
-    turns.append((messages, f"<answer>{example['answer']}</answer>"))
-    return [to_sequence("warm-up", {"prompt": prompt, "completion": [{"role": "assistant", "content": reply}]},
-                        tokenizer, completion_only=True) for prompt, reply in turns]
+    else:
+        if "calculator" in env.tools and "expression" in example:
+            call = f'<tool name="calculator">{example["expression"]}</tool>'
+            turns.append((messages, call))
+            messages, *_ = env.respond(call)
+        turns.append((messages, f"<answer>{example['answer']}</answer>"))
+    return folded([to_sequence("warm-up", {"prompt": prompt, "completion": [{"role": "assistant", "content": reply}]},
+                               tokenizer, completion_only=True) for prompt, reply in turns])
+
+
+def folded(sequences: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """One episode's per-turn sequences with each one that is a prefix of the next folded into
+    it, its trained tokens trained there: under causal attention a token in the longer row has
+    the same context as in the shorter one, so the batch trains the same tokens on the same
+    contexts (the same token-mean loss, up to float rounding) and computes the earlier turns
+    once instead of once per later turn (a two-turn tool episode: 145 tokens -> 87). A turn
+    that the next one's prompt renders differently (a template that rewrites earlier turns)
+    stays a row of its own."""
+    out: list[tuple[list[int], list[int]]] = []
+    for ids, trained in sequences:
+        if out and ids[:len(out[-1][0])] == out[-1][0]:
+            before, before_trained = out.pop()
+            trained = [max(a, b) for a, b in zip(before_trained + [0] * (len(ids) - len(before)), trained)]
+        out.append((ids, trained))
+    return out
