@@ -9,9 +9,9 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from omnigym.inference import kv, make_engine  # noqa: E402
-from omnigym.inference.engine import Sample, SamplingParams, processed_logits  # noqa: E402
+from omnigym.inference.engine import Sample, SamplingParams, draw, processed_logits  # noqa: E402
 from omnigym.inference.hf import HFEngine  # noqa: E402
-from omnigym.inference.kv import LlamaFamilyEngine, draw  # noqa: E402
+from omnigym.inference.kv import LlamaFamilyEngine  # noqa: E402
 from omnigym.errors import OmnigymError  # noqa: E402
 from omnigym.models.lm import LoraSettings, build_tiny_model, load_model, load_tokenizer  # noqa: E402
 from omnigym.models.tokens import completion_logprobs, make_batch, make_completion_batch, token_logprobs  # noqa: E402

@@ -75,6 +75,38 @@ def drawn_logprobs(processed: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
     return processed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - processed.logsumexp(-1)
 
 
+def draw(processed: torch.Tensor) -> torch.Tensor:
+    """One token per row from the distribution ``processed_logits`` gives (cut tokens at -inf)."""
+    # argmax of p / Exp(1) noise is a draw from p, and cheaper than torch.multinomial
+    probs = processed.softmax(-1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+
+
+def decode(logits: torch.Tensor, next_logits, params: SamplingParams, pad_id: int, eos_id: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """An engine's decoding loop: from the last prompt position's ``logits`` ``[B, V]``, draw a
+    token per row (or take the argmax), record its log-prob under the distribution it was drawn
+    from, and ask ``next_logits(token [B], t)`` for the next position's, until every row has
+    ended (EOS or a stop id; an ended row gets padding) or ``max_new_tokens``. Returns the
+    tokens and their log-probs, ``[B, max_new_tokens]`` each, on the logits' device."""
+    batch, device = logits.shape[0], logits.device
+    generated = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((batch, params.max_new_tokens), device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    ends = torch.tensor(sorted({eos_id, *params.stop_ids}), device=device)
+    for t in range(params.max_new_tokens):
+        processed = processed_logits(logits, params)  # what is drawn from is what is recorded
+        token = processed.argmax(-1) if params.greedy else draw(processed)
+        token = torch.where(done, pad_id, token)
+        generated[:, t] = token
+        logprobs[:, t] = drawn_logprobs(processed, token)
+        done |= torch.isin(token, ends)
+        if t == params.max_new_tokens - 1 or bool(done.all()):
+            break
+        logits = next_logits(token, t)
+    return generated, logprobs
+
+
 class InferenceEngine(Protocol):
     version: int
 

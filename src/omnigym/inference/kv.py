@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from omnigym.backends import whole_weights
 from omnigym.errors import OmnigymError
-from omnigym.inference.engine import BatchedEngine, SamplingParams, drawn_logprobs, processed_logits
+from omnigym.inference.engine import BatchedEngine, SamplingParams, decode
 from omnigym.inference.llama_stack import Dimensions, decoder_stack, fused_layers, rotary_tables
 from omnigym.models.tokens import distinct_rows, left_pad
 
@@ -105,23 +105,15 @@ class LlamaFamilyEngine(BatchedEngine):
             for i in range(len(layers)):
                 cache_k[i], cache_v[i] = cache_k[i][rows], cache_v[i][rows]
         valid, position = valid[rows], positions[rows, -1:]
-        generated = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((batch, params.max_new_tokens), device=device)
-        done = torch.zeros(batch, dtype=torch.bool, device=device)
-        ends = torch.tensor(sorted({self.eos_id, *params.stop_ids}), device=device)
-        for t in range(params.max_new_tokens):
-            processed = processed_logits(logits, params)  # what is drawn from is what is recorded
-            token = processed.argmax(-1) if params.greedy else draw(processed)
-            token = torch.where(done, self.pad_id, token)
-            generated[:, t] = token
-            logprobs[:, t] = drawn_logprobs(processed, token)
-            done |= torch.isin(token, ends)
-            if t == params.max_new_tokens - 1 or bool(done.all()):
-                break
+
+        def next_logits(token, t):
+            nonlocal position
             valid[:, width + t] = True
             position = position + 1
-            logits = forward(token[:, None], width + t, position,
-                             None if shared is not None else valid[:, None, None, :width + t + 1])
+            return forward(token[:, None], width + t, position,
+                           None if shared is not None else valid[:, None, None, :width + t + 1])
+
+        generated, logprobs = decode(logits, next_logits, params, self.pad_id, self.eos_id)
         return self._samples(prompts, generated.cpu(), logprobs.cpu(), params.stop_ids)
 
 
@@ -190,8 +182,3 @@ class SharedPrompts:
         return out.view(batch, heads, 1, head_dim)
 
 
-def draw(processed: torch.Tensor) -> torch.Tensor:
-    """One token per row from the distribution ``processed_logits`` gives (cut tokens at -inf)."""
-    # argmax of p / Exp(1) noise is a draw from p, and cheaper than torch.multinomial
-    probs = processed.softmax(-1)
-    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)

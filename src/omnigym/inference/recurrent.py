@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from omnigym.inference.engine import BatchedEngine, SamplingParams, drawn_logprobs, processed_logits
-from omnigym.inference.kv import draw
+from omnigym.inference.engine import BatchedEngine, SamplingParams, decode
 from omnigym.models.tokens import cache_name, distinct_rows, left_pad
 
 
@@ -27,20 +26,12 @@ class RecurrentEngine(BatchedEngine):
         rows = rows.to(device)
         state = getattr(out, name)
         state.batch_select_indices(rows)
-        logits = out.logits[rows, -1].float()
-        batch = len(prompts)
-        generated = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((batch, params.max_new_tokens), device=device)
-        done = torch.zeros(batch, dtype=torch.bool, device=device)
-        ends = torch.tensor(sorted({self.eos_id, *params.stop_ids}), device=device)
-        for t in range(params.max_new_tokens):
-            processed = processed_logits(logits, params)  # what is drawn from is what is recorded
-            token = processed.argmax(-1) if params.greedy else draw(processed)
-            token = torch.where(done, self.pad_id, token)
-            generated[:, t], logprobs[:, t] = token, drawn_logprobs(processed, token)
-            done |= torch.isin(token, ends)
-            if t == params.max_new_tokens - 1 or bool(done.all()):
-                break
+
+        def next_logits(token, t):
+            nonlocal state
             out = self.model(input_ids=token[:, None], **{name: state})
-            state, logits = getattr(out, name), out.logits[:, -1].float()
+            state = getattr(out, name)
+            return out.logits[:, -1].float()
+
+        generated, logprobs = decode(out.logits[rows, -1].float(), next_logits, params, self.pad_id, self.eos_id)
         return self._samples(prompts, generated.cpu(), logprobs.cpu(), params.stop_ids)
