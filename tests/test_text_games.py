@@ -315,20 +315,14 @@ def test_a_snapshots_invalid_move_is_replaced_by_a_legal_one_not_forfeited(token
         (1.0, False, 3, 1)
 
 
-class WeightsEngine:
+class WeightsEngine(Scripted):
     """The engine contract over a real engine: a random legal move (now and then none) drawn from
     the board, the engine's weights and the seeded RNG, so a reply says which weights sampled it; each call's
     weights go to ``seen`` under ``name``."""
 
     def __init__(self, engine, tokenizer, name, seen):
-        self.engine, self.tokenizer, self.name, self.seen = engine, tokenizer, name, seen
-
-    @property
-    def version(self):
-        return self.engine.version
-
-    def update_weights(self, named_tensors, version):
-        self.engine.update_weights(named_tensors, version)
+        super().__init__(engine, tokenizer, policy=None)
+        self.name, self.seen = name, seen
 
     def generate(self, prompts, n, params):
         import zlib
