@@ -307,3 +307,18 @@ def test_lm_eval_runs_a_local_task_on_the_run_model(lm_run, tmp_path, capsys):
     assert 0.0 <= result["results"]["local_sums"]["acc,none"] <= 1.0
     assert snapshot(lm_run) == before
 
+
+
+def test_training_prompts_of_builtin_sft_and_dpo_data_are_read_not_opened_as_files(tmp_path):
+    # sft's "arithmetic" and dpo's "gold" are names: before, `omnigym eval` on such a run stopped
+    # with "no such file: arithmetic" (or "gold") while reading the prompts for decontamination
+    from omnigym.evaluation.language import training_prompts
+    from omnigym.tasks.sft_data import read_sft_rows
+
+    texts, what = training_prompts({"data": "arithmetic", "split": "train", "seed": 3}, str(tmp_path))
+    expected = [row["prompt"][0]["content"] for _, row in read_sft_rows("arithmetic", "train", 3)]
+    assert texts == expected and what == "--data arithmetic"
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "stages" / "pairs.jsonl").write_text('{"prompt": "What is 2 + 2?", "chosen": "4", "rejected": "5"}\n')
+    texts, what = training_prompts({"data": "gold", "split": "train", "seed": 1}, str(tmp_path))
+    assert texts == ["What is 2 + 2?"] and what == "--data gold"

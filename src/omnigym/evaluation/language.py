@@ -255,9 +255,14 @@ def training_prompts(values: dict, run_dir: str) -> tuple[list[str], str]:
         cfg = run_config(values, run_dir)
         return [prompt_text(e) for e in text_task(cfg)[0].train], f"--task {values['task']}"
     if values.get("data"):
-        from omnigym.tasks.datasets import read_jsonl
+        from omnigym.tasks.sft_data import read_sft_rows
 
-        rows = read_jsonl(values["data"], ())
+        # the trainers' built-in sets are names, not files: sft's "arithmetic" and "words" are made
+        # from its seed, and the "gold" demo's pairs were written to the run's stages/
+        source = values["data"]
+        if source == "gold":
+            source = str(Path(run_dir) / "stages" / "pairs.jsonl")
+        rows = [row for _, row in read_sft_rows(source, values.get("split") or "train", values.get("seed") or 0)]
         return [prompt_text(r) if not isinstance(r.get("prompt"), list) else
                 " ".join(str(m.get("content", "")) for m in r["prompt"]) for r in rows], f"--data {values['data']}"
     raise OmnigymError(f"{run_dir}: its config.json names neither a --task nor a --data file, so its training "
@@ -358,9 +363,10 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     examples, task = eval_task(cfg, args.task, args.data_dir, args.prompts)
     cfg.seed = args.seed  # the sampling's
     examples = examples[:args.prompts] if args.prompts else examples
-    label = args.task or f"{values.get('task')} held-out"
+    own = values.get("task") or cfg.task  # an sft or dpo run names no --task: its config's default is held out
+    label = args.task or f"{own} held-out"
     if args.task == IMPOSSIBLE:  # impossible variants of the run's own held-out split
-        label = f"{IMPOSSIBLE}{values.get('task')} held-out"
+        label = f"{IMPOSSIBLE}{own} held-out"
     report = contamination(train_texts, [prompt_text(e) for e in examples], args.ngram)
     for line in contamination_lines(report, trained_on):
         print(line)
