@@ -89,6 +89,8 @@ def test_the_engine_seam_gives_the_recurrent_sampler_and_refuses_the_others(lstm
     (["train", "prm", "--model", "lstm"], "under the process reward model's scalar head"),
     (["train", "rlhf", "--model", "lstm"], "under the value model's scalar head"),
     (["train", "grpo", "--model", "lstm", "--engine", "kv"], "--engine kv cannot run a recurrent (LSTM) policy"),
+    # peft finds no attention or MLP layer in an LSTM: before, NoMatchingPeftModuleError's traceback
+    (["train", "sft", "--model", "lstm", "--lora-r", "4"], "--lora-r adapts a transformer's attention and MLP"),
 ])
 def test_bad_lstm_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
@@ -129,3 +131,17 @@ def test_an_lstm_sft_run_resumes_and_its_model_folder_is_the_next_policy(tmp_pat
     assert type(loaded).__name__ == "LstmForCausalLM"
     assert main(["train", "text_reinforce", "--model", run, "--steps", "2", "--run-dir", str(tmp_path / "tr"),
                  "--no-progress", "--no-plot"]) == 0
+
+
+def test_lora_on_a_saved_lstm_folder_is_one_line_and_writes_no_run(lstm, tmp_path, monkeypatch, capsys):
+    # before, peft's NoMatchingPeftModuleError traceback
+    from omnigym.track.model_folder import save_model_folder
+
+    model, tokenizer = lstm
+    save_model_folder(model, tokenizer, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "sft", "--model", "model", "--lora-r", "4", "--steps", "1", "--run-dir", "run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--lora-r adapts a transformer's attention and MLP layers, which the LSTM policy model" \
+        in err[0], err
+    assert not (tmp_path / "run").exists()

@@ -297,6 +297,8 @@ class LanguageModelConfig(RunConfig):
                                               f"under {self.SCALAR_HEAD}; give tiny, a model folder or a hub id")
             engine = getattr(self, "engine", "auto")
             require(engine == "auto", f"--engine {engine} cannot run a recurrent (LSTM) policy; leave --engine at auto")
+            require(not self.lora_r, "--lora-r adapts a transformer's attention and MLP layers, which an LSTM "
+                                     "policy has none of; leave --lora-r out (the LSTM trains whole)")
 
     def data_parallel(self) -> bool:
         return self.training_backend in ("ddp", "fsdp2", "deepspeed")

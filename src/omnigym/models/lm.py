@@ -111,6 +111,11 @@ def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str =
         raise LoadFailed(f"cannot load a model from {name_or_path}: {first_line(exc)}") from None
     model.to(device)
     if lora is not None and lora.r > 0:
+        from omnigym.models.lstm_lm import MODEL_TYPE
+
+        if model.config.model_type == MODEL_TYPE:  # a saved --model lstm folder: peft finds no layer to adapt
+            raise OmnigymError(f"--lora-r adapts a transformer's attention and MLP layers, which the LSTM policy "
+                               f"{name_or_path} has none of; leave --lora-r out (the LSTM trains whole)")
         try:
             from peft import LoraConfig, get_peft_model
         except ImportError:
