@@ -198,6 +198,11 @@ def test_an_lm_run_directory_is_told_from_its_config_as_the_registry_would():
     disagree = [name for name in ALGORITHMS if get_algorithm(name).CONFIG.FINAL_MODEL !=
                 ("training_backend" in {f.name for f in dataclasses.fields(get_algorithm(name).CONFIG)})]
     assert disagree == []
+    # and the refusal of a run without a model/ names every algorithm whose runs have one
+    from omnigym.models.lm import MODEL_RUNS
+
+    named = set(MODEL_RUNS.replace(" or ", ", ").split(", "))
+    assert named == {name for name in ALGORITHMS if get_algorithm(name).CONFIG.FINAL_MODEL}
 
 
 def test_train_from_python_leaves_threads_rngs_and_plot_backend_alone(tmp_path):

@@ -189,7 +189,12 @@ def refuse_run_directory(label: str, config_file: Path, config: dict) -> None:
         raise OmnigymError(f"{label}: the run has no finished model (its model/ was not written whole); "
                            f"finish it with: omnigym train {algo} --resume {label.split(' ', 1)[-1]}")
     raise OmnigymError(f"{label}: {config_file} is a {algo} run's config, and a {algo} run writes no model folder; "
-                       "give a model folder, a hub id, or the directory of a finished sft, dpo, rm or rlhf run")
+                       f"give a model folder, a hub id, or the directory of a finished {MODEL_RUNS} run")
+
+
+# the algorithms whose runs end with a model/ folder (tests/test_architecture.py checks it
+# against the registry, which sits above this layer)
+MODEL_RUNS = "sft, grpo, dpo, online_dpo, rm, prm, rlhf or distill"
 
 
 LOAD_ERRORS = (OSError, ValueError, TypeError, KeyError, RuntimeError, AttributeError)
