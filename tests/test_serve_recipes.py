@@ -21,6 +21,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -337,7 +338,9 @@ def test_cookbook_prompt_distillation_train_runs_unchanged(language_teacher):
     nll = [row["train_mean_nll"] for row in rows if "train_mean_nll" in row]
     # 12 conversations, batch 4, 3 epochs
     assert len(nll) == 9, nll
-    assert nll[-1] < nll[0] - 1.0, f"prompt_distillation's train_mean_nll did not fall: {nll}"
+    # lr 1e-2 on a tiny model spikes now and then (6.42 at step 4 of one run, 4.65 at the last
+    # step of another): the median of the last four steps, not the last step alone
+    assert statistics.median(nll[-4:]) < nll[0] - 1.0, f"prompt_distillation's train_mean_nll did not fall: {nll}"
     assert sampler_path.startswith("tinker://") and sampler_path.endswith("/sampler_weights/final")
 
 
