@@ -25,15 +25,17 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def omnigym(*args, processes=1, backend=None):
-    """``omnigym train ...`` in one process, or under torchrun in ``processes``."""
+    """``omnigym train ...`` in this process (what the CLI runs, without a second start-up's
+    ~5 s of importing torch and transformers), or under torchrun in ``processes``."""
     if processes == 1:
-        command = [str(BIN / "omnigym"), *args]
-    else:
-        command = [str(BIN / "torchrun"), "--nproc-per-node", str(processes), "--master-port", str(free_port()),
-                   "-m", "omnigym", *args, "--training-backend", backend]
+        from omnigym.cli import main
+
+        assert main(list(args)) == 0
+        return
+    command = [str(BIN / "torchrun"), "--nproc-per-node", str(processes), "--master-port", str(free_port()),
+               "-m", "omnigym", *args, "--training-backend", backend]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
 def free_port() -> int:
