@@ -173,6 +173,9 @@ def run_copy(finished_run, tmp_path):
     (["train", "ppo", "--resume", "RUN", "--normalize-obs"], "RUN was made with --normalize-obs False, not True"),
     (["train", "ppo", "--resume", "RUN", "--run-dir", "OTHER"], "give either --resume"),
     (["train", "reinforce", "--run-dir", "RUN"], "RUN already holds a run"),
+    # text_reinforce keeps no checkpoint and refuses --resume: the line must not offer it
+    (["train", "text_reinforce", "--run-dir", "RUN"], "RUN already holds a run; choose a new --run-dir, or replace "
+                                                       "it with --overwrite"),
     (["train", "ppo", "--resume", "RUN", "--overwrite"], "--resume continues a run and --overwrite replaces it"),
     (["train", "ppo", "--resume", "RUN", "--seed", "5"], "RUN was made with --seed 1, not 5"),
     (["train", "ppo", "--resume", "RUN", "--total-timesteps", "256"], "RUN is already at global_step "),

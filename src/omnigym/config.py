@@ -124,6 +124,8 @@ class RunConfig:
     run must have steps left"""
     FINAL_MODEL: ClassVar[bool] = False
     """the run ends by writing ``model/`` (language runs): it is finished only once that folder is whole"""
+    RESUMABLE: ClassVar[bool] = True
+    """the run writes checkpoints that ``--resume`` continues (text_reinforce's short runs write none)"""
 
     def check(self) -> None:
         """Refuse values no run can use. Subclasses add their own ranges after this."""

@@ -38,8 +38,8 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         if run_dir.exists() and not run_dir.is_dir():
             raise OmnigymError(f"--run-dir {run_dir} is a file; choose a directory")
         if run_dir.is_dir() and is_run_dir(run_dir) and not cfg.overwrite:
-            raise OmnigymError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
-                               "or replace it with --overwrite")
+            keep = f"continue it with --resume {run_dir}, or " if cfg.RESUMABLE else "choose a new --run-dir, or "
+            raise OmnigymError(f"{run_dir} already holds a run; {keep}replace it with --overwrite")
         if run_dir.is_dir() and not is_run_dir(run_dir) and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)

@@ -56,6 +56,8 @@ class TextReinforceConfig(AgentConfig, RolloutRuntimeConfig, RunConfig):
     max_new_tokens: int = 16
     temperature: float = 1.0
 
+    RESUMABLE = False  # short runs: no checkpoint to continue from
+
     def check(self) -> None:
         super().check()
         require_positive(self, "steps", "batch_size", "learning_rate", "max_new_tokens", "temperature")
