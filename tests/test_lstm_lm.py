@@ -82,6 +82,8 @@ def test_the_engine_seam_gives_the_recurrent_sampler_and_refuses_the_others(lstm
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "text_reinforce", "--model", "lstm", "--lstm-hidden", "0"], "--lstm-hidden must be positive, got 0"),
+    (["train", "text_reinforce", "--model", "lstm", "--lstm-hidden", "100000000"],
+     "--lstm-hidden 100000000 is more than 4096"),
     (["train", "text_reinforce", "--lstm-hidden", "64"], "--lstm-hidden sizes the LSTM of --model lstm; --model tiny"),
     # an algorithm that puts a scalar head on --model, or an engine that cannot run an LSTM
     (["train", "rm", "--model", "lstm"], "--model lstm is an LSTM policy, and this run needs a transformer under the "

@@ -69,11 +69,17 @@ class TextReinforceConfig(AgentConfig, RolloutRuntimeConfig, RunConfig):
         if self.lstm_hidden is not None:
             require(self.model == "lstm", f"--lstm-hidden sizes the LSTM of --model lstm; --model {self.model} has none")
             require_positive(self, "lstm_hidden")
+            # the weights and Adam's moments grow with the square (4096 units: ~67M parameters, ~1 GB
+            # with the moments); a size past that asked for tens of GB and died in an allocation
+            require(self.lstm_hidden <= MAX_LSTM_HIDDEN,
+                    f"--lstm-hidden {self.lstm_hidden} is more than {MAX_LSTM_HIDDEN}: --model lstm is a small "
+                    "model built untrained for CPU runs; bring a larger model as --model PATH")
         require(not (self.agent and self.rewards), f"--agent {self.agent} returns the episode's reward: leave out --rewards")
 
 
 CONFIG = TextReinforceConfig
 LSTM_HIDDEN = 128
+MAX_LSTM_HIDDEN = 4096
 
 
 @scoped_run
