@@ -188,6 +188,26 @@ def test_adam_does_not_import_torch_dynamo():
     assert out.stdout.strip() == "False"
 
 
+def test_adam_steps_without_torchs_profiler_wrapper_and_still_runs_step_hooks():
+    """Adam.step skips torch.optim's per-step profiler range (as long as the fused kernel on SAC's
+    networks) and zero_grad its profiler range; a registered step hook still runs."""
+    net = torch.nn.Linear(3, 2)
+    opt = Adam(net.parameters(), lr=1e-2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        net(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    names = {event.name for event in prof.events()}
+    assert not any(name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")) for name in names)
+    assert net.weight.grad is None and opt.state[net.weight]["step"].item() == 1
+    seen = []
+    opt.register_step_pre_hook(lambda *_: seen.append("pre"))
+    opt.register_step_post_hook(lambda *_: seen.append("post"))
+    net(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    assert seen == ["pre", "post"] and opt.state[net.weight]["step"].item() == 2
+
+
 def test_running_mean_std_one_row_path_equals_the_batch_update():
     rng = np.random.default_rng(1)
     rows = rng.normal(3.0, 2.0, size=(50, 1, 4))

@@ -62,6 +62,9 @@ PRIVATE_ACCESS = {
     "algos/control/td3_bc.py:torch._foreach_lerp_": "as cql.py",
     "optim.py:torch._foreach_norm": "as torch.nn.utils.clip_grad_norm_ computes it, without its import cost",
     "optim.py:torch._foreach_mul_": "as torch.nn.utils.clip_grad_norm_ scales gradients",
+    "optim.py:torch._foreach_add_": "Adam's step counts, as torch.optim.adam's fused path counts them",
+    "optim.py:torch._fused_adam_": "the kernel torch.optim.adam's fused path calls, without its per-step regrouping "
+                                   "of the tensors by device and dtype (as long as the kernel on SAC's networks)",
     "backends/lora.py:torch._foreach_norm": "as optim.py",
     "envs/fetch.py:MujocoFetchReachEnv._initialize_simulation":
         "the version guard of envs/fetch.py's subclasses, which override this gymnasium-robotics hook (no public "
