@@ -69,7 +69,8 @@ def test_sac_learns_pendulum(tmp_path):
 
 @pytest.mark.slow
 def test_td3_learns_pendulum(tmp_path):
-    td3.train(td3.TD3Config(total_timesteps=10000, **quiet(tmp_path)))
+    # 8000 steps: last 10 episodes -180.3, eval -117.4 (10000: -166.4, -113.4; docs/td3.md)
+    td3.train(td3.TD3Config(total_timesteps=8000, **quiet(tmp_path)))
     assert last_10_episodes(tmp_path / "run") > -400
     assert np.mean(evaluate_run(str(tmp_path / "run"), episodes=10, greedy=True)) > -300
 
