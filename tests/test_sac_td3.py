@@ -89,13 +89,14 @@ def test_same_seed_gives_identical_metrics(name, tmp_path):
 @pytest.mark.parametrize("name", ["sac", "td3"])
 def test_interrupted_run_resumes_to_the_same_metrics(name, tmp_path, monkeypatch):
     """With --save-buffer: interrupted on the 7th metrics line (step 1400, after the checkpoint
-    at 1200), the resumed run drops that line and redoes the work to the same numbers."""
-    train(name, tmp_path / "whole", save_buffer=True)
-    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut", save_buffer=True), n=7)
+    at 1200), the resumed run drops that line and redoes the work to the same numbers (the runs end at
+    1600, one line after the cut)."""
+    train(name, tmp_path / "whole", save_buffer=True, total_timesteps=1600)
+    interrupt_at_log(monkeypatch, lambda: train(name, tmp_path / "cut", save_buffer=True, total_timesteps=1600), n=7)
     assert len(metrics(tmp_path / "cut")) == 7
 
-    train(name, tmp_path / "cut", save_buffer=True, resume=str(tmp_path / "cut"))
-    assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
+    train(name, tmp_path / "cut", save_buffer=True, resume=str(tmp_path / "cut"), total_timesteps=1600)
+    assert len(metrics(tmp_path / "whole")) == 8 and metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
 
 
 @pytest.mark.parametrize("name", ["sac", "td3"])
