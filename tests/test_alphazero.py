@@ -111,6 +111,18 @@ def test_evaluation_gives_the_mcts_bot_the_same_simulations(monkeypatch):
     assert 0 <= metrics["eval/vs_mcts/score"] <= 1
 
 
+def test_the_evaluators_memory_plays_the_games_an_evaluator_without_one_plays(tmp_path, monkeypatch):
+    """The evaluator keeps its answers until training changes the network: a run logs what it
+    logs when every position is evaluated afresh (no answer outlives the weights it came from)."""
+    az.train(small(tmp_path, "memory"))
+    remembered = az.NetworkEvaluator.__call__
+    monkeypatch.setattr(az.NetworkEvaluator, "__call__", lambda self, state: (self.forget(), remembered(self, state))[1])
+    az.train(small(tmp_path, "afresh"))
+    drop = ("perf/",)
+    clean = lambda r: [{k: v for k, v in row.items() if not k.startswith(drop)} for row in r]  # noqa: E731
+    assert clean(rows(tmp_path / "memory")) == clean(rows(tmp_path / "afresh"))
+
+
 def test_a_resumed_run_logs_what_an_uninterrupted_one_does(tmp_path):
     whole = az.train(small(tmp_path, "whole"))
     az.train(small(tmp_path, "cut", iterations=2))

@@ -157,18 +157,36 @@ class PolicyValueNet(nn.Module):
 
 
 class NetworkEvaluator:
-    """The network as the search asks it: a state's priors over its legal moves and its value."""
+    """The network as the search asks it: a state's priors over its legal moves and its value.
+
+    Answers are kept per (observation, legal moves), the whole input of the answer, until the
+    network changes (``forget``, called after each training phase): every search of a game, and
+    every game of an iteration, expands the same positions again (tic-tac-toe has 5,478), and a
+    position's forward pass cost more than the rest of its search step. The same input gives the
+    same numbers, so the games played are the ones an evaluator without memory plays."""
+
+    CAPACITY = 200_000
+    """answers kept at most (a bigger game's iteration starts over past this)"""
 
     def __init__(self, net: PolicyValueNet, device: str):
-        self.net, self.device = net, device
+        self.net, self.device, self.answers = net, device, {}
+
+    def forget(self) -> None:
+        self.answers.clear()
 
     @torch.inference_mode()
     def __call__(self, state) -> tuple[list[int], np.ndarray, float]:
-        legal = state.legal_actions()
-        obs = torch.as_tensor(state.observation_tensor(), dtype=torch.float32, device=self.device)
-        logits, value = self.net(obs)
-        priors = torch.softmax(logits[legal], dim=-1)  # the illegal moves are left out before the softmax
-        return legal, priors.cpu().numpy(), value.item()
+        legal, observation = state.legal_actions(), state.observation_tensor()
+        key = (tuple(observation), tuple(legal))
+        answer = self.answers.get(key)
+        if answer is None:
+            logits, value = self.net(torch.as_tensor(observation, dtype=torch.float32, device=self.device))
+            priors = torch.softmax(logits[legal], dim=-1)  # the illegal moves are left out before the softmax
+            answer = (legal, priors.cpu().numpy(), value.item())
+            if len(self.answers) >= self.CAPACITY:
+                self.answers.clear()
+            self.answers[key] = answer
+        return answer
 
 
 # -- the search ---------------------------------------------------------------------------------
@@ -392,6 +410,7 @@ def train(cfg: AlphaZeroConfig) -> dict:
             optimizer.step()
             policy_losses.append(policy_loss.item())
             value_losses.append(value_loss.item())
+        evaluate.forget()  # the network's answers changed with its weights
         net.eval()
         trained_seconds += time.perf_counter() - started
 
