@@ -37,6 +37,21 @@ def test_math_reward(completion, gold, expected):
     assert get_reward("math")([completion], [{"answer": gold}]).tolist() == [expected]
 
 
+def test_plain_integers_score_as_math_verify_scores_them():
+    """math_reward skips math-verify's parse for two plain integers (most of the arithmetic demo's
+    scoring time); its verdicts are math-verify's own, down to a 30-digit answer one off."""
+    from math_verify import parse, verify
+
+    from omnigym.rewards.text import math_reward
+
+    golds = ["0", "7", "-3", "1089", "9801", "5" * 30]
+    answers = [str(i) for i in range(-12, 110, 7)] + ["-0", "0", "7", "-3", "1089", "9801", "5" * 30, "5" * 29 + "6"]
+    for gold in golds:
+        for answer in answers:
+            assert math_reward(f"<answer>{answer}</answer>", {"answer": gold}) == \
+                float(verify(parse(gold), parse(answer))), (gold, answer)
+
+
 def test_keyword_and_length():
     assert get_reward("keyword")(["I love Paris in spring"], [{"keywords": ["paris", "rome"]}]).tolist() == [0.5]
     length = get_reward("length")

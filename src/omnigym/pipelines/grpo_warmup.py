@@ -102,9 +102,16 @@ def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy,
     log = MetricsLog(stage, settings(cfg), append=False, tensorboard=cfg.tensorboard) if is_main_process() else None
     progress = ProgressBar(cfg.sft_steps, "warm-up", enabled=cfg.progress and is_main_process())
     step, done = 0, False
+    # an example's demonstration is the same each time it is drawn (the demo draws each ~30 times):
+    # rendered and tokenized once, by its place in train_set
+    demonstrations: dict[int, list] = {}
     while not done:
-        examples = random.Random(cfg.seed * 1_000_003 + step).sample(train_set, cfg.sft_batch_size)
-        sequences = [sequence for e in examples for sequence in demonstration(env, tokenizer, e)]
+        # indices drawn as the examples themselves were (random.sample picks positions either way)
+        drawn = random.Random(cfg.seed * 1_000_003 + step).sample(range(len(train_set)), cfg.sft_batch_size)
+        for i in drawn:
+            if i not in demonstrations:
+                demonstrations[i] = demonstration(env, tokenizer, train_set[i])
+        sequences = [sequence for i in drawn for sequence in demonstrations[i]]
         batch, share = local_batch(trainer, sequences, tokenizer.pad_token_id, cfg.device)
         loss = trainer.forward_backward(batch, functools.partial(warm_up_loss, step=step), share)["loss"]
         trainer.optim_step()

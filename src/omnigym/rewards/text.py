@@ -11,6 +11,8 @@ ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
 UNEVALUATED = re.compile(r"\d\s*(?:[-+*^×]|\\times|\\cdot)\s*-?\d")
 """a sum, difference, product or power still to be worked out: math-verify would evaluate it"""
+INTEGER = re.compile(r"-?(?:0|[1-9]\d{0,17})")
+"""a plain integer, no leading zeros: math-verify parses it exactly, and compares two exactly"""
 
 
 def extract_answer(text: str) -> str | None:
@@ -50,6 +52,10 @@ def math_reward(completion: str, example: dict) -> float:
         return 0.0
     gold = str(example["answer"])
     gold = extract_answer(gold) or gold
+    if INTEGER.fullmatch(predicted) and INTEGER.fullmatch(gold):
+        # math-verify's verdict on two plain integers, without its sympy parse (1.7 ms a call, most of
+        # the arithmetic demo's scoring): the same number, or not
+        return float(int(predicted) == int(gold))
     try:
         from math_verify import parse, verify
 
