@@ -38,7 +38,9 @@ def test_eval_reproduces_training_return_with_normalized_observations(tmp_path, 
 
 @pytest.mark.slow
 def test_eval_reproduces_training_return_on_pixels(tmp_path):
-    run_dir, training_return = trained(tmp_path, "toy_envs:SidePixelEnv", 2560)
+    """2048 steps (8 updates): the last 20 training episodes averaged 20.0 on seed 1 (19.9 on seed 2,
+    19.75 at 1536 steps) and the greedy eval 20.0; the CNN's updates are the test's cost."""
+    run_dir, training_return = trained(tmp_path, "toy_envs:SidePixelEnv", 2048)
     assert training_return > 19.0, training_return
     assert abs(np.mean(evaluate_run(run_dir, episodes=20, greedy=True)) - training_return) < 1.0
 
