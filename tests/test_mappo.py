@@ -131,9 +131,10 @@ def mean_of_last_episodes(run_dir, episodes: int) -> float:
 
 @pytest.mark.slow
 def test_mappo_learns_simple_spread_beyond_random_play(tmp_path):
-    """24k env steps with the small-budget settings of docs/mappo.md (8 envs, lr 2e-3, gamma
-    0.95): the last 160 episodes averaged -62.5 on seed 1, random play -78.7."""
-    mappo.train(mappo.MAPPOConfig(total_timesteps=24_000, num_envs=8, learning_rate=2e-3, gamma=0.95, seed=1,
+    """16k env steps with the small-budget settings of docs/mappo.md (8 envs, lr 2e-3, gamma
+    0.95): the last 160 episodes averaged -62.3 on seed 1 (seed 2: -62.5; at 24k -62.5 and -61.4,
+    so the curve is flat by 16k), random play -78.7."""
+    mappo.train(mappo.MAPPOConfig(total_timesteps=16_000, num_envs=8, learning_rate=2e-3, gamma=0.95, seed=1,
                                   run_dir=str(tmp_path / "run"), progress=False, plot=False, tensorboard=False,
                                   checkpoint_every=0))
     assert mean_of_last_episodes(tmp_path / "run", 160) > BAR > RANDOM_RETURN
