@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
 pytest.importorskip("transformers")
 
-from test_ray_runtime import CLI_FLAGS, metrics, small  # noqa: E402
+from test_ray_runtime import CLI_FLAGS, metrics, one_node_grpo_run, small, with_warm_up_of  # noqa: E402, F401
 
 from omnigym.algos import grpo  # noqa: E402
 
@@ -71,7 +71,11 @@ class TwoNodes:
         gcs, client, *ports = free_ports(14)
         self.address = f"127.0.0.1:{gcs}"
         self.client, self.ports, self.head_port, self.worker_port = client, ports, ports[0], ports[6]
-        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_USAGE_STATS_ENABLED": "0"}
+        # The head looks at each node every second, not 3 (Ray's default): a killed node is seen gone
+        # after 5 refused looks, in about 5 s, not 15. A live node is still judged gone only after 5
+        # looks in a row that each got no answer in 10 s, as before, however loaded the machine.
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_USAGE_STATS_ENABLED": "0",
+                                                                                  "RAY_health_check_period_ms": "1000"}
 
     def start(self) -> None:
         gcs, client, ports = self.address.rsplit(":", 1)[1], self.client, self.ports
@@ -125,29 +129,30 @@ class TwoNodes:
 
 
 def test_generators_on_a_second_node_give_the_one_node_runs_metrics_and_survive_its_loss(tmp_path, monkeypatch,
-                                                                                          capsys):
+                                                                                          capsys, one_node_grpo_run):
     """Same seed and staleness: the run with its generators on the second node logs what the
     one-node run logs. Killed mid-run, the node's generators start again on the head, each lost
-    job sampled with the weights it was sent with: the run goes on to the end with the same metrics."""
-    import ray
-
+    job sampled with the weights it was sent with: the run goes on to the end with the same metrics.
+    The one-node run is test_ray_runtime's (one_node_grpo_run); the two-node runs reuse its warm-up
+    stage (trained in the trainer's process before any generator starts; test_stage_reuse.py shows
+    a reused stage logs what a made one does)."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    grpo.train(small(tmp_path / "one"))  # a local Ray of its own, as before
-    assert not ray.is_initialized()
-    one_node = metrics(tmp_path / "one")
+    one_node = metrics(one_node_grpo_run)
     assert len([r for r in one_node if "reward/mean" in r]) == 5
 
     cluster = TwoNodes()
     try:
         cluster.start()
         capsys.readouterr()
-        grpo.train(small(tmp_path / "two", ray_address=cluster.address, generator_resources=RESOURCE))
+        two = with_warm_up_of(one_node_grpo_run, tmp_path / "two")
+        grpo.train(small(two, ray_address=cluster.address, generator_resources=RESOURCE, overwrite=True))
         assert f"omnigym: joined the Ray cluster at {cluster.address} (2 nodes, 4 CPUs)" in capsys.readouterr().err
         assert metrics(tmp_path / "two") == one_node
 
-        cut, log = tmp_path / "cut", tmp_path / "cut" / "metrics.jsonl"
+        cut = with_warm_up_of(one_node_grpo_run, tmp_path / "cut")
+        log = cut / "metrics.jsonl"
         err = open(tmp_path / "cut.err", "w")
-        run = subprocess.Popen([str(BIN / "omnigym"), "train", "grpo", *CLI_FLAGS, "--run-dir", str(cut),
+        run = subprocess.Popen([str(BIN / "omnigym"), "train", "grpo", *CLI_FLAGS, "--run-dir", str(cut), "--overwrite",
                                 "--ray-address", cluster.address, "--generator-resources", RESOURCE],
                                env={**cluster.env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
                                stdout=subprocess.DEVNULL, stderr=err)

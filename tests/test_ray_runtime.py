@@ -2,8 +2,10 @@
 generators that die or hang, and bad flags."""
 
 import json
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,32 +176,65 @@ def metrics(run_dir):
                                                               "async/trainer_idle"))} for row in rows]
 
 
+@pytest.fixture(scope="session")
+def one_node_grpo_run(tmp_path_factory):
+    """The folder of one run of ``small()`` on a local Ray (about a minute of CPU): the run the
+    killed-trainer test resumes to and test_ray_cluster's two-node runs must equal, made once per
+    test session (pytest-xdist's workers share the session's folder and take turns under a file
+    lock), and the warm-up stage those tests' other runs reuse."""
+    import os
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root  # the workers' common folder
+    run_dir, done = root / "one-node-grpo-run", root / "one-node-grpo-run.done"
+    with FileLock(str(root / "one-node-grpo-run.lock")):
+        if not done.exists():
+            shutil.rmtree(run_dir, ignore_errors=True)  # a run stopped half-way by an earlier test process
+            owns_ray = not ray.is_initialized()  # else it joins the Ray of test_ray_runtime's fixture
+            grpo.train(small(run_dir))
+            assert ray.is_initialized() is not owns_ray  # a local Ray of its own is shut down with the run
+            done.touch()
+    return run_dir
+
+
+def with_warm_up_of(made, run_dir):
+    """``run_dir`` holding the finished warm-up stage of the run in ``made``, as a copy of that run
+    would (its config too, so that ``--overwrite`` takes it for a run; not its log, which the
+    tests below watch): a run there with ``--overwrite`` reuses the stage instead of training it."""
+    shutil.copytree(Path(made) / "stages", Path(run_dir) / "stages")
+    shutil.copy(Path(made) / "config.json", Path(run_dir) / "config.json")
+    return Path(run_dir)
+
+
 CLI_FLAGS = ["--sft-steps", "60", "--sft-target-accuracy", "1.1", "--sft-eval-every", "30", "--steps", "5",
              "--prompts-per-step", "2", "--group-size", "4", "--eval-size", "20", "--eval-every", "3",
              "--checkpoint-every", "2", "--no-progress", "--no-plot", "--no-tensorboard", "--runtime", "ray",
              "--max-staleness", "1", "--num-generators", "2", "--rewards", "format:1.0"]
 
 
-def test_async_grpo_is_repeatable_bounded_and_a_killed_trainer_resumes_exactly(tmp_path):
+def test_async_grpo_is_repeatable_bounded_and_a_killed_trainer_resumes_exactly(tmp_path, one_node_grpo_run):
     """Same seed, same metrics. The trainer's process killed (SIGKILL) after a checkpoint and
     resumed with --resume trains on the same rollouts and ends with the same metrics as a run
     that was never stopped. (The killed run is a second run of the same seed in another process:
-    its steps before the kill equal the first run's, so it is the repeatability check too.)"""
+    its steps before the kill equal the first run's, so it is the repeatability check too. It
+    reuses the first run's warm-up stage: what repeats is the asynchronous GRPO, not the warm-up
+    in the trainer's process, which test_stage_reuse.py shows logs the same reused or made.)"""
     import os
     import signal
     import subprocess
-    from pathlib import Path
 
-    grpo.train(small(tmp_path / "a"))
-    whole = metrics(tmp_path / "a")
+    whole = metrics(one_node_grpo_run)
     steps = [r for r in whole if "reward/mean" in r]
     assert len(steps) == 5 and all(r["async/staleness_max"] <= 1 for r in steps)
     assert steps[-1]["async/staleness_mean"] == 1.0 and "losses/policy_loss" in steps[-1]
 
     omnigym = str(Path(sys.executable).parent / "omnigym")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cut, log = tmp_path / "cut", tmp_path / "cut" / "metrics.jsonl"
-    trainer = subprocess.Popen([omnigym, "train", "grpo", *CLI_FLAGS, "--run-dir", str(cut)], env=env,
+    cut = with_warm_up_of(one_node_grpo_run, tmp_path / "cut")
+    log = cut / "metrics.jsonl"
+    trainer = subprocess.Popen([omnigym, "train", "grpo", *CLI_FLAGS, "--run-dir", str(cut), "--overwrite"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not (log.exists() and len(log.read_text().splitlines()) >= 3):  # GRPO's third step: after a checkpoint

@@ -37,8 +37,10 @@ from omnigym.errors import OmnigymError, missing_extra
 from omnigym.generators.base import Trajectories
 from omnigym.runtime.cluster import has_node_with, init_ray
 
-PLACEMENT_POLL = 5.0
-"""seconds between looks at a restarted actor that has not started yet, and at the cluster's nodes"""
+PLACEMENT_POLL = 1.0
+"""seconds between looks at a restarted actor that has not started yet, and at the cluster's nodes
+(each look is one call to the head; at 5 s, a run whose generators' node left waited up to that
+much more per generator before starting it again elsewhere)"""
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -286,45 +288,55 @@ class RaySchedule:
                 # the actor died (Ray restarts it; its queue was lost with it), or its node did with the result
                 self._restarted(chunk["worker"])
 
-    def _restarted(self, index: int) -> None:
+    def _restarted(self, index: int) -> list[int]:
         """Give a restarted actor every job of its that was lost, each after the weights it was
-        sent with (so it samples what it would have), then the current weights."""
-        self._wait_placed(index)
-        worker = self.workers[index]
-        frozen = {name: p.detach().to("cpu", copy=True) for name, p in self.live.items() if not p.requires_grad}
-        loads = [worker.load_weights.remote(self.ray.put(frozen), self.version)] if frozen else []
-        for step in sorted(self.jobs):
-            for chunk in self.jobs[step]:
-                if chunk["worker"] == index and not chunk.get("done"):
-                    loads.append(worker.load_weights.remote(self.trainable_at[chunk["version"]], chunk["version"]))
-                    chunk["ref"] = worker.generate.remote(*chunk["args"])
-        loads.append(worker.load_weights.remote(self.trainable_at[self.version], self.version))
-        self.weight_loads = [(i, ref) for i, ref in self.weight_loads if i != index] + [(index, r) for r in loads]
+        sent with (so it samples what it would have), then the current weights; so too every
+        other actor started again elsewhere with it. Returns the actors given their jobs again."""
+        again = self._wait_placed(index)
+        for i in again:
+            worker = self.workers[i]
+            frozen = {name: p.detach().to("cpu", copy=True) for name, p in self.live.items() if not p.requires_grad}
+            loads = [worker.load_weights.remote(self.ray.put(frozen), self.version)] if frozen else []
+            for step in sorted(self.jobs):
+                for chunk in self.jobs[step]:
+                    if chunk["worker"] == i and not chunk.get("done"):
+                        loads.append(worker.load_weights.remote(self.trainable_at[chunk["version"]], chunk["version"]))
+                        chunk["ref"] = worker.generate.remote(*chunk["args"])
+            loads.append(worker.load_weights.remote(self.trainable_at[self.version], self.version))
+            self.weight_loads = [(j, ref) for j, ref in self.weight_loads if j != i] + [(i, r) for r in loads]
         self._confirm_weight_loads()
+        return again
 
-    def _wait_placed(self, index: int) -> None:
+    def _wait_placed(self, index: int) -> list[int]:
         """Wait for a restarted actor to run again. One that asked for ``--generator-resources``
         that no live node holds any more (its node left the cluster) starts again on the nodes
-        left, with one line saying so; bounded by --sync-timeout."""
-        deadline = time.monotonic() + self.timeout
+        left, with one line saying so, and with it every other actor that asked for them (their
+        node is gone too: they start side by side, not one after another as each is found dead);
+        bounded by --sync-timeout. Returns the actors started again: ``index`` and those others."""
+        deadline, again = time.monotonic() + self.timeout, [index]
         while True:
             try:
                 self.ray.get(self.workers[index].pid.remote(), timeout=PLACEMENT_POLL)
-                return
+                return again
             except (self.ray.exceptions.GetTimeoutError, self.ray.exceptions.RayActorError):
                 pass  # starting, waiting for a node, or not yet known to be gone
             if self.placed[index] and not has_node_with(self.placed[index]):
-                self.ray.kill(self.workers[index], no_restart=True)
-                self.placed[index] = {}
-                self.workers[index] = self._start(index, {})
-                print(f"omnigym: {self.kind} {index}'s node left the Ray cluster and no node left has "
-                      f"--generator-resources {json.dumps(self.resources)}; it goes on on the nodes left",
-                      file=sys.stderr, flush=True)
+                again = [i for i, placed in enumerate(self.placed) if placed == self.placed[index]]
+                for i in again:
+                    self._start_on_the_nodes_left(i)
             if time.monotonic() > deadline:
                 raise OmnigymError(f"{self.kind} {index} died and did not start again within --sync-timeout "
                                    f"{self.timeout:g} s: the cluster may be short of CPUs (each {self.kind} takes one); "
                                    "check `ray status`")
             time.sleep(PLACEMENT_POLL / 5)
+
+    def _start_on_the_nodes_left(self, index: int) -> None:
+        self.ray.kill(self.workers[index], no_restart=True)
+        self.placed[index] = {}
+        self.workers[index] = self._start(index, {})
+        print(f"omnigym: {self.kind} {index}'s node left the Ray cluster and no node left has "
+              f"--generator-resources {json.dumps(self.resources)}; it goes on on the nodes left",
+              file=sys.stderr, flush=True)
 
     def _confirm_weight_loads(self) -> None:
         pending, self.weight_loads, restarted = self.weight_loads, [], set()
@@ -334,8 +346,7 @@ class RaySchedule:
             try:
                 self._wait(ref, f"weight update to version {self.version} did not reach {self.kind} {index}")
             except self.ray.exceptions.RayActorError:
-                self._restarted(index)
-                restarted.add(index)
+                restarted.update(self._restarted(index))
 
 
 class RayRollouts(RaySchedule):
