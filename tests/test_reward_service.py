@@ -341,15 +341,22 @@ def test_a_grpo_run_on_a_server_that_is_down_is_one_line_and_no_run_dir(tmp_path
 @pytest.mark.slow
 def test_async_grpo_on_ray_with_the_served_model_matches_the_folder(tmp_path, reward_dir):
     """--runtime ray --max-staleness 1, two generator actors: each sends its batches to the server
-    (which may merge the two actors' requests) instead of loading the model itself."""
-    pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
+    (which may merge the two actors' requests) instead of loading the model itself. Both runs join
+    one local Ray started here (a run given none starts and stops its own: twice the start)."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
     from omnigym.algos import grpo
+    from omnigym.runtime.ray_actors import THREAD_ENV
 
     ray_flags = dict(GRPO, steps=3, runtime="ray", max_staleness=1, num_generators=2)
-    grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path / "local"), rewards=f"rm:{reward_dir}:1.0", **ray_flags))
-    with served(reward_dir) as (url, batcher, _):
-        grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path / "remote"), rewards=f"rm:{url}:1.0", **ray_flags))
-        scored = batcher.requests
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": THREAD_ENV})
+    try:
+        grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path / "local"), rewards=f"rm:{reward_dir}:1.0", **ray_flags))
+        with served(reward_dir) as (url, batcher, _):
+            grpo.train(grpo.GRPOConfig(run_dir=str(tmp_path / "remote"), rewards=f"rm:{url}:1.0", **ray_flags))
+            scored = batcher.requests
+    finally:
+        ray.shutdown()
     local, remote = grpo_metrics(tmp_path / "local"), grpo_metrics(tmp_path / "remote")
     steps = [r for r in remote if "reward/mean" in r]
     assert len(steps) == 3 and all(r["async/staleness_max"] <= 1 for r in steps) and scored >= 3
