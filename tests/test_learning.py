@@ -57,9 +57,10 @@ def test_reinforce_learns_cartpole(tmp_path, seed):
 
 def test_dqn_learns_from_pixels(tmp_path):
     # The Nature CNN from 84x84 frames (toy_envs.SidePixelEnv: best 20, guessing 10), with the
-    # Atari preset's update schedule (one gradient step every 4 env steps) at a short horizon.
+    # Atari preset's update schedule (one gradient step every 4 env steps) at a short horizon:
+    # 2000 steps, the last 20 episodes 19.75 and 5 greedy ones 20.0 (19.25 at 1000 already).
     run = tmp_path / "pixels"
-    dqn.train(dqn.DQNConfig(env_id="toy_envs:SidePixelEnv", total_timesteps=3000, learning_starts=500,
+    dqn.train(dqn.DQNConfig(env_id="toy_envs:SidePixelEnv", total_timesteps=2000, learning_starts=500,
                             train_frequency=4, gradient_steps=1, batch_size=32, buffer_size=5000, learning_rate=2.5e-4,
                             target_network_frequency=250, exploration_fraction=0.4, end_e=0.02, log_every=500,
                             **quiet(tmp_path, 1) | {"run_dir": str(run)}))
