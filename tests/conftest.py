@@ -60,6 +60,30 @@ def untimed_start(monkeypatch):
     yield started
 
 
+@pytest.fixture(scope="session")
+def rlhf_demo_run(tmp_path_factory):
+    """A run of the offline RLHF demo (seed 1) with its finished stages: the SFT policy, the 2000
+    gold-labelled pairs and the reward model (about 90 s of CPU). The PPO-RLHF and online DPO demo
+    tests made the same stages each; now they copy this run and train with --overwrite, which
+    reuses them as a user's second start of the demo does and logs what making them would have
+    (tests/test_stage_reuse.py). Made once per test session: pytest-xdist's workers share the
+    session's folder and take turns under a file lock."""
+    from filelock import FileLock
+
+    from omnigym.algos import online_dpo
+    from omnigym.pipelines.rlhf_demo import finished
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root  # the workers' common folder
+    run_dir = root / "rlhf-demo-run"
+    with FileLock(str(root / "rlhf-demo-run.lock")):
+        if not finished(run_dir / "stages" / "rm", 1):  # the last stage: the others are finished before it
+            online_dpo.train(online_dpo.OnlineDPOConfig(run_dir=str(run_dir), progress=False, plot=False,
+                                                        tensorboard=False, seed=1, steps=1, eval_prompts=8,
+                                                        overwrite=run_dir.exists()))
+    return run_dir
+
+
 def pytest_collection_modifyitems(config, items):
     """The slow learning tests first: a test of minutes that starts near the end of the suite
     keeps one core busy after the other has run out of work. The Makefile's pytest-xdist hands

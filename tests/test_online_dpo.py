@@ -3,11 +3,13 @@ the policy moves, same seed gives the same metrics, an interrupted run resumes t
 metrics, Ray generators run it K versions behind, bad input is one line with no run left behind;
 and (slow) the offline demo raises the hidden gold reward."""
 
+import shutil
+
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_rlhf import (interrupt_at, metrics, pairs_file, quiet, record_reward_model_scores,  # noqa: F401
-                       reward_model, strip, strip_async)
+from test_rlhf import (interrupt_at, local_ray, metrics, pairs_file, quiet,  # noqa: F401
+                       record_reward_model_scores, reward_model, strip, strip_async)
 
 from omnigym.algos import online_dpo
 from omnigym.algos.lm.online_dpo import best_and_worst
@@ -84,7 +86,7 @@ def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, reward_model, 
     assert strip(metrics(tmp_path / "b")) == strip(metrics(tmp_path / "a"))
 
 
-def test_on_ray_generators_the_pairs_are_k_versions_old_and_repeatable(tmp_path, reward_model, pairs_file):
+def test_on_ray_generators_the_pairs_are_k_versions_old_and_repeatable(tmp_path, reward_model, pairs_file, local_ray):
     pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
     reward_dir, _ = reward_model
     settings = cfg(reward_dir, pairs_file, steps=5, runtime="ray", max_staleness=2, num_generators=2)
@@ -116,9 +118,12 @@ def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, argv, message):
 
 
 @pytest.mark.slow
-def test_offline_demo_raises_the_gold_reward(tmp_path):
+def test_offline_demo_raises_the_gold_reward(tmp_path, rlhf_demo_run):
     """Seed 1, the defaults of `omnigym train online_dpo` (the demo's SFT policy and reward
-    model, 100 steps of 16 pairs). Measured: gold 0.197 -> 0.448 at KL 3.6 nats (docs/dpo.md)."""
-    summary = online_dpo.train(online_dpo.OnlineDPOConfig(**quiet(tmp_path / "run")))
+    model, 100 steps of 16 pairs). Measured: gold 0.197 -> 0.717 at KL 11.85 nats (docs/online_dpo.md).
+    The demo's stages are the session's (conftest.py), reused with --overwrite as a second start
+    of the demo reuses its own: the same figures as a run that makes them."""
+    shutil.copytree(rlhf_demo_run, tmp_path / "run")
+    summary = online_dpo.train(online_dpo.OnlineDPOConfig(**quiet(tmp_path / "run"), overwrite=True))
     assert summary["gold_before"] < 0.25 and summary["gold_after"] >= summary["gold_before"] + 0.15
     assert summary["score_after"] > summary["score_before"] + 1.0 and 0 < summary["kl"] < 20

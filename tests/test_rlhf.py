@@ -3,7 +3,9 @@ run resumes to the same metrics, bad input is one line with no run left behind; 
 offline demo (slow): the whole pipeline raises the hidden gold reward."""
 
 import json
+import os
 import random
+import shutil
 
 import pytest
 import torch
@@ -38,10 +40,21 @@ def pairs_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory, pairs_file):
-    run_dir = tmp_path_factory.mktemp("rm") / "run"
-    summary = rm.train(rm.RMConfig(**quiet(run_dir), data=str(pairs_file), eval_size=50, steps=40, batch_size=16,
-                                   eval_every=20, learning_rate=1e-3))
-    return run_dir, summary
+    """A reward model of 40 steps on those pairs, and rm.train's summary of it. This module and
+    test_online_dpo.py trained the same one each, on each pytest-xdist worker that ran their
+    tests; now the first trains it for the session and the others wait for it (a file lock)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root  # the workers' common folder
+    run_dir, kept = root / "reward-model" / "run", root / "reward-model" / "summary.json"
+    with FileLock(str(root / "reward-model.lock")):
+        if not kept.is_file():  # written after the run ends whole
+            summary = rm.train(rm.RMConfig(**quiet(run_dir), data=str(pairs_file), eval_size=50, steps=40,
+                                           batch_size=16, eval_every=20, learning_rate=1e-3,
+                                           overwrite=run_dir.exists()))
+            kept.write_text(json.dumps(summary))
+    return run_dir, json.loads(kept.read_text())
 
 
 def test_reward_model_learns_and_is_saved_as_a_reward(reward_model):
@@ -253,11 +266,15 @@ def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, pairs_file, argv
 
 
 @pytest.mark.slow
-def test_offline_demo_pipeline_raises_the_gold_reward(tmp_path):
+def test_offline_demo_pipeline_raises_the_gold_reward(tmp_path, rlhf_demo_run):
     """Seed 1, the defaults of `omnigym train rlhf` (SFT -> RM -> 20 PPO steps), then DPO on the
-    same pairs from the same SFT model. Measured: RM held-out accuracy 0.915; PPO gold 0.197 ->
-    0.635 at KL 10.1 nats; DPO gold 0.198 -> 0.720, preference accuracy 0.795 (docs/rlhf.md)."""
-    summary = rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "ppo")))
+    same pairs from the same SFT model. Measured: RM held-out accuracy 0.930; PPO gold 0.197 ->
+    0.688 at KL 8.31 nats; DPO gold 0.198 -> 0.719 at KL 17.66, preference accuracy 0.795
+    (docs/rlhf.md).
+    The demo's stages are the session's (conftest.py), reused with --overwrite as a second start
+    of the demo reuses its own: the same figures as a run that makes them."""
+    shutil.copytree(rlhf_demo_run, tmp_path / "ppo")
+    summary = rlhf.train(rlhf.RLHFConfig(**quiet(tmp_path / "ppo"), overwrite=True))
     stages = tmp_path / "ppo" / "stages"
     rm_summary = json.loads((stages / "rm" / "model" / "omnigym_reward.json").read_text())
     assert rm_summary["heldout_accuracy"] >= 0.8
@@ -320,7 +337,22 @@ def assert_samples_carry_the_reward_models_scores(run_dir, reward_dir):
 ASYNC = dict(runtime="ray", max_staleness=1, num_generators=2)
 
 
-def test_rlhf_on_ray_generators_is_bounded_repeatable_and_resumes(tmp_path, reward_model, pairs_file, monkeypatch):
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module's runs on Ray generators: a run joins it instead of starting
+    and stopping one of its own (several seconds each; test_ray_runtime.py does the same). The
+    runs are the same: each starts its own actors and ends them."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
+    from omnigym.runtime.ray_actors import THREAD_ENV
+
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": THREAD_ENV})
+    yield
+    ray.shutdown()
+
+
+def test_rlhf_on_ray_generators_is_bounded_repeatable_and_resumes(tmp_path, reward_model, pairs_file, monkeypatch,
+                                                                  local_ray):
     """PPO-RLHF on the rollouts seam: replies from two generator actors one version behind,
     pi_old recomputed by the trainer, the sampler's log-probs in the capped weight. Same seed,
     same metrics: the interrupted run is a second run of the first's seed, and resumed, it
@@ -341,7 +373,7 @@ def test_rlhf_on_ray_generators_is_bounded_repeatable_and_resumes(tmp_path, rewa
     assert strip_async(metrics(tmp_path / "c")) == rows
 
 
-def test_text_reinforce_on_ray_generators_splits_the_batch_and_is_bounded(tmp_path, reward_model):
+def test_text_reinforce_on_ray_generators_splits_the_batch_and_is_bounded(tmp_path, reward_model, local_ray):
     pytest.importorskip("ray", reason="ray is not installed (the [ray] extra; in [dev])")
     from omnigym.algos import text_reinforce
 
