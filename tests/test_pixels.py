@@ -210,8 +210,10 @@ def test_a_short_drq_run_changes_its_networks_and_moves_its_metrics(tmp_path, mo
 
 @needs_dm_control
 def test_same_seed_gives_identical_drq_metrics(tmp_path):
-    train_drq(tmp_path / "a", total_timesteps=400)
-    train_drq(tmp_path / "b", total_timesteps=400)
+    # 300 frames: 100 of random actions, then 100 agent steps of updates, logged at 200 and 300
+    # (each frame pair is one render, ~30 ms of CPU: the test's cost)
+    train_drq(tmp_path / "a", total_timesteps=300)
+    train_drq(tmp_path / "b", total_timesteps=300)
     a = metrics(tmp_path / "a")
     assert "losses/actor_loss" in a[-1] and a == metrics(tmp_path / "b")
 
