@@ -102,8 +102,8 @@ def train_warm_up(cfg, stage: Path, env, correct, train_set: list[dict], policy,
     log = MetricsLog(stage, settings(cfg), append=False, tensorboard=cfg.tensorboard) if is_main_process() else None
     progress = ProgressBar(cfg.sft_steps, "warm-up", enabled=cfg.progress and is_main_process())
     step, done = 0, False
-    # an example's demonstration is the same each time it is drawn (the demo draws each ~30 times):
-    # rendered and tokenized once, by its place in train_set
+    # an example's demonstration is the same each time it is drawn: rendered and tokenized once, by
+    # its place in train_set (the demo's 550 steps draw 35,200 examples, 16,570 of them distinct)
     demonstrations: dict[int, list] = {}
     while not done:
         # indices drawn as the examples themselves were (random.sample picks positions either way)
