@@ -106,6 +106,20 @@ def test_action_repeat_sums_the_rewards_and_stops_at_the_episode_end():
     assert reward == 4 + 5 and obs[0] == 5 and terminated  # 2 steps, not 3: the episode ended
 
 
+@needs_mujoco
+def test_env_kwargs_reach_the_rendered_env():
+    """--env-kwargs with --pixels: before, make_vec dropped them and the default env was made."""
+    from omnigym.envs.vector import make_vec
+
+    envs = make_vec("InvertedPendulum-v5", 1, "sync", seed=0, pixels=PixelOptions(True, image_size=16, frame_stack=1,
+                                                                                  action_repeat=1),
+                    reset_noise_scale=0.3)
+    try:
+        assert envs.unwrapped.envs[0].unwrapped._reset_noise_scale == 0.3
+    finally:
+        envs.close()
+
+
 @needs_dm_control
 def test_pixel_observations_are_stacked_uint8_frames_newest_last():
     env = make_pixel_env(DM_CARTPOLE, PixelOptions(True, image_size=16, frame_stack=3, action_repeat=2))

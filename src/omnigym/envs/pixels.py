@@ -228,30 +228,32 @@ class RenderedFrames(gym.ObservationWrapper):
         return np.ascontiguousarray(frame.transpose(2, 0, 1))
 
 
-def make_pixel_env(env_id: str, options: PixelOptions) -> gym.Env:
-    """One env of ``env_id`` rendered at ``options.image_size``, repeated and stacked."""
+def make_pixel_env(env_id: str, options: PixelOptions, env_kwargs: dict | None = None) -> gym.Env:
+    """One env of ``env_id`` (made with ``env_kwargs``, as ``--env-kwargs`` gives them) rendered
+    at ``options.image_size``, repeated and stacked."""
     with headless_gl():  # mujoco and dm_control pick their GL backend when first imported
-        return _make_pixel_env(env_id, options)
+        return _make_pixel_env(env_id, options, env_kwargs or {})
 
 
-def _make_pixel_env(env_id: str, options: PixelOptions) -> gym.Env:
+def _make_pixel_env(env_id: str, options: PixelOptions, env_kwargs: dict) -> gym.Env:
     size = options.image_size
     if env_id.startswith(DM_CONTROL_PREFIX):
         register_dm_control()  # in this process: async envs make theirs in subprocesses
-        env = gym.make(env_id, render_mode="rgb_array",
+        env = gym.make(env_id, render_mode="rgb_array", **env_kwargs,
                        render_kwargs={"width": size, "height": size, "camera_id": CAMERA_ID.get(domain(env_id), 0)})
     else:  # gymnasium's MujocoEnv renders width x height from its default camera
-        env = gym.make(env_id, render_mode="rgb_array", width=size, height=size)
+        env = gym.make(env_id, render_mode="rgb_array", width=size, height=size, **env_kwargs)
     resumable = not env_id.startswith(DM_CONTROL_PREFIX) and type(env.unwrapped).__name__ not in NOT_REBUILT
     env = RenderedFrames(ActionRepeat(env, options.action_repeat), size, resumable)
     return StackedChannels(gym.wrappers.FrameStackObservation(env, options.frame_stack, padding_type="reset"))
 
 
-def make_pixel_vec(env_id: str, num_envs: int, backend: str, options: PixelOptions) -> gym.vector.VectorEnv:
+def make_pixel_vec(env_id: str, num_envs: int, backend: str, options: PixelOptions,
+                   env_kwargs: dict | None = None) -> gym.vector.VectorEnv:
     """``num_envs`` pixel envs; sync by default (env fns that pickle: a checkpoint holds the
     envs), async in subprocesses (each renders on its own context)."""
     require(backend in ("auto", "sync", "async"), f"--pixels runs on --backend sync or async, not {backend}")
-    fns = [functools.partial(make_pixel_env, env_id, options)] * num_envs
+    fns = [functools.partial(make_pixel_env, env_id, options, env_kwargs)] * num_envs
     vector_cls = gym.vector.AsyncVectorEnv if backend == "async" else gym.vector.SyncVectorEnv
     return vector_cls(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
 

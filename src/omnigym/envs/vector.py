@@ -288,7 +288,7 @@ def make_vec(
             if pixels is not None and pixels.enabled:
                 from omnigym.envs.pixels import make_pixel_vec
 
-                envs = make_pixel_vec(env_id, num_envs, backend, pixels)
+                envs = make_pixel_vec(env_id, num_envs, backend, pixels, env_kwargs)
             elif is_atari(env_id):
                 envs = make_atari_vec(env_id, num_envs, backend, seed, atari or AtariOptions(), video)
             else:
