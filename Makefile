@@ -86,7 +86,11 @@ demo-grpo: setup
 # out one at a time from the front of the list (load, chunk 1), and the slow learning tests come
 # first (tests/conftest.py), so both workers start on them and the last minutes are short tests:
 # work stealing and load's default chunks gave one worker every slow test, the longest last.
-XDIST := -n auto --dist load --maxschedchunk 1
+# One worker more than cores: some tests wait rather than compute (Ray and servers starting, a
+# hung worker's timeout waited out, a child process signalled after a delay), and the extra
+# worker computes meanwhile; on 2 cores the suite used 1.6 of them with one worker per core.
+WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+XDIST := -n $(WORKERS) --dist load --maxschedchunk 1
 PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST) --durations=0 --durations-min=15
 
 test: setup
