@@ -86,11 +86,10 @@ demo-grpo: setup
 # out one at a time from the front of the list (load, chunk 1), and the slow learning tests come
 # first (tests/conftest.py), so both workers start on them and the last minutes are short tests:
 # work stealing and load's default chunks gave one worker every slow test, the longest last.
-# One worker more than cores: some tests wait rather than compute (Ray and servers starting, a
-# hung worker's timeout waited out, a child process signalled after a delay), and the extra
-# worker computes meanwhile; on 2 cores the suite used 1.6 of them with one worker per core.
-WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
-XDIST := -n $(WORKERS) --dist load --maxschedchunk 1
+# One worker per core: a third worker on 2 cores made the suite slower (44.1 min, 72.9 CPU-min
+# against 42.9 and 69.9 with two, before this stop's cuts): the waits it was to fill are short,
+# and three processes on two cores cost more CPU than they saved.
+XDIST := -n auto --dist load --maxschedchunk 1
 PYTEST := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST) --durations=0 --durations-min=15
 
 test: setup
