@@ -293,10 +293,11 @@ class RaySchedule:
         sent with (so it samples what it would have), then the current weights; so too every
         other actor started again elsewhere with it. Returns the actors given their jobs again."""
         again = self._wait_placed(index)
+        frozen = {name: p.detach().to("cpu", copy=True) for name, p in self.live.items() if not p.requires_grad}
+        frozen_ref = self.ray.put(frozen) if frozen else None  # the same for every actor started again
         for i in again:
             worker = self.workers[i]
-            frozen = {name: p.detach().to("cpu", copy=True) for name, p in self.live.items() if not p.requires_grad}
-            loads = [worker.load_weights.remote(self.ray.put(frozen), self.version)] if frozen else []
+            loads = [worker.load_weights.remote(frozen_ref, self.version)] if frozen else []
             for step in sorted(self.jobs):
                 for chunk in self.jobs[step]:
                     if chunk["worker"] == i and not chunk.get("done"):
