@@ -288,3 +288,15 @@ def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, monkeypatch, capsy
     assert err == ["omnigym: error: --compile needs a C++ compiler on CPU and no-such-compiler-here is not on PATH; "
                    "install g++ (apt-get install g++) or leave --compile off"]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("algo, said", [("alphazero", "an alphazero run"), ("iql", "an iql run"),
+                                        ("sft", "an sft run"), ("dqn", "a dqn run")])
+def test_resuming_another_algorithms_run_names_it_with_its_article(tmp_path, capsys, algo, said):
+    """It said "is a alphazero run"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algo": algo}))
+    assert main(["train", "ppo", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run} is {said}; continue it with: omnigym train {algo} --resume {run}" in err[0], err

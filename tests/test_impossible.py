@@ -119,3 +119,12 @@ def test_a_task_without_tests_is_refused_in_one_line(lm_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "takes a code task" in err[0]
     assert sorted(p.name for p in lm_run.rglob("*")) == before
+
+
+def test_impossible_given_twice_is_refused_in_one_line(lm_run, capsys):
+    """``impossible:impossible:humaneval`` mutated each task twice (two contradicted tests); now one line."""
+    before = sorted(p.name for p in lm_run.rglob("*"))
+    assert main(["eval", str(lm_run), "--task", "impossible:impossible:humaneval"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "impossible: is given once" in err[0]
+    assert sorted(p.name for p in lm_run.rglob("*")) == before

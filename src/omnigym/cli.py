@@ -12,7 +12,7 @@ import math
 import os
 import sys
 
-from omnigym.errors import OmnigymError
+from omnigym.errors import OmnigymError, a_run
 
 COMMANDS = ("train", "eval", "sample", "collect", "export", "plot", "list", "import-gguf", "serve", "serve-rm")
 """the subcommands, in the order help lists them; ``handlers`` runs each"""
@@ -169,7 +169,7 @@ def resumed_defaults(argv: list[str], config_cls):
         raise OmnigymError(f"--resume needs the run directory to continue: omnigym train {argv[0]} --resume RUN_DIR")
     values = load_config_dict(run_dir)
     if values.get("algo") != argv[0]:
-        raise OmnigymError(f"{run_dir} is a {values.get('algo')} run; continue it with: "
+        raise OmnigymError(f"{run_dir} is {a_run(values.get('algo'))}; continue it with: "
                            f"omnigym train {values.get('algo')} --resume {run_dir}")
     placement = {f.name: f.default for f in dataclasses.fields(config_cls)
                  if f.name in ("training_backend", "deepspeed_config", "ray_address", "generator_resources")}

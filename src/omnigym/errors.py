@@ -12,3 +12,9 @@ def require(condition: bool, message: str) -> None:
 
 def missing_extra(package: str, extra: str) -> OmnigymError:
     return OmnigymError(f"{package} is not installed; install it with: pip install 'omnigym[{extra}]'")
+
+
+def a_run(algorithm) -> str:
+    """"a ppo run", "an alphazero run", "an sft run": the article as the name is read aloud."""
+    spoken_with_a_vowel = str(algorithm)[:1] in "aeiou" or str(algorithm) in ("sft", "rm", "rlhf")
+    return f"{'an' if spoken_with_a_vowel else 'a'} {algorithm} run"

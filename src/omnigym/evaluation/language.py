@@ -233,7 +233,11 @@ def eval_task(cfg: LanguageEvalConfig, task: str | None, data_dir: str, limit: i
     from omnigym.tasks import Task
 
     if task is not None and task.startswith(IMPOSSIBLE):
-        examples, _ = eval_task(cfg, task[len(IMPOSSIBLE):] or None, data_dir)
+        inner = task[len(IMPOSSIBLE):]
+        # a variant of a variant would change a second test: every reply fails one or the other
+        require(not inner.startswith(IMPOSSIBLE), f"--task {task}: impossible: is given once, before a code task "
+                                                  "(impossible:humaneval)")
+        examples, _ = eval_task(cfg, inner or None, data_dir)
         cfg.rewards, cfg.accuracy_reward = None, None  # the code reward decides, whatever the run trained on
         return impossible_set(examples, limit)
     if task in dict(SHARED_SETS):

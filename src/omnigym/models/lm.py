@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from omnigym.errors import OmnigymError, missing_extra
+from omnigym.errors import OmnigymError, a_run, missing_extra
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -188,7 +188,7 @@ def refuse_run_directory(label: str, config_file: Path, config: dict) -> None:
         # it stopped, or the disk filled, while writing its final model/
         raise OmnigymError(f"{label}: the run has no finished model (its model/ was not written whole); "
                            f"finish it with: omnigym train {algo} --resume {label.split(' ', 1)[-1]}")
-    raise OmnigymError(f"{label}: {config_file} is a {algo} run's config, and a {algo} run writes no model folder; "
+    raise OmnigymError(f"{label}: {config_file} is {a_run(algo)}'s config, and {a_run(algo)} writes no model folder; "
                        f"give a model folder, a hub id, or the directory of a finished {MODEL_RUNS} run")
 
 

@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from omnigym.envs.vector import make_vec
-from omnigym.errors import OmnigymError, require
+from omnigym.errors import OmnigymError, a_run, require
 from omnigym.evaluation.control import LoadedRun
 from omnigym.offline.datasets import datasets_root, first_line, import_minari
 from omnigym.offline.from_replay import replay_episodes
@@ -70,7 +70,7 @@ def load_source(name: str, greedy: bool, load_run: RunLoader) -> Source:
         policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
     finally:
         envs.close()
-    require(not hasattr(policy, "reset"), f"collect: {name} is a {run.algorithm} run, whose policy has memory; "
+    require(not hasattr(policy, "reset"), f"collect: {name} is {a_run(run.algorithm)}, whose policy has memory; "
                                           "collect plays memoryless policies (a dataset's steps carry no hidden state)")
     return Source(name, run.algorithm, cfg.env_id, policy)
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from omnigym.errors import OmnigymError, require
+from omnigym.errors import OmnigymError, a_run, require
 from omnigym.evaluation.control import LoadedRun
 
 
@@ -33,7 +33,7 @@ def replay_episodes(run_dir: str, load_run: Callable[[str, str], LoadedRun]) -> 
     run = load_run(run_dir, "omnigym collect")
     cfg, saved, algo = run.cfg, run.saved, run.algorithm
     replay = saved["components"].get("replay")
-    require(replay is not None, f"collect --from-replay: {run_dir} is a {algo} run, which keeps no replay buffer")
+    require(replay is not None, f"collect --from-replay: {run_dir} is {a_run(algo)}, which keeps no replay buffer")
     if replay.get("buffer") is None and getattr(cfg, "dataset", None):
         raise OmnigymError(f"collect --from-replay: {run_dir} is an offline run: its transitions are the dataset "
                            f"{cfg.dataset} itself (to sample its policy instead: omnigym collect {run_dir} --episodes "

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from omnigym.envs.goal import network_view
-from omnigym.errors import OmnigymError, require
+from omnigym.errors import OmnigymError, a_run, require
 from omnigym.offline.datasets import Evaluator, OfflineData
 from omnigym.offline.training import finish_offline_run
 from omnigym.rl.losses import check_finite
@@ -99,10 +99,10 @@ def online_settings(cfg, algo: str):
         raise OmnigymError(f"{label}: {exc}") from None
     made_by = saved.get("algo")
     if "dataset" not in saved:
-        raise OmnigymError(f"{label} is a {made_by} run, not an offline one; --resume-online continues an offline run "
+        raise OmnigymError(f"{label} is {a_run(made_by)}, not an offline one; --resume-online continues an offline run "
                            f"(omnigym train {algo} --dataset ...)")
     if made_by != algo:
-        raise OmnigymError(f"{label} is a {made_by} run; continue it online with: omnigym train {made_by} "
+        raise OmnigymError(f"{label} is {a_run(made_by)}; continue it online with: omnigym train {made_by} "
                            f"--resume-online {source} --online-steps {cfg.online_steps}")
     if saved.get("resume_online"):
         raise OmnigymError(f"{label} is an online run already; continue it with: omnigym train {algo} "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omnigym.errors import OmnigymError
+from omnigym.errors import OmnigymError, a_run
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
@@ -80,7 +80,7 @@ def check_resumable(cfg, algo: str, saved_config: dict) -> None:
     ``cfg.RESUME_FIXED`` names the settings that cannot change (shapes, envs, data)."""
     made_by = saved_config.get("algo")
     if made_by != algo:
-        raise OmnigymError(f"{cfg.resume} is a {made_by} run; continue it with: "
+        raise OmnigymError(f"{cfg.resume} is {a_run(made_by)}; continue it with: "
                            f"omnigym train {made_by} --resume {cfg.resume}")
     check_data(cfg, saved_config)
     for name in cfg.RESUME_FIXED:
