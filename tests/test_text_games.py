@@ -397,3 +397,21 @@ def test_an_interrupted_snapshot_run_resumes_with_the_same_opponent(tmp_path, mo
     interrupt_at_log(monkeypatch, lambda: snapshot_run(tmp_path, monkeypatch, "cut"), n=3)
     resumed, _, _ = snapshot_run(tmp_path, monkeypatch, "cut", resume=str(tmp_path / "cut"))
     assert resumed == whole and len(whole) == 4
+
+
+@pytest.mark.parametrize("flags, made_with", [(["--opponent", "random"], "--opponent snapshot, not random"),
+                                               (["--opponent", "self"], "--opponent snapshot, not self"),
+                                               (["--snapshot-every", "3"], "--snapshot-every 2, not 3")])
+def test_resuming_a_snapshot_run_with_another_opponent_names_the_flag_given(tmp_path, monkeypatch, capsys, flags,
+                                                                            made_with):
+    """It said "--snapshot-every is for --opponent snapshot", a flag the user had not given."""
+    pytest.importorskip("transformers")
+    from omnigym.cli import main
+
+    snapshot_run(tmp_path, monkeypatch, "run")
+    capsys.readouterr()  # the run's own lines
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*"))
+    assert main(["train", "grpo", "--resume", str(tmp_path / "run"), "--steps", "6", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"was made with {made_with}" in err[0], err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*")) == before
