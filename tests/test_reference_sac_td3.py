@@ -140,6 +140,12 @@ def largest_difference(ours: dict, theirs: dict) -> float:
     return max((ours[k] - theirs[k]).abs().max().item() for k in ours)
 
 
+@pytest.fixture(autouse=True)
+def sb3_logs_in_the_tests_folder(tmp_path, monkeypatch):
+    """SB3's logger makes a folder even when it writes nothing: in the test's own, not /tmp/SB3-<time>."""
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path / "sb3"))
+
+
 def sb3_logger():
     from stable_baselines3.common.logger import configure
 
