@@ -42,25 +42,28 @@ K = 20
 REPLY_TOKENS = 40
 HELDOUT_PAIRS = 200
 """the reward model's held-out pairs (train rm's --eval-size), the same ones"""
+RUBRIC = """Grade the reply below: the larger the share of its letters that are vowels, the better.
+Reply: {reply}
+End with one last line: Score: N (0 to 10)"""
 
 
 @dataclass
 class Sizes:
     """The bench's sizes; the test (tests/test_judge_gold.py) runs a smaller set."""
+    judge_model: str = "tiny"
+    """what the judge is trained from: a built-in model ("tiny", or "tiny-small": a quarter of its weights)"""
     judge_steps: int = 600
     judge_batch: int = 32
+    judge_learning_rate: float = 1e-3
     judge_pairs: int | None = None
-    """training pairs whose replies the judge learns from (None: all, about 1,600)"""
+    """training pairs whose replies the judge learns from (None: all, about 1,700)"""
     grpo_steps: int = 40
     prompts_per_step: int = 16
     group_size: int = 8
     learning_rate: float = 3e-4
     eval_prompts: int = 200
-
-
-RUBRIC = """Grade the reply below: the larger the share of its letters that are vowels, the better.
-Reply: {reply}
-End with one last line: Score: N (0 to 10)"""
+    rubric: str = RUBRIC
+    """the judge's rubric: the test's shorter one makes its judge's sequences a third as long"""
 
 
 def label(reply: str) -> int:
@@ -102,14 +105,14 @@ def split_pairs(pairs: Path, seed: int) -> tuple[list[dict], list[dict]]:
     return rows[:HELDOUT_PAIRS], rows[HELDOUT_PAIRS:]
 
 
-def judge_rows(training: list[dict], seed: int) -> list[dict]:
+def judge_rows(training: list[dict], seed: int, rubric: str) -> list[dict]:
     """SFT rows (conversational prompt/completion): the rubric prompt of a reply, and ``Score: N``."""
     from omnigym.rewards.judge import question_text, render
 
     rng = random.Random(seed + 31)
     replies = [(question_text(p), p[side][0]["content"]) for p in training for side in ("chosen", "rejected")]
     replies += [(q, vowel_words(rng, rng.uniform(0.0, 0.6))) for q, _ in replies]
-    return [{"prompt": [{"role": "user", "content": render(RUBRIC, q, r, None)}],
+    return [{"prompt": [{"role": "user", "content": render(rubric, q, r, None)}],
              "completion": [{"role": "assistant", "content": f"Score: {label(r)}"}]} for q, r in replies]
 
 
@@ -119,12 +122,12 @@ def train_judge(root: Path, pairs: list[dict], seed: int, sizes: Sizes) -> Path:
     judge = root / "judge"
     if not (judge / "model" / "config.json").is_file():
         data = root / "judge_data.jsonl"
-        rows = judge_rows(pairs[:sizes.judge_pairs], seed)
+        rows = judge_rows(pairs[:sizes.judge_pairs], seed, sizes.rubric)
         data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        sft.train(sft.CONFIG(data=str(data), model="tiny", steps=sizes.judge_steps, batch_size=sizes.judge_batch,
-                             learning_rate=1e-3, eval_size=min(200, len(rows) // 10), eval_every=sizes.judge_steps,
-                             run_dir=str(judge), seed=seed, overwrite=judge.exists(), progress=False,
-                             tensorboard=False, plot=False))
+        sft.train(sft.CONFIG(data=str(data), model=sizes.judge_model, steps=sizes.judge_steps,
+                             batch_size=sizes.judge_batch, learning_rate=sizes.judge_learning_rate,
+                             eval_size=min(200, len(rows) // 10), eval_every=sizes.judge_steps, run_dir=str(judge),
+                             seed=seed, overwrite=judge.exists(), progress=False, tensorboard=False, plot=False))
     return judge
 
 
@@ -171,7 +174,7 @@ def run_grpo(root: Path, stages: Path, judge_dir: Path, seed: int, sizes: Sizes)
     task.write_text("".join(json.dumps({"question": row["prompt"][0]["content"], "answer": "none"}) + "\n"
                             for row in prompts(2000, seed)))
     rubric = root / "rubric.txt"
-    rubric.write_text(RUBRIC)
+    rubric.write_text(sizes.rubric)
     out = root / "grpo"
     if not (out / "model" / "config.json").is_file():
         steps = sizes.grpo_steps
@@ -203,12 +206,13 @@ def one_seed(root: Path, seed: int, sizes: Sizes, stages: Path | None = None) ->
         times[name] = (now[0] - clock[0], now[1] - clock[1])
         clock = now
 
+    root.mkdir(parents=True, exist_ok=True)
     stages = stages or demo_stages(root, seed)
     lap("stages")
     heldout, training = split_pairs(stages / "pairs.jsonl", seed)
     judge_dir = train_judge(root, training, seed, sizes)
     lap("judge")
-    judge = JudgeReward(str(judge_dir), RUBRIC)
+    judge = JudgeReward(str(judge_dir), sizes.rubric)
     agree = agreement(judge, heldout)
     before = sampled(stages / "sft", judge, seed, sizes.eval_prompts)
     lap("measure")
