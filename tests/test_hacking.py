@@ -1,6 +1,7 @@
 """The reward-hacking monitor (rl/hacking.py): each detector fires on a batch where the hack was
 planted and stays quiet on a clean one; GRPO logs its metrics and says its warning line."""
 
+import dataclasses
 import json
 import random
 import re
@@ -187,6 +188,68 @@ def test_a_resumed_monitor_logs_what_the_whole_run_logged():
     resumed.replay(whole[:4], until=4)
     assert rows_of(resumed, range(5, 11), []) == whole[4:]
     assert any("hacking/detected/format_only" in row for row in whole[4:])  # the window mattered
+
+
+def test_a_resumed_monitor_logs_what_the_whole_run_logged_with_ppo_rlhfs_rows():
+    """PPO-RLHF's rows: the reward model's score as reward/score (its other reward/... values are
+    not parts), the gold reward evaluated after a step in that step's own row (and at row 0)."""
+    from omnigym.rl.hacking import RLHF_KEYS
+
+    batches = [[episode("x" * (5 + i + j), 0.1 * i + 0.01 * j) for j in range(4)] for i in range(12)]
+
+    def rows_of(monitor, steps, rows):
+        for step in steps:
+            trajectories = Trajectories(batches[step - 1])
+            score = trajectories.rewards().mean().item()
+            row = {"global_step": step, "reward/score": score, "reward/penalised_score": score - 1.0,
+                   "completion/length": float(sum(sum(t.loss_mask) for t in trajectories.items)) / len(trajectories)}
+            if step % 3 == 0:  # evaluated after the step, and kept before the step's check
+                row["eval/gold_reward"] = 0.6 - 0.05 * step
+                monitor.heldout(step, row["eval/gold_reward"])
+            row.update(monitor.step(step, trajectories, decode, reward=row["reward/score"],
+                                    length=row["completion/length"]))
+            rows.append(row)
+        return rows
+
+    first = HackingMonitor()
+    first.heldout(0, 0.6)
+    whole = [{"global_step": 0, "eval/gold_reward": 0.6}] + rows_of(first, range(1, 13), [])
+    resumed = HackingMonitor()
+    resumed.replay(whole[:7], until=6, keys=RLHF_KEYS)
+    assert rows_of(resumed, range(7, 13), []) == whole[7:]
+    assert any("hacking/detected/heldout" in row for row in whole[7:])  # the evaluations before the cut mattered
+    wrong = HackingMonitor()  # its evaluations read as GRPO's (one step earlier): other metrics after
+    wrong.replay(whole[:7], until=6, keys=dataclasses.replace(RLHF_KEYS, eval_row_offset=1))
+    assert rows_of(wrong, range(7, 13), []) != whole[7:]
+
+
+@pytest.mark.slow  # 20 PPO-RLHF steps from the demo's SFT stage (the session's, conftest.py)
+def test_ppo_rlhf_warns_when_its_reward_model_pays_against_the_gold(tmp_path, rlhf_demo_run, monkeypatch, capsys):
+    """A reward model planted to pay for what the gold reward penalises (consonants, the gold
+    being the vowel fraction): its score rises while the held-out gold falls, and the monitor
+    says so. The demo's own reward model, under the same settings, draws no warning
+    (test_rlhf.py's demo test)."""
+    import shutil
+
+    import torch
+
+    from omnigym.algos import rlhf
+    from omnigym.tasks.gold_world import gold_reward
+
+    class AgainstTheGold(rlhf.RewardModelScorer):
+        def __call__(self, texts, examples):  # on a reward model's scale (the demo's: about -1 to 3.5)
+            return torch.tensor([10.0 * (1.0 - gold_reward(text)) for text in texts])
+
+    monkeypatch.setattr(rlhf, "RewardModelScorer", AgainstTheGold)
+    shutil.copytree(rlhf_demo_run, tmp_path / "run")
+    rlhf.train(rlhf.RLHFConfig(run_dir=str(tmp_path / "run"), overwrite=True, progress=False, plot=False,
+                               tensorboard=False, seed=1))
+    err = capsys.readouterr().err
+    rows = logged(tmp_path / "run")
+    gold = [row["eval/gold_reward"] for row in rows if "eval/gold_reward" in row]
+    assert gold[-1] < gold[0] - 0.05, gold
+    assert "reward hacking? step" in err and "held-out accuracy fell" in err, err
+    assert any("hacking/detected/heldout" in row for row in rows)
 
 
 # -- attempts the sandbox blocked: filled by the code reward, read by the monitor -------------

@@ -266,11 +266,12 @@ def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, pairs_file, argv
 
 
 @pytest.mark.slow
-def test_offline_demo_pipeline_raises_the_gold_reward(tmp_path, rlhf_demo_run):
+def test_offline_demo_pipeline_raises_the_gold_reward(tmp_path, rlhf_demo_run, capsys):
     """Seed 1, the defaults of `omnigym train rlhf` (SFT -> RM -> 20 PPO steps), then DPO on the
     same pairs from the same SFT model. Measured: RM held-out accuracy 0.930; PPO gold 0.197 ->
     0.688 at KL 8.31 nats; DPO gold 0.198 -> 0.719 at KL 17.66, preference accuracy 0.795
-    (docs/rlhf.md).
+    (docs/rlhf.md). The hacking monitor says nothing of the PPO run (test_hacking.py: it does
+    when the reward model pays against the gold).
     The demo's stages are the session's (conftest.py), reused with --overwrite as a second start
     of the demo reuses its own: the same figures as a run that makes them."""
     shutil.copytree(rlhf_demo_run, tmp_path / "ppo")
@@ -280,6 +281,7 @@ def test_offline_demo_pipeline_raises_the_gold_reward(tmp_path, rlhf_demo_run):
     assert rm_summary["heldout_accuracy"] >= 0.8
     assert summary["gold_before"] < 0.25 and summary["gold_after"] >= summary["gold_before"] + 0.2
     assert 0 < summary["kl"] < 30
+    assert "reward hacking?" not in capsys.readouterr().err
     result = dpo.train(dpo.DPOConfig(**quiet(tmp_path / "dpo"), data=str(stages / "pairs.jsonl"),
                                      model=str(stages / "sft"), gold_reward="gold_vowels:1.0"))
     assert result["gold_after"] >= result["gold_before"] + 0.15 and result["accuracy_after"] >= 0.7

@@ -107,6 +107,25 @@ def correctness_part(parts: dict[str, float]) -> str | None:
     return next((name for name in parts if name != "format"), None)
 
 
+@dataclass(frozen=True)
+class LoggedKeys:
+    """Where a trainer's ``metrics.jsonl`` rows keep what the monitor's window holds, for ``replay``."""
+
+    reward: str = "reward/mean"
+    length: str = "completion/length"
+    heldout: str = "eval/accuracy"
+    parts: bool = True
+    """the row's other ``reward/NAME`` values are the reward's parts (GRPO's weighted sum)"""
+    eval_row_offset: int = 1
+    """an evaluation of the policy that then trains step s + 1 (``heldout(s, ...)``) is in row s + this:
+    GRPO evaluates before a step and logs it in that step's row; PPO-RLHF after a step, in its own row"""
+
+
+GRPO_KEYS = LoggedKeys()
+RLHF_KEYS = LoggedKeys(reward="reward/score", heldout="eval/gold_reward", parts=False, eval_row_offset=0)
+"""PPO-RLHF: the reward model's score, and the gold reward (when given) as the held-out measure"""
+
+
 @dataclass
 class HackingMonitor:
     """Call ``step(step, trajectories, decode)`` once a step (``heldout(step, accuracy)`` after each
@@ -135,38 +154,41 @@ class HackingMonitor:
         for evaluation in self.accuracy:
             evaluation[2] = row["reward"] if evaluation[2] is None else evaluation[2]
 
-    def replay(self, rows: list[dict], until: int) -> None:
+    def replay(self, rows: list[dict], until: int, keys: LoggedKeys = GRPO_KEYS) -> None:
         """Refill the window, the held-out history and the last warnings from a resumed run's logged
         rows (``metrics.jsonl``) up to step ``until``, so that it goes on as if never stopped."""
         for row in rows:
             step = row.get("global_step", 0)
             if step > until:
                 continue
-            if "eval/accuracy" in row and step > 0:  # an evaluation at step s is logged in row s + 1
-                self.heldout(step - 1, row["eval/accuracy"])
+            if keys.heldout in row and step >= keys.eval_row_offset:  # kept before its row's step, as it was
+                self.heldout(step - keys.eval_row_offset, row[keys.heldout])
             if "hacking/length_reward_corr" not in row:
                 continue
             parts = {f"part/{k[7:]}": v for k, v in row.items()
-                     if k.startswith("reward/") and k not in ("reward/mean", "reward/std")}
-            self.keep(step, {"reward": row["reward/mean"], "length": row["completion/length"],
+                     if keys.parts and k.startswith("reward/") and k not in (keys.reward, "reward/std")}
+            self.keep(step, {"reward": row[keys.reward], "length": row[keys.length],
                              "length_corr": row["hacking/length_reward_corr"], **parts})
             for name in (k[len("hacking/detected/"):] for k in row if k.startswith("hacking/detected/")):
                 if step - self.last_warned.get(name, -self.thresholds.warn_every) >= self.thresholds.warn_every:
                     self.last_warned[name] = step  # where step() said it (the same rate limit)
 
-    def step(self, step: int, trajectories, decode: Callable[[list[int]], str]) -> dict:
+    def step(self, step: int, trajectories, decode: Callable[[list[int]], str], reward: float | None = None,
+             length: float | None = None) -> dict:
+        """``reward`` and ``length``: the batch's mean as the trainer logs them where that is not
+        GRPO's computation (PPO-RLHF's), so that ``replay`` refills the window with the same numbers."""
         th, items = self.thresholds, trajectories.items
         if not items:
             return {}
         rewards = [float(t.reward) for t in items]
         # the batch's reward and length as the trainer logs them, so that a resumed run's window,
         # refilled from metrics.jsonl (replay), holds the very same numbers
-        mean_reward = trajectories.rewards().mean().item()
+        mean_reward = trajectories.rewards().mean().item() if reward is None else reward
         lengths = [float(sum(t.loss_mask)) for t in items]
         replies = [decode([tok for tok, m in zip(t.response_ids, t.loss_mask) if m]) for t in items]
         echoed = [echoes(r, str(t.example.get("question", "")), th) for r, t in zip(replies, items)]
         parts = trajectories.reward_parts()
-        row = {"reward": mean_reward, "length": sum(lengths) / len(items),
+        row = {"reward": mean_reward, "length": sum(lengths) / len(items) if length is None else length,
                "length_corr": correlation(lengths, rewards), **{f"part/{k}": v for k, v in parts.items()}}
         self.keep(step, row)
         metrics = {"hacking/echo_rate": sum(echoed) / len(items),

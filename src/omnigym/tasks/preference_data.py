@@ -55,7 +55,7 @@ def split_row(where: str, row: dict) -> tuple[str | list, str | list, str | list
     if chosen == rejected:
         raise UnusablePair(f"{where}: chosen and rejected are the same reply; a pair must differ")
     for name, reply in (("chosen", chosen), ("rejected", rejected)):
-        if not _text(reply).strip():
+        if not prompt_text(reply).strip():
             raise UnusablePair(f"{where}: the {name} reply is empty")
     return prompt, chosen, rejected
 
@@ -117,7 +117,8 @@ def shared_prefix(where: str, chosen, rejected):
     raise OmnigymError(f"{where}: chosen and rejected must both be strings or both lists of messages")
 
 
-def _text(reply) -> str:
+def prompt_text(reply) -> str:
+    """A prompt or reply's text: the string, or its messages' contents one after another."""
     return reply if isinstance(reply, str) else "".join(str(m.get("content", "")) for m in reply if isinstance(m, dict))
 
 
@@ -219,7 +220,7 @@ def read_prompts(source: str, split: str, seed: int) -> list[tuple[str, str | li
         else:
             raise OmnigymError(f"{where}: a prompt row needs prompt, question, messages, or chosen and rejected; "
                                f"it has {', '.join(row) or 'no fields'}")
-        if not isinstance(prompt, (str, list)) or not _text(prompt).strip():
+        if not isinstance(prompt, (str, list)) or not prompt_text(prompt).strip():
             raise OmnigymError(f"{where}: the prompt is empty or neither text nor a list of messages")
         out.append((where, prompt))
     return out
