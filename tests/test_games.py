@@ -190,6 +190,43 @@ def test_bad_game_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, ca
     _one_line(tmp_path, monkeypatch, capsys, ["train", "ppo", "--self-play", *argv], message)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--league-size", "3"], "--league-size is for --self-play"),
+    (["--env-id", "pettingzoo/tictactoe_v3", "--eval-every", "5"], "--eval-every is for --self-play"),
+    (["--env-id", "pettingzoo/tictactoe_v3", "--search-depth", "2"], "--search-depth is for --self-play"),
+    (["--random-share", "0.5"], "--random-share is for --self-play"),
+])
+def test_a_league_flag_without_self_play_is_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    """It was ignored: the run trained without a league, and said nothing."""
+    _one_line(tmp_path, monkeypatch, capsys, ["train", "ppo", *argv], message)
+
+
+def test_the_presets_league_settings_wait_for_self_play():
+    """tic-tac-toe against a fixed opponent takes the preset's PPO settings, not its league's."""
+    from omnigym.algos.control.ppo import PPOConfig
+
+    fixed, line = PPOConfig(env_id="pettingzoo/tictactoe_v3").apply_preset()
+    assert fixed.ent_coef == 0.1 and fixed.eval_every == PPOConfig.eval_every and "eval_every" not in line
+    fixed.check_self_play()  # nothing given for a league: no complaint
+    league, line = PPOConfig(env_id="pettingzoo/tictactoe_v3", self_play=True).apply_preset()
+    assert league.eval_every == 20 and league.random_share == 0.2 and "--eval-every 20" in line
+
+
+def test_a_self_play_run_resumed_without_it_is_one_line(tmp_path, monkeypatch, capsys):
+    """--resume RUN --no-self-play dropped the league and went on against nothing it had trained with."""
+    from omnigym.algos.control import ppo
+
+    run = tmp_path / "run"
+    ppo.train(ppo.PPOConfig(env_id="pettingzoo/tictactoe_v3", self_play=True, total_timesteps=256, num_steps=32,
+                            num_envs=2, eval_games=2, run_dir=str(run), progress=False, plot=False, tensorboard=False))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(run), "--no-self-play", "--total-timesteps", "512"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was made with --self-play True, not False" in err[0], err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*")) == before
+
+
 def test_a_missing_games_extra_names_it(monkeypatch):
     import importlib.util
 

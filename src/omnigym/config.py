@@ -236,6 +236,10 @@ class ControlConfig(RunConfig):
         require(self.preset in ("auto", "none", *self.PRESETS),
                 f"unknown --preset {self.preset!r}; choose auto, none" + "".join(f", {p}" for p in self.PRESETS))
 
+    def preset_field_applies(self, name: str) -> bool:
+        """Whether a preset's value for ``name`` is for this run (a mode's own settings are not, without it)."""
+        return True
+
     def apply_preset(self, given: set[str] | None = None) -> tuple["ControlConfig", str | None]:
         """This config with its family's preset applied to the flags not in ``given`` (from Python:
         the fields left at their defaults), and the line saying what was applied. ``omnigym train
@@ -256,7 +260,7 @@ class ControlConfig(RunConfig):
             given = {f.name for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING
                      and getattr(self, f.name) != f.default}
         source, values = self.PRESETS[family]
-        applied = {k: v for k, v in values.items() if k not in given}
+        applied = {k: v for k, v in values.items() if k not in given and self.preset_field_applies(k)}
         if not applied:  # e.g. a resumed run from the command line: all its values are its own
             return dataclasses.replace(self, preset=family), None
         shown = " ".join(show_flag(k, v) for k, v in applied.items())

@@ -29,8 +29,8 @@ time since the league started, the evaluations' own left out). docs/games.md.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -45,7 +45,7 @@ ANCHOR_RATING = 1000.0
 LATEST = "latest"
 
 
-@dataclass
+@dataclasses.dataclass
 class SelfPlayConfig:
     self_play: bool = False
     """play a pettingzoo/NAME or openspiel/NAME two-seat game against the policy itself and a league of its past
@@ -69,8 +69,18 @@ class SelfPlayConfig:
     """--self-play: the search opponent's depth in plies; 0 = the game's default (tic-tac-toe: 9, a perfect player;
     others: 2)"""
 
+    def preset_field_applies(self, name: str) -> bool:
+        """A preset's league settings are for --self-play: a game played against a fixed opponent has no league."""
+        return self.self_play or name not in SELF_PLAY_FLAGS
+
     def check_self_play(self) -> None:
         if not self.self_play:
+            # a league flag without --self-play was ignored in silence; a resumed run's values are its own
+            # (toggling --self-play on a resume is the resume's own check, self_play being fixed there)
+            defaults = {f.name: f.default for f in dataclasses.fields(SelfPlayConfig)}
+            given = [name for name in SELF_PLAY_FLAGS if getattr(self, name) != defaults[name]]
+            require(not given or getattr(self, "resume", None), f"--{given[0].replace('_', '-') if given else ''} is "
+                    "for --self-play (the league and its evaluations); add --self-play, or leave it out")
             return
         require(is_game_id(self.env_id), f"--self-play plays two-seat games, pettingzoo/NAME or openspiel/NAME; "
                                          f"{self.env_id} is not one (docs/games.md)")
@@ -91,6 +101,11 @@ class SelfPlayConfig:
         require(self.elo_k > 0, f"--elo-k must be positive, got {self.elo_k}")
         require(self.search_depth >= 0, f"--search-depth must be 0 (the game's default) or more, got "
                                         f"{self.search_depth}")
+
+
+SELF_PLAY_FLAGS = ("latest_share", "random_share", "league_every", "league_size", "elo_k", "eval_every", "eval_games",
+                   "search_depth")
+"""the settings of --self-play alone"""
 
 
 def elo_expected(rating: float, other: float) -> float:
