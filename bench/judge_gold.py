@@ -11,11 +11,11 @@ No hub is reachable, so the judge is a model built here, the way the demo's rewa
    prompt (rendered by ``rewards/judge.py``'s own ``render``, so training and use read the same
    text) with ``Score: N``, N = min(10, round(gold x K)), K = 20. Its data: the SFT replies of
    the training pairs, and as many random-word strings whose letters are vowels with a
-   probability drawn from [0, 0.6] (the SFT replies alone hardly reach N > 6: a judge never
+   probability drawn from [0, 0.6] (5% of the SFT replies score 8 or more: a judge never
    shown a 9 never says 9). Only the label is gold-derived, as the reward model's pairs are.
-   K = 20 spreads the SFT policy's replies (gold ~0.05 to 0.4) over scores 1 to 8; K = 10 would
-   put nearly all of them on 1, 2 or 3, and GRPO's groups would mostly tie. The price: the
-   judge's score is capped at gold 0.5.
+   K = 20 spreads the SFT policy's replies (90% have a gold between 0 and 0.375) over scores 0
+   to 8; with K = 10, 86% of them would score 1, 2 or 3, and GRPO's groups would tie more
+   often. The price: the judge's 10 means any gold of 0.5 or more.
 3. Its agreement with gold on the 200 held-out pairs, judged through ``JudgeReward`` itself
    (the in-process engine, greedy): pairwise accuracy (ties count as misses) and mean |N - gold K|.
 4. ``omnigym train grpo`` from the SFT stage on the world's prompts (a task file; no system
