@@ -192,6 +192,7 @@ def test_bad_game_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, ca
 
 @pytest.mark.parametrize("argv, message", [
     (["--league-size", "3"], "--league-size is for --self-play"),
+    (["--latest-share", "0.5"], "--latest-share is for --self-play"),  # its default, still not for this run
     (["--env-id", "pettingzoo/tictactoe_v3", "--eval-every", "5"], "--eval-every is for --self-play"),
     (["--env-id", "pettingzoo/tictactoe_v3", "--search-depth", "2"], "--search-depth is for --self-play"),
     (["--random-share", "0.5"], "--random-share is for --self-play"),
@@ -210,6 +211,46 @@ def test_the_presets_league_settings_wait_for_self_play():
     fixed.check_self_play()  # nothing given for a league: no complaint
     league, line = PPOConfig(env_id="pettingzoo/tictactoe_v3", self_play=True).apply_preset()
     assert league.eval_every == 20 and league.random_share == 0.2 and "--eval-every 20" in line
+
+
+@pytest.mark.parametrize("env_id", ["pettingzoo/tictactoe_v3", "pettingzoo/connect_four_v3", "openspiel/tic_tac_toe"])
+def test_a_game_pickled_mid_game_goes_on_where_it_was(env_id):
+    """A checkpoint holds the envs: a PettingZoo game unpickled was a new env never reset
+    (EzPickle), and a resumed run against a fixed opponent died in PettingZoo's step."""
+    import pickle
+
+    game = make_game(env_id)
+    game.reset(seed=3)
+    for move in (0, 4):
+        game.step(move)
+    copy = pickle.loads(pickle.dumps(game))
+    while not game.done():
+        assert copy.current() == game.current() and not copy.done()
+        assert np.array_equal(copy.legal_mask(), game.legal_mask())
+        assert np.array_equal(copy.observation(game.current()), game.observation(game.current()))
+        move = int(np.flatnonzero(game.legal_mask())[-1])
+        game.step(move), copy.step(move)
+    assert copy.done() and np.array_equal(copy.returns(), game.returns())
+
+
+def test_a_game_run_saved_with_the_presets_league_values_still_loads(tmp_path, capsys):
+    """Before this check, a tic-tac-toe run without --self-play saved the preset's league values
+    (latest_share 0.3, random_share 0.2, eval_every 20): such a run still resumes and evaluates;
+    a league flag given now is refused in one line and the run is left as it was."""
+    from omnigym.algos.control import ppo
+
+    run = tmp_path / "run"
+    ppo.train(ppo.PPOConfig(env_id="pettingzoo/tictactoe_v3", total_timesteps=256, num_steps=32, num_envs=2,
+                            run_dir=str(run), progress=False, plot=False, tensorboard=False))
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "latest_share": 0.3, "random_share": 0.2, "eval_every": 20}))
+    capsys.readouterr()
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "512", "--league-size", "3"]) == 2
+    assert "--league-size is for --self-play" in capsys.readouterr().err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*")) == before
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "512", "--no-plot"]) == 0
 
 
 def test_a_self_play_run_resumed_without_it_is_one_line(tmp_path, monkeypatch, capsys):

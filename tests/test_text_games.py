@@ -399,6 +399,21 @@ def test_an_interrupted_snapshot_run_resumes_with_the_same_opponent(tmp_path, mo
     assert resumed == whole and len(whole) == 4
 
 
+def test_snapshot_every_given_on_resuming_a_run_without_a_snapshot_is_one_line(tmp_path, monkeypatch, capsys):
+    """It was taken and saved (a run against random with --snapshot-every 3), and every later
+    --resume of the run was refused over a setting it could no longer leave out."""
+    pytest.importorskip("transformers")
+    from omnigym.cli import main
+
+    snapshot_run(tmp_path, monkeypatch, "plain", opponent="random", snapshot_every=None)
+    capsys.readouterr()
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "plain").rglob("*"))
+    assert main(["train", "grpo", "--resume", str(tmp_path / "plain"), "--steps", "6", "--snapshot-every", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--snapshot-every is for --opponent snapshot" in err[0], err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "plain").rglob("*")) == before
+
+
 @pytest.mark.parametrize("flags, made_with", [(["--opponent", "random"], "--opponent snapshot, not random"),
                                                (["--opponent", "self"], "--opponent snapshot, not self"),
                                                (["--snapshot-every", "3"], "--snapshot-every 2, not 3")])

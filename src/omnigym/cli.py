@@ -80,11 +80,19 @@ def train_config(argv: list[str]):
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
     if default is not None:  # before the algorithm reads its data: the run's own, found where it is now
         from omnigym.track.files import load_config_dict
-        from omnigym.track.resume import resolve_data
+        from omnigym.track.resume import check_resumable, resolve_data
 
-        cfg = dataclasses.replace(cfg, **resolve_data(cfg, load_config_dict(cfg.resume)))
+        saved = load_config_dict(cfg.resume)
+        cfg = dataclasses.replace(cfg, **resolve_data(cfg, saved))
+        # a setting the checkpoint fixes, changed now, is named before the config's own checks
+        # meet its consequences (--opponent changed on a run whose --snapshot-every is saved)
+        check_resumable(cfg, argv[0], saved)
+    typed = given_flags(argv[1:], cfg)
+    idle = cfg.flags_without_effect(typed) if hasattr(cfg, "flags_without_effect") else None
+    if idle:  # a flag of a mode the run is not in (--league-size without --self-play) did nothing, unsaid
+        raise OmnigymError(idle)
     # A preset (control runs) never overrides these; a resumed run's values are all its own.
-    given = given_flags(argv[1:], cfg) if default is None else {f.name for f in dataclasses.fields(cfg)}
+    given = typed if default is None else {f.name for f in dataclasses.fields(cfg)}
     return module, cfg, given
 
 

@@ -109,9 +109,7 @@ class TextTaskConfig:
 
             require(self.env in GAMES, f"--opponent is for a game: --env {' or '.join(GAMES)}, not {self.env}")
             check_opponent(self.opponent)
-        # a resumed run carries its own --snapshot-every: a changed --opponent is then said by the
-        # resume's check of the settings a checkpoint fixes, naming the flag that was given
-        if self.snapshot_every is not None and not getattr(self, "resume", None):
+        if self.snapshot_every is not None:
             require(self.opponent == "snapshot", "--snapshot-every is for --opponent snapshot (the frozen copy of the "
                     f"policy it refreshes), not --opponent {self.opponent or 'random'}")
             require(self.snapshot_every >= 0, "--snapshot-every must be 0 (never refresh the snapshot) or more, got "

@@ -29,8 +29,8 @@ time since the league started, the evaluations' own left out). docs/games.md.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -45,7 +45,7 @@ ANCHOR_RATING = 1000.0
 LATEST = "latest"
 
 
-@dataclasses.dataclass
+@dataclass
 class SelfPlayConfig:
     self_play: bool = False
     """play a pettingzoo/NAME or openspiel/NAME two-seat game against the policy itself and a league of its past
@@ -73,14 +73,17 @@ class SelfPlayConfig:
         """A preset's league settings are for --self-play: a game played against a fixed opponent has no league."""
         return self.self_play or name not in SELF_PLAY_FLAGS
 
+    def flags_without_effect(self, given: set[str]) -> str | None:
+        """What to say of league flags given on a command line without --self-play (they were ignored in
+        silence). The command line's, not the config's: a saved config may hold a preset's values."""
+        idle = [name for name in SELF_PLAY_FLAGS if name in given]
+        if self.self_play or not idle:
+            return None
+        return (f"--{idle[0].replace('_', '-')} is for --self-play (the league and its evaluations); add --self-play, "
+                "or leave it out (a fixed opponent's search depth is --env-kwargs opponent=search search_depth=N)")
+
     def check_self_play(self) -> None:
         if not self.self_play:
-            # a league flag without --self-play was ignored in silence; a resumed run's values are its own
-            # (toggling --self-play on a resume is the resume's own check, self_play being fixed there)
-            defaults = {f.name: f.default for f in dataclasses.fields(SelfPlayConfig)}
-            given = [name for name in SELF_PLAY_FLAGS if getattr(self, name) != defaults[name]]
-            require(not given or getattr(self, "resume", None), f"--{given[0].replace('_', '-') if given else ''} is "
-                    "for --self-play (the league and its evaluations); add --self-play, or leave it out")
             return
         require(is_game_id(self.env_id), f"--self-play plays two-seat games, pettingzoo/NAME or openspiel/NAME; "
                                          f"{self.env_id} is not one (docs/games.md)")

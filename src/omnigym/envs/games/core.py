@@ -102,6 +102,28 @@ class PettingZooGame(Game):
     def returns(self):
         return self.returns_so_far.copy()
 
+    def __getstate__(self):
+        """A PettingZoo env pickles as its constructor's arguments (EzPickle): unpickled, it is a new
+        env that was never reset. A checkpoint holds the envs mid-game, so the game itself goes with
+        it: each layer (the wrappers, the raw env) as its class and attributes, pygame's aside."""
+        layers, env = [], self.env
+        while env is not None:
+            layers.append((type(env), {k: None if k in ("screen", "clock") else v for k, v in vars(env).items()
+                                       if k != "env"}))
+            env = getattr(env, "env", None)
+        return {**{k: v for k, v in vars(self).items() if k not in ("env", "raw")}, "_layers": layers}
+
+    def __setstate__(self, state):
+        inner = None
+        for cls, attributes in reversed(state.pop("_layers")):  # the raw env first, then each wrapper around it
+            layer = object.__new__(cls)  # not the constructor: EzPickle's would build a new env
+            layer.__dict__.update(attributes)
+            if inner is not None:
+                layer.env = inner
+            inner = layer
+        self.__dict__.update(state)
+        self.env, self.raw = inner, inner.unwrapped
+
     def clone(self):
         new = copy.copy(self)
         raw = object.__new__(type(self.raw))  # not copy.copy: EzPickle's copy would build a new env
