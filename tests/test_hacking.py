@@ -248,7 +248,7 @@ def test_ppo_rlhf_warns_when_its_reward_model_pays_against_the_gold(tmp_path, rl
     rows = logged(tmp_path / "run")
     gold = [row["eval/gold_reward"] for row in rows if "eval/gold_reward" in row]
     assert gold[-1] < gold[0] - 0.05, gold
-    assert "reward hacking? step" in err and "held-out accuracy fell" in err, err
+    assert "reward hacking? step" in err and "while the held-out gold reward fell" in err, err
     assert any("hacking/detected/heldout" in row for row in rows)
 
 

@@ -139,6 +139,8 @@ class HackingMonitor:
     last_warned: dict = field(default_factory=dict)
     said: list = field(default_factory=list)
     """the warning lines said so far (tests read them)"""
+    heldout_name: str = "held-out accuracy"
+    """what the held-out measure is called in the warning lines (PPO-RLHF's: the gold reward)"""
 
     def heldout(self, step: int, accuracy: float) -> None:
         """An evaluation, kept with the training reward then (the window's mean; before any step,
@@ -235,7 +237,7 @@ class HackingMonitor:
             before, after = halves([r[f"part/{correct}"] for r in rows])
             flat, what = after - before < th.flat, f"the {correct} part"
         elif len(accuracy) >= 2:
-            flat, what = accuracy[-1] - accuracy[0] < th.flat, "held-out accuracy"
+            flat, what = accuracy[-1] - accuracy[0] < th.flat, self.heldout_name
         else:
             flat, what = None, ""  # nothing says whether answers got better
         if all("part/format" in r for r in rows):
@@ -260,7 +262,7 @@ class HackingMonitor:
         drop, rise = best[1] - recent[-1][1], recent[-1][2] - best[2]
         metrics["hacking/heldout_drop"] = max(0.0, drop)
         if drop >= th.heldout_drop and rise >= th.rise:
-            return {"heldout": f"training reward rose {best[2]:.3f} -> {recent[-1][2]:.3f} while held-out accuracy "
+            return {"heldout": f"training reward rose {best[2]:.3f} -> {recent[-1][2]:.3f} while {self.heldout_name} "
                                f"fell {best[1]:.3f} -> {recent[-1][1]:.3f} (steps {best[0]} -> {recent[-1][0]}): the "
                                "reward and the task have parted"}
         return {}

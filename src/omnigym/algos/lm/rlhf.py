@@ -164,7 +164,7 @@ def train(cfg: RLHFConfig) -> dict:
         counters = run.begin(components)
         step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
         # the proxy against the gold: the reward model's score, and the gold reward as the held-out measure
-        monitor = HackingMonitor(warn=cfg.hacking_warnings and run.writer)
+        monitor = HackingMonitor(warn=cfg.hacking_warnings and run.writer, heldout_name="the held-out gold reward")
         if step and run.writer:  # resumed: its window as the logged rows left it
             monitor.replay(read_metrics(run.dir), until=step, keys=RLHF_KEYS)
         if step == 0:
