@@ -34,7 +34,7 @@ import json
 import random
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 K = 20
@@ -207,6 +207,11 @@ def one_seed(root: Path, seed: int, sizes: Sizes, stages: Path | None = None) ->
         clock = now
 
     root.mkdir(parents=True, exist_ok=True)
+    # the judge and GRPO runs in root are reused when finished: only if they were made with these sizes
+    made_with, wanted = root / "sizes.json", json.dumps({"seed": seed, **asdict(sizes)}, sort_keys=True)
+    if made_with.is_file() and made_with.read_text() != wanted:
+        raise SystemExit(f"{root} holds runs made with other sizes ({made_with}); give another --root")
+    made_with.write_text(wanted)
     stages = stages or demo_stages(root, seed)
     lap("stages")
     heldout, training = split_pairs(stages / "pairs.jsonl", seed)
