@@ -211,15 +211,15 @@ def test_a_resumed_monitor_logs_what_the_whole_run_logged_with_ppo_rlhfs_rows():
             rows.append(row)
         return rows
 
-    first = HackingMonitor()
+    first = HackingMonitor(keys=RLHF_KEYS)
     first.heldout(0, 0.6)
     whole = [{"global_step": 0, "eval/gold_reward": 0.6}] + rows_of(first, range(1, 13), [])
-    resumed = HackingMonitor()
-    resumed.replay(whole[:7], until=6, keys=RLHF_KEYS)
+    resumed = HackingMonitor(keys=RLHF_KEYS)
+    resumed.replay(whole[:7], until=6)
     assert rows_of(resumed, range(7, 13), []) == whole[7:]
     assert any("hacking/detected/heldout" in row for row in whole[7:])  # the evaluations before the cut mattered
-    wrong = HackingMonitor()  # its evaluations read as GRPO's (one step earlier): other metrics after
-    wrong.replay(whole[:7], until=6, keys=dataclasses.replace(RLHF_KEYS, eval_row_offset=1))
+    wrong = HackingMonitor(keys=dataclasses.replace(RLHF_KEYS, eval_row_offset=1))  # evaluations read as GRPO's
+    wrong.replay(whole[:7], until=6)
     assert rows_of(wrong, range(7, 13), []) != whole[7:]
 
 

@@ -80,13 +80,13 @@ def train_config(argv: list[str]):
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
     if default is not None:  # before the algorithm reads its data: the run's own, found where it is now
         from omnigym.track.files import load_config_dict
-        from omnigym.track.resume import check_resumable, resolve_data
+        from omnigym.track.resume import check_fixed_settings, resolve_data
 
         saved = load_config_dict(cfg.resume)
         cfg = dataclasses.replace(cfg, **resolve_data(cfg, saved))
         # a setting the checkpoint fixes, changed now, is named before the config's own checks
         # meet its consequences (--opponent changed on a run whose --snapshot-every is saved)
-        check_resumable(cfg, argv[0], saved)
+        check_fixed_settings(cfg, saved)
     typed = given_flags(argv[1:], cfg)
     idle = cfg.flags_without_effect(typed) if hasattr(cfg, "flags_without_effect") else None
     if idle:  # a flag of a mode the run is not in (--league-size without --self-play) did nothing, unsaid

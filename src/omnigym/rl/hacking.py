@@ -109,7 +109,8 @@ def correctness_part(parts: dict[str, float]) -> str | None:
 
 @dataclass(frozen=True)
 class LoggedKeys:
-    """Where a trainer's ``metrics.jsonl`` rows keep what the monitor's window holds, for ``replay``."""
+    """A trainer's rows as the monitor reads them: where ``metrics.jsonl`` keeps what the window
+    holds (for ``replay``), and what its held-out measure is called in the warning lines."""
 
     reward: str = "reward/mean"
     length: str = "completion/length"
@@ -119,10 +120,12 @@ class LoggedKeys:
     eval_row_offset: int = 1
     """an evaluation of the policy that then trains step s + 1 (``heldout(s, ...)``) is in row s + this:
     GRPO evaluates before a step and logs it in that step's row; PPO-RLHF after a step, in its own row"""
+    heldout_name: str = "held-out accuracy"
 
 
 GRPO_KEYS = LoggedKeys()
-RLHF_KEYS = LoggedKeys(reward="reward/score", heldout="eval/gold_reward", parts=False, eval_row_offset=0)
+RLHF_KEYS = LoggedKeys(reward="reward/score", heldout="eval/gold_reward", parts=False, eval_row_offset=0,
+                       heldout_name="the held-out gold reward")
 """PPO-RLHF: the reward model's score, and the gold reward (when given) as the held-out measure"""
 
 
@@ -139,8 +142,8 @@ class HackingMonitor:
     last_warned: dict = field(default_factory=dict)
     said: list = field(default_factory=list)
     """the warning lines said so far (tests read them)"""
-    heldout_name: str = "held-out accuracy"
-    """what the held-out measure is called in the warning lines (PPO-RLHF's: the gold reward)"""
+    keys: LoggedKeys = GRPO_KEYS
+    """the trainer's rows (PPO-RLHF's: ``RLHF_KEYS``)"""
 
     def heldout(self, step: int, accuracy: float) -> None:
         """An evaluation, kept with the training reward then (the window's mean; before any step,
@@ -156,9 +159,10 @@ class HackingMonitor:
         for evaluation in self.accuracy:
             evaluation[2] = row["reward"] if evaluation[2] is None else evaluation[2]
 
-    def replay(self, rows: list[dict], until: int, keys: LoggedKeys = GRPO_KEYS) -> None:
+    def replay(self, rows: list[dict], until: int) -> None:
         """Refill the window, the held-out history and the last warnings from a resumed run's logged
         rows (``metrics.jsonl``) up to step ``until``, so that it goes on as if never stopped."""
+        keys = self.keys
         for row in rows:
             step = row.get("global_step", 0)
             if step > until:
@@ -237,7 +241,7 @@ class HackingMonitor:
             before, after = halves([r[f"part/{correct}"] for r in rows])
             flat, what = after - before < th.flat, f"the {correct} part"
         elif len(accuracy) >= 2:
-            flat, what = accuracy[-1] - accuracy[0] < th.flat, self.heldout_name
+            flat, what = accuracy[-1] - accuracy[0] < th.flat, self.keys.heldout_name
         else:
             flat, what = None, ""  # nothing says whether answers got better
         if all("part/format" in r for r in rows):
@@ -262,7 +266,7 @@ class HackingMonitor:
         drop, rise = best[1] - recent[-1][1], recent[-1][2] - best[2]
         metrics["hacking/heldout_drop"] = max(0.0, drop)
         if drop >= th.heldout_drop and rise >= th.rise:
-            return {"heldout": f"training reward rose {best[2]:.3f} -> {recent[-1][2]:.3f} while {self.heldout_name} "
+            return {"heldout": f"training reward rose {best[2]:.3f} -> {recent[-1][2]:.3f} while {self.keys.heldout_name} "
                                f"fell {best[1]:.3f} -> {recent[-1][1]:.3f} (steps {best[0]} -> {recent[-1][0]}): the "
                                "reward and the task have parted"}
         return {}

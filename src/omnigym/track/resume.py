@@ -83,6 +83,11 @@ def check_resumable(cfg, algo: str, saved_config: dict) -> None:
         raise OmnigymError(f"{cfg.resume} is {a_run(made_by)}; continue it with: "
                            f"omnigym train {made_by} --resume {cfg.resume}")
     check_data(cfg, saved_config)
+    check_fixed_settings(cfg, saved_config)
+
+
+def check_fixed_settings(cfg, saved_config: dict) -> None:
+    """The settings of ``cfg.RESUME_FIXED`` other than data files, as the run was made with them."""
     for name in cfg.RESUME_FIXED:
         if name in data_flags(cfg):
             continue  # compared by content (check_data), not by how the path is spelled

@@ -164,9 +164,9 @@ def train(cfg: RLHFConfig) -> dict:
         counters = run.begin(components)
         step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
         # the proxy against the gold: the reward model's score, and the gold reward as the held-out measure
-        monitor = HackingMonitor(warn=cfg.hacking_warnings and run.writer, heldout_name="the held-out gold reward")
+        monitor = HackingMonitor(warn=cfg.hacking_warnings and run.writer, keys=RLHF_KEYS)
         if step and run.writer:  # resumed: its window as the logged rows left it
-            monitor.replay(read_metrics(run.dir), until=step, keys=RLHF_KEYS)
+            monitor.replay(read_metrics(run.dir), until=step)
         if step == 0:
             evaluated = heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, 0)
             run.log(0, {**evaluated, "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
