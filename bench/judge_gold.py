@@ -238,23 +238,36 @@ def main() -> None:
     parser.add_argument("--root", default=None, help="where the runs go (default: a temporary folder); "
                                                      "finished stages there are reused")
     args = parser.parse_args()
+    # checked before minutes of training, each in one line (the trainers would say it only when reached)
+    if min(args.seeds) < 0 or args.judge_steps <= 0 or args.grpo_steps <= 0 or not args.learning_rate > 0:
+        parser.error("--seeds must be 0 or more, and --judge-steps, --grpo-steps and --learning-rate positive")
+    if args.root and not Path(args.root).parent.is_dir():
+        parser.error(f"--root {args.root}: its parent folder does not exist")
 
     import tempfile
 
+    from omnigym.errors import OmnigymError
+
     root = Path(args.root or tempfile.mkdtemp(prefix="omnigym-judge-gold-"))
-    for seed in args.seeds:
-        sizes = Sizes(judge_steps=args.judge_steps, grpo_steps=args.grpo_steps, learning_rate=args.learning_rate)
-        r = one_seed(root / f"seed{seed}", seed, sizes)
-        a, b, c = r["agreement"], r["before"], r["after"]
-        print(f"seed {seed}: judge on {HELDOUT_PAIRS} held-out gold pairs: pairwise accuracy {a['pairwise']:.3f} "
-              f"(ties {a['ties']:.3f}), mean |N - {K} gold| {a['mean_abs_error']:.2f}")
-        print(f"  GRPO {args.grpo_steps} steps: gold {b['gold']:.3f} -> {c['gold']:.3f}, judge score "
-              f"{b['judge']:.3f} -> {c['judge']:.3f} ({sizes.eval_prompts} held-out prompts, one reply each), "
-              f"KL {r['kl']:.3f} (GRPO's k3 per token, last step); "
-              f"e.g. {b['example']!r} -> {c['example']!r}")
-        curve = r["train_gold"]
-        print("  training gold by step: " + ", ".join(f"{s}:{g:.2f}" for s, g in curve[:: max(1, len(curve) // 8)]))
-        print("  CPU / wall s: " + ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}" for k, v in r["times"].items()))
+    try:
+        for seed in args.seeds:
+            report(seed, one_seed(root / f"seed{seed}", seed, sizes := Sizes(
+                judge_steps=args.judge_steps, grpo_steps=args.grpo_steps, learning_rate=args.learning_rate)), sizes)
+    except OmnigymError as exc:  # what a trainer refused, as the CLI says it
+        raise SystemExit(f"judge_gold: error: {exc}") from None
+
+
+def report(seed: int, r: dict, sizes: Sizes) -> None:
+    a, b, c = r["agreement"], r["before"], r["after"]
+    print(f"seed {seed}: judge on {HELDOUT_PAIRS} held-out gold pairs: pairwise accuracy {a['pairwise']:.3f} "
+          f"(ties {a['ties']:.3f}), mean |N - {K} gold| {a['mean_abs_error']:.2f}")
+    print(f"  GRPO {sizes.grpo_steps} steps: gold {b['gold']:.3f} -> {c['gold']:.3f}, judge score "
+          f"{b['judge']:.3f} -> {c['judge']:.3f} ({sizes.eval_prompts} held-out prompts, one reply each), "
+          f"KL {r['kl']:.3f} (GRPO's k3 per token, last step); "
+          f"e.g. {b['example']!r} -> {c['example']!r}")
+    curve = r["train_gold"]
+    print("  training gold by step: " + ", ".join(f"{s}:{g:.2f}" for s, g in curve[:: max(1, len(curve) // 8)]))
+    print("  CPU / wall s: " + ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}" for k, v in r["times"].items()))
 
 
 if __name__ == "__main__":
