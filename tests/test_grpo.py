@@ -118,14 +118,17 @@ def test_gsm8k_task_reads_the_final_answer(tmp_path):
     assert all(r["answer"] == r["question"][1:] for r in train_rows + heldout)
 
 
-def test_reinforce_on_text_learns_a_keyword(tmp_path):
+def test_reinforce_on_text_learns_a_keyword(tmp_path, capsys):
     from omnigym.algos import text_reinforce
 
     text_reinforce.train(text_reinforce.TextReinforceConfig(run_dir=str(tmp_path), keywords="z", steps=30,
                                                             progress=False, plot=False, tensorboard=False))
-    rewards = [json.loads(line)["reward/mean"] for line in open(tmp_path / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rewards = [row["reward/mean"] for row in rows]
     assert rewards[0] < 0.4  # an untrained model rarely writes a "z" in 16 characters
     assert sum(rewards[-5:]) / 5 > 0.9
+    # the reward-hacking monitor watched every step and found nothing (test_hacking_trainers.py plants a hack)
+    assert all("hacking/echo_rate" in row for row in rows) and "reward hacking?" not in capsys.readouterr().err
 
 
 @pytest.mark.slow

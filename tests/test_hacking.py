@@ -193,7 +193,7 @@ def test_a_resumed_monitor_logs_what_the_whole_run_logged():
 def test_a_resumed_monitor_logs_what_the_whole_run_logged_with_ppo_rlhfs_rows():
     """PPO-RLHF's rows: the reward model's score as reward/score (its other reward/... values are
     not parts), the gold reward evaluated after a step in that step's own row (and at row 0)."""
-    from omnigym.rl.hacking import RLHF_KEYS
+    from omnigym.rl.hacking import SCORED_KEYS
 
     batches = [[episode("x" * (5 + i + j), 0.1 * i + 0.01 * j) for j in range(4)] for i in range(12)]
 
@@ -211,14 +211,14 @@ def test_a_resumed_monitor_logs_what_the_whole_run_logged_with_ppo_rlhfs_rows():
             rows.append(row)
         return rows
 
-    first = HackingMonitor(keys=RLHF_KEYS)
+    first = HackingMonitor(keys=SCORED_KEYS)
     first.heldout(0, 0.6)
     whole = [{"global_step": 0, "eval/gold_reward": 0.6}] + rows_of(first, range(1, 13), [])
-    resumed = HackingMonitor(keys=RLHF_KEYS)
+    resumed = HackingMonitor(keys=SCORED_KEYS)
     resumed.replay(whole[:7], until=6)
     assert rows_of(resumed, range(7, 13), []) == whole[7:]
     assert any("hacking/detected/heldout" in row for row in whole[7:])  # the evaluations before the cut mattered
-    wrong = HackingMonitor(keys=dataclasses.replace(RLHF_KEYS, eval_row_offset=1))  # evaluations read as GRPO's
+    wrong = HackingMonitor(keys=dataclasses.replace(SCORED_KEYS, eval_row_offset=1))  # evaluations read as GRPO's
     wrong.replay(whole[:7], until=6)
     assert rows_of(wrong, range(7, 13), []) != whole[7:]
 

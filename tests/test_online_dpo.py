@@ -118,7 +118,7 @@ def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, argv, message):
 
 
 @pytest.mark.slow
-def test_offline_demo_raises_the_gold_reward(tmp_path, rlhf_demo_run):
+def test_offline_demo_raises_the_gold_reward(tmp_path, rlhf_demo_run, capsys):
     """Seed 1, the defaults of `omnigym train online_dpo` (the demo's SFT policy and reward
     model, 100 steps of 16 pairs). Measured: gold 0.197 -> 0.717 at KL 11.85 nats (docs/online_dpo.md).
     The demo's stages are the session's (conftest.py), reused with --overwrite as a second start
@@ -126,4 +126,8 @@ def test_offline_demo_raises_the_gold_reward(tmp_path, rlhf_demo_run):
     shutil.copytree(rlhf_demo_run, tmp_path / "run")
     summary = online_dpo.train(online_dpo.OnlineDPOConfig(**quiet(tmp_path / "run"), overwrite=True))
     assert summary["gold_before"] < 0.25 and summary["gold_after"] >= summary["gold_before"] + 0.15
-    assert summary["score_after"] > summary["score_before"] + 1.0 and 0 < summary["kl"] < 20
+    # KL: 11.85 nats on the AMD EPYC (Zen 3) where the docs' figure was measured, 20.5 on an Intel Xeon
+    # with AVX-512 under the tests' ATEN_CPU_CAPABILITY=avx2 (the BLAS picks its kernels by CPU): a bound
+    # that says the policy moved and did not run off, not a figure
+    assert summary["score_after"] > summary["score_before"] + 1.0 and 0 < summary["kl"] < 30
+    assert "reward hacking?" not in capsys.readouterr().err  # test_hacking_trainers.py plants a judge that hacks

@@ -31,6 +31,7 @@ from difflib import SequenceMatcher
 from typing import Callable
 
 from omnigym.rewards.text import extract_answer
+from omnigym.tasks.preference_data import prompt_text
 
 TAG = re.compile(r"<[^<>]{1,40}>")
 
@@ -121,12 +122,30 @@ class LoggedKeys:
     """an evaluation of the policy that then trains step s + 1 (``heldout(s, ...)``) is in row s + this:
     GRPO evaluates before a step and logs it in that step's row; PPO-RLHF after a step, in its own row"""
     heldout_name: str = "held-out accuracy"
+    reward_name: str = "training reward"
+    """what the warning lines call the reward the trainer pays"""
 
 
 GRPO_KEYS = LoggedKeys()
-RLHF_KEYS = LoggedKeys(reward="reward/score", heldout="eval/gold_reward", parts=False, eval_row_offset=0,
-                       heldout_name="the held-out gold reward")
-"""PPO-RLHF: the reward model's score, and the gold reward (when given) as the held-out measure"""
+"""GRPO and text REINFORCE: the task's reward and its parts"""
+SCORED_KEYS = LoggedKeys(reward="reward/score", heldout="eval/gold_reward", parts=False, eval_row_offset=0,
+                         heldout_name="the held-out gold reward", reward_name="the judge's score")
+"""PPO-RLHF and online DPO: the judge's score (a reward model's, any reward's), and the gold reward
+(when given) of held-out replies, evaluated after a step, as the held-out measure"""
+DISTILL_KEYS = LoggedKeys(reward="distill/signal", parts=False,
+                          reward_name="the student's match to the teacher (minus its reverse KL a token)")
+"""Distillation: what the student is paid (minus the per-token reverse KL to the teacher, plus
+``--reward-weight`` x the task reward), and held-out accuracy. Its parts are not logged as parts:
+the task reward is not what the student is paid unless --reward-weight says so, and correctness is
+then the held-out accuracy. A signal rising while the accuracy falls is teacher hacking (Tiapkin et
+al., 2025): the student matches the teacher where the teacher is wrong."""
+
+
+def question_of(example: dict) -> str:
+    """What the episode was asked: a task's question, a prompt set's prompt (text or messages)."""
+    if "question" in example:
+        return str(example["question"])
+    return prompt_text(example.get("prompt", ""))
 
 
 @dataclass
@@ -143,7 +162,26 @@ class HackingMonitor:
     said: list = field(default_factory=list)
     """the warning lines said so far (tests read them)"""
     keys: LoggedKeys = GRPO_KEYS
-    """the trainer's rows (PPO-RLHF's: ``RLHF_KEYS``)"""
+    """the trainer's rows (PPO-RLHF's and online DPO's: ``SCORED_KEYS``; distillation's: ``DISTILL_KEYS``)"""
+
+    @classmethod
+    def for_run(cls, run, step: int, warn: bool, keys: LoggedKeys = GRPO_KEYS) -> "HackingMonitor":
+        """The monitor of a trainer's run at ``step``: a resumed run's window refilled from its logged
+        rows (``replay``), so it logs what it would have logged without the stop. Only the process
+        that writes the run warns (a data-parallel run's others would say each line again)."""
+        from omnigym.track.files import read_metrics
+
+        monitor = cls(warn=warn and run.writer, keys=keys)
+        if step and run.writer:
+            monitor.replay(read_metrics(run.dir), until=step)
+        return monitor
+
+    def evaluated(self, step: int, metrics: dict) -> None:
+        """An evaluation's logged metrics: kept when they hold the held-out measure (PPO-RLHF and
+        online DPO have one only when --gold-reward is given; without it only the echo detector
+        has something to compare)."""
+        if self.keys.heldout in metrics:
+            self.heldout(step, metrics[self.keys.heldout])
 
     def heldout(self, step: int, accuracy: float) -> None:
         """An evaluation, kept with the training reward then (the window's mean; before any step,
@@ -180,20 +218,22 @@ class HackingMonitor:
                     self.last_warned[name] = step  # where step() said it (the same rate limit)
 
     def step(self, step: int, trajectories, decode: Callable[[list[int]], str], reward: float | None = None,
-             length: float | None = None) -> dict:
+             length: float | None = None, paid: list[float] | None = None) -> dict:
         """``reward`` and ``length``: the batch's mean as the trainer logs them where that is not
-        GRPO's computation (PPO-RLHF's), so that ``replay`` refills the window with the same numbers."""
+        GRPO's computation (PPO-RLHF's), so that ``replay`` refills the window with the same numbers.
+        ``paid``: what each episode was paid where that is not its ``reward`` (a judge's score, a
+        distillation signal)."""
         th, items = self.thresholds, trajectories.items
         if not items:
             return {}
-        rewards = [float(t.reward) for t in items]
+        rewards = [float(t.reward) for t in items] if paid is None else [float(p) for p in paid]
         # the batch's reward and length as the trainer logs them, so that a resumed run's window,
         # refilled from metrics.jsonl (replay), holds the very same numbers
         mean_reward = trajectories.rewards().mean().item() if reward is None else reward
         lengths = [float(sum(t.loss_mask)) for t in items]
         replies = [decode([tok for tok, m in zip(t.response_ids, t.loss_mask) if m]) for t in items]
-        echoed = [echoes(r, str(t.example.get("question", "")), th) for r, t in zip(replies, items)]
-        parts = trajectories.reward_parts()
+        echoed = [echoes(r, question_of(t.example), th) for r, t in zip(replies, items)]
+        parts = trajectories.reward_parts() if self.keys.parts else {}  # as replay reads the logged rows
         row = {"reward": mean_reward, "length": sum(lengths) / len(items) if length is None else length,
                "length_corr": correlation(lengths, rewards), **{f"part/{k}": v for k, v in parts.items()}}
         self.keep(step, row)
@@ -266,7 +306,7 @@ class HackingMonitor:
         drop, rise = best[1] - recent[-1][1], recent[-1][2] - best[2]
         metrics["hacking/heldout_drop"] = max(0.0, drop)
         if drop >= th.heldout_drop and rise >= th.rise:
-            return {"heldout": f"training reward rose {best[2]:.3f} -> {recent[-1][2]:.3f} while {self.keys.heldout_name} "
+            return {"heldout": f"{self.keys.reward_name} rose {best[2]:.3f} -> {recent[-1][2]:.3f} while {self.keys.heldout_name} "
                                f"fell {best[1]:.3f} -> {recent[-1][1]:.3f} (steps {best[0]} -> {recent[-1][0]}): the "
                                "reward and the task have parted"}
         return {}

@@ -51,6 +51,8 @@ from omnigym.models.tokens import completion_logprobs, make_completion_batch, pa
 from omnigym.optim import adamw
 from omnigym.pipelines.distill_demo import student_warm_up, teacher_accuracy, teacher_stage
 from omnigym.process import scoped_run
+from omnigym.generators.base import Trajectories
+from omnigym.rl.hacking import DISTILL_KEYS, HackingMonitor
 from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_clip
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.runtime.episodes import EpisodeScheduleConfig
@@ -86,6 +88,10 @@ class DistillConfig(TextTaskConfig, EpisodeScheduleConfig, RolloutRuntimeConfig,
     max_grad_norm: float = 1.0
     eval_every: int = 50
     checkpoint_every: int = 50
+    hacking_warnings: bool = True
+    """say a warning line when the reward-hacking monitor finds a known hack (the student matching the
+    teacher better while held-out accuracy falls: teacher hacking; the question echoed); the hacking/...
+    metrics are logged either way (docs/hacking.md)"""
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("teacher", "task", "env", "env_args", "eval_size", "digits",
                                                        "terms", "operations", "runtime", "max_staleness",
@@ -153,15 +159,22 @@ def train(cfg: DistillConfig) -> dict:
         progress = ProgressBar(cfg.steps, "distill", start=step, enabled=cfg.progress)
         clock = Clock(step)
         rollouts.update_weights(policy.named_parameters(), version=step)
+        monitor = HackingMonitor.for_run(run, step, cfg.hacking_warnings, DISTILL_KEYS)
+        decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
         for step in range(step, cfg.steps):
             metrics = {}
             if step % cfg.eval_every == 0:
                 metrics["eval/accuracy"] = evaluate(run, judge, policy, tokenizer, task.heldout, step, step + 1)
+                monitor.heldout(step, metrics["eval/accuracy"])
             items = [t for t in rollouts.trajectories(step).items if not t.info.get("error")]
             stats = distill_step(cfg, trainer, teacher, items, tokenizer.pad_token_id, loss_fn, step) if items else {}
             rollouts.update_weights(policy.named_parameters() if items else (), version=step + 1)
-            metrics.update({**step_metrics(items, stats), "perf/steps_per_second": clock.sps(step + 1),
+            metrics.update({**step_metrics(cfg, items, stats), "perf/steps_per_second": clock.sps(step + 1),
                             **rollouts.metrics()})
+            if items:  # this process's replies, each with what it was paid
+                metrics.update(monitor.step(step + 1, Trajectories(stats["replies"]), decode,
+                                            reward=metrics[DISTILL_KEYS.reward], length=metrics["completion/length"],
+                                            paid=stats["paid"]))
             if step == cfg.steps - 1:
                 if step == 0:  # --steps 1: the accuracy before gets a row of its own
                     run.log(0, {"eval/accuracy": metrics.pop("eval/accuracy")})
@@ -274,8 +287,12 @@ def distill_step(cfg: DistillConfig, trainer, teacher, items: list, pad_id: int,
         stats = trainer.forward_backward((batch, step), loss_fn, share)
         trainer.optim_step()
     reverse_kl = (student - teacher_logprobs).masked_fill(mask <= 0, 0.0)
+    # what each reply is paid, for the hacking monitor: its tokens' mean advantage before the batch's
+    # baseline (minus its per-token reverse KL, plus the weighted task reward)
+    paid = -reverse_kl.sum(1).cpu() / mask.sum(1).clamp(min=1).cpu() + cfg.reward_weight * rewards
     return {**{k: v.item() for k, v in stats.items()}, "reverse_kl": masked_mean(reverse_kl, mask).item(),
-            "reverse_kl_per_reply": (reverse_kl.sum(1)).mean().item(), "reward": rewards.mean().item()}
+            "reverse_kl_per_reply": (reverse_kl.sum(1)).mean().item(), "reward": rewards.mean().item(),
+            "replies": mine, "paid": paid.tolist()}
 
 
 def distill_loss(model, batch, cfg: DistillConfig, loss_cfg: PolicyLossConfig):
@@ -292,10 +309,12 @@ def distill_loss(model, batch, cfg: DistillConfig, loss_cfg: PolicyLossConfig):
     return loss, {**stats, "entropy": masked_mean(-new.detach(), mask)}
 
 
-def step_metrics(items: list, stats: dict) -> dict:
+def step_metrics(cfg: DistillConfig, items: list, stats: dict) -> dict:
     if not items:
         return {"steps/no_usable_episode": 1.0}
     metrics = {"reward/mean": stats["reward"], "distill/reverse_kl": stats["reverse_kl"],
+               # what the student is paid, on the scale of one token: rising as it writes what the teacher would
+               "distill/signal": -stats["reverse_kl"] + cfg.reward_weight * stats["reward"],
                "distill/reverse_kl_per_reply": stats["reverse_kl_per_reply"],
                "losses/policy_loss": stats["loss"], "policy/entropy": stats["entropy"],
                "completion/length": sum(sum(t.loss_mask) for t in items) / len(items),

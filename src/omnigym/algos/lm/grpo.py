@@ -206,9 +206,7 @@ def train(cfg: GRPOConfig) -> dict:
         clock = Clock(step)
         rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
         failed_in_a_row = 0
-        monitor = HackingMonitor(warn=cfg.hacking_warnings and run.writer)
-        if step and run.writer:  # resumed: its window as the logged rows left it
-            monitor.replay(read_metrics(run.dir), until=step)
+        monitor = HackingMonitor.for_run(run, step, cfg.hacking_warnings)
         for step in range(step, cfg.steps):
             metrics = {}
             if step % cfg.eval_every == 0:

@@ -34,6 +34,7 @@ from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
 from omnigym.errors import require
 from omnigym.evaluation.text import finish_sampled_run, heldout_rewards
+from omnigym.generators.base import Trajectories
 from omnigym.generators.prompts import PromptGenerator, remote_prompt_generator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
@@ -44,6 +45,7 @@ from omnigym.optim import adamw
 from omnigym.pipelines.rlhf_demo import DemoModels, demo_models
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
+from omnigym.rl.hacking import SCORED_KEYS, HackingMonitor
 from omnigym.rl.losses import PREFERENCE_LOSSES, check_finite, preference_loss
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
@@ -84,6 +86,10 @@ class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig
     max_grad_norm: float = 1.0
     eval_every: int = 25
     checkpoint_every: int = 50
+    hacking_warnings: bool = True
+    """say a warning line when the reward-hacking monitor finds a known hack (the judge's score rising
+    while the held-out gold reward, --gold-reward, falls; the score following reply length; the
+    question echoed); the hacking/... metrics are logged either way (docs/hacking.md)"""
 
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("rewards", "pairwise_judge", "data", "split", "max_prompt_length",
                                                        "eval_prompts", "samples_per_prompt", "loss", "runtime",
@@ -156,9 +162,12 @@ def train(cfg: OnlineDPOConfig) -> dict:
     loss_fn = functools.partial(pair_loss, cfg=cfg, pad_id=tokenizer.pad_token_id)
     with closing(rollouts):  # Ray's actors end with the run, however it ends
         step = run.begin(components).get("step", 0)
+        # the judge's score against the gold it stands for, as in PPO-RLHF
+        monitor = HackingMonitor.for_run(run, step, cfg.hacking_warnings, SCORED_KEYS)
         if step == 0:
-            run.log(0, {**heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, 0),
-                        "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
+            evaluated = heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, 0)
+            run.log(0, {**evaluated, "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
+            monitor.evaluated(0, evaluated)
         progress = ProgressBar(cfg.steps, "online_dpo", start=step, enabled=cfg.progress)
         clock = Clock(step)
         rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
@@ -186,8 +195,13 @@ def train(cfg: OnlineDPOConfig) -> dict:
             metrics = {**step_metrics(items, scores, pairs, stats), "perf/steps_per_second": clock.sps(step),
                        **rollouts.metrics()}
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                metrics.update(heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params,
-                                               step))
+                evaluated = heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, step)
+                metrics.update(evaluated)
+                monitor.evaluated(step, evaluated)  # before the step's check, so the last one is checked too
+            metrics.update(monitor.step(step, Trajectories(items), functools.partial(tokenizer.decode,
+                                                                                     skip_special_tokens=True),
+                                        reward=metrics["reward/score"], length=metrics["completion/length"],
+                                        paid=scores.tolist()))
             run.log(step, metrics)
             progress.update(step, score=metrics["reward/score"], pairs=metrics["pairs/kept_fraction"])
             if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):

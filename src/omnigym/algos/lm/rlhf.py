@@ -28,7 +28,7 @@ import functools
 import os
 import random
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -51,12 +51,11 @@ from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
 from omnigym.rewards.reward_model import RewardModelScorer
 from omnigym.rl.advantages import AdvantageConfig, gae, normalize
-from omnigym.rl.hacking import RLHF_KEYS, HackingMonitor
+from omnigym.rl.hacking import SCORED_KEYS, HackingMonitor
 from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_clip, value_loss
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
-from omnigym.tasks.preference_data import prompt_text, read_prompts
+from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.prompt_set import PromptSetConfig, prompts_for_step, split_prompts
-from omnigym.track.files import read_metrics
 from omnigym.track.progress import Clock, Laps, ProgressBar
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
@@ -164,13 +163,11 @@ def train(cfg: RLHFConfig) -> dict:
         counters = run.begin(components)
         step, beta = counters.get("step", 0), counters.get("beta", cfg.beta)
         # the proxy against the gold: the reward model's score, and the gold reward as the held-out measure
-        monitor = HackingMonitor(warn=cfg.hacking_warnings and run.writer, keys=RLHF_KEYS)
-        if step and run.writer:  # resumed: its window as the logged rows left it
-            monitor.replay(read_metrics(run.dir), until=step)
+        monitor = HackingMonitor.for_run(run, step, cfg.hacking_warnings, SCORED_KEYS)
         if step == 0:
             evaluated = heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, 0)
             run.log(0, {**evaluated, "data/prompts_left_out": left_out, "data/train_prompts": len(training)})
-            watch_heldout(monitor, 0, evaluated)
+            monitor.evaluated(0, evaluated)
         progress = ProgressBar(cfg.steps, "rlhf", start=step, enabled=cfg.progress)
         clock = Clock(step)
         rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
@@ -197,11 +194,11 @@ def train(cfg: RLHFConfig) -> dict:
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 evaluated = heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, step)
                 metrics.update(evaluated)
-                watch_heldout(monitor, step, evaluated)  # before the step's check, so the last one is checked too
-            scored = Trajectories([replace(t, reward=score, example={"question": prompt_text(t.example["prompt"])})
-                                   for t, score in zip(items, batch.scores.tolist())])
-            metrics.update(monitor.step(step, scored, functools.partial(tokenizer.decode, skip_special_tokens=True),
-                                        reward=metrics["reward/score"], length=metrics["completion/length"]))
+                monitor.evaluated(step, evaluated)  # before the step's check, so the last one is checked too
+            metrics.update(monitor.step(step, Trajectories(items), functools.partial(tokenizer.decode,
+                                                                                     skip_special_tokens=True),
+                                        reward=metrics["reward/score"], length=metrics["completion/length"],
+                                        paid=batch.scores.tolist()))
             run.log(step, metrics)
             progress.update(step, score=metrics["reward/score"], kl=metrics["kl/mean"])
             if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
@@ -209,13 +206,6 @@ def train(cfg: RLHFConfig) -> dict:
         progress.close()
         return finish_sampled_run(run, cfg, trainer.full_model(), tokenizer, gold is not None, "rm_score",
                                   "reward-model score")
-
-
-def watch_heldout(monitor: HackingMonitor, step: int, evaluated: dict) -> None:
-    """The gold reward of held-out replies, when the run has one, is what the monitor compares the
-    reward model's rising score with (without it, only the echo detector has something to check)."""
-    if RLHF_KEYS.heldout in evaluated:
-        monitor.heldout(step, evaluated[RLHF_KEYS.heldout])
 
 
 def load_value_model(cfg: RLHFConfig, models: Models, scorer, tokenizer):

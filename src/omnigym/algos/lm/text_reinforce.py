@@ -22,6 +22,7 @@ from omnigym.backends.local import LocalBackend
 from omnigym.config import RunConfig, require_positive
 from omnigym.envs.text import TextEnv
 from omnigym.errors import OmnigymError, require
+from omnigym.generators.base import Trajectories
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference import make_engine
 from omnigym.inference.engine import SamplingParams
@@ -31,6 +32,7 @@ from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.evaluation.text import SAMPLES_SHOWN, sample_row
 from omnigym.rewards import get_reward, parse_weights
+from omnigym.rl.hacking import HackingMonitor
 from omnigym.rl.losses import PolicyLossConfig, check_finite, reinforce
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.track.progress import Clock
@@ -55,6 +57,10 @@ class TextReinforceConfig(AgentConfig, RolloutRuntimeConfig, RunConfig):
     learning_rate: float = 1e-3
     max_new_tokens: int = 16
     temperature: float = 1.0
+    hacking_warnings: bool = True
+    """say a warning line when the reward-hacking monitor finds a known hack (the prompt echoed and paid,
+    a format part rising alone, the reward following reply length); the hacking/... metrics are logged
+    either way (docs/hacking.md)"""
 
     RESUMABLE = False  # short runs: no checkpoint to continue from
 
@@ -116,6 +122,8 @@ def train(cfg: TextReinforceConfig) -> dict:
     rollouts = make_rollouts(cfg, local, functools.partial(remote_generator, cfg,
                              os.getcwd()), lambda step: [example] * cfg.num_generators,
                              cfg.batch_size // cfg.num_generators, cfg.steps, cfg.seed)
+    monitor = HackingMonitor(warn=cfg.hacking_warnings)  # no --resume here: nothing to replay
+    decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
     with closing(rollouts):  # Ray's actors end with the run, however it ends
         clock = Clock(0)
         rollouts.update_weights(policy.named_parameters(), version=0)
@@ -138,8 +146,10 @@ def train(cfg: TextReinforceConfig) -> dict:
             trainer.optim_step()
             rollouts.update_weights(policy.named_parameters(), version=step + 1)
             run.log(step + 1, {"reward/mean": rewards.mean().item(), "losses/policy_loss": loss.item(),
+                               "completion/length": sum(sum(t.loss_mask) for t in items) / len(items),
                                **({"agent/errors": len(trajectories) - len(items)} if agent else {}),
-                               "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics()})
+                               "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics(),
+                               **monitor.step(step + 1, Trajectories(items), decode)})
             if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.steps:  # a few of the batch's episodes, to read
                 run.log_samples(step + 1, [
                     {**sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward),
