@@ -125,6 +125,40 @@ def test_an_unparsable_verdict_is_zero_and_counted(fake_judge, monkeypatch):
     assert reward.metrics()["judge/unparsable"] == 2
 
 
+def test_each_reply_notes_whether_its_verdict_was_read_and_a_trainer_logs_the_share(fake_judge, monkeypatch):
+    """score_notes: 1 in judge_unparsable where the verdict could not be read, through a weighted sum
+    of rewards too; judge_metrics is the share of a step's episodes the trainers log."""
+    from omnigym.generators.base import Trajectories, Trajectory
+    from omnigym.rewards.judge import judge_metrics
+
+    monkeypatch.setattr(JudgeReward, "_ask", lambda self, prompts: ["I cannot decide." if '"no"' in p else "Score: 7"
+                                                                     for p in prompts])
+    totals, parts, notes = parse_weights(f"judge:{fake_judge.url}:1.0,length:0").score_notes(["yes", "no", "yes"],
+                                                                                              [EXAMPLE] * 3)
+    assert totals.tolist() == [0.7, 0.0, 0.7] and notes == {"judge_unparsable": [0.0, 1.0, 0.0]}
+
+    def episode(note):
+        return Trajectory([1], [2], [1], [0.0], 0.0, 0, 0, EXAMPLE, {} if note is None else {"judge_unparsable": note})
+
+    assert judge_metrics(Trajectories([episode(0.0), episode(1.0), episode(0.0), episode(1.0)])) == \
+        {"judge/unparsable_rate": 0.5}
+    assert judge_metrics(Trajectories([episode(None)])) == {}  # no judge: no metric
+
+
+def test_a_trainer_logs_the_share_of_verdicts_it_could_not_read(tmp_path):
+    """text REINFORCE with the untrained tiny model as its judge: it writes no verdict, so every
+    reply is scored 0 and the run's rows say so (judge/unparsable_rate 1.0), not only its reward of 0."""
+    from omnigym.algos import text_reinforce
+    from omnigym.models.lm import build_tiny_model
+
+    build_tiny_model(tmp_path / "judge")
+    text_reinforce.train(text_reinforce.TextReinforceConfig(
+        run_dir=str(tmp_path / "run"), rewards=f"judge:{tmp_path / 'judge'}:1.0,keyword:1.0", steps=1, batch_size=2,
+        progress=False, plot=False, tensorboard=False))
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [row["judge/unparsable_rate"] for row in rows] == [1.0]
+
+
 def test_same_input_is_judged_once(fake_judge):
     reward = JudgeReward(fake_judge.url)
     reward(["4", "4", "five"], [EXAMPLE] * 3)

@@ -60,6 +60,13 @@ class Trajectories:
     def select(self, indices: list[int]) -> "Trajectories":
         return Trajectories([self.items[i] for i in indices])
 
+    def noted_share(self, note: str) -> float | None:
+        """The share of episodes whose reward noted ``note`` (``Reward.score_notes``: ``sandbox_blocked``,
+        ``judge_unparsable``) above 0; None where no episode carries the note."""
+        if not any(note in t.info for t in self.items):
+            return None
+        return sum(t.info.get(note, 0) > 0 for t in self.items) / len(self.items)
+
     def reward_parts(self) -> dict[str, float]:
         """Each reward's mean over the batch (the parts of a weighted sum); an episode cut off
         before a final reply counts 0 for every part."""

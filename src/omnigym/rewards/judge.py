@@ -64,6 +64,17 @@ Think briefly, then end your answer with one last line of exactly this form:
 Score: N"""
 
 
+UNPARSABLE = "judge_unparsable"
+"""the note (``Reward.score_notes``) on a reply whose verdict could not be read"""
+
+
+def judge_metrics(trajectories) -> dict[str, float]:
+    """``judge/unparsable_rate``, the share of a step's episodes whose judge verdict could not be
+    read (scored 0), where a judge scored them; nothing otherwise."""
+    share = trajectories.noted_share(UNPARSABLE)
+    return {} if share is None else {"judge/unparsable_rate": share}
+
+
 def quoted(text: str) -> str:
     """``text`` as one JSON string line: newlines, quotes, ``<``, ``>``, ``&`` and every non-ASCII
     character escaped, so it cannot end its block or look like the judge's own words."""
@@ -189,10 +200,18 @@ class JudgeReward(Reward):
         return {f"judge/{name}": float(value) for name, value in self.counts.items()}
 
     def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:
+        return self.score_notes(completions, examples)[0]
+
+    def score_notes(self, completions, examples):
+        """The verdicts (0 where one could not be read) and, per reply, the note ``judge_unparsable``
+        (1 where it could not): a trainer logs their share as ``judge/unparsable_rate``, so a
+        judge that does not answer in the rubric's form shows instead of paying 0 in silence."""
         if len(completions) != len(examples):
             raise OmnigymError(f"{len(completions)} completions but {len(examples)} examples")
         prompts = [render(self.rubric, question_text(e), c, reference_of(e)) for c, e in zip(completions, examples)]
-        return torch.tensor([v or 0.0 for v in self._verdicts(prompts, parse_verdict)], dtype=torch.float64)
+        verdicts = self._verdicts(prompts, parse_verdict)
+        return torch.tensor([v or 0.0 for v in verdicts], dtype=torch.float64), {}, \
+            {UNPARSABLE: [float(v is None) for v in verdicts]}
 
     def _verdicts(self, prompts: list[str], parse) -> list:
         """``parse`` of the judge's answer to each prompt: each distinct prompt asked once, ever

@@ -52,6 +52,7 @@ from omnigym.optim import adamw
 from omnigym.pipelines.distill_demo import student_warm_up, teacher_accuracy, teacher_stage
 from omnigym.process import scoped_run
 from omnigym.generators.base import Trajectories
+from omnigym.rewards.judge import judge_metrics
 from omnigym.rl.hacking import DISTILL_KEYS, HackingMonitor
 from omnigym.rl.losses import PolicyLossConfig, check_finite, masked_mean, ppo_clip
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
@@ -321,7 +322,7 @@ def step_metrics(cfg: DistillConfig, items: list, stats: dict) -> dict:
                "completion/cut_off_fraction": sum(bool(t.info.get("cut_off")) for t in items) / len(items)}
     if "clip_fraction" in stats:
         metrics["losses/clip_fraction"] = stats["clip_fraction"]
-    return metrics
+    return {**metrics, **judge_metrics(Trajectories(items))}
 
 
 def evaluate(run: Run, judge, policy, tokenizer, examples: list[dict], version: int, log_step: int) -> float:

@@ -45,6 +45,7 @@ from omnigym.optim import adamw
 from omnigym.pipelines.grpo_warmup import warm_up
 from omnigym.process import scoped_run
 from omnigym.rl.advantages import AdvantageConfig, get_advantage, outcome_rewards, turn_spans
+from omnigym.rewards.judge import judge_metrics
 from omnigym.rl.hacking import HackingMonitor
 from omnigym.rl.losses import (AGGREGATIONS, PolicyLossConfig, aggregate, check_finite, kl_estimate, masked_mean,
                                ppo_clip)
@@ -419,7 +420,7 @@ def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats
                 max(moves, 1)
     if cfg.agent or cfg.env.startswith("vf:"):
         metrics.update(agent_metrics(items))
-    return metrics
+    return {**metrics, **judge_metrics(trajectories)}
 
 
 def cut_off_lines(cfg, logged: list[dict], percent: float) -> list[str]:

@@ -44,7 +44,8 @@ from omnigym.models.tokens import completion_logprobs, make_completion_batch
 from omnigym.optim import adamw
 from omnigym.pipelines.rlhf_demo import DemoModels, demo_models
 from omnigym.process import scoped_run
-from omnigym.rewards import parse_weights
+from omnigym.rewards import parse_weights, scored_with_notes
+from omnigym.rewards.judge import judge_metrics
 from omnigym.rl.hacking import SCORED_KEYS, HackingMonitor
 from omnigym.rl.losses import PREFERENCE_LOSSES, check_finite, preference_loss
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
@@ -193,7 +194,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
 
             step += 1
             metrics = {**step_metrics(items, scores, pairs, stats), "perf/steps_per_second": clock.sps(step),
-                       **rollouts.metrics()}
+                       **rollouts.metrics(), **judge_metrics(Trajectories(items))}
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 evaluated = heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, step)
                 metrics.update(evaluated)
@@ -213,9 +214,14 @@ def train(cfg: OnlineDPOConfig) -> dict:
 
 @torch.no_grad()
 def judged_scores(cfg: OnlineDPOConfig, judge, items: list, tokenizer) -> torch.Tensor:
-    """The judge's score of each reply, less --missing-eos-penalty where it never ended."""
+    """The judge's score of each reply, less --missing-eos-penalty where it never ended; what the
+    judge noted of a reply (a verdict it could not read) goes to the reply's info."""
     texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in items]
-    scores = judge(texts, [t.example for t in items]).double().cpu()
+    scores, _, notes = scored_with_notes(judge, texts, [t.example for t in items])
+    scores = scores.double().cpu()
+    for name, column in notes.items():
+        for t, value in zip(items, column):
+            t.info[name] = value
     unfinished = torch.tensor([not t.info["finished"] for t in items], dtype=torch.float64)
     return scores - cfg.missing_eos_penalty * unfinished
 

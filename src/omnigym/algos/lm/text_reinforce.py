@@ -32,6 +32,7 @@ from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.evaluation.text import SAMPLES_SHOWN, sample_row
 from omnigym.rewards import get_reward, parse_weights
+from omnigym.rewards.judge import judge_metrics
 from omnigym.rl.hacking import HackingMonitor
 from omnigym.rl.losses import PolicyLossConfig, check_finite, reinforce
 from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
@@ -149,7 +150,8 @@ def train(cfg: TextReinforceConfig) -> dict:
                                "completion/length": sum(sum(t.loss_mask) for t in items) / len(items),
                                **({"agent/errors": len(trajectories) - len(items)} if agent else {}),
                                "perf/steps_per_second": clock.sps(step + 1), **rollouts.metrics(),
-                               **monitor.step(step + 1, Trajectories(items), decode)})
+                               **monitor.step(step + 1, Trajectories(items), decode),
+                               **judge_metrics(Trajectories(items))})
             if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.steps:  # a few of the batch's episodes, to read
                 run.log_samples(step + 1, [
                     {**sample_row(t.example, tokenizer.decode(t.response_ids, skip_special_tokens=True), reward=t.reward),
