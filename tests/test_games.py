@@ -207,7 +207,8 @@ def test_the_presets_league_settings_wait_for_self_play():
     from omnigym.algos.control.ppo import PPOConfig
 
     fixed, line = PPOConfig(env_id="pettingzoo/tictactoe_v3").apply_preset()
-    assert fixed.ent_coef == 0.1 and fixed.eval_every == PPOConfig.eval_every and "eval_every" not in line
+    assert fixed.ent_coef == 0.05 and fixed.symmetric  # the network's symmetries are the game's, league or not
+    assert fixed.eval_every == PPOConfig.eval_every and "eval_every" not in line
     fixed.check_self_play()  # nothing given for a league: no complaint
     league, line = PPOConfig(env_id="pettingzoo/tictactoe_v3", self_play=True).apply_preset()
     assert league.eval_every == 20 and league.random_share == 0.2 and "--eval-every 20" in line
@@ -304,13 +305,14 @@ def test_a_resumed_self_play_run_keeps_its_league_and_ratings(tmp_path):
 
 @pytest.mark.slow
 def test_self_play_learns_tic_tac_toe(tmp_path):
-    """The tictactoe preset, 30k steps, seed 1 (~20 s quiet, 62 s under load 5): measured 0.79 against random, 0.165
-    against the perfect player, Elo 1228 (the untrained policy: about 0.65, 0.02 and 1000)."""
+    """The tictactoe preset, 30k steps, seed 1 (10 s at load 3.5): measured 0.88 against random, 0.445 against the
+    perfect player, Elo 1439 (the untrained policy: about 0.65, 0.02 and 1000). The preset before --symmetric and
+    entropy 0.05 measured 0.79, 0.165 and 1228 here: the 0.3 asked against the perfect player is the symmetries'."""
     run_dir = tmp_path / "run"
     assert main(["train", "ppo", "--self-play", "--env-id", "openspiel/tic_tac_toe", "--total-timesteps", "30000",
                  "--seed", "1", "--run-dir", str(run_dir), "--no-progress"]) == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     final = [r for r in rows if "eval/vs_random/win_rate" in r][-1]
     assert final["eval/vs_random/win_rate"] >= 0.7
-    assert final["eval/vs_search/score"] >= 0.1
+    assert final["eval/vs_search/score"] >= 0.3
     assert final["eval/elo"] > 1100

@@ -117,9 +117,10 @@ class _EncodedActor(nn.Module):
 # the space the networks see (a goal env's flattened observation ++ desired_goal).
 
 def _actor_critic(cfg, components, obs_space, action_space):
+    from omnigym.envs.games.symmetry import symmetries_of
     from omnigym.models.control import ActorCritic
 
-    agent = ActorCritic(obs_space, action_space, tuple(cfg.hidden))
+    agent = ActorCritic(obs_space, action_space, tuple(cfg.hidden), symmetries_of(cfg))
     agent.load_state_dict(components["model"])
     obs_rms = (components.get("collector") or {}).get("obs_rms")
     return (Deterministic(agent, "greedy"), obs_rms, None,

@@ -68,10 +68,40 @@ class NatureCNN(nn.Module):
         return self.net(obs.float() / 255.0)
 
 
+class BoardSymmetries(nn.Module):
+    """A board game's symmetries as the encoder of an ``ActorCritic`` (envs/games/symmetry.py):
+    observations ``[B, D]`` in, their ``G`` transformed views ``[B, G, D]`` out, which the
+    torsos read like any batch; ``pool_logits`` maps each view's logits back to the original
+    actions and averages them, ``pool_values`` averages the values. The policy and value are
+    then exactly the same on symmetric positions (moves permuted), whatever the weights.
+    No parameters: a checkpoint's keys are a plain ``ActorCritic``'s."""
+
+    def __init__(self, features: np.ndarray, actions: np.ndarray):
+        super().__init__()
+        # actions[g, i]: the original action of view g's action i; its inverse picks, for each
+        # original action, the logit of view g that stands for it
+        inverse = np.argsort(actions, axis=1)
+        self.register_buffer("features", torch.as_tensor(features, dtype=torch.long), persistent=False)
+        self.register_buffer("inverse", torch.as_tensor(inverse, dtype=torch.long), persistent=False)
+        self.register_buffer("views", torch.arange(len(inverse))[:, None], persistent=False)
+
+    # Plain indexing, no len() or expand(shape): a traced export (omnigym export) keeps the batch size free.
+    def forward(self, obs):
+        return obs[..., self.features]
+
+    def pool_logits(self, logits):
+        return logits[..., self.views, self.inverse].mean(-2)
+
+    def pool_values(self, values):
+        return values.mean(-1)
+
+
 class CategoricalHead(nn.Module):
     def __init__(self, n_in: int, n_actions: int):
         super().__init__()
         self.logits = layer(n_in, n_actions, 0.01)
+        self.pool = None
+        """``BoardSymmetries.pool_logits`` when the features are a board's symmetric views"""
 
     def sample(self, features, action=None, mask=None):
         """Returns ``(action, log_prob, entropy)``; samples when ``action`` is None. ``mask``
@@ -85,6 +115,8 @@ class CategoricalHead(nn.Module):
 
     def masked_logits(self, features, mask=None):
         logits = self.logits(features)
+        if self.pool is not None:
+            logits = self.pool(logits)
         # A large finite negative, not -inf: probabilities of exactly 0 without 0 * inf in the entropy.
         return logits if mask is None else logits.masked_fill(~mask, -1e8)
 
@@ -128,12 +160,22 @@ def check_observation_space(space: gym.Space) -> None:
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs on vectors; one shared CNN encoder on pixels."""
+    """Separate actor and critic MLPs on vectors; one shared CNN encoder on pixels.
+    ``symmetries``: a board game's ``(features, actions)`` index arrays (envs/games/symmetry.py,
+    ``--symmetric``): the policy and value are averaged over the board's transformed views."""
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64)):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (64, 64),
+                 symmetries: tuple[np.ndarray, np.ndarray] | None = None):
         super().__init__()
         check_observation_space(observation_space)
-        if len(observation_space.shape) == 3:
+        self.symmetries = None
+        if symmetries is not None:
+            if not isinstance(action_space, gym.spaces.Discrete) or len(observation_space.shape) != 1:
+                raise OmnigymError("board symmetries are for vector observations and discrete actions (a board "
+                                   f"game's), got {observation_space} and {action_space}")
+            self.encoder = self.symmetries = BoardSymmetries(*symmetries)
+            n_in = int(np.prod(observation_space.shape))
+        elif len(observation_space.shape) == 3:
             self.encoder = NatureCNN(observation_space.shape[0], size=observation_space.shape[1])
             n_in, hidden = self.encoder.out_features, ()
         else:
@@ -148,16 +190,22 @@ class ActorCritic(nn.Module):
             self.head = GaussianHead(width, action_space.shape[0])
         else:
             raise OmnigymError(f"PPO and REINFORCE take Discrete or 1-D Box actions, got {action_space}")
+        if self.symmetries is not None:
+            self.head.pool = self.symmetries.pool_logits
+
+    def _value(self, features):
+        values = self.critic(features).squeeze(-1)
+        return values if self.symmetries is None else self.symmetries.pool_values(values)
 
     def value(self, obs):
-        return self.critic(self.encoder(obs)).squeeze(-1)
+        return self._value(self.encoder(obs))
 
     def act(self, obs, action=None, mask=None):
         """Returns ``(action, log_prob, entropy, value)``; samples when ``action`` is None.
         ``mask``: the valid actions (discrete only), where the env gives them."""
         features = self.encoder(obs)
         action, log_prob, entropy = self.head.sample(self.actor_torso(features), action, mask)
-        return action, log_prob, entropy, self.critic(features).squeeze(-1)
+        return action, log_prob, entropy, self._value(features)
 
     def greedy(self, obs, mask=None):
         return self.head.mode(self.actor_torso(self.encoder(obs)), mask)

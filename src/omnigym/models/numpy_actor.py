@@ -9,7 +9,9 @@ start of a rollout is the policy the update then improves; nothing may change th
 the rollout runs, and nothing does.
 
 Only the actor runs per step: the critic's values are computed for the whole rollout in
-one batched torch call afterwards (``RolloutCollector``). Pixel models keep the torch path
+one batched torch call afterwards (``RolloutCollector``). A board game's symmetric actor
+(``BoardSymmetries``, --symmetric) reads the board's views and averages their logits here as
+there. Pixel models keep the torch path
 (``NumpyActor.of`` returns None): there the convolutions are the cost, and the value comes
 with the shared encoder.
 
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnigym.models.control import ActorCritic, CategoricalHead, GaussianHead
+from omnigym.models.control import ActorCritic, BoardSymmetries, CategoricalHead, GaussianHead
 
 
 def _weights(linear: nn.Linear) -> tuple[np.ndarray, np.ndarray]:
@@ -38,11 +40,14 @@ class NumpyActor:
         self.torso, self.head, self.gaussian, self.log_std = torso, head, gaussian, log_std
         self.std = None if log_std is None else np.exp(log_std)  # once per snapshot, not per step
         self._rows = np.arange(0)
+        self.views = None
+        """a board's symmetries: ``(features [G, D], inverse [G, A])``, BoardSymmetries' index arrays"""
 
     @classmethod
     def of(cls, agent: ActorCritic) -> "NumpyActor | None":
         """A snapshot of ``agent``'s actor, or None where the numpy path does not apply."""
-        if not isinstance(agent, ActorCritic) or not isinstance(agent.encoder, (nn.Identity, nn.Flatten)):
+        if not isinstance(agent, ActorCritic) or not isinstance(agent.encoder, (nn.Identity, nn.Flatten,
+                                                                                BoardSymmetries)):
             return None
         modules = list(agent.actor_torso)
         if not all(isinstance(m, (nn.Linear, nn.Tanh)) for m in modules):
@@ -51,7 +56,10 @@ class NumpyActor:
         if isinstance(agent.head, GaussianHead):
             return cls(torso, _weights(agent.head.mean), True, agent.head.log_std.detach().cpu().numpy())
         if isinstance(agent.head, CategoricalHead):
-            return cls(torso, _weights(agent.head.logits), False, None)
+            actor = cls(torso, _weights(agent.head.logits), False, None)
+            if isinstance(agent.encoder, BoardSymmetries):
+                actor.views = agent.encoder.features.cpu().numpy(), agent.encoder.inverse.cpu().numpy()
+            return actor
         return None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator, mask: np.ndarray | None = None):
@@ -59,9 +67,13 @@ class NumpyActor:
         ufuncs directly: the same sums as ``ndarray.sum``/``max``, without their Python wrappers,
         which on a few rows cost more than the sums (~25 numpy calls a step in all)."""
         x = obs.reshape(len(obs), -1)
+        if self.views is not None:
+            x = x[:, self.views[0]]  # [B, G, D]: each of the board's views
         for weight, bias in self.torso:
             x = np.tanh(x @ weight + bias)
         out = x @ self.head[0] + self.head[1]
+        if self.views is not None:  # each view's logits back on the original actions, averaged (as BoardSymmetries)
+            out = np.take_along_axis(out, self.views[1][None], -1).mean(1)
         if self.gaussian:
             noise = rng.standard_normal(out.shape, dtype=np.float32)
             actions = out + self.std * noise

@@ -152,11 +152,12 @@ class RolloutCollector:
         self.masks = self._current_masks()
 
 
-def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = False):
+def actor_critic_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = False, symmetries=None):
     """A checkpointed ``ActorCritic`` (PPO, REINFORCE) as ``obs batch (numpy) -> actions``,
     with the run's observation normalization (the collector's, saved with it) and actions
-    clipped into a Box as in training. It lives beside the collector, whose state it reads."""
-    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, tuple(hidden))
+    clipped into a Box as in training. It lives beside the collector, whose state it reads.
+    ``symmetries``: the board's, for a run trained with them (PPO's --symmetric)."""
+    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, tuple(hidden), symmetries)
     agent.load_state_dict(components["model"])
     obs_rms = None
     if components["collector"].get("obs_rms"):

@@ -83,6 +83,7 @@ class RolloutWorker:
     """A Ray actor: its share of the envs, its copy of the policy, one rollout per call."""
 
     def __init__(self, cfg, algo: str, index: int, num_envs: int, cwd: str):
+        from omnigym.envs.games.symmetry import symmetries_of
         from omnigym.envs.vector import make_run_envs
         from omnigym.models.control import ActorCritic
         from omnigym.track.episodes import EpisodeStats
@@ -94,7 +95,8 @@ class RolloutWorker:
                                   capture_video=cfg.capture_video and index == 0)
         with contextlib.redirect_stdout(io.StringIO()):  # the learner has said which backend the envs run on
             envs, signal = make_run_envs(cfg, algo)
-        self.agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
+        self.agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden,
+                                 symmetries_of(cfg))
         self.stats = EpisodeStats()
         self.collector = build_collector(cfg, envs, signal, self.stats)
         self.version = 0

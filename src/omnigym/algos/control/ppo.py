@@ -33,6 +33,7 @@ import torch
 
 from omnigym.config import (ControlConfig, check_compiler, require_fraction, require_non_negative,
                             require_positive)
+from omnigym.envs.games.symmetry import has_symmetries, symmetries_of
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.control import ActorCritic
@@ -83,12 +84,16 @@ class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
     image_pad: int = 0
     """images: random shifts of up to this many pixels on each minibatch (DrQ's augmentation, rl/augment.py; 4 is
     DrQ's; 0 = off)"""
+    symmetric: bool = False
+    """board games: average the policy and value over the board's symmetries (tic-tac-toe's 8 rotations and
+    reflections, envs/games/symmetry.py), so what is learnt of a position holds for its mirror images (the
+    tictactoe preset's)"""
     compile: bool = False
     """compile the minibatch loss with torch.compile (its backward too): ~25 s to build on a cold cache, then
     1.09x the training SPS on PPO HalfCheetah (docs/benchmarks.md); needs a C++ compiler on CPU (docs/ppo.md)"""
 
     RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs", "normalize_reward", "runtime", "max_staleness",
-                                                 "num_generators", "self_play")
+                                                 "num_generators", "self_play", "symmetric")
     PRESETS = {
         "atari": ("CleanRL ppo_atari.py, the PPO paper's Atari settings", dict(
             total_timesteps=10_000_000, num_envs=8, num_steps=128, learning_rate=2.5e-4, gamma=0.99, gae_lambda=0.95,
@@ -105,12 +110,14 @@ class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
             gae_lambda=0.95, num_minibatches=4, update_epochs=5, clip_coef=0.2, clip_vloss=True, ent_coef=0.01,
             vf_coef=1.0, max_grad_norm=1.0, normalize_obs=True, hidden=(512, 256, 128))),
         # Two-seat board games (docs/games.md): the defaults with a large entropy bonus, which keeps the league's
-        # games varied (at 0.03 or less self-play collapsed onto a few lines and scored 0.04 against the perfect
-        # player after 160k steps; 0.1 scored 0.3-0.5 by 60-70k in both runs tried), and a fixed share of games
-        # against the random player.
+        # games varied (tic-tac-toe without symmetries: at 0.03 or less self-play collapsed onto a few lines; 0.1
+        # reached 0.3-0.45 against the perfect player, its holes moving between evaluations), and a fixed share of
+        # games against the random player. Tic-tac-toe's network also averages over the board's 8 symmetries
+        # (--symmetric): with them, 0.05 ended at 0.5 against the perfect player on seeds 1 and 2, where 0.1 left
+        # seed 2 losing every game to it for 150k steps (a line its league never played).
         "tictactoe": ("omnigym's self-play search on tic-tac-toe, docs/games.md", dict(
-            total_timesteps=200_000, num_steps=64, ent_coef=0.1, latest_share=0.3, random_share=0.2,
-            league_every=10, eval_every=20)),
+            total_timesteps=300_000, num_steps=64, ent_coef=0.05, symmetric=True, latest_share=0.3,
+            random_share=0.2, league_every=10, eval_every=20)),
         "connect_four": ("omnigym's self-play search on connect four, docs/games.md", dict(
             total_timesteps=400_000, num_steps=64, ent_coef=0.05, latest_share=0.3, random_share=0.2,
             hidden=(128, 128), league_every=10, eval_every=20, eval_games=50)),
@@ -138,6 +145,9 @@ class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
                 "rollout workers; make it a multiple")
         if self.compile:
             check_compiler(self.device)
+        require(not self.symmetric or has_symmetries(self.env_id),
+                f"--symmetric knows the board symmetries of tic-tac-toe (pettingzoo/tictactoe_v3, "
+                f"openspiel/tic_tac_toe); {self.env_id} is not one: leave --symmetric out")
         self.check_self_play()
 
 
@@ -154,7 +164,8 @@ def train(cfg: PPOConfig) -> dict:
     if cfg.self_play:
         check_games_envs(envs)
     run = start_run(cfg, "ppo", cfg.env_id)
-    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden).to(cfg.device)
+    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden,
+                        symmetries_of(cfg)).to(cfg.device)
     # --self-play: the game's other seat is the league's (this policy, its snapshots, random), rl/league.py
     league = League(cfg, envs, agent) if cfg.self_play else None
     optimizer = Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
@@ -263,4 +274,4 @@ def minibatch_objective(agent, cfg: PPOConfig, loss_cfg: PolicyLossConfig, obs, 
 
 def load_policy(cfg: PPOConfig, components: dict, envs, greedy: bool = False):
     """The trained policy as ``obs (numpy batch) -> actions (numpy)`` for evaluation."""
-    return actor_critic_policy(cfg.hidden, components, envs, greedy)
+    return actor_critic_policy(cfg.hidden, components, envs, greedy, symmetries_of(cfg))

@@ -1,0 +1,159 @@
+"""Tic-tac-toe's 8 board symmetries (envs/games/symmetry.py) and the network that averages over
+them (models/control.py, PPO's --symmetric, the tictactoe preset's): the cell permutations by
+hand, the observation and mask layouts against the libraries' own boards, and the policy and
+value the same on symmetric positions."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("pettingzoo", reason="needs the [games] extra")
+pytest.importorskip("pyspiel", reason="needs the [games] extra")
+
+from omnigym.cli import main  # noqa: E402
+from omnigym.envs.games import make_game  # noqa: E402
+from omnigym.envs.games.symmetry import board_symmetries, square_symmetries  # noqa: E402
+from omnigym.models.control import ActorCritic  # noqa: E402
+
+TIC_TAC_TOE = ("pettingzoo/tictactoe_v3", "openspiel/tic_tac_toe")
+
+
+def test_the_eight_cell_permutations_checked_by_hand():
+    cells = square_symmetries()
+    # 0 1 2      a quarter turn (counter-clockwise)  2 5 8     the transpose  0 3 6
+    # 3 4 5      holds, cell by cell, the original   1 4 7                    1 4 7
+    # 6 7 8      cells                               0 3 6                    2 5 8
+    hand = {(0, 1, 2, 3, 4, 5, 6, 7, 8), (2, 5, 8, 1, 4, 7, 0, 3, 6), (8, 7, 6, 5, 4, 3, 2, 1, 0),
+            (6, 3, 0, 7, 4, 1, 8, 5, 2), (0, 3, 6, 1, 4, 7, 2, 5, 8), (2, 1, 0, 5, 4, 3, 8, 7, 6),
+            (8, 5, 2, 7, 4, 1, 6, 3, 0), (6, 7, 8, 3, 4, 5, 0, 1, 2)}
+    assert {tuple(row) for row in cells} == hand and tuple(cells[0]) == tuple(range(9))
+    # a group: every composition is one of the eight; the centre never moves, corners stay corners
+    assert all(tuple(a[b]) in hand for a in cells for b in cells)
+    assert (cells[:, 4] == 4).all() and set(cells[:, 0]) == {0, 2, 6, 8}
+
+
+@pytest.mark.parametrize("env_id", TIC_TAC_TOE)
+def test_a_transformed_game_is_the_libraries_own_board_transformed(env_id):
+    """Play a game, and the same game with every move mapped by a symmetry: the second
+    library board's observation and mask are the first's, permuted as board_symmetries says."""
+    features, actions = board_symmetries(env_id)
+    moves = (0, 4, 5, 2, 6)  # a corner, the centre, an edge, ...: every kind of cell moves
+    for g in range(len(actions)):
+        original, mirrored = make_game(env_id), make_game(env_id)
+        original.reset(seed=0), mirrored.reset(seed=0)
+        to_view = np.argsort(actions[g])  # original action -> the transformed board's action
+        for move in moves:
+            original.step(move), mirrored.step(int(to_view[move]))
+            seat = original.current()
+            assert np.array_equal(mirrored.observation(seat), original.observation(seat)[features[g]]), (env_id, g)
+            assert np.array_equal(mirrored.legal_mask(), original.legal_mask()[actions[g]]), (env_id, g)
+        assert np.array_equal(mirrored.returns(), original.returns())
+
+
+def test_the_pettingzoo_layout_by_hand():
+    """X on cell 0 (a corner) and O on cell 1 (an edge), seen by the next mover (X): plane 0 is
+    the mover's marks, feature 2 * cell + plane. The quarter turn's board holds cell 2 at 0,
+    cell 5 at 1, cell 8 at 2, cell 1 at 3: so X's mark (cell 0) shows at 6, O's (cell 1) at 3."""
+    features, actions = board_symmetries("pettingzoo/tictactoe_v3")
+    game = make_game("pettingzoo/tictactoe_v3")
+    game.step(0), game.step(1)
+    obs = game.observation(game.current())
+    assert obs[0] == 1 and obs[3] == 1 and obs.sum() == 2  # cell 0 plane 0, cell 1 plane 1
+    turn = next(g for g in range(8) if tuple(actions[g]) == (2, 5, 8, 1, 4, 7, 0, 3, 6))
+    view = obs[features[turn]]
+    assert view[2 * 6 + 0] == 1 and view[2 * 3 + 1] == 1 and view.sum() == 2
+    assert list(game.legal_mask()[actions[turn]]) == [True, True, True, False, True, True, False, True, True]
+
+
+@pytest.mark.parametrize("env_id", TIC_TAC_TOE)
+def test_the_symmetric_network_plays_symmetric_positions_alike_and_a_plain_one_does_not(env_id):
+    features, actions = board_symmetries(env_id)
+    game = make_game(env_id)
+    for move in (0, 5, 4):
+        game.step(move)
+    obs = torch.as_tensor(game.observation(game.current()))[None]
+    mask = torch.as_tensor(game.legal_mask())[None]
+    space = gym.spaces.Box(-np.inf, np.inf, obs.shape[1:], np.float32)
+
+    def logits_and_value(net, g):
+        view, view_mask = obs[:, features[g]], mask[:, actions[g]]
+        logits = net.head.masked_logits(net.actor_torso(net.encoder(view)), view_mask)[0]
+        return logits, net.value(view)[0]
+
+    torch.manual_seed(0)
+    for symmetric in (True, False):
+        net = ActorCritic(space, gym.spaces.Discrete(9), (16,), (features, actions) if symmetric else None)
+        for module in net.modules():  # large weights: a plain network's views then differ clearly
+            if isinstance(module, torch.nn.Linear):
+                torch.nn.init.normal_(module.weight)
+        logits, value = logits_and_value(net, 0)
+        alike = []
+        for g in range(1, 8):
+            view_logits, view_value = logits_and_value(net, g)
+            # the view's action i is the original action actions[g, i]
+            alike.append(torch.allclose(view_logits, logits[actions[g]], atol=1e-4)
+                         and torch.allclose(view_value, value, atol=1e-5))
+        assert all(alike) if symmetric else not any(alike), (symmetric, alike)
+    assert sorted(net.state_dict()) == sorted(ActorCritic(space, gym.spaces.Discrete(9), (16,), (features, actions))
+                                              .state_dict())  # a checkpoint's keys are a plain network's
+
+
+def test_the_tictactoe_preset_is_symmetric_and_symmetric_elsewhere_is_one_line(tmp_path, monkeypatch, capsys):
+    from omnigym.algos.control.ppo import PPOConfig
+
+    cfg, line = PPOConfig(env_id="pettingzoo/tictactoe_v3", self_play=True).apply_preset()
+    assert cfg.symmetric and "--symmetric" in line
+    assert not PPOConfig(env_id="pettingzoo/connect_four_v3", self_play=True).apply_preset()[0].symmetric
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo", "--env-id", "pettingzoo/connect_four_v3", "--symmetric", "--run-dir", "run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--symmetric knows the board symmetries of tic-tac-toe" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("env_id", TIC_TAC_TOE)
+def test_the_rollouts_numpy_actor_averages_the_views_as_torch_does(env_id):
+    """The collector samples with the numpy actor (models/numpy_actor.py): its log-probs are the
+    symmetric torch actor's, masks respected, not those of the network's plain (unaveraged) view."""
+    from omnigym.models.numpy_actor import NumpyActor
+
+    game = make_game(env_id)
+    rng = np.random.default_rng(0)
+    obs, masks = [], []
+    for _ in range(32):  # positions from random games
+        game.reset(seed=int(rng.integers(1000)))
+        for _ in range(rng.integers(0, 5)):  # a game ends in 5 moves at the soonest
+            game.step(random_legal(game, rng))
+        obs.append(game.observation(game.current())), masks.append(game.legal_mask())
+    obs, masks = np.stack(obs), np.stack(masks)
+    space = gym.spaces.Box(-np.inf, np.inf, obs.shape[1:], np.float32)
+    torch.manual_seed(0)
+    net = ActorCritic(space, gym.spaces.Discrete(9), (16,), board_symmetries(env_id))
+    with torch.no_grad():
+        for p in net.head.parameters():
+            p.add_(torch.randn_like(p))
+    actor = NumpyActor.of(net)
+    assert actor is not None and actor.views is not None
+    actions, log_probs = actor.act(obs, np.random.default_rng(1), masks)
+    assert masks[np.arange(len(obs)), actions].all()
+    with torch.no_grad():
+        _, torch_log_probs, _, _ = net.act(torch.from_numpy(obs), torch.from_numpy(actions), torch.from_numpy(masks))
+    np.testing.assert_allclose(log_probs, torch_log_probs.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def random_legal(game, rng):
+    return int(rng.choice(np.flatnonzero(game.legal_mask())))
+
+
+def test_a_symmetric_run_evaluates_and_exports_its_averaged_policy(tmp_path, capsys):
+    """eval and export rebuild the network from the run's config: a plain one would load the
+    same weights (the keys are the same) and play another policy. The export checks its actions
+    against the checkpoint's on probe observations; a traced len(obs) froze the batch size."""
+    run = str(tmp_path / "run")
+    assert main(["train", "ppo", "--env-id", "pettingzoo/tictactoe_v3", "--total-timesteps", "256", "--num-envs", "2",
+                 "--num-steps", "32", "--run-dir", run, "--no-progress", "--no-plot"]) == 0
+    assert "--symmetric" in capsys.readouterr().out  # the preset's
+    assert main(["eval", run, "--episodes", "2"]) == 0
+    assert main(["export", run, "--format", "torchscript"]) == 0
+    assert "its actions equal the checkpoint policy's" in capsys.readouterr().out
