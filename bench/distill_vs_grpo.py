@@ -1,4 +1,4 @@
-"""The distillation demo against GRPO on the same student: the figures in docs/distill.md.
+"""The distillation demo against GRPO on the same student: the figures in docs/distillation.md.
 
 For each seed: ``omnigym train distill --seed N`` with no other flag but ``--steps`` and
 ``--eval-every`` (the offline demo: the GRPO demo's model as the teacher, the "tiny-small"

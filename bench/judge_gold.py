@@ -1,5 +1,5 @@
 """Does a judge reward raise the hidden gold score? GRPO with ``--rewards judge:RUN:1.0`` on the
-offline RLHF world (``omnigym.tasks.gold_world``): the figures in docs/judge.md.
+offline RLHF world (``omnigym.tasks.gold_world``): the figures in docs/judges.md.
 
 No hub is reachable, so the judge is a model built here, the way the demo's reward model is:
 

@@ -152,7 +152,7 @@ def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, models, argv, me
 
 
 def test_with_no_teacher_the_demo_trains_one_by_grpo_as_a_stage_and_reuses_it(tmp_path, models, monkeypatch, capsys):
-    """The demo's wiring on a small schedule (the real one: docs/distill.md): GRPO trains the tiny
+    """The demo's wiring on a small schedule (the real one: docs/distillation.md): GRPO trains the tiny
     teacher in stages/teacher, the student is warmed up in stages/warmup and learns from it, both
     accuracies are printed; a second run over the same directory reuses both stages and logs the
     same metrics."""
@@ -189,7 +189,7 @@ def test_the_demo_student_tiny_small_is_a_quarter_of_tiny_with_its_tokenizer_and
 
 
 def test_a_built_in_untrained_student_is_warmed_up_before_it_distills(tmp_path, models, monkeypatch):
-    """(its random characters do not learn the answer format from the teacher's grades: docs/distill.md)"""
+    """(its random characters do not learn the answer format from the teacher's grades: docs/distillation.md)"""
     monkeypatch.setattr(distill_demo, "STUDENT_WARMUP", dict(sft_steps=2, sft_batch_size=4))
     distill.train(config(tmp_path / "run", models, model="tiny-small", steps=1))
     stages = tmp_path / "run" / "stages"

@@ -5,7 +5,7 @@ min(10, round(20 gold))) learns from the replies of 300 of the RLHF demo's gold-
 (seed 1's, the session's shared demo stages) and as many random-word strings, for 200 steps;
 then 12 GRPO steps of 8 prompts x 8 replies with ``--rewards judge:RUN:1.0`` start from the
 demo's SFT policy. The bench's sizes (600 judge steps, 40 GRPO steps) and both seeds' figures
-are in docs/judge.md.
+are in docs/judges.md.
 
 Measured on seed 1 (about 56 s of CPU from the finished shared stages): the judge orders 0.68 of the
 200 held-out pairs as gold does (0.31 ties), and GRPO takes the gold reward of one sampled reply

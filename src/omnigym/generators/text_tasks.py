@@ -78,7 +78,7 @@ class TextTaskConfig:
     own reward, else math:1.0,format:0.1"""
     judge_rubric: str | None = None
     """the rubric file of a judge:MODEL_OR_URL reward (slots {question}, {reply}, {reference}; it asks for a
-    last line 'Score: N'); default: rewards/judge.py's own (docs/judge.md)"""
+    last line 'Score: N'); default: rewards/judge.py's own (docs/judges.md)"""
     accuracy_reward: str | None = None
     """the reward that decides correctness for sft/val_accuracy and eval/accuracy (an episode is
     correct when it scores >= 1); default: the first of --rewards"""

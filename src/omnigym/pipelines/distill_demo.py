@@ -8,12 +8,12 @@ given no ``--teacher``.
    80 steps of distillation from an untrained "tiny-small" left every reply a run of one letter),
    so the student first learns the answer format from demonstrations, as GRPO's demo model does;
    the recipe, too, distills into a student that was fine-tuned first. GRPO from the same warm-up
-   is the comparison in docs/distill.md.
+   is the comparison in docs/distillation.md.
 
 The teacher is omnigym's own GRPO demo (``omnigym train grpo``: the built-in "tiny" model, its
 supervised warm-up, then GRPO from rewards) run as a stage of the distillation run, with
 ``TEACHER_FLAGS``: 50 GRPO steps where the GRPO demo's default is 400, which keeps the demo
-affordable on a CPU and already lifts held-out accuracy (docs/distill.md). It trains on the distillation run's own
+affordable on a CPU and already lifts held-out accuracy (docs/distillation.md). It trains on the distillation run's own
 task (the task flags, the seed), so the two runs hold out the same problems.
 
 The stage is a finished GRPO run that a later start with the same settings reuses (a resumed or

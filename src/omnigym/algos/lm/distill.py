@@ -22,7 +22,7 @@ offline demo: the teacher is omnigym's GRPO demo, trained first as a stage of th
 with the same character tokenizer; the run prints both models' held-out accuracy. The demo's
 student, and any built-in untrained one ("tiny", "tiny-small"), first gets GRPO's supervised
 warm-up (``stages/warmup``). Held-out
-accuracy (greedy, the task's correctness reward) is logged as GRPO logs it. docs/distill.md says
+accuracy (greedy, the task's correctness reward) is logged as GRPO logs it. docs/distillation.md says
 where this differs from TRL's GKDTrainer.
 """
 

@@ -65,7 +65,7 @@ class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig
     pairwise_judge: str | None = None
     """instead of --rewards: a judge model shown two replies, MODEL_FOLDER or http://HOST:PORT/v1 (an
     OpenAI-compatible endpoint): each prompt's pair is the replies it prefers most and least, each
-    comparison asked in both orders (docs/judge.md); held-out replies get its judge:... score; --missing-eos-penalty
+    comparison asked in both orders (docs/judges.md); held-out replies get its judge:... score; --missing-eos-penalty
     is not applied (the judge reads the reply as it was cut)"""
     gold_reward: str | None = None
     """rewards scored on held-out samples at each evaluation, never trained on; the demo uses
