@@ -244,3 +244,27 @@ def test_a_deepspeed_config_omnigym_cannot_use_is_one_line(tmp_path, capsys, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_distillation_on_two_processes_logs_the_whole_batch(tmp_path):
+    """Distillation under DDP: each process trains on its share of the replies, and the logged
+    figures (the reverse KL, the monitor's signal and its length correlation) are the whole batch's,
+    as one process logs them; the states match too."""
+    from omnigym.models.lm import build_tiny_model
+
+    small = dict(hidden=32, layers=1, heads=2, max_positions=64)
+    student = build_tiny_model(tmp_path / "student", seed=0, **small)
+    teacher = build_tiny_model(tmp_path / "teacher", seed=1, **small)
+    flags = ["train", "distill", "--model", str(student), "--teacher", str(teacher), "--steps", "3",
+             "--prompts-per-step", "4", "--samples-per-prompt", "2", "--max-new-tokens", "6", "--eval-size", "8",
+             "--eval-every", "2", "--checkpoint-every", "3", "--no-progress", "--no-plot", "--no-tensorboard"]
+    omnigym(*flags, "--run-dir", str(tmp_path / "one"))
+    omnigym(*flags, "--run-dir", str(tmp_path / "two"), processes=2, backend="ddp")
+    assert_same_state(trained(tmp_path / "one"), trained(tmp_path / "two"))
+    rows = [[json.loads(line) for line in open(tmp_path / run / "metrics.jsonl")] for run in ("one", "two")]
+    keys = ("distill/reverse_kl", "distill/signal", "reward/mean", "completion/length", "hacking/length_reward_corr",
+            "hacking/echo_rate")
+    assert len(rows[0]) == len(rows[1]) == 3
+    for one, two in zip(*rows):
+        for key in keys:
+            assert one[key] == pytest.approx(two[key], abs=1e-5), (one["global_step"], key, one[key], two[key])

@@ -223,6 +223,36 @@ def test_a_resumed_monitor_logs_what_the_whole_run_logged_with_ppo_rlhfs_rows():
     assert rows_of(wrong, range(7, 13), []) != whole[7:]
 
 
+def test_a_resumed_monitor_logs_what_the_whole_run_logged_with_distillations_rows():
+    """Distillation's rows: distill/signal is the reward (its reward/... values are not parts), an
+    evaluation before step s is logged in row s + 1 (as GRPO's), and the teacher-hacking warning
+    comes after the cut, so the replayed window and evaluations decide it."""
+    from omnigym.rl.hacking import DISTILL_KEYS
+
+    batches = [[episode("x" * (5 + j), 0.0, parts={"math": 0.5}) for j in range(4)] for _ in range(16)]
+
+    def rows_of(monitor, steps, rows):
+        for step in steps:  # the loop's step s - 1 trains the policy that row s logs
+            row = {"global_step": step}
+            if (step - 1) % 4 == 0:
+                row["eval/accuracy"] = 0.6 - 0.05 * (step - 1)
+                monitor.heldout(step - 1, row["eval/accuracy"])
+            signal = -1.0 + 0.05 * step
+            row.update({"distill/signal": signal, "reward/mean": 0.5, "reward/math": 0.5, "completion/length": 6.5})
+            row.update(monitor.step(step, Trajectories(batches[step - 1]), decode, reward=signal, length=6.5,
+                                    paid=[signal + 0.01 * j for j in range(4)]))
+            rows.append(row)
+        return rows
+
+    whole = rows_of(HackingMonitor(keys=DISTILL_KEYS), range(1, 17), [])
+    resumed = HackingMonitor(keys=DISTILL_KEYS)
+    resumed.replay(whole[:6], until=6)
+    assert rows_of(resumed, range(7, 17), []) == whole[6:]
+    assert not any("hacking/detected/heldout" in row for row in whole[:6])
+    assert any("hacking/detected/heldout" in row for row in whole[6:])  # decided by evaluations before the cut
+    assert all(row["hacking/heldout_reward_rise"] > 0 for row in whole[6:] if "hacking/heldout_reward_rise" in row)
+
+
 @pytest.mark.slow  # 20 PPO-RLHF steps from the demo's SFT stage (the session's, conftest.py)
 def test_ppo_rlhf_warns_when_its_reward_model_pays_against_the_gold(tmp_path, rlhf_demo_run, monkeypatch, capsys):
     """A reward model planted to pay for what the gold reward penalises (consonants, the gold

@@ -56,11 +56,14 @@ def test_text_reinforce_warns_when_its_reward_pays_for_the_prompt_copied(tmp_pat
     assert "hacking/detected/echo" in rows[-1]
 
 
-@pytest.mark.slow  # 30 online DPO steps from the demo's SFT stage (the session's, conftest.py)
+@pytest.mark.slow  # 40 online DPO steps from the demo's SFT stage (the session's, conftest.py)
 def test_online_dpo_warns_when_its_judge_pays_against_the_gold(tmp_path, rlhf_demo_run, monkeypatch, capsys):
     """The user's own judge (--rewards module:function) planted to pay for consonants, the gold
     being the vowel fraction: the judge's score rises while the held-out gold falls, and the
-    monitor says so in the gold's words. Measured (seed 1): gold 0.197 -> 0.025, warned at step 20.
+    monitor says so in the gold's words. Measured (seed 1) from stages made by the CLI: gold 0.197 -> 0.025,
+    warned at step 20; from the tests' stages (made under ATEN_CPU_CAPABILITY=avx2) first at step 30
+    (gold 0.107 -> 0.042 over the last three evaluations): 40 steps, so the warning is not decided by
+    the last evaluation alone.
     The demo's own reward model as the judge draws no warning (test_online_dpo.py)."""
     from omnigym.algos import online_dpo
 
@@ -68,7 +71,7 @@ def test_online_dpo_warns_when_its_judge_pays_against_the_gold(tmp_path, rlhf_de
     (tmp_path / "planted_judge.py").write_text(AGAINST_GOLD)
     online_dpo.train(online_dpo.OnlineDPOConfig(
         run_dir=str(tmp_path / "run"), model=str(rlhf_demo_run / "stages" / "sft" / "model"),
-        rewards="planted_judge:against_gold:1.0", gold_reward="gold_vowels:1.0", steps=30, eval_every=5, seed=1,
+        rewards="planted_judge:against_gold:1.0", gold_reward="gold_vowels:1.0", steps=40, eval_every=5, seed=1,
         progress=False, plot=False, tensorboard=False))
     err = capsys.readouterr().err
     rows = logged(tmp_path / "run")

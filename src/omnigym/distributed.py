@@ -51,6 +51,16 @@ def broadcast(value):
     return box[0]
 
 
+def gathered(value) -> list:
+    """Every process's ``value``, in rank order (``[value]`` in a run of one process): what each
+    process measured on its share of a batch, for metrics of the whole batch."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -101,7 +101,8 @@ class WeightedSum(Reward):
         """``score`` and the parts' notes, added up where two parts note the same name."""
         parts, notes = {}, {}
         for name, reward in self.parts.items():
-            values, _, own = reward.score_notes(completions, examples)
+            # a part that raises (a judge's engine, a sandbox) is one line naming it, as in score()
+            values, _, own = call_user_code(f"reward {name}", reward.score_notes, completions, examples)
             parts[name] = values
             for key, column in own.items():
                 notes[key] = [a + b for a, b in zip(notes.get(key, [0.0] * len(column)), column)]
@@ -137,7 +138,8 @@ def scored_with_parts(reward, completions: Sequence[str],
 def scored_with_notes(reward, completions: Sequence[str], examples: Sequence[dict]):
     """``(totals, parts, notes)`` of any reward (``Reward.score_notes``): notes are per-completion
     numbers a reward observed beside its score (``sandbox_blocked``), for the trajectories' info."""
-    return as_reward(reward, "of the env").score_notes(completions, examples)
+    reward = as_reward(reward, "of the env")
+    return call_user_code(f"reward {reward.label}", reward.score_notes, completions, examples)
 
 
 def leading_part(reward) -> Reward:

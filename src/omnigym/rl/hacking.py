@@ -305,6 +305,7 @@ class HackingMonitor:
         best = max(recent, key=lambda e: e[1])
         drop, rise = best[1] - recent[-1][1], recent[-1][2] - best[2]
         metrics["hacking/heldout_drop"] = max(0.0, drop)
+        metrics["hacking/heldout_reward_rise"] = rise  # the training reward since that best (any sign)
         if drop >= th.heldout_drop and rise >= th.rise:
             return {"heldout": f"{self.keys.reward_name} rose {best[2]:.3f} -> {recent[-1][2]:.3f} while {self.keys.heldout_name} "
                                f"fell {best[1]:.3f} -> {recent[-1][1]:.3f} (steps {best[0]} -> {recent[-1][0]}): the "

@@ -40,6 +40,7 @@ import torch
 from omnigym.algos import get_algorithm
 from omnigym.backends import make_backend
 from omnigym.config import LanguageModelConfig, require_non_negative, require_positive
+from omnigym.distributed import gathered
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_tasks import ECOSYSTEM, GAMES, TextTaskConfig, make_generator, remote_generator, \
@@ -172,8 +173,8 @@ def train(cfg: DistillConfig) -> dict:
             rollouts.update_weights(policy.named_parameters() if items else (), version=step + 1)
             metrics.update({**step_metrics(cfg, items, stats), "perf/steps_per_second": clock.sps(step + 1),
                             **rollouts.metrics()})
-            if items:  # this process's replies, each with what it was paid
-                metrics.update(monitor.step(step + 1, Trajectories(stats["replies"]), decode,
+            if items:  # the step's replies, each with what it was paid
+                metrics.update(monitor.step(step + 1, Trajectories(items), decode,
                                             reward=metrics[DISTILL_KEYS.reward], length=metrics["completion/length"],
                                             paid=stats["paid"]))
             if step == cfg.steps - 1:
@@ -287,13 +288,19 @@ def distill_step(cfg: DistillConfig, trainer, teacher, items: list, pad_id: int,
     for _ in range(cfg.ppo_epochs):
         stats = trainer.forward_backward((batch, step), loss_fn, share)
         trainer.optim_step()
-    reverse_kl = (student - teacher_logprobs).masked_fill(mask <= 0, 0.0)
+    per_reply = (student - teacher_logprobs).masked_fill(mask <= 0, 0.0).sum(1).cpu()
+    tokens = mask.sum(1).cpu()
+    # the whole batch's figures, whichever share of it this process trained on: each process's
+    # replies (their reverse KL summed over tokens, token counts, rewards) gathered in row order
+    shares = gathered((rows, per_reply.tolist(), tokens.tolist(), rewards.tolist()))
+    order = [row for share_rows, *_ in shares for row in share_rows]
+    kl_sums, counts, all_rewards = ([value for share in shares for value in share[i]] for i in (1, 2, 3))
     # what each reply is paid, for the hacking monitor: its tokens' mean advantage before the batch's
     # baseline (minus its per-token reverse KL, plus the weighted task reward)
-    paid = -reverse_kl.sum(1).cpu() / mask.sum(1).clamp(min=1).cpu() + cfg.reward_weight * rewards
-    return {**{k: v.item() for k, v in stats.items()}, "reverse_kl": masked_mean(reverse_kl, mask).item(),
-            "reverse_kl_per_reply": (reverse_kl.sum(1)).mean().item(), "reward": rewards.mean().item(),
-            "replies": mine, "paid": paid.tolist()}
+    paid = {row: -kl / max(n, 1) + cfg.reward_weight * r for row, kl, n, r in zip(order, kl_sums, counts, all_rewards)}
+    return {**{k: v.item() for k, v in stats.items()}, "reverse_kl": sum(kl_sums) / max(sum(counts), 1),
+            "reverse_kl_per_reply": sum(kl_sums) / len(kl_sums), "reward": sum(all_rewards) / len(all_rewards),
+            "paid": [paid[i] for i in range(len(items))]}
 
 
 def distill_loss(model, batch, cfg: DistillConfig, loss_cfg: PolicyLossConfig):

@@ -246,7 +246,8 @@ def preferred_pairs(judge, items: list, tokenizer) -> tuple[list[tuple], torch.T
     """(chosen, rejected) per prompt by a pairwise judge: the reply that beat or tied every one
     it met and the one that lost or tied every one, each reply after the first meeting the best
     and the worst so far (2(k-1) comparisons a prompt, all prompts' in one batch a round); none
-    where no comparison was decided. Scores: 1 for the chosen, 0 for the rest (for the metrics)."""
+    where no comparison was decided. Scores: 1 for the chosen, 0 for the rest (for the metrics; a
+    prompt with no pair has no chosen reply)."""
     texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in items]
     groups: dict[int, list[int]] = {}
     for i, t in enumerate(items):
@@ -266,7 +267,7 @@ def preferred_pairs(judge, items: list, tokenizer) -> tuple[list[tuple], torch.T
                 worst[g] = c
     pairs = [(items[best[g]], items[worst[g]]) for g in groups if best[g] != worst[g]]
     scores = torch.zeros(len(items), dtype=torch.float64)
-    scores[[best[g] for g in groups]] = 1.0
+    scores[[best[g] for g in groups if best[g] != worst[g]]] = 1.0
     return pairs, scores
 
 
