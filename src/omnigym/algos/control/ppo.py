@@ -33,7 +33,7 @@ import torch
 
 from omnigym.config import (ControlConfig, check_compiler, require_fraction, require_non_negative,
                             require_positive)
-from omnigym.envs.games.symmetry import has_symmetries, symmetries_of
+from omnigym.envs.games.symmetry import has_symmetries, no_symmetries, symmetries_of
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.control import ActorCritic
@@ -114,7 +114,8 @@ class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
         # reached 0.3-0.45 against the perfect player, its holes moving between evaluations), and a fixed share of
         # games against the random player. Tic-tac-toe's network also averages over the board's 8 symmetries
         # (--symmetric): with them, 0.05 ended at 0.5 against the perfect player on seeds 1 and 2, where 0.1 left
-        # seed 2 losing every game to it for 150k steps (a line its league never played).
+        # seed 2 losing every game to it for 150k steps (a line its league never played); seed 3 still ends at
+        # 0.25 (it loses every game as O), docs/games.md.
         "tictactoe": ("omnigym's self-play search on tic-tac-toe, docs/games.md", dict(
             total_timesteps=300_000, num_steps=64, ent_coef=0.05, symmetric=True, latest_share=0.3,
             random_share=0.2, league_every=10, eval_every=20)),
@@ -145,10 +146,16 @@ class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
                 "rollout workers; make it a multiple")
         if self.compile:
             check_compiler(self.device)
-        require(not self.symmetric or has_symmetries(self.env_id),
-                f"--symmetric knows the board symmetries of tic-tac-toe (pettingzoo/tictactoe_v3, "
-                f"openspiel/tic_tac_toe); {self.env_id} is not one: leave --symmetric out")
+        require(not self.symmetric or has_symmetries(self.env_id), no_symmetries(self.env_id))
+        # the running statistics are per cell and not symmetric: the averaged views would differ again
+        require(not (self.symmetric and self.normalize_obs), "--symmetric averages the policy over the board's "
+                "symmetries; --normalize-obs's per-cell statistics are not symmetric and would undo that: leave one out")
         self.check_self_play()
+
+    def preset_field_applies(self, name: str) -> bool:
+        """The tictactoe preset's --symmetric is for the boards it knows: the preset on another game
+        (connect four) trains without it, as before the flag existed."""
+        return (name != "symmetric" or has_symmetries(self.env_id)) and super().preset_field_applies(name)
 
 
 CONFIG = PPOConfig

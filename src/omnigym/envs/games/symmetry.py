@@ -52,8 +52,15 @@ def _openspiel_tictactoe(cells: np.ndarray) -> np.ndarray:
 LAYOUTS = {"pettingzoo/tictactoe_v3": _pettingzoo_tictactoe, "openspiel/tic_tac_toe": _openspiel_tictactoe}
 
 
-def has_symmetries(env_id) -> bool:
+def has_symmetries(env_id: str) -> bool:
+    """Whether ``--symmetric`` knows this game's board symmetries."""
     return env_id in LAYOUTS
+
+
+def no_symmetries(env_id: str) -> str:
+    """What to say of ``--symmetric`` on a game whose symmetries it does not know."""
+    return (f"--symmetric knows the board symmetries of tic-tac-toe ({', '.join(LAYOUTS)}); {env_id} is not one: "
+            "leave --symmetric out")
 
 
 def board_symmetries(env_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -61,8 +68,7 @@ def board_symmetries(env_id: str) -> tuple[np.ndarray, np.ndarray]:
     observation ``obs`` is ``obs[features[g]]``, and its action ``i`` is the original action
     ``actions[g, i]``."""
     if env_id not in LAYOUTS:
-        raise OmnigymError(f"--symmetric knows the board symmetries of {', '.join(LAYOUTS)}; {env_id} is not one of "
-                           "them: leave --symmetric out")
+        raise OmnigymError(no_symmetries(env_id))
     cells = square_symmetries()
     return LAYOUTS[env_id](cells), cells
 
