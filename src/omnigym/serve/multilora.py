@@ -18,12 +18,16 @@ What stays each request's own, so that what one client sends never reaches anoth
 
 Only the base matrix products see other requests' rows, and a row of a matrix product does not
 depend on the other rows' values; whether the BLAS kernel rounds a row the same way for a
-different number of rows is the kernel's choice. On the CPU (MKL/oneDNN sgemm) a row comes out
-bit for bit the same for any row count of 4 or more, but 1-3 rows take another kernel that
-rounds differently; so a product of fewer than 4 rows is padded to 4 (``_product``), and each
-request's tokens and log-probs are then bit-identical to it run alone
-(``tests/test_serve_batching.py``). On a GPU, cuBLAS picks its algorithm by shape too: there
-expect the same tokens at a fixed seed and log-probs equal to float rounding, not bit for bit.
+different number of rows is the kernel's choice. On the CPU (MKL sgemm) a row comes out bit for
+bit the same for any row count from some threshold up, and below it takes another kernel that
+rounds differently. The threshold is the machine's and the shape's: 4 rows on an AMD Zen 3 for the
+tiny model; on an Intel Xeon with AVX-512, 5 rows for an input width of 96, 6 for 128, 11 for 256,
+16 from 512 (measured). So each weight's threshold is measured once, by the first product with it
+(``rows_from``: a probe of row counts against a larger batch), and a product of fewer rows is
+padded to it (``_product``); each request's tokens and log-probs are then bit-identical to it run
+alone (``tests/test_serve_batching.py``). A weight whose rows still differ at ``PROBE_ROWS`` is
+padded to that and is exact only as far as the probe saw. On a GPU, cuBLAS picks its algorithm by
+shape too: there expect the same tokens at a fixed seed and log-probs equal to float rounding.
 
 The prefix cache (``PrefixCache``) keeps the keys and values of what a sampling session
 prefilled (the prompt, and for a one-sample request the prompt with its completion), bounded
@@ -51,8 +55,28 @@ from omnigym.serve.contract import RequestError
 _ADAPTED = re.compile(r"model\.layers\.(\d+)\.(?:self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|"
                       r"down_proj)\.lora_A")
 _HEAD = "lm_head"
-MIN_ROWS = 4
-"""matrix products get at least this many rows (see the module's docstring)"""
+PROBE_ROWS = 64
+"""the largest row count a weight's threshold is probed up to (see the module's docstring)"""
+_THRESHOLDS: dict[tuple, int] = {}
+_THRESHOLDS_LOCK = threading.Lock()
+
+
+def rows_from(weight: torch.Tensor, with_bias: bool) -> int:
+    """The fewest rows from which ``F.linear`` with ``weight`` rounds every row as it does in a
+    batch of ``2 x PROBE_ROWS`` rows: measured on random rows the first time a shape is seen
+    (the kernel is chosen by shape, dtype and device, not by the values)."""
+    key = (tuple(weight.shape), weight.dtype, weight.device.type, with_bias)
+    with _THRESHOLDS_LOCK:
+        if key not in _THRESHOLDS:
+            generator = torch.Generator().manual_seed(0)
+            x = torch.randn(2 * PROBE_ROWS, weight.shape[1], generator=generator).to(weight)
+            bias = torch.randn(weight.shape[0], generator=generator).to(weight) if with_bias else None
+            with torch.no_grad():
+                full = F.linear(x, weight, bias)
+                differ = [rows for rows in range(1, PROBE_ROWS + 1)
+                          if not torch.equal(F.linear(x[:rows], weight, bias), full[:rows])]
+            _THRESHOLDS[key] = min(max(differ, default=0) + 1, PROBE_ROWS)
+        return _THRESHOLDS[key]
 
 
 def can_batch(model) -> bool:
@@ -224,12 +248,12 @@ class MultiLoRAEngine:
 
     @staticmethod
     def _product(x, weight, bias=None):
-        """``F.linear`` with at least ``MIN_ROWS`` rows (zeros added, then cut off): the kernel
-        that rounds each row as it does in any larger batch."""
-        rows = x.shape[:-1].numel()
-        if rows >= MIN_ROWS:
+        """``F.linear`` with at least ``rows_from(weight)`` rows (zeros added, then cut off): the
+        kernel that rounds each row as it does in any larger batch."""
+        rows, least = x.shape[:-1].numel(), rows_from(weight, bias is not None)
+        if rows >= least:
             return F.linear(x, weight, bias)
-        flat = torch.cat([x.reshape(rows, x.shape[-1]), x.new_zeros(MIN_ROWS - rows, x.shape[-1])])
+        flat = torch.cat([x.reshape(rows, x.shape[-1]), x.new_zeros(least - rows, x.shape[-1])])
         return F.linear(flat, weight, bias)[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
     def _linear(self, x, weight, bias, segments, layer: int, kind: str):
