@@ -96,8 +96,23 @@ def test_rising_reward_with_falling_heldout_accuracy():
         m = hacked.step(step, Trajectories(batch(0.1 * step)), decode)
         c = clean.step(step, Trajectories(batch(0.1 * step)), decode)
     assert abs(m["hacking/heldout_drop"] - 0.2) < 1e-9 and "hacking/detected/heldout" in m and len(hacked.said) == 1
-    assert "0.500 -> 0.400" in hacked.said[0]  # said where it first showed
+    assert "0.500 -> 0.300 (steps 0 -> 6)" in hacked.said[0]  # said where three evaluations first show it
     assert c["hacking/heldout_drop"] == 0.0 and "hacking/detected/heldout" not in c and not clean.said
+
+
+def test_one_dip_of_heldout_accuracy_is_not_a_fall():
+    """0.5 -> 0.6 -> 0.52 while the reward climbs: 0.08 below the best, but one dip between rises (a
+    demo's held-out gold on 16 replies: 0.612 -> 0.535 -> 0.561) is noise, not a trend."""
+    def batch(r):
+        return [episode("<answer>1</answer>", r), episode("<answer>2</answer>", r)]
+
+    monitor = HackingMonitor()
+    for step in range(1, 9):
+        if step % 3 == 1:
+            monitor.heldout(step - 1, {0: 0.5, 1: 0.6, 2: 0.52}[step // 3])
+        metrics = monitor.step(step, Trajectories(batch(0.1 * step)), decode)
+    assert metrics["hacking/heldout_drop"] == pytest.approx(0.08) and not monitor.said
+    assert "hacking/detected/heldout" not in metrics
 
 
 def test_sandbox_blocked_rate_and_rate_limited_warnings():
