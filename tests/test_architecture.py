@@ -284,6 +284,9 @@ ALLOWED_PROCESS_STATE = {
     "omnigym.scoped_env:environment:environ": "scoped: restored when the block ends",
     # constants never written: the environment a Ray worker is started with
     "omnigym.runtime.ray_actors:THREAD_ENV": "Ray's runtime_env wants a dict; nothing writes it",
+    # a measurement of the machine, not of a run: the row count from which the CPU's BLAS rounds a row
+    # alike, per weight shape (serve's batched sampling pads smaller products to it)
+    "omnigym.serve.multilora:_THRESHOLDS": "the BLAS kernel's row threshold per shape, the same for every run",
     # per train() call, not per process: a ContextVar that scoped_run sets and resets
     "omnigym.track.run:_current_call": "the train() call a thread is in (TrainCall), set and reset per call",
 }

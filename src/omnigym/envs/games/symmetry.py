@@ -18,6 +18,8 @@ and averages its logits, each mapped back to the original cells, and its values.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 
 from omnigym.errors import OmnigymError
@@ -49,7 +51,8 @@ def _openspiel_tictactoe(cells: np.ndarray) -> np.ndarray:
 
 
 # env id -> the observation's feature indices of each symmetry, from its cell permutations
-LAYOUTS = {"pettingzoo/tictactoe_v3": _pettingzoo_tictactoe, "openspiel/tic_tac_toe": _openspiel_tictactoe}
+LAYOUTS = MappingProxyType({"pettingzoo/tictactoe_v3": _pettingzoo_tictactoe,
+                            "openspiel/tic_tac_toe": _openspiel_tictactoe})  # read-only: no process state
 
 
 def has_symmetries(env_id: str) -> bool:
