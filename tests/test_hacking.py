@@ -268,6 +268,15 @@ def test_a_resumed_monitor_logs_what_the_whole_run_logged_with_distillations_row
     assert all(row["hacking/heldout_reward_rise"] > 0 for row in whole[6:] if "hacking/heldout_reward_rise" in row)
 
 
+def assert_warned_as_the_gold_fell(run_dir, err):
+    """A run whose reward paid against the gold: the held-out gold fell, and the monitor said so."""
+    rows = logged(run_dir)
+    gold = [row["eval/gold_reward"] for row in rows if "eval/gold_reward" in row]
+    assert gold[-1] < gold[0] - 0.05, gold
+    assert "reward hacking? step" in err and "while the held-out gold reward fell" in err, err
+    assert any("hacking/detected/heldout" in row for row in rows)
+
+
 @pytest.mark.slow  # 20 PPO-RLHF steps from the demo's SFT stage (the session's, conftest.py)
 def test_ppo_rlhf_warns_when_its_reward_model_pays_against_the_gold(tmp_path, rlhf_demo_run, monkeypatch, capsys):
     """A reward model planted to pay for what the gold reward penalises (consonants, the gold
@@ -289,12 +298,7 @@ def test_ppo_rlhf_warns_when_its_reward_model_pays_against_the_gold(tmp_path, rl
     shutil.copytree(rlhf_demo_run, tmp_path / "run")
     rlhf.train(rlhf.RLHFConfig(run_dir=str(tmp_path / "run"), overwrite=True, progress=False, plot=False,
                                tensorboard=False, seed=1))
-    err = capsys.readouterr().err
-    rows = logged(tmp_path / "run")
-    gold = [row["eval/gold_reward"] for row in rows if "eval/gold_reward" in row]
-    assert gold[-1] < gold[0] - 0.05, gold
-    assert "reward hacking? step" in err and "while the held-out gold reward fell" in err, err
-    assert any("hacking/detected/heldout" in row for row in rows)
+    assert_warned_as_the_gold_fell(tmp_path / "run", capsys.readouterr().err)
 
 
 # -- attempts the sandbox blocked: filled by the code reward, read by the monitor -------------

@@ -65,6 +65,8 @@ def test_online_dpo_warns_when_its_judge_pays_against_the_gold(tmp_path, rlhf_de
     (gold 0.107 -> 0.042 over the last three evaluations): 40 steps, so the warning is not decided by
     the last evaluation alone.
     The demo's own reward model as the judge draws no warning (test_online_dpo.py)."""
+    from test_hacking import assert_warned_as_the_gold_fell
+
     from omnigym.algos import online_dpo
 
     monkeypatch.chdir(tmp_path)
@@ -73,12 +75,7 @@ def test_online_dpo_warns_when_its_judge_pays_against_the_gold(tmp_path, rlhf_de
         run_dir=str(tmp_path / "run"), model=str(rlhf_demo_run / "stages" / "sft" / "model"),
         rewards="planted_judge:against_gold:1.0", gold_reward="gold_vowels:1.0", steps=40, eval_every=5, seed=1,
         progress=False, plot=False, tensorboard=False))
-    err = capsys.readouterr().err
-    rows = logged(tmp_path / "run")
-    gold = [row["eval/gold_reward"] for row in rows if "eval/gold_reward" in row]
-    assert gold[-1] < gold[0] - 0.05, gold
-    assert "reward hacking? step" in err and "while the held-out gold reward fell" in err, err
-    assert any("hacking/detected/heldout" in row for row in rows)
+    assert_warned_as_the_gold_fell(tmp_path / "run", capsys.readouterr().err)
 
 
 def reply(text: str, question: str = "What is 12 + 34?") -> Trajectory:

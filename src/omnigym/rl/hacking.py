@@ -218,14 +218,16 @@ class HackingMonitor:
                     self.last_warned[name] = step  # where step() said it (the same rate limit)
 
     def step(self, step: int, trajectories, decode: Callable[[list[int]], str], reward: float | None = None,
-             length: float | None = None, paid: list[float] | None = None) -> dict:
+             length: float | None = None, paid: list[float] | None = None, logged: dict | None = None) -> dict:
         """``reward`` and ``length``: the batch's mean as the trainer logs them where that is not
-        GRPO's computation (PPO-RLHF's), so that ``replay`` refills the window with the same numbers.
-        ``paid``: what each episode was paid where that is not its ``reward`` (a judge's score, a
-        distillation signal)."""
+        GRPO's computation (PPO-RLHF's), so that ``replay`` refills the window with the same numbers;
+        ``logged``: the step's logged row, read under ``keys`` for both. ``paid``: what each episode
+        was paid where that is not its ``reward`` (a judge's score, a distillation signal)."""
         th, items = self.thresholds, trajectories.items
         if not items:
             return {}
+        if logged is not None:
+            reward, length = logged[self.keys.reward], logged[self.keys.length]
         rewards = [float(t.reward) for t in items] if paid is None else [float(p) for p in paid]
         # the batch's reward and length as the trainer logs them, so that a resumed run's window,
         # refilled from metrics.jsonl (replay), holds the very same numbers

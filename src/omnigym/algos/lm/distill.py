@@ -174,9 +174,7 @@ def train(cfg: DistillConfig) -> dict:
             metrics.update({**step_metrics(cfg, items, stats), "perf/steps_per_second": clock.sps(step + 1),
                             **rollouts.metrics()})
             if items:  # the step's replies, each with what it was paid
-                metrics.update(monitor.step(step + 1, Trajectories(items), decode,
-                                            reward=metrics[DISTILL_KEYS.reward], length=metrics["completion/length"],
-                                            paid=stats["paid"]))
+                metrics.update(monitor.step(step + 1, Trajectories(items), decode, paid=stats["paid"], logged=metrics))
             if step == cfg.steps - 1:
                 if step == 0:  # --steps 1: the accuracy before gets a row of its own
                     run.log(0, {"eval/accuracy": metrics.pop("eval/accuracy")})

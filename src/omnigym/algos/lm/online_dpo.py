@@ -199,10 +199,8 @@ def train(cfg: OnlineDPOConfig) -> dict:
                 evaluated = heldout_rewards(cfg, run, policy, reference, engine, tokenizer, heldout, judges, params, step)
                 metrics.update(evaluated)
                 monitor.evaluated(step, evaluated)  # before the step's check, so the last one is checked too
-            metrics.update(monitor.step(step, Trajectories(items), functools.partial(tokenizer.decode,
-                                                                                     skip_special_tokens=True),
-                                        reward=metrics["reward/score"], length=metrics["completion/length"],
-                                        paid=scores.tolist()))
+            decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
+            metrics.update(monitor.step(step, Trajectories(items), decode, paid=scores.tolist(), logged=metrics))
             run.log(step, metrics)
             progress.update(step, score=metrics["reward/score"], pairs=metrics["pairs/kept_fraction"])
             if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
