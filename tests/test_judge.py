@@ -195,6 +195,7 @@ def test_a_judge_url_that_does_not_answer_is_one_line():
     ("judge:tiny:heavy", "must be a number"),
     ("judge:ftp://host/v1:1.0", "http:// or https://"),
     ("judge:http://127.0.0.1:8000", None),  # the weight left out: refused, the port is not a weight
+    ("judge:/no/such/judge:1.0", "the judge /no/such/judge: no such folder"),  # not "--model /no/such/judge"
 ])
 def test_bad_judge_specs_are_one_line(spec, message):
     with pytest.raises(OmnigymError, match=message or "give the weight after the port"):
