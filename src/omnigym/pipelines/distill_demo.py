@@ -12,7 +12,7 @@ given no ``--teacher``.
 
 The teacher is omnigym's own GRPO demo (``omnigym train grpo``: the built-in "tiny" model, its
 supervised warm-up, then GRPO from rewards) run as a stage of the distillation run, with
-``TEACHER_FLAGS``: 50 GRPO steps where the GRPO demo's default is 400, which keeps the demo
+``TEACHER_FLAGS``: 50 GRPO steps where the GRPO demo's default is 150, which keeps the demo
 affordable on a CPU and already lifts held-out accuracy (docs/distillation.md). It trains on the distillation run's own
 task (the task flags, the seed), so the two runs hold out the same problems.
 
@@ -41,7 +41,7 @@ STUDENT_WARMUP = MappingProxyType({})
 """the student's warm-up flags (``train grpo``'s --sft-* flags) beyond GRPO's defaults; the tests make it smaller"""
 TEACHER_FLAGS = MappingProxyType({"steps": 50})
 """the demo teacher's GRPO flags beyond the task's: 50 GRPO steps after the warm-up (the GRPO demo's
-default is 400); the tests make it smaller"""
+default is 150); the tests make it smaller"""
 
 
 def settings(cfg) -> dict:

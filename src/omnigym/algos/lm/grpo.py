@@ -69,7 +69,7 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
     """rewards on the steps inside a reply, name:weight (prm:RUN_DIR:1.0, a model of omnigym train prm): each
     step's score on the token that ends it, beside --rewards' outcome; read apart by --advantage process
     (docs/prm.md)"""
-    steps: int = 400
+    steps: int = 150
     prompts_per_step: int = 16
     group_size: int = 8
     learning_rate: float = 1e-4
