@@ -7,7 +7,10 @@ lr 1e-4, one torch thread (``--threads``). Each repetition is a fresh process; t
 A step's time is the interval between consecutive step ends (generation, scoring, reference
 and policy passes, optimizer step); the first 3 steps are dropped as warm-up.
 
-    python bench/grpo_vs_trl.py [--reps 3] [--steps 20] [--threads 1]
+    python bench/grpo_vs_trl.py [--reps 3] [--steps 20] [--threads 1] [--model DIR]
+
+``--model DIR`` runs both on a model folder of your own instead (e.g. ``make smollm2``'s
+``models/smollm2-135m-instruct``), loaded by both with ``from_pretrained``, all weights trained.
 """
 
 from __future__ import annotations
@@ -90,14 +93,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each framework's process")
+    parser.add_argument("--model", help="a model folder both load (default: the ~1M-parameter tiny model, built here)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], args.steps, args.threads)
+    if min(args.reps, args.steps, args.threads) < 1:
+        parser.error("--reps, --steps and --threads are at least 1")
+    if args.steps < 6:
+        parser.error("--steps is at least 6: the first 3 step times are dropped as warm-up, and the last as the end")
+    if args.model is not None and not os.path.isfile(os.path.join(args.model, "config.json")):
+        parser.error(f"--model {args.model}: no model folder there (no config.json)")
 
     from omnigym.models.lm import build_tiny_model
 
-    model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="omnigym-tiny-"), seed=0))
+    model_dir = args.model or str(build_tiny_model(tempfile.mkdtemp(prefix="omnigym-tiny-"), seed=0))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     medians: dict[str, list[float]] = {"omnigym": [], "trl": []}
     for rep in range(args.reps):
