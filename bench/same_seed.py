@@ -87,8 +87,9 @@ def train_args(out: Path) -> dict[str, list[str]]:
                  "--minibatches", "2", "--ppo-epochs", "2", "--target-kl", "0.5", *LM_SMALL],
         "prm": ["--operations", "+-", "--steps", "12", "--batch-size", "8", "--eval-size", "40", "--eval-every", "6"],
         # the grpo row's model teaches the sft row's (a saved student: no warm-up, no demo stages)
-        "distill": ["--teacher", str(out / "grpo"), "--model", str(out / "sft"), "--steps", "4", "--prompts-per-step", "4", "--samples-per-prompt",
-                    "2", "--max-new-tokens", "6", "--eval-size", "8", "--eval-every", "2", "--checkpoint-every", "2"],
+        "distill": ["--teacher", str(out / "grpo"), "--model", str(out / "sft"), "--steps", "4",
+                    "--prompts-per-step", "4", "--samples-per-prompt", "2", "--max-new-tokens", "6", "--eval-size", "8",
+                    "--eval-every", "2", "--checkpoint-every", "2"],
         "ppo_lstm": ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "64"],
         "mappo": ["--total-timesteps", "400", "--num-envs", "2", "--num-steps", "25", "--checkpoint-every", "200"],
         # tests/test_alphazero.py's small settings, on tic-tac-toe
@@ -98,8 +99,8 @@ def train_args(out: Path) -> dict[str, list[str]]:
     }
 
 
-NEEDS = {"rm": ["pairs"], "dpo": ["sft", "pairs"], "distill": ["grpo", "sft"], "online_dpo": ["rm", "pairs"], "rlhf": ["rm", "pairs"],
-         "bc": ["dataset"], "td3_bc": ["dataset"], "iql": ["dataset"], "cql": ["dataset"]}
+NEEDS = {"rm": ["pairs"], "dpo": ["sft", "pairs"], "distill": ["grpo", "sft"], "online_dpo": ["rm", "pairs"],
+         "rlhf": ["rm", "pairs"], "bc": ["dataset"], "td3_bc": ["dataset"], "iql": ["dataset"], "cql": ["dataset"]}
 """what each row reads from rows before it in OUT_DIR"""
 
 
