@@ -158,19 +158,22 @@ def model_folder(name_or_path: str, seed: int = 0, lstm_hidden: int = 128):
     yield resolve_model(name_or_path)
 
 
-def resolve_model(name_or_path: str) -> str:
+def resolve_model(name_or_path: str, label: str | None = None) -> str:
+    """``name_or_path``'s model folder (a run directory's ``model/``), or the hub id as given;
+    ``label`` names it in the one-line refusals (default ``--model NAME``)."""
+    label = label or f"--model {name_or_path}"
     path = Path(name_or_path).expanduser()
     if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
         path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
     looks_like_path = name_or_path.startswith(("/", ".", "~")) or path.exists()
     if looks_like_path and not path.is_dir():
-        raise OmnigymError(f"--model {name_or_path}: no such folder; give a folder saved with save_pretrained, "
+        raise OmnigymError(f"{label}: no such folder; give a folder saved with save_pretrained, "
                            "or a hub id")
     if looks_like_path and not (path / "config.json").exists():
-        raise OmnigymError(f"--model {name_or_path} has no config.json; give a folder saved with save_pretrained, "
+        raise OmnigymError(f"{label} has no config.json; give a folder saved with save_pretrained, "
                            "or the directory of a finished omnigym run")
     if looks_like_path:
-        check_model_folder(f"--model {name_or_path}", path)
+        check_model_folder(label, path)
     return str(path) if looks_like_path else name_or_path
 
 

@@ -184,10 +184,8 @@ class JudgeReward(Reward):
         else:
             from omnigym.models.lm import resolve_model
 
-            try:
-                self.folder = self.target if self.target == "tiny" else resolve_model(self.target)
-            except OmnigymError as exc:  # resolve_model names the flag it was written for; this is a judge
-                raise OmnigymError(str(exc).replace(f"--model {self.target}", f"the judge {self.target}", 1)) from None
+            self.folder = self.target if self.target == "tiny" else \
+                resolve_model(self.target, f"the judge {self.target}")
 
     def __getstate__(self):
         return {**self.__dict__, "_client": None, "_model": None, "_tokenizer": None, "_engine": None}

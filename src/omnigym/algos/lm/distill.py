@@ -193,10 +193,7 @@ def teacher_folder(cfg: DistillConfig) -> str:
     require(cfg.teacher not in TINY_MODELS,
             f"--teacher {cfg.teacher} is an untrained model and teaches nothing; give a trained model folder or the "
             "directory of a finished omnigym run (or no --teacher: the demo trains one)")
-    try:
-        folder = resolve_model(cfg.teacher)
-    except OmnigymError as exc:  # resolve_model names the flag it was written for
-        raise OmnigymError(str(exc).replace(f"--model {cfg.teacher}", f"--teacher {cfg.teacher}", 1)) from None
+    folder = resolve_model(cfg.teacher, f"--teacher {cfg.teacher}")
     student = None
     if cfg.model not in TINY_MODELS:
         try:
