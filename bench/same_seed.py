@@ -203,14 +203,7 @@ def plan(out: Path, only: list[str] | None, known: list[str]) -> list[str]:
 
 
 def run(out: Path, only: list[str] | None) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(exist_ok=True)
-    env = child_env(out)
-    source = subprocess.run([sys.executable, "-c", "import omnigym; print(omnigym.__file__)"], env=env,
-                            capture_output=True, text=True, check=True).stdout.strip()
-    (out / "source.txt").write_text(source + "\n")
-    print(f"the subprocesses import {source}", flush=True)
-    known = algorithms(out)
+    known = algorithms(out)  # checked before OUT_DIR is made: a refused run writes nothing
     flags = train_args(out)
     missing = sorted(set(known) - set(flags))
     if missing:  # a new algorithm needs a small budget chosen here before it can be compared
@@ -219,6 +212,13 @@ def run(out: Path, only: list[str] | None) -> None:
     unknown = sorted(set(only or []) - rows)
     if unknown:
         sys.exit(f"same_seed.py: error: unknown row(s) {', '.join(unknown)}; choose from {', '.join(sorted(rows))}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    env = child_env(out)
+    source = subprocess.run([sys.executable, "-c", "import omnigym; print(omnigym.__file__)"], env=env,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    (out / "source.txt").write_text(source + "\n")
+    print(f"the subprocesses import {source}", flush=True)
     for name in plan(out, only, known):
         if name == "pairs":
             write_pairs(out)

@@ -43,3 +43,9 @@ def test_a_row_runs_after_the_rows_it_reads():
         for need in needs if name in order else ():
             assert order.index(need) < order.index(name), (need, name)
     assert {"grpo", "sft", "pairs", "dataset"} <= set(order)
+
+
+def test_an_unknown_row_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(SystemExit, match="unknown row"):
+        same_seed.run(tmp_path / "out", ["nosuch"])
+    assert not (tmp_path / "out").exists()
