@@ -224,6 +224,42 @@ def test_stopped_run_resumes_to_the_same_metrics(tmp_path, uninterrupted, algo, 
     assert not (run / "checkpoint.pt.tmp").exists()
 
 
+def by_time(command: list[str], minutes: str) -> list[str]:
+    """The command with ``--checkpoint-every 0`` (the last checkpoint only) and ``--checkpoint-minutes``."""
+    every = command.index("--checkpoint-every")
+    return [*command[:every], "--checkpoint-every", "0", *command[every + 2:], "--checkpoint-minutes", minutes]
+
+
+@pytest.mark.parametrize("algo, steps", [("ppo", 8), ("grpo", 6)])
+def test_checkpoint_minutes_saves_by_time_and_a_sigkill_loses_only_that(tmp_path, uninterrupted, algo, steps):
+    """With --checkpoint-every 0 a run writes its last checkpoint only, and a SIGKILL before it loses
+    everything; --checkpoint-minutes adds one whenever that much time has passed since the last (here
+    0.0001 minutes, less than any step: one at every update). A run killed after its second such
+    checkpoint resumes to the metrics of a run never interrupted, checkpointed by step count."""
+    expected, _ = uninterrupted(algo)
+    command = commands(tmp_path)[algo]
+    for minutes, written in (("0", 1), ("0.0001", steps)):
+        run, count = tmp_path / f"count-{minutes}", tmp_path / f"count-{minutes}.txt"
+        done = finish([*by_time(command, minutes), "--run-dir", str(run), *QUIET], FAULT_HOOK="count",
+                      FAULT_MARKER=str(count))
+        assert done.returncode == 0, done.stderr
+        assert int(count.read_text()) == written and metrics(run) == expected, minutes
+    run, marker = tmp_path / "run", tmp_path / "marker"
+    process = start([*by_time(command, "0.0001"), "--run-dir", str(run), *QUIET], FAULT_HOOK="renamed:2",
+                    FAULT_MARKER=str(marker))
+    wait_for(process, marker.exists)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    from omnigym.track.checkpoint import Checkpointer
+
+    counters = Checkpointer(run).load()["counters"]  # the second update's or step's
+    assert counters.get("update", counters.get("step")) == 2, counters
+    done = finish(["train", algo, "--resume", str(run), *QUIET])
+    assert done.returncode == 0, done.stderr
+    assert metrics(run) == expected
+
+
 def test_a_checkpoint_between_two_log_lines_keeps_the_episodes_not_yet_logged():
     """SAC killed during its final checkpoint resumed from one taken between two log lines and
     lost the episodes finished since the last line: its last metric line had no return."""

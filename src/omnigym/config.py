@@ -114,6 +114,10 @@ class RunConfig:
     """show a progress bar on a terminal (a progress line every 30 s elsewhere)"""
     plot: bool = True
     """write the learning curve PNG at the end"""
+    checkpoint_minutes: float = 30.0
+    """also write a checkpoint when this many minutes have passed since the last one (or the start), whatever
+    --checkpoint-every says: a SIGKILL or a step longer than the stop's grace loses at most this much; 0: by
+    step count only"""
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = ("seed",)
     """settings a resumed run must keep: its checkpoint only fits them (track/resume.py refuses a change)"""
@@ -133,7 +137,7 @@ class RunConfig:
             value = getattr(self, field.name)
             if isinstance(value, float):
                 require(math.isfinite(value), f"{flag(field.name)} must be a finite number, got {value}")
-        require_non_negative(self, "torch_threads")
+        require_non_negative(self, "torch_threads", "checkpoint_minutes")
         require(0 <= self.seed < 2**32, f"--seed must be between 0 and 2**32 - 1, got {self.seed}")
         if self.wandb:
             import importlib.util

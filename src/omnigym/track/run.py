@@ -179,7 +179,8 @@ class Run:
         except BaseException:
             self.abandon()
             raise
-        self.deferring_stops = stopping.begin_deferring(not launched_by_torchrun())
+        self.deferring_stops = stopping.begin_deferring(not launched_by_torchrun(),
+                                                        60.0 * self.cfg.checkpoint_minutes)
         return counters
 
     def _restore(self, components: dict) -> dict:
@@ -239,6 +240,7 @@ class Run:
         finally:
             self._settle_save()
         if self.deferring_stops:
+            stopping.checkpoint_written()
             stopping.stop_if_requested()  # the checkpoint a SIGTERM waited for is on disk
 
     def _settle_save(self) -> None:

@@ -18,6 +18,13 @@ terminationGracePeriodSeconds), so 10 s leaves the save time to finish.
 Not deferred: Ctrl-C (a person at the terminal wants it now), a data-parallel run (its processes
 would reach the save at different steps and wait on each other in it), and runs outside the
 main thread (``omnigym serve``'s, which handles its own shutdown).
+
+A SIGKILL, the OOM killer or a grace too short for the step under way (a 135M model's GRPO step
+took 3 minutes here) leaves only the last checkpoint, and ``--checkpoint-every`` counts steps,
+whatever a step costs. So ``checkpoint_due`` also says yes once ``--checkpoint-minutes`` have
+passed since the run began or last saved: a run loses at most that much work to anything. The
+clock runs where stops are deferred (a single process, the CLI's main thread), for the same
+reason: every process of a data-parallel run must decide alike, and elapsed time is not alike.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 from omnigym.track.progress import crossed_multiple
 
@@ -48,6 +56,10 @@ class _State:
     previous_alarm = None
     """SIGALRM's handler before the run's: the grace is an interval timer, not a thread, because a
     thread started in a signal handler can wait forever on a lock the interrupted code holds"""
+    checkpoint_seconds = 0.0
+    """the deferring run's ``--checkpoint-minutes`` in seconds (0: by its step count alone)"""
+    last_checkpoint = 0.0
+    """``time.monotonic()`` when the deferring run began or last saved"""
 
 
 _state = _State()
@@ -80,8 +92,18 @@ def stop_requested() -> bool:
 
 def checkpoint_due(step: int, previous_step: int, every: int) -> bool:
     """Is a checkpoint due at ``step``: a multiple of ``every`` crossed since ``previous_step``
-    (``crossed_multiple``), or a stop requested?"""
-    return crossed_multiple(step, previous_step, every) or stop_requested()
+    (``crossed_multiple``), a stop requested, or ``--checkpoint-minutes`` passed since the last?"""
+    return crossed_multiple(step, previous_step, every) or stop_requested() or _checkpoint_time_passed()
+
+
+def _checkpoint_time_passed() -> bool:
+    return (_state.deferring and _state.checkpoint_seconds > 0
+            and time.monotonic() - _state.last_checkpoint >= _state.checkpoint_seconds)
+
+
+def checkpoint_written() -> None:
+    """A checkpoint is on disk: the ``--checkpoint-minutes`` clock starts again."""
+    _state.last_checkpoint = time.monotonic()
 
 
 def saving_for_stop() -> None:
@@ -111,9 +133,10 @@ def _clear() -> None:
     _state.requested = None
 
 
-def begin_deferring(can_defer: bool) -> bool:
+def begin_deferring(can_defer: bool, checkpoint_seconds: float = 0.0) -> bool:
     """From now on a stop signal waits for the next checkpoint, where ``can_defer`` (a writing
-    run of a single process), this is the CLI's main thread and SIGALRM is free. True when it does."""
+    run of a single process), this is the CLI's main thread and SIGALRM is free, and a checkpoint
+    is due every ``checkpoint_seconds`` as well (0: never by time). True when it does."""
     if not can_defer or threading.current_thread() is not threading.main_thread() or _state.deferring:
         return False
     if signal.getsignal(signal.SIGTERM) is not on_stop_signal:  # not the CLI's (train() from Python)
@@ -122,6 +145,8 @@ def begin_deferring(can_defer: bool) -> bool:
         return False
     _state.previous_alarm = signal.signal(signal.SIGALRM, _grace_over)
     _state.deferring = True
+    _state.checkpoint_seconds = checkpoint_seconds
+    checkpoint_written()  # the clock starts with the run
     return True
 
 

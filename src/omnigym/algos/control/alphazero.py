@@ -44,6 +44,7 @@ from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.run import start_run
+from omnigym.track.stopping import checkpoint_due
 
 PREFIX = "openspiel/"
 
@@ -428,7 +429,7 @@ def train(cfg: AlphaZeroConfig) -> dict:
             metrics.update(last_eval)
         run.log(games, metrics)
         progress.update(games, vs_mcts=last_eval.get("eval/vs_mcts/score"))
-        if last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0):
+        if last or checkpoint_due(iteration + 1, iteration, cfg.checkpoint_every):  # a stop or the clock too
             run.save(components, games=games, iteration=iteration + 1, trained_seconds=trained_seconds)
     progress.close()
     plot_path = run.close(plot=cfg.plot, metric="eval/vs_mcts/score")
