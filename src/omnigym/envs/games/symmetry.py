@@ -1,16 +1,20 @@
 """A board's symmetries, for a policy that treats symmetric positions alike (``--symmetric``).
 
 Tic-tac-toe looks the same under its 8 rotations and reflections (the dihedral group of the
-square): a move learnt in one corner is the same move in the other three. A symmetry here is
-a permutation of the 9 cells, ``cells[i]`` = the original cell that the transformed board
-holds at cell ``i``; it moves the observation's features and the actions (one per cell) alike.
-``board_symmetries`` gives them as index arrays in each library's own layout:
+square): a move learnt in one corner is the same move in the other three. Connect four has
+one symmetry besides the identity, its left-right mirror (gravity rules out the others): a
+threat built on the left is the same threat on the right. A symmetry here is a permutation
+of the board's cells, ``cells[i]`` = the original cell that the transformed board holds at
+cell ``i``, and one of the actions, ``actions[i]`` = the original action that the transformed
+board's action ``i`` stands for (tic-tac-toe: the cells themselves; connect four: its columns
+reversed). ``board_symmetries`` gives them as index arrays in each library's own layout:
 
-- PettingZoo ``tictactoe_v3``: observation ``(3, 3, 2)`` flattened, feature ``2 * cell + plane``;
-  action ``k`` marks cell ``k`` (``board.squares[k]``, the same order as the observation's).
-- OpenSpiel ``tic_tac_toe``: observation ``(3 planes, 9 cells)`` flattened, feature
-  ``9 * plane + cell``, then the seat's one-hot (core.py), which no symmetry moves; action
-  ``k`` marks cell ``k`` (row-major).
+- PettingZoo ``tictactoe_v3`` / ``connect_four_v3``: observation ``(rows, cols, 2)`` flattened,
+  feature ``2 * cell + plane`` (cells row-major); action ``k`` marks cell ``k``
+  (``board.squares[k]``, the observation's order) / drops a piece in column ``k``.
+- OpenSpiel ``tic_tac_toe`` / ``connect_four``: observation ``(3 planes, cells)`` flattened,
+  feature ``cells * plane + cell``, then the seat's one-hot (core.py), which no symmetry moves;
+  action ``k`` marks cell ``k`` (row-major) / drops in column ``k``.
 
 The network reads each of the 8 transformed boards (models/control.py, ``BoardSymmetries``)
 and averages its logits, each mapped back to the original cells, and its values.
@@ -38,21 +42,35 @@ def square_symmetries(side: int = SIDE) -> np.ndarray:
     return np.stack(views)
 
 
-def _pettingzoo_tictactoe(cells: np.ndarray) -> np.ndarray:
+def mirror_symmetries(rows: int = 6, cols: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """Connect four's identity and left-right mirror: ``(cells [2, rows * cols], columns [2, cols])``."""
+    board = np.arange(rows * cols).reshape(rows, cols)
+    columns = np.arange(cols)
+    return np.stack([board.reshape(-1), board[:, ::-1].reshape(-1)]), np.stack([columns, columns[::-1]])
+
+
+def _square() -> tuple[np.ndarray, np.ndarray]:
+    cells = square_symmetries()
+    return cells, cells  # a tic-tac-toe move marks a cell: the actions move as the cells do
+
+
+def _pettingzoo_planes(cells: np.ndarray) -> np.ndarray:
     planes = 2
     return (planes * cells[:, :, None] + np.arange(planes)).reshape(len(cells), -1)
 
 
-def _openspiel_tictactoe(cells: np.ndarray) -> np.ndarray:
+def _openspiel_planes(cells: np.ndarray) -> np.ndarray:
     planes, seats, n = 3, 2, cells.shape[1]
     board = (n * np.arange(planes)[None, :, None] + cells[:, None, :]).reshape(len(cells), -1)
     seat = np.broadcast_to(planes * n + np.arange(seats), (len(cells), seats))  # the seat's one-hot stays put
     return np.concatenate([board, seat], axis=1)
 
 
-# env id -> the observation's feature indices of each symmetry, from its cell permutations
-LAYOUTS = MappingProxyType({"pettingzoo/tictactoe_v3": _pettingzoo_tictactoe,
-                            "openspiel/tic_tac_toe": _openspiel_tictactoe})  # read-only: no process state
+# env id -> (its symmetries' cell and action permutations, the observation's feature indices from the cells')
+LAYOUTS = MappingProxyType({"pettingzoo/tictactoe_v3": (_square, _pettingzoo_planes),
+                            "openspiel/tic_tac_toe": (_square, _openspiel_planes),
+                            "pettingzoo/connect_four_v3": (mirror_symmetries, _pettingzoo_planes),
+                            "openspiel/connect_four": (mirror_symmetries, _openspiel_planes)})  # read-only
 
 
 def has_symmetries(env_id: str) -> bool:
@@ -62,8 +80,8 @@ def has_symmetries(env_id: str) -> bool:
 
 def no_symmetries(env_id: str) -> str:
     """What to say of ``--symmetric`` on a game whose symmetries it does not know."""
-    return (f"--symmetric knows the board symmetries of tic-tac-toe ({', '.join(LAYOUTS)}); {env_id} is not one: "
-            "leave --symmetric out")
+    return (f"--symmetric knows the board symmetries of tic-tac-toe and connect four ({', '.join(LAYOUTS)}); "
+            f"{env_id} is not one: leave --symmetric out")
 
 
 def board_symmetries(env_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -72,8 +90,9 @@ def board_symmetries(env_id: str) -> tuple[np.ndarray, np.ndarray]:
     ``actions[g, i]``."""
     if env_id not in LAYOUTS:
         raise OmnigymError(no_symmetries(env_id))
-    cells = square_symmetries()
-    return LAYOUTS[env_id](cells), cells
+    permutations, features_of = LAYOUTS[env_id]
+    cells, actions = permutations()
+    return features_of(cells), actions
 
 
 def symmetries_of(cfg) -> tuple[np.ndarray, np.ndarray] | None:
