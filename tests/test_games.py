@@ -165,6 +165,42 @@ def test_a_reported_game_moves_the_ratings_and_the_random_anchor_stays():
     assert league.rating == pytest.approx(1008.0)
 
 
+def test_a_search_member_takes_its_wins_is_rated_and_outlives_the_snapshots_in_a_checkpoint():
+    """--league-search-depth 1: a fixed member that wins in one where it can (a snapshot's moves are
+    sampled and miss some), rated as the snapshots are; the league drops its oldest snapshot, not it;
+    a checkpoint restores it as the search it was, not as a random player."""
+    import gymnasium as gym
+    import torch
+
+    from omnigym.algos.control.ppo import PPOConfig
+    from omnigym.envs.vector import make_run_envs
+    from omnigym.models.control import ActorCritic
+    from omnigym.rl.league import League
+
+    cfg = PPOConfig(env_id="openspiel/connect_four", self_play=True, league_search_depth=1, league_size=2, num_envs=1)
+    envs, _ = make_run_envs(cfg, "ppo")
+    agent = ActorCritic(envs.single_observation_space, envs.single_action_space, (8,))
+    league = League(cfg, envs, agent)
+    assert [m.name for m in league.members] == ["random", "search_1"]
+    search = league.members[1]
+    game = make_game("openspiel/connect_four")
+    for move in (0, 6, 0, 6, 0, 5):  # the first seat has three in column 0, and it is its move
+        game.step(move)
+    assert all(search.move(game, np.random.default_rng(i)) == 0 for i in range(5))
+    league.report(search, 0.0)  # the learner lost to it: both ratings move, the search's up
+    assert search.rating > 1000.0 > league.rating and search.games == 1
+    for _ in range(3):
+        league.add_snapshot()
+    assert [m.name for m in league.members] == ["random", "search_1", "snapshot_2", "snapshot_3"]
+    restored = League(cfg, make_run_envs(cfg, "ppo")[0], ActorCritic(envs.single_observation_space, envs.single_action_space,
+                                                           (8,)))
+    restored.load_state_dict(league.state_dict())
+    assert [m.name for m in restored.members] == [m.name for m in league.members]
+    assert isinstance(restored.members[1].move, Search) and restored.members[1].rating == search.rating
+    assert restored.members[0].move is random_move
+    envs.close()
+
+
 def _one_line(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
@@ -182,6 +218,8 @@ def _one_line(tmp_path, monkeypatch, capsys, argv, message):
     (["--env-id", "CartPole-v1"], "--self-play plays two-seat games, pettingzoo/NAME or openspiel/NAME; CartPole-v1"),
     (["--env-id", "pettingzoo/tictactoe_v3", "--backend", "async"], "--self-play keeps its league in this process"),
     (["--env-id", "pettingzoo/tictactoe_v3", "--eval-games", "0"], "--eval-games must be positive, got 0"),
+    (["--env-id", "pettingzoo/connect_four_v3", "--league-search-depth", "-1"],
+     "--league-search-depth must be 0 (no search member) or more, got -1"),
     # before, trained against the league and never against the opponent asked for
     (["--env-id", "pettingzoo/tictactoe_v3", "--env-kwargs", "opponent=search"],
      "--env-kwargs opponent=search picks a fixed opponent, which --self-play replaces with its league"),
@@ -196,6 +234,7 @@ def test_bad_game_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, ca
     (["--env-id", "pettingzoo/tictactoe_v3", "--eval-every", "5"], "--eval-every is for --self-play"),
     (["--env-id", "pettingzoo/tictactoe_v3", "--search-depth", "2"], "--search-depth is for --self-play"),
     (["--random-share", "0.5"], "--random-share is for --self-play"),
+    (["--env-id", "pettingzoo/connect_four_v3", "--league-search-depth", "1"], "--league-search-depth is for --self-play"),
 ])
 def test_a_league_flag_without_self_play_is_one_line(tmp_path, monkeypatch, capsys, argv, message):
     """It was ignored: the run trained without a league, and said nothing."""

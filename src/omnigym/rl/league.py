@@ -13,9 +13,13 @@ the other seat's player:
   against it (an exponential average of 1 win / 0.5 draw / 0 loss, starting at 0.5), so the
   members that still beat the learner are played most and the ones it has mastered fade out.
   Members are the uniform random player (kept: it anchors the ratings at 1000, and a policy
-  that learns to punish random mistakes is what ``eval/vs_random/win_rate`` asks for) and a
-  frozen snapshot of the learner every ``--league-every`` updates (the newest
-  ``--league-size`` kept).
+  that learns to punish random mistakes is what ``eval/vs_random/win_rate`` asks for), with
+  ``--league-search-depth D`` a fixed search player of ``D`` plies (envs/games/opponents.py),
+  and a frozen snapshot of the learner every ``--league-every`` updates (the newest
+  ``--league-size`` kept). The search member is a teacher of tactics: at depth 1 it takes
+  every win in one, so a move that leaves one loses at once, which snapshots that sample their
+  moves punish only now and then (connect four's learner lost 42 of 47 games to the depth-2
+  search that way, docs/games.md); PFSP plays it for as long as it still beats the learner.
 
 Ratings are Elo (K = ``--elo-k``): every finished game between the learner and a member
 moves both ratings, except the random anchor's; a snapshot starts at the learner's rating
@@ -68,6 +72,9 @@ class SelfPlayConfig:
     search_depth: int = 0
     """--self-play: the search opponent's depth in plies; 0 = the game's default (tic-tac-toe: 9, a perfect player;
     others: 2)"""
+    league_search_depth: int = 0
+    """--self-play: a search player of this many plies joins the league as a fixed member, drawn by PFSP as the
+    snapshots are (1: it takes any win in one, else moves at random); 0: none"""
 
     def preset_field_applies(self, name: str) -> bool:
         """A preset's league settings are for --self-play: a game played against a fixed opponent has no league."""
@@ -104,10 +111,12 @@ class SelfPlayConfig:
         require(self.elo_k > 0, f"--elo-k must be positive, got {self.elo_k}")
         require(self.search_depth >= 0, f"--search-depth must be 0 (the game's default) or more, got "
                                         f"{self.search_depth}")
+        require(self.league_search_depth >= 0, f"--league-search-depth must be 0 (no search member) or more, got "
+                                               f"{self.league_search_depth}")
 
 
 SELF_PLAY_FLAGS = ("latest_share", "random_share", "league_every", "league_size", "elo_k", "eval_every", "eval_games",
-                   "search_depth")
+                   "search_depth", "league_search_depth")
 """the settings of --self-play alone"""
 
 
@@ -153,10 +162,12 @@ def policy_move(net: torch.nn.Module, greedy: bool = False):
 
 
 class Member:
-    def __init__(self, name: str, net: torch.nn.Module | None, rating: float):
+    """A league player: a frozen snapshot (``net``), or a fixed player (``move``: the random one, a search)."""
+
+    def __init__(self, name: str, net: torch.nn.Module | None, rating: float, move=random_move):
         self.name, self.net, self.rating = name, net, rating
         self.learner_score, self.games = 0.5, 0
-        self.move = random_move if net is None else policy_move(net)
+        self.move = move if net is None else policy_move(net)
 
     def state(self) -> dict:
         return {"name": self.name, "rating": self.rating, "learner_score": self.learner_score, "games": self.games,
@@ -175,6 +186,11 @@ class League:
         self.game = games[0].game.clone()  # evaluation plays its own copy
         self.latest = policy_move(agent)
         self.members = [Member("random", None, ANCHOR_RATING)]
+        if cfg.league_search_depth:
+            depth = cfg.league_search_depth
+            self.members.append(Member(f"search_{depth}", None, ANCHOR_RATING, move=Search(depth)))
+        self.fixed = {member.name: member.move for member in self.members}
+        """the members that are not snapshots, by name (a checkpoint stores their names, not their moves)"""
         self.rating = ANCHOR_RATING
         self.search = Search(cfg.search_depth or default_search_depth(cfg.env_id))
         self.rng = np.random.default_rng(cfg.seed)
@@ -203,7 +219,7 @@ class League:
         tag.learner_score += self.SCORE_RATE * (result - tag.learner_score)
         learner, member = elo_update(self.rating, tag.rating, result, self.cfg.elo_k)
         self.rating = learner
-        if tag.net is not None:  # the random player anchors the scale
+        if tag is not self.members[0]:  # the random player anchors the scale
             tag.rating = member
 
     # -- what the trainer calls ---------------------------------------------------------
@@ -220,8 +236,9 @@ class League:
         net = copy.deepcopy(self.agent).requires_grad_(False).eval()
         self.snapshots_taken += 1
         self.members.append(Member(f"snapshot_{self.snapshots_taken}", net, self.rating))
-        if len(self.members) - 1 > self.cfg.league_size:
-            del self.members[1]  # the oldest snapshot; the random anchor stays
+        snapshots = [i for i, member in enumerate(self.members) if member.net is not None]
+        if len(snapshots) > self.cfg.league_size:
+            del self.members[snapshots[0]]  # the oldest snapshot; the fixed members stay
 
     def evaluate(self) -> dict:
         began = time.perf_counter()
@@ -262,7 +279,7 @@ class League:
             if saved["net"] is not None:
                 net = copy.deepcopy(self.agent).requires_grad_(False).eval()
                 net.load_state_dict(saved["net"])
-            member = Member(saved["name"], net, saved["rating"])
+            member = Member(saved["name"], net, saved["rating"], move=self.fixed.get(saved["name"], random_move))
             member.learner_score, member.games = saved["learner_score"], saved["games"]
             self.members.append(member)
 
