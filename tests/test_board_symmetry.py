@@ -185,6 +185,10 @@ def test_a_symmetric_run_evaluates_and_exports_its_averaged_policy(tmp_path, cap
 @pytest.mark.parametrize("flags, message", [
     (["--env-id", "openspiel/breakthrough", "--symmetric"], "--symmetric knows the board symmetries of tic-tac-toe"),
     (["--env-id", "pettingzoo/tictactoe_v3", "--symmetric", "--normalize-obs"], "statistics are not symmetric"),
+    # another board than the layout's: the views indexed past the observation (an IndexError traceback)
+    (["--env-id", "openspiel/connect_four", "--env-kwargs", "columns=5", "--symmetric"],
+     "--symmetric knows openspiel/connect_four's standard board (128 observation features, 7 moves); this one has "
+     "92 and 5"),
 ])
 def test_symmetric_where_it_cannot_hold_is_one_line(tmp_path, capsys, flags, message):
     from omnigym.cli import main

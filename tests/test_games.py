@@ -220,6 +220,9 @@ def _one_line(tmp_path, monkeypatch, capsys, argv, message):
     (["--env-id", "pettingzoo/tictactoe_v3", "--eval-games", "0"], "--eval-games must be positive, got 0"),
     (["--env-id", "pettingzoo/connect_four_v3", "--league-search-depth", "-1"],
      "--league-search-depth must be 0 (no search member) or more, got -1"),
+    (["--env-id", "openspiel/kuhn_poker", "--league-search-depth", "1"],
+     "--league-search-depth adds a search player, which plays games with nothing hidden and no chance; "
+     "openspiel/kuhn_poker is not one"),
     # before, trained against the league and never against the opponent asked for
     (["--env-id", "pettingzoo/tictactoe_v3", "--env-kwargs", "opponent=search"],
      "--env-kwargs opponent=search picks a fixed opponent, which --self-play replaces with its league"),
@@ -291,6 +294,22 @@ def test_a_game_run_saved_with_the_presets_league_values_still_loads(tmp_path, c
     assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*")) == before
     assert main(["eval", str(run), "--episodes", "2"]) == 0
     assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "512", "--no-plot"]) == 0
+
+
+def test_a_league_search_depth_changed_on_resume_is_one_line(tmp_path, capsys):
+    """The checkpoint's league holds the member it was made with: a resume with another depth kept the old
+    member (or none) and wrote the new depth into config.json."""
+    run_dir = str(tmp_path / "run")
+    flags = ["--self-play", "--env-id", "openspiel/tic_tac_toe", "--eval-every", "4", "--eval-games", "2",
+             "--no-progress", "--no-plot"]
+    assert main(["train", "ppo", *flags, "--total-timesteps", "512", "--league-search-depth", "1",
+                 "--run-dir", run_dir]) == 0
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*"))
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", run_dir, "--total-timesteps", "1024", "--league-search-depth", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--league-search-depth" in err[0], err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*")) == before
 
 
 def test_a_self_play_run_resumed_without_it_is_one_line(tmp_path, monkeypatch, capsys):

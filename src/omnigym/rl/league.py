@@ -74,7 +74,8 @@ class SelfPlayConfig:
     others: 2)"""
     league_search_depth: int = 0
     """--self-play: a search player of this many plies joins the league as a fixed member, drawn by PFSP as the
-    snapshots are (1: it takes any win in one, else moves at random); 0: none"""
+    snapshots are (1: it takes any win in one, else moves at random); 0: none. Each ply multiplies its time a move by
+    the moves it tries: on connect four 3 plies take ~1-7 ms a move, 5 plies seconds"""
 
     def preset_field_applies(self, name: str) -> bool:
         """A preset's league settings are for --self-play: a game played against a fixed opponent has no league."""
@@ -284,10 +285,13 @@ class League:
             self.members.append(member)
 
 
-def check_games_envs(envs) -> None:
-    """Before a run directory exists: the envs are games self-play can play."""
+def check_games_envs(envs, cfg: SelfPlayConfig) -> None:
+    """Before a run directory exists: the envs are games self-play can play, with the league asked for."""
     try:
-        turn_envs(envs)
+        game = turn_envs(envs)[0].game
+        require(not cfg.league_search_depth or game.perfect_information,
+                f"--league-search-depth adds a search player, which plays games with nothing hidden and no chance; "
+                f"{cfg.env_id} is not one: leave --league-search-depth out")
     except OmnigymError:
         envs.close()
         raise

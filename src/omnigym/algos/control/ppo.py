@@ -33,7 +33,7 @@ import torch
 
 from omnigym.config import (ControlConfig, check_compiler, require_fraction, require_non_negative,
                             require_positive)
-from omnigym.envs.games.symmetry import has_symmetries, no_symmetries, symmetries_of
+from omnigym.envs.games.symmetry import check_board_size, has_symmetries, no_symmetries, symmetries_of
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.control import ActorCritic
@@ -93,7 +93,7 @@ class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
     1.09x the training SPS on PPO HalfCheetah (docs/benchmarks.md); needs a C++ compiler on CPU (docs/ppo.md)"""
 
     RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs", "normalize_reward", "runtime", "max_staleness",
-                                                 "num_generators", "self_play", "symmetric")
+                                                 "num_generators", "self_play", "symmetric", "league_search_depth")
     PRESETS = {
         "atari": ("CleanRL ppo_atari.py, the PPO paper's Atari settings", dict(
             total_timesteps=10_000_000, num_envs=8, num_steps=128, learning_rate=2.5e-4, gamma=0.99, gae_lambda=0.95,
@@ -169,7 +169,9 @@ def train(cfg: PPOConfig) -> dict:
         raise OmnigymError(f"--preset locomotion is for joint-position (Box) actions; {cfg.env_id} has "
                            f"{envs.single_action_space}: use --preset auto or none")
     if cfg.self_play:
-        check_games_envs(envs)
+        check_games_envs(envs, cfg)
+    if cfg.symmetric:
+        check_board_size(cfg.env_id, envs)
     run = start_run(cfg, "ppo", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden,
                         symmetries_of(cfg)).to(cfg.device)

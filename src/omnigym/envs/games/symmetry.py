@@ -95,6 +95,18 @@ def board_symmetries(env_id: str) -> tuple[np.ndarray, np.ndarray]:
     return features_of(cells), actions
 
 
+def check_board_size(env_id: str, envs) -> None:
+    """Before a run directory exists: the envs' board is the one the layout is written for (OpenSpiel's
+    ``--env-kwargs rows=5`` or ``columns=5`` makes another connect four, whose views would index past it)."""
+    features, actions = board_symmetries(env_id)
+    size, moves = envs.single_observation_space.shape, getattr(envs.single_action_space, "n", None)
+    if size != (features.shape[1],) or moves != actions.shape[1]:
+        envs.close()
+        raise OmnigymError(f"--symmetric knows {env_id}'s standard board ({features.shape[1]} observation features, "
+                           f"{actions.shape[1]} moves); this one has {size[0] if len(size) == 1 else size} and {moves} "
+                           "(--env-kwargs): leave --symmetric out")
+
+
 def symmetries_of(cfg) -> tuple[np.ndarray, np.ndarray] | None:
     """A run's: the board's symmetries when its config asks for them (PPO's ``--symmetric``), else None."""
     return board_symmetries(cfg.env_id) if getattr(cfg, "symmetric", False) else None
