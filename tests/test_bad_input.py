@@ -253,9 +253,9 @@ def test_train_help_lists_the_algorithms(capsys):
 
 def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tmp_path, capsys):
     err = interrupted_run(tmp_path, checkpoint_every=0, capsys=capsys)
-    assert err == [f"omnigym: interrupted; no checkpoint was written yet (one comes every --checkpoint-every steps or "
-                   f"--checkpoint-minutes), "
-                   f"so there is nothing to resume; {tmp_path / 'run'} was put back as it was before the start"]
+    assert err == ["omnigym: interrupted; no checkpoint was written yet (one comes every --checkpoint-every steps or "
+                   f"--checkpoint-minutes), so there is nothing to resume; {tmp_path / 'run'} was put back as it was "
+                   "before the start"]
     assert not (tmp_path / "run").exists()
 
 

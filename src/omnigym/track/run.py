@@ -346,9 +346,8 @@ class Run:
     def state_line(self) -> str:
         """Where the run stands, for a message about a run that stopped early."""
         if self.last_checkpoint is None:
-            return (f"no checkpoint was written yet (one comes every --checkpoint-every steps or --checkpoint-minutes), "
-                    f"so there is nothing "
-                    f"to resume; {self.dir} was put back as it was before the start")
+            return ("no checkpoint was written yet (one comes every --checkpoint-every steps or --checkpoint-minutes), "
+                    f"so there is nothing to resume; {self.dir} was put back as it was before the start")
         at = ", ".join(f"{k} {v}" for k, v in self.last_checkpoint.items() if type(v) is int and k != "update")
         return f"continue with: omnigym train {self.algo} --resume {self.dir}  (last checkpoint: {at})"
 
