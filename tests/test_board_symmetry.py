@@ -184,6 +184,8 @@ def test_a_symmetric_run_evaluates_and_exports_its_averaged_policy(tmp_path, cap
 
 @pytest.mark.parametrize("flags, message", [
     (["--env-id", "openspiel/breakthrough", "--symmetric"], "--symmetric knows the board symmetries of tic-tac-toe"),
+    (["--env-id", "openspiel/conect_four", "--symmetric"], "openspiel/conect_four is not one: did you mean "
+                                                           "openspiel/connect_four?"),
     (["--env-id", "pettingzoo/tictactoe_v3", "--symmetric", "--normalize-obs"], "statistics are not symmetric"),
     # another board than the layout's: the views indexed past the observation (an IndexError traceback)
     (["--env-id", "openspiel/connect_four", "--env-kwargs", "columns=5", "--symmetric"],

@@ -22,6 +22,7 @@ and averages its logits, each mapped back to the original cells, and its values.
 
 from __future__ import annotations
 
+import difflib
 from types import MappingProxyType
 
 import numpy as np
@@ -80,8 +81,9 @@ def has_symmetries(env_id: str) -> bool:
 
 def no_symmetries(env_id: str) -> str:
     """What to say of ``--symmetric`` on a game whose symmetries it does not know."""
+    close = difflib.get_close_matches(str(env_id), LAYOUTS, n=1, cutoff=0.8)  # a misspelt id is caught here first
     return (f"--symmetric knows the board symmetries of tic-tac-toe and connect four ({', '.join(LAYOUTS)}); "
-            f"{env_id} is not one: leave --symmetric out")
+            f"{env_id} is not one: " + (f"did you mean {close[0]}?" if close else "leave --symmetric out"))
 
 
 def board_symmetries(env_id: str) -> tuple[np.ndarray, np.ndarray]:
