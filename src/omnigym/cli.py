@@ -520,6 +520,8 @@ def run_command(argv: list[str]) -> int:
 
         # a full disk's line says where the run stands itself
         where = f" [{run.state_line()}]" if run and run.last_checkpoint and not isinstance(exc, DiskFault) else ""
+        if not where and not isinstance(exc, DiskFault) and stopped_with_stages(call):
+            where = f" [{call.started.kept_stages_line()}]"
         if os.environ.get("RANK", "0") == "0":  # under torchrun every process finds it; the first says it
             print(f"omnigym: error: {exc}{where}", file=sys.stderr)
         return 2
@@ -527,7 +529,8 @@ def run_command(argv: list[str]) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt as exc:
-        return interrupted(exc, call.run if call else None)
+        # before the run began, a demo's finished stages may be all it wrote: its line names them
+        return interrupted(exc, call.run or (call.started if stopped_with_stages(call) else None) if call else None)
     return 0
 
 
@@ -552,6 +555,11 @@ def handlers(call) -> dict:
     return {"train": lambda rest: train(rest, call), "eval": evaluate, "sample": sample, "collect": collect,
             "export": export, "plot": plot, "list": list_command, "import-gguf": convert_gguf,
             "serve": serve_command, "serve-rm": serve_rm_command}
+
+
+def stopped_with_stages(call) -> bool:
+    """The run stopped before it began writing, and kept the demo stages it had finished."""
+    return call is not None and call.run is None and call.started is not None and bool(call.started.finished_stages)
 
 
 def interrupted(exc: KeyboardInterrupt, run) -> int:

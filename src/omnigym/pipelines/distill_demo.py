@@ -27,12 +27,12 @@ in the algorithm registry by name (the registry sits above this package).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 
 from omnigym.generators.text_tasks import TextTaskConfig
 from omnigym.pipelines.grpo_warmup import warm_up
+from omnigym.pipelines.stages import run_again, undo_stages
 from omnigym.track.files import DiskFault, load_config_dict, read_metrics
 from omnigym.track.run import MODEL_FOLDER, STAGES_FOLDER, Run
 
@@ -71,6 +71,7 @@ def teacher_stage(cfg, run: Run, grpo: ModuleType) -> Path:
     made = not stage.parent.exists()
     if finished(stage, cfg):
         run.say(f"demo teacher: reusing {stage}")
+        run.finished_stages.append(STAGE)
         return stage
     run.say(f"demo teacher: omnigym's GRPO demo (the tiny model, its warm-up, then {TEACHER_FLAGS['steps']} GRPO "
             f"steps) -> {stage}")
@@ -78,13 +79,13 @@ def teacher_stage(cfg, run: Run, grpo: ModuleType) -> Path:
         grpo.train(grpo.CONFIG(**task_flags(cfg), **TEACHER_FLAGS, model="tiny", seed=cfg.seed, run_dir=str(stage),
                                overwrite=stage.exists(), torch_threads=cfg.torch_threads, device=cfg.device,
                                progress=cfg.progress, tensorboard=cfg.tensorboard, plot=False))
-    except DiskFault as fault:  # a stage's own "--resume" advice is void: its folder goes with this run's
-        remove(run, stage.parent, made)
-        raise fault.then("run the command again") from None
+    except DiskFault as fault:
+        undo_stages(run, made)
+        raise fault.then(run_again(run)) from None
     except BaseException:
-        remove(run, stage.parent, made)
+        undo_stages(run, made)
         raise
-    run.made_stages = run.made_stages or made  # a run that fails before its first checkpoint removes them
+    run.finished_stages.append(STAGE)
     return stage
 
 
@@ -95,13 +96,6 @@ def student_warm_up(cfg, run: Run, grpo: ModuleType, env, correct, train_set: li
                               chat_template=cfg.chat_template, lora_r=cfg.lora_r, torch_threads=cfg.torch_threads,
                               device=cfg.device, progress=cfg.progress, tensorboard=cfg.tensorboard)
     return warm_up(settings_of, run, env, correct, train_set)
-
-
-def remove(run: Run, root: Path, made: bool) -> None:
-    if made:
-        shutil.rmtree(root, ignore_errors=True)
-        if run.dir.is_dir() and not any(run.dir.iterdir()):
-            run.dir.rmdir()
 
 
 def teacher_accuracy(stage: Path) -> tuple[float, float]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import random
-import shutil
 from pathlib import Path
 
 from omnigym.backends import make_backend
@@ -34,7 +33,7 @@ from omnigym.models.lm import LoraSettings, check_context, load_policy_and_token
 from omnigym.models.tokens import batch_logprobs, local_batch
 from omnigym.optim import adamw
 from omnigym.pipelines.stages import (RANDOM_STATE, export_model_folder, finished_stage, go_on_from_random_state,
-                                      keep_random_state)
+                                      keep_random_state, undo_stages)
 from omnigym.rl.losses import check_finite, nll_loss
 from omnigym.tasks.sft_data import to_sequence
 from omnigym.track.progress import ProgressBar
@@ -62,13 +61,13 @@ def warm_up(cfg, run, env, correct, train_set: list[dict]) -> Path:
     if finished_stage(stage, settings(cfg)):
         run.say(f"warm-up: reusing {stage}")
         go_on_from_random_state(stage / RANDOM_STATE)  # GRPO then samples what it sampled after making it
+        run.finished_stages.append(STAGE)
         return stage / "model"
     # a misspelt --model, a broken template or an impossible --max-new-tokens: one line, nothing written
     policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device)
     check_context(policy, cfg.max_new_tokens)
-    made_run_dir, made = not run.dir.exists(), not stage.parent.exists()
-    run.made_stages = run.made_stages or made  # a run that fails before its first checkpoint removes them
+    made = not stage.parent.exists()
     run.say(f"warm-up: supervised steps on demonstrations until validation accuracy {cfg.sft_target_accuracy} "
             f"(at most {cfg.sft_steps}) -> {stage}")
     try:
@@ -77,12 +76,10 @@ def warm_up(cfg, run, env, correct, train_set: list[dict]) -> Path:
             (stage / "config.json").unlink(missing_ok=True)  # unfinished until the model folder is whole
         barrier()
         step, reached = train_warm_up(cfg, stage, env, correct, train_set, policy, tokenizer)
-    except BaseException:  # an error or Ctrl-C in the stage: what this process made goes
-        if made and is_main_process():
-            shutil.rmtree(stage.parent, ignore_errors=True)
-            if made_run_dir:
-                shutil.rmtree(run.dir, ignore_errors=True)
+    except BaseException:  # an error or Ctrl-C in the stage: what this process made goes, but finished stages
+        undo_stages(run, made)
         raise
+    run.finished_stages.append(STAGE)
     if step < cfg.sft_steps:  # said only in --help otherwise: a --sft-steps 150 that ran 50 looks like a bug
         run.say(f"warm-up: stopped at step {step} of --sft-steps {cfg.sft_steps}: validation accuracy {reached:.3f} "
                 f"reached --sft-target-accuracy {cfg.sft_target_accuracy} (a higher target, or one above 1, runs "

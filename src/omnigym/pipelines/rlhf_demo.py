@@ -18,12 +18,11 @@ demo, which finds them in the algorithm registry by name: the registry sits abov
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from omnigym.pipelines.stages import go_on_from_random_state, keep_random_state
+from omnigym.pipelines.stages import go_on_from_random_state, keep_random_state, run_again, undo_stages
 from omnigym.track.files import DiskFault, load_config_dict, write_atomically
 from omnigym.track.run import MODEL_FOLDER, STAGES_FOLDER, Run
 
@@ -67,29 +66,26 @@ def prepare(cfg, run: Run, sft: ModuleType, rm: ModuleType | None = None) -> Sta
             run.say(f"demo stage 1: supervised fine-tuning on random-word replies -> {stages.sft}")
             sft.train(sft.CONFIG(data="words", steps=SFT_STEPS, run_dir=str(stages.sft),
                                  overwrite=stages.sft.exists(), **common))
+        run.finished_stages.append(stages.sft.name)
         if not stages.pairs.is_file():
             run.say(f"demo stage 2: {PAIR_PROMPTS} pairs of SFT replies, labelled by the hidden gold rule -> "
                     f"{stages.pairs}")
             write_gold_pairs(stages.sft, stages.pairs, cfg.seed, cfg.device)
         else:  # the SFT and RM stages run in scopes of their own; sampling the pairs moved the random state
             go_on_from_random_state(root / PAIRS_RANDOM_STATE)
+        run.finished_stages.append(stages.pairs.name)
         if reward_model and not finished(stages.reward_model, cfg.seed):
             run.say(f"demo stage 3: a reward model on those pairs -> {stages.reward_model}")
             rm.train(rm.CONFIG(data=str(stages.pairs), model=str(stages.sft), run_dir=str(stages.reward_model), steps=RM_STEPS,
                                overwrite=stages.reward_model.exists(), **common))
-    except DiskFault as fault:  # a stage's own "--resume" advice is void: its folder goes with this run's
-        if made:
-            shutil.rmtree(root, ignore_errors=True)
-            if run.dir.is_dir() and not any(run.dir.iterdir()):
-                run.dir.rmdir()
-        raise fault.then("run the command again") from None
+        if reward_model:
+            run.finished_stages.append(stages.reward_model.name)
+    except DiskFault as fault:
+        undo_stages(run, made)
+        raise fault.then(run_again(run)) from None
     except BaseException:
-        if made:
-            shutil.rmtree(root, ignore_errors=True)
-            if run.dir.is_dir() and not any(run.dir.iterdir()):
-                run.dir.rmdir()
+        undo_stages(run, made)
         raise
-    run.made_stages = made
     return stages
 
 

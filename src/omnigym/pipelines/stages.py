@@ -13,10 +13,13 @@ it samples and logs what the run that made the stage did, seed for seed.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+from omnigym.distributed import is_main_process
 from omnigym.track.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from omnigym.track.model_folder import save_model_folder
+from omnigym.track.run import STAGES_FOLDER, Run
 
 RANDOM_STATE = "random_state.pt"
 
@@ -46,3 +49,18 @@ def go_on_from_random_state(path: Path) -> None:
     the process goes on from its own state, as it did then)."""
     if path.is_file():
         set_rng_state(load_checkpoint(path))
+
+
+def undo_stages(run: Run, made: bool) -> None:
+    """After a failure or a stop in a stage: ``stages/`` goes if this start made it and none of
+    its stages is finished yet (the run directory then goes with the lock, if it is empty);
+    finished stages stay, for the next start with ``--run-dir`` to reuse (``Run.kept_stages_line``),
+    and so does the unfinished one beside them, which that start makes again."""
+    if made and not run.finished_stages and is_main_process():
+        shutil.rmtree(run.dir / STAGES_FOLDER, ignore_errors=True)
+
+
+def run_again(run: Run) -> str:
+    """What a full disk in a stage says to do once there is space (a stage's own "--resume"
+    advice is void: its folder belongs to this run)."""
+    return run.kept_stages_line() if run.finished_stages else "run the command again"

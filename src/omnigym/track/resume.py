@@ -17,7 +17,7 @@ from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
 from omnigym.track.lock import LOCK_NAME
-from omnigym.track.run_dir import MODEL_FOLDER, check_writable, default_run_dir, is_run_dir
+from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, check_writable, default_run_dir, is_run_dir
 
 
 def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[Path, dict | None]:
@@ -40,7 +40,10 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         if run_dir.is_dir() and is_run_dir(run_dir) and not cfg.overwrite:
             keep = f"continue it with --resume {run_dir}, or " if cfg.RESUMABLE else "choose a new --run-dir, or "
             raise OmnigymError(f"{run_dir} already holds a run; {keep}replace it with --overwrite")
-        if run_dir.is_dir() and not is_run_dir(run_dir) and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+        # a demo's start that stopped before its first checkpoint leaves its finished stages: a new
+        # start there reuses them (the pipelines remake an unfinished one)
+        if run_dir.is_dir() and not is_run_dir(run_dir) and any(p.name not in (LOCK_NAME, STAGES_FOLDER)
+                                                                 for p in run_dir.iterdir()):
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)
     return run_dir, saved

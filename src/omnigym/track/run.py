@@ -69,6 +69,9 @@ class TrainCall:
     run: Run | None = None
     """the run once it has begun writing, until it closes: ``scoped_run`` undoes it on a failure,
     the CLI says where it stands"""
+    started: Run | None = None
+    """the run from ``start_run`` on: before it begins, a demo's finished stages may be all it
+    has written, and the CLI's line for a stop or an error names them"""
     lock: RunLock | None = None
     """the run directory's lock, from ``start_run`` until the run closes: ``scoped_run`` lets it go
     however ``train()`` ends"""
@@ -128,8 +131,9 @@ class Run:
         self._call = call
         self._saving: tuple | None = None
         """(the checkpoint file before it, the counters) while a save is under way"""
-        self.made_stages = False
-        """set by a demo pipeline that created ``stages/`` for this run (``abandon`` removes it)"""
+        self.finished_stages: list[str] = []
+        """the demo stages in ``stages/`` that are whole (made by this run or reused): a run that
+        stops before its first checkpoint keeps them, and a new start with ``--run-dir`` reuses them"""
         self.kept_settings: dict = {}
         """a resumed run's saved settings this version does not know (a newer version's): kept in config.json"""
         self.writer = is_main_process()
@@ -137,6 +141,8 @@ class Run:
         take part in gathering it, and write nothing"""
         self.deferring_stops = False
         """a SIGTERM waits for this run's next checkpoint (``stopping.py``), from ``begin`` to ``close``"""
+        if call is not None:
+            call.started = self
 
     def config_dict(self) -> dict:
         """What config.json holds: the algorithm, the config's fields, and the directory the run
@@ -284,7 +290,7 @@ class Run:
 
     def _close(self, plot: bool, metric) -> Path | None:
         if self._call is not None and self._call.run is self:
-            self._call.run = None  # finished: nothing for the caller to undo or report
+            self._call.run = self._call.started = None  # finished: nothing for the caller to undo or report
         if not self.writer:
             return None
         try:
@@ -333,7 +339,7 @@ class Run:
                     self.metrics.close()
                 except OmnigymError:  # a full disk: what the log still held is lost with the run anyway
                     pass
-            self._directory.roll_back(remove_stages=self.made_stages)
+            self._directory.roll_back()
         finally:
             self._release_lock()  # after the roll-back: nobody else sees the directory half put back
             self._stop_deferring()
@@ -343,11 +349,17 @@ class Run:
         for line in lines if self.writer else ():
             print(line, file=sys.stderr)
 
+    def kept_stages_line(self) -> str:
+        """What a stop before the first checkpoint leaves of this run: its finished stages."""
+        return (f"its finished stages ({', '.join(self.finished_stages)}) are kept in {self.dir / STAGES_FOLDER}: "
+                f"the same command with --run-dir {self.dir} reuses them")
+
     def state_line(self) -> str:
         """Where the run stands, for a message about a run that stopped early."""
         if self.last_checkpoint is None:
             return ("no checkpoint was written yet (one comes every --checkpoint-every steps or --checkpoint-minutes), "
-                    f"so there is nothing to resume; {self.dir} was put back as it was before the start")
+                    f"so there is nothing to resume; {self.dir} was put back as it was before the start"
+                    + (f", except that {self.kept_stages_line()}" if self.finished_stages else ""))
         at = ", ".join(f"{k} {v}" for k, v in self.last_checkpoint.items() if type(v) is int and k != "update")
         return f"continue with: omnigym train {self.algo} --resume {self.dir}  (last checkpoint: {at})"
 

@@ -33,7 +33,8 @@ RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp
 replaces, for the moment of the swap); the ``.tmp`` files are those of atomic writes that a kill
 interrupted. ``stages/`` holds the
 finished runs a demo pipeline made on the way (``omnigym train rlhf`` with no flags); they are
-reused by ``--overwrite`` and removed by ``abandon`` only when this process made them."""
+reused by ``--overwrite``, kept by a run that stops before its first checkpoint, and reused by
+a new start in a directory that holds only them (``resume.py``)."""
 EVENTS_GLOB = "events.out.tfevents.*"
 
 
@@ -74,7 +75,7 @@ class RunDirectory:
             shutil.rmtree(self._set_aside, ignore_errors=True)
             self._set_aside = None
 
-    def roll_back(self, remove_stages: bool = False) -> None:
+    def roll_back(self) -> None:
         """Put the directory back as it was before ``open``: a resumed run gets its config.json
         and its log up to the checkpoint back; a new run's files and the folders it made go,
         and a run it was replacing comes back. Does nothing after ``commit`` or before ``open``."""
@@ -89,9 +90,7 @@ class RunDirectory:
             with open(self.path / METRICS_NAME, "r+b") as log:
                 log.truncate(self._resumed_log_offset)
             return
-        remove_run_files(self.path)
-        if remove_stages:
-            shutil.rmtree(self.path / STAGES_FOLDER, ignore_errors=True)
+        remove_run_files(self.path)  # not stages/: they are whole (they were finished before ``open``)
         if self._set_aside is not None:
             for kept in self._set_aside.iterdir():
                 kept.rename(self.path / kept.name)
