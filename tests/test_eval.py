@@ -81,3 +81,26 @@ def test_eval_of_an_env_that_never_ends_stops_with_one_line(tmp_path, monkeypatc
     monkeypatch.setattr(control, "MAX_EPISODE_STEPS", 500)
     with pytest.raises(OmnigymError, match="no episode ended in 500 steps; give the env a time limit"):
         evaluate_run(run_dir, episodes=2)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_config_edited_to_another_env_is_one_line_for_eval_and_load_policy(tmp_path, capsys, algo):
+    """A config.json whose env_id was edited (CartPole's checkpoint, Acrobot's spaces) gave torch's
+    size-mismatch traceback; Python's load_policy(run, env=...) with another env did too."""
+    from omnigym.runs import load_policy
+
+    run = tmp_path / "run"
+    steps = ["--total-timesteps", "256"] + (["--learning-starts", "64"] if algo == "dqn" else [])
+    assert main(["train", algo, "--env-id", "CartPole-v1", *steps, "--run-dir", str(run), "--no-progress",
+                 "--no-plot"]) == 0
+    with pytest.raises(Exception, match="does not fit the env it is played on") as other_env:
+        load_policy(run, env="Acrobot-v1")
+    assert "Traceback" not in str(other_env.value)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "env_id": "Acrobot-v1"}))
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"omnigym: error: the checkpoint in {run} does not fit the env it is played on (observations "
+                   "of shape (6,), actions Discrete(3)): give the env it was trained on (config.json says env_id "
+                   "'Acrobot-v1')"], err

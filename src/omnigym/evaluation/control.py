@@ -47,6 +47,22 @@ class LoadedRun:
     def algorithm(self) -> str:
         return self.module.__name__.rpartition(".")[2]
 
+    def policy(self, envs, greedy: bool):
+        """``module.load_policy`` on the last checkpoint, for ``envs``. A checkpoint whose shapes
+        do not fit the env's spaces (a config.json edited to another env, or ``env=`` another
+        env) is one line, not torch's size-mismatch traceback."""
+        try:
+            return self.module.load_policy(self.cfg, self.saved["components"], envs, greedy=greedy)
+        except RuntimeError as exc:
+            if "size mismatch" not in str(exc) and "Missing key" not in str(exc):
+                raise
+            seen, actions = envs.single_observation_space, envs.single_action_space
+            seen = f"observations of shape {seen.shape}" if seen.shape else f"{type(seen).__name__} observations"
+            raise OmnigymError(f"the checkpoint in {self.dir} does not fit the env it is played on ({seen}, actions "
+                               f"{actions if isinstance(actions, gym.spaces.Discrete) else actions.shape}): give "
+                               f"the env it was trained on (config.json says env_id "
+                               f"{getattr(self.cfg, 'env_id', '?')!r})") from None
+
 
 def run_env(run_dir: str, cfg, env, seed: int, verb: str, python_call: str, video_dir: str | None = None):
     """One env of the run's (or ``env``), made as training made it: its ``--env-kwargs``, Atari
@@ -70,13 +86,12 @@ class RunPolicy:
 
     def __init__(self, run: LoadedRun, greedy: bool = True, env=None):
         self.module, self.cfg = run.module, run.cfg
-        self.components = run.saved["components"]
         self.global_step = run.saved.get("counters", {}).get("global_step")
         self.algorithm = run.algorithm
         envs = run_env(run.dir, self.cfg, env, 0, "load_policy", "load it with load_policy(run_dir, env=...)")
         try:
             self.observation_space, self.action_space = envs.single_observation_space, envs.single_action_space
-            self._policy = self.module.load_policy(self.cfg, self.components, envs, greedy=greedy)
+            self._policy = run.policy(envs, greedy)
         finally:
             envs.close()
 
@@ -117,13 +132,13 @@ def play_episodes(run: LoadedRun, episodes: int = 10, greedy: bool = False, seed
     ``successes``: a list that gets each episode's ``info["is_success"]`` at its end, where the
     env gives one (goal envs). ``omnigym.runs.evaluate_run`` is the same from a run directory."""
     check_episodes(episodes, seed)
-    module, cfg, saved = run.module, run.cfg, run.saved
+    cfg = run.cfg
     envs = run_env(run.dir, cfg, env, seed, "eval", "evaluate it from Python with evaluate_run(run_dir, env=...)",
                    video_dir=video_dir)
     if video_dir is not None:
         os.makedirs(video_dir, exist_ok=True)  # the env could render: its videos have a place to go
     with run_scope(seed):  # sampled actions come from torch's generator: same seed, same returns
-        policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
+        policy = run.policy(envs, greedy)
         returns: list[float] = []
         obs, info = envs.reset(seed=seed)
         masks = ActionMasks.find(envs, info)  # the valid actions, where the env gives them

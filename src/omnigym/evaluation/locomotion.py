@@ -79,7 +79,7 @@ def tracking_report(run: LoadedRun, episodes: int = 10, randomize: bool = False,
 
     if episodes <= 0:
         raise OmnigymError(f"--episodes must be positive, got {episodes}")
-    cfg, saved, module, run_dir = run.cfg, run.saved, run.module, run.dir
+    cfg, run_dir = run.cfg, run.dir
     check_tracking(cfg, run_dir, randomize)
     on_mjlab = cfg.backend == "mjlab"
     if on_mjlab:  # mjlab's own task on its own simulator, every env given the one command
@@ -100,7 +100,7 @@ def tracking_report(run: LoadedRun, episodes: int = 10, randomize: bool = False,
         dt, max_steps = envs.cfg.dt, envs.batch.max_steps
         base_velocity = lambda info: info["base_lin_vel"]  # noqa: E731
     with run_scope(seed):
-        policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
+        policy = run.policy(envs, greedy)
         obs, _ = envs.reset(seed=seed)
         settle = int(SETTLE_S / dt)
         done = np.zeros(episodes, bool)

@@ -61,13 +61,13 @@ def load_source(name: str, greedy: bool, load_run: RunLoader) -> Source:
         return Source(name, RANDOM, None, None)
     require(Path(name).is_dir(), f"collect: {name!r} is neither 'random' nor a run directory")
     run = load_run(name, "omnigym collect")
-    module, cfg, saved = run.module, run.cfg, run.saved
+    cfg = run.cfg
     require(isinstance(cfg.env_id, str) and not cfg.env_id.startswith("<"),
             f"collect: {name} was trained on a Python object, not an env id omnigym can make again")
     require(not getattr(cfg, "pixels", False), f"collect: {name} learned from pixels; collect writes state datasets")
     envs = make_vec(cfg.env_id, 1, backend="sync")  # what load_policy reads its spaces from
     try:
-        policy = module.load_policy(cfg, saved["components"], envs, greedy=greedy)
+        policy = run.policy(envs, greedy)
     finally:
         envs.close()
     require(not hasattr(policy, "reset"), f"collect: {name} is {a_run(run.algorithm)}, whose policy has memory; "
