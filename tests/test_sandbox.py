@@ -153,6 +153,15 @@ def leftover_workdirs():
     return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("omnigym-sandbox-")}
 
 
+@pytest.fixture
+def own_tempdir(tmp_path, monkeypatch):
+    """The sandbox's work directories in a folder of this test's own: another test process
+    running a program at the same moment has one in the shared /tmp (seen once in a suite run)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
 def test_output_files_replaced_by_links_to_secrets_leak_nothing(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("s3cret-token")
@@ -188,7 +197,7 @@ def test_an_output_file_replaced_by_a_fifo_or_deleted_does_not_block_or_raise():
         signal.signal(signal.SIGALRM, previous)
 
 
-def test_a_directory_tree_too_deep_for_rmtree_is_still_removed():
+def test_a_directory_tree_too_deep_for_rmtree_is_still_removed(own_tempdir):
     before = leftover_workdirs()
     program = "import os\nfor _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')"
     result = run_python(program, QUICK)
