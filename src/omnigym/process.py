@@ -2,8 +2,8 @@
 
 ``omnigym.cli`` is the entry point and the only place that changes the process for good
 (threads of a fresh process, transformers' progress bars). A ``train()`` called from
-Python instead gets ``run_scope``: it seeds python, numpy and torch and sets torch's
-thread count for the run, and puts all of them back when the run returns or fails, so
+Python instead gets ``run_scope``: it seeds python, numpy and torch, sets torch's
+thread count for the run and flushes denormal floats to zero, and puts all of them back when the run returns or fails, so
 the caller's process is left as it was found. A run with a data-parallel ``--backend``
 joins the processes ``torchrun`` started first (``distributed.py``); only the first of them writes.
 What belongs to one run and not to the process (the flags given, the preset line, the run
@@ -20,6 +20,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from omnigym.optim import flush_denormals
+
 
 @contextmanager
 def run_scope(seed: int, torch_threads: int = 0):
@@ -27,6 +29,7 @@ def run_scope(seed: int, torch_threads: int = 0):
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     if torch_threads > 0:
         torch.set_num_threads(torch_threads)
+    flush_denormals()
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -40,6 +43,7 @@ def run_scope(seed: int, torch_threads: int = 0):
             torch.cuda.set_rng_state_all(cuda)
         if torch.get_num_threads() != saved[3]:
             torch.set_num_threads(saved[3])
+        flush_denormals(False)  # torch cannot say what it was: off, its default
 
 
 

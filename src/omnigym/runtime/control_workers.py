@@ -29,6 +29,7 @@ from typing import Iterable, Protocol
 import numpy as np
 import torch
 
+from omnigym.optim import flush_denormals
 from omnigym.rl.rollout import Rollout, RolloutCollector
 from omnigym.runtime.ray_actors import RaySchedule
 
@@ -89,6 +90,7 @@ class RolloutWorker:
         from omnigym.track.episodes import EpisodeStats
 
         torch.set_num_threads(1)
+        flush_denormals()  # as the trainer's process does (process.py): the same numbers
         os.chdir(cwd)  # a user's env module and the run dir are found from the trainer's folder
         # Worker i's envs are envs i*n .. i*n+n-1 of a one-process run, with the same seeds.
         cfg = dataclasses.replace(cfg, num_envs=num_envs, seed=cfg.seed + index * num_envs, device="cpu",

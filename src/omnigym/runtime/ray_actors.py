@@ -73,7 +73,10 @@ class GeneratorWorker:
     def __init__(self, build_generator, index: int):
         import torch
 
+        from omnigym.optim import flush_denormals
+
         torch.set_num_threads(1)
+        flush_denormals()  # as the trainer's process does (process.py): the same numbers
         try:  # model loading's progress bars would interleave with the trainer's output
             from transformers.utils import logging as transformers_logging
 
