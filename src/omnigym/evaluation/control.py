@@ -86,6 +86,7 @@ class RunPolicy:
 
     def __init__(self, run: LoadedRun, greedy: bool = True, env=None):
         self.module, self.cfg = run.module, run.cfg
+        self.components = run.saved["components"]
         self.global_step = run.saved.get("counters", {}).get("global_step")
         self.algorithm = run.algorithm
         envs = run_env(run.dir, self.cfg, env, 0, "load_policy", "load it with load_policy(run_dir, env=...)")
