@@ -222,3 +222,23 @@ def test_running_mean_std_one_row_path_equals_the_batch_update():
         general.count = total
     np.testing.assert_array_equal(fast.mean, general.mean)
     np.testing.assert_array_equal(fast.var, general.var)
+
+
+def test_a_run_flushes_denormals_and_a_run_inside_it_leaves_that_as_it_was():
+    """run_scope flushes denormal floats (Adam's state on a dead unit is many times slower
+    without: bench/denormals.py) and puts the setting back; a demo's stage is a run inside a
+    run, and the outer run goes on flushing after it."""
+    from omnigym.process import run_scope
+
+    tiny = torch.tensor([1e-40])  # a float32 denormal
+    assert (tiny * 1.0).item() != 0.0  # torch's default: kept
+    with run_scope(1):
+        assert (tiny * 1.0).item() == 0.0
+        with run_scope(2):
+            assert (tiny * 1.0).item() == 0.0
+        assert (tiny * 1.0).item() == 0.0  # still on after the inner run
+    assert (tiny * 1.0).item() != 0.0
+    with pytest.raises(RuntimeError):
+        with run_scope(1):
+            raise RuntimeError("a failed run")
+    assert (tiny * 1.0).item() != 0.0  # put back after a failure too

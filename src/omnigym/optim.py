@@ -138,7 +138,11 @@ def adamw(model, learning_rate: float, weight_decay: float = 0.0, betas=(0.9, 0.
                              fused=_fused(params))
 
 
-def flush_denormals(on: bool = True) -> None:
+_flushing = False
+"""what ``flush_denormals`` last set (torch cannot say; its default is off)"""
+
+
+def flush_denormals(on: bool = True) -> bool:
     """Floats too small for their exponent (below 1.2e-38 in float32) read and written as zero,
     in this thread and the threads it starts: a CPU takes many times longer over an arithmetic
     op on one. Adam's second moment of a parameter whose gradient went to zero (a dead ReLU
@@ -146,5 +150,9 @@ def flush_denormals(on: bool = True) -> None:
     Xeon (one thread): this class's step on DQN's 4-256-256-2 network with its state there,
     1.5 ms against 0.11 flushed; DQN on CartPole, 20k steps, 38.1 and 46.5 s against 33.1 and
     33.4 (runs alternated), to identical metrics: the updates lost are below a float32
-    parameter's rounding (bench/same_seed.py: all 26 rows identical)."""
+    parameter's rounding (bench/same_seed.py: all 26 rows identical). Returns what it was, as
+    this function last set it, for a scope to put back."""
+    global _flushing
+    before, _flushing = _flushing, on
     torch.set_flush_denormal(on)
+    return before

@@ -3,8 +3,9 @@
 ``omnigym.cli`` is the entry point and the only place that changes the process for good
 (threads of a fresh process, transformers' progress bars). A ``train()`` called from
 Python instead gets ``run_scope``: it seeds python, numpy and torch, sets torch's
-thread count for the run and flushes denormal floats to zero, and puts all of them back when the run returns or fails, so
-the caller's process is left as it was found. A run with a data-parallel ``--backend``
+thread count for the run and flushes denormal floats to zero (``optim.flush_denormals``),
+and puts all of them back when the run returns or fails, so the caller's process is left
+as it was found. A run with a data-parallel ``--backend``
 joins the processes ``torchrun`` started first (``distributed.py``); only the first of them writes.
 What belongs to one run and not to the process (the flags given, the preset line, the run
 directory, the run itself) travels in that call's ``TrainCall`` (``track/run.py``).
@@ -29,7 +30,7 @@ def run_scope(seed: int, torch_threads: int = 0):
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     if torch_threads > 0:
         torch.set_num_threads(torch_threads)
-    flush_denormals()
+    flushing = flush_denormals()
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -43,7 +44,7 @@ def run_scope(seed: int, torch_threads: int = 0):
             torch.cuda.set_rng_state_all(cuda)
         if torch.get_num_threads() != saved[3]:
             torch.set_num_threads(saved[3])
-        flush_denormals(False)  # torch cannot say what it was: off, its default
+        flush_denormals(flushing)  # a run inside a run (a demo's stages) leaves the outer one as it was
 
 
 
