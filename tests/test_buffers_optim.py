@@ -242,3 +242,37 @@ def test_a_run_flushes_denormals_and_a_run_inside_it_leaves_that_as_it_was():
         with run_scope(1):
             raise RuntimeError("a failed run")
     assert (tiny * 1.0).item() != 0.0  # put back after a failure too
+
+
+def test_a_run_puts_back_the_flush_a_user_set_and_reads_it_per_thread():
+    """A user who turned the flush on (torch.set_flush_denormal) still has it after a run,
+    and a run in another thread reads that thread's setting, not this one's."""
+    import threading
+
+    from omnigym.process import run_scope
+
+    tiny = torch.tensor([1e-40])
+    torch.set_flush_denormal(True)
+    try:
+        with run_scope(1):
+            pass
+        assert (tiny * 1.0).item() == 0.0  # the user's setting, put back
+        seen = []
+
+        def in_a_thread():  # this thread does not flush: the run there must put back "off"
+            torch.set_flush_denormal(False)  # a new thread starts with its parent's setting
+            with run_scope(1):
+                pass
+            seen.append((torch.tensor([1e-40]) * 1.0).item())
+
+        torch.set_flush_denormal(False)
+        with run_scope(2):  # this thread flushes while the other one runs
+            thread = threading.Thread(target=in_a_thread)
+            thread.start()
+            thread.join()
+            assert (tiny * 1.0).item() == 0.0  # the other thread's run left this one flushing
+        assert len(seen) == 1 and seen[0] != 0.0  # not flushed (approx would take 0 for 1e-40)
+        assert (tiny * 1.0).item() != 0.0  # off again: as this thread was before the run
+    finally:
+        torch.set_flush_denormal(False)
+    assert (tiny * 1.0).item() != 0.0

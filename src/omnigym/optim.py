@@ -138,10 +138,6 @@ def adamw(model, learning_rate: float, weight_decay: float = 0.0, betas=(0.9, 0.
                              fused=_fused(params))
 
 
-_flushing = False
-"""what ``flush_denormals`` last set (torch cannot say; its default is off)"""
-
-
 def flush_denormals(on: bool = True) -> bool:
     """Floats too small for their exponent (below 1.2e-38 in float32) read and written as zero,
     in this thread and the threads it starts: a CPU takes many times longer over an arithmetic
@@ -150,9 +146,18 @@ def flush_denormals(on: bool = True) -> bool:
     Xeon (one thread): this class's step on DQN's 4-256-256-2 network with its state there,
     1.5 ms against 0.11 flushed; DQN on CartPole, 20k steps, 38.1 and 46.5 s against 33.1 and
     33.4 (runs alternated), to identical metrics: the updates lost are below a float32
-    parameter's rounding (bench/same_seed.py: all 26 rows identical). Returns what it was, as
-    this function last set it, for a scope to put back."""
-    global _flushing
-    before, _flushing = _flushing, on
+    parameter's rounding (bench/same_seed.py: all 26 rows identical). Returns what it was in
+    this thread, for a scope to put back."""
+    before = flushing_denormals()
     torch.set_flush_denormal(on)
     return before
+
+
+def flushing_denormals() -> bool:
+    """Whether this thread flushes denormals now. torch has no getter, so it is measured: a
+    denormal times one is zero only when flushed. Read, not remembered, because the setting is
+    per thread and a user may have set it themselves (torch.set_flush_denormal): a run then
+    puts back their setting, not a guess of it."""
+    # float32 and the CPU named: a user's torch.set_default_dtype(float64) or default device
+    # would otherwise measure a float that is not denormal, or another device
+    return (torch.tensor([1e-40], dtype=torch.float32, device="cpu") * 1.0).item() == 0.0
