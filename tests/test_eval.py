@@ -104,3 +104,32 @@ def test_a_config_edited_to_another_env_is_one_line_for_eval_and_load_policy(tmp
     assert err == [f"omnigym: error: the checkpoint in {run} does not fit the env it is played on (observations "
                    "of shape (6,), actions Discrete(3)): give the env it was trained on (config.json says env_id "
                    "'Acrobot-v1')"], err
+
+
+@pytest.mark.parametrize("algo, env_id, other", [("dqn", "CartPole-v1", "Pendulum-v1"),
+                                                 ("sac", "Pendulum-v1", "CartPole-v1")])
+def test_a_config_edited_to_another_kind_of_space_is_one_line(tmp_path, capsys, algo, env_id, other):
+    """Discrete actions for a continuous actor, or a Box for DQN: the builders raised IndexError
+    and AttributeError (found by an attacker helper)."""
+    run = tmp_path / "run"
+    steps = ["--total-timesteps", "300", "--learning-starts", "100"]
+    assert main(["train", algo, "--env-id", env_id, *steps, "--run-dir", str(run), "--no-progress", "--no-plot"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "env_id": other}))
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"omnigym: error: the checkpoint in {run} does not fit the env it "
+                                               f"is played on") and "building its policy raised" in err[0], err
+
+
+def test_an_interrupted_eval_says_only_that_it_stopped(tmp_path, capsys, monkeypatch):
+    """It said the training line, "the run had not started; nothing was written" (found by an
+    attacker helper): eval trains no run."""
+    import omnigym.runs
+
+    monkeypatch.setattr(omnigym.runs, "play_episodes", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    run_dir, _ = trained(tmp_path, "toy_envs:SignChoiceEnv", 256)
+    capsys.readouterr()
+    assert main(["eval", run_dir, "--episodes", "1"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["omnigym: interrupted"]

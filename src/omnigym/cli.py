@@ -530,6 +530,8 @@ def run_command(argv: list[str]) -> int:
         return 0
     except KeyboardInterrupt as exc:
         # before the run began, a demo's finished stages may be all it wrote: its line names them
+        if command != "train":  # eval, sample, serve, ...: no run to say anything about
+            return interrupted(exc, None, about_a_run=False)
         return interrupted(exc, call.run or (call.started if stopped_with_stages(call) else None) if call else None)
     return 0
 
@@ -562,16 +564,18 @@ def stopped_with_stages(call) -> bool:
     return call is not None and call.run is None and call.started is not None and bool(call.started.finished_stages)
 
 
-def interrupted(exc: KeyboardInterrupt, run) -> int:
+def interrupted(exc: KeyboardInterrupt, run, about_a_run: bool = True) -> int:
     """Ctrl-C, SIGTERM or SIGHUP: one line saying where ``run`` stands (a --ray-trainer run
-    says it in ``exc.where``), and the shell's exit code for the signal (128 + its number)."""
+    says it in ``exc.where``; a command that trains nothing says only that it stopped), and the
+    shell's exit code for the signal (128 + its number)."""
     where = getattr(exc, "where", None) or (run.state_line() if run else "the run had not started; nothing was written")
+    where = f"; {where}" if about_a_run else ""
     from omnigym.track.stopping import Stopped
 
     if isinstance(exc, Stopped):
-        print(f"omnigym: stopped by {signal_name(exc.signum)}; {where}", file=sys.stderr)
+        print(f"omnigym: stopped by {signal_name(exc.signum)}{where}", file=sys.stderr)
         return 128 + exc.signum
-    print(f"omnigym: interrupted; {where}", file=sys.stderr)
+    print(f"omnigym: interrupted{where}", file=sys.stderr)
     return 130
 
 

@@ -49,19 +49,27 @@ class LoadedRun:
 
     def policy(self, envs, greedy: bool):
         """``module.load_policy`` on the last checkpoint, for ``envs``. A checkpoint whose shapes
-        do not fit the env's spaces (a config.json edited to another env, or ``env=`` another
-        env) is one line, not torch's size-mismatch traceback."""
+        or kinds of space do not fit the env's (a config.json edited to another env, or ``env=``
+        another env) is one line, not a traceback from torch or from the networks' builders."""
         try:
             return self.module.load_policy(self.cfg, self.saved["components"], envs, greedy=greedy)
-        except RuntimeError as exc:
-            if "size mismatch" not in str(exc) and "Missing key" not in str(exc):
+        except (RuntimeError, AttributeError, IndexError, TypeError) as exc:
+            # torch's size mismatch; or a space of another kind than the networks are built for
+            # (a DQN checkpoint on a Box of actions: "'Box' object has no attribute 'n'")
+            if isinstance(exc, RuntimeError) and "size mismatch" not in str(exc) and "Missing key" not in str(exc):
                 raise
             seen, actions = envs.single_observation_space, envs.single_action_space
             seen = f"observations of shape {seen.shape}" if seen.shape else f"{type(seen).__name__} observations"
             raise OmnigymError(f"the checkpoint in {self.dir} does not fit the env it is played on ({seen}, actions "
                                f"{actions if isinstance(actions, gym.spaces.Discrete) else actions.shape}): give "
                                f"the env it was trained on (config.json says env_id "
-                               f"{getattr(self.cfg, 'env_id', '?')!r})") from None
+                               f"{getattr(self.cfg, 'env_id', '?')!r}){built(exc)}") from None
+
+
+def built(exc: Exception) -> str:
+    """What building the policy raised, where it was not torch's size mismatch (which the line
+    says already): a bug would otherwise hide behind the env's spaces."""
+    return "" if isinstance(exc, RuntimeError) else f" [building its policy raised {type(exc).__name__}: {exc}]"
 
 
 def run_env(run_dir: str, cfg, env, seed: int, verb: str, python_call: str, video_dir: str | None = None):
