@@ -276,3 +276,21 @@ def test_a_run_puts_back_the_flush_a_user_set_and_reads_it_per_thread():
     finally:
         torch.set_flush_denormal(False)
     assert (tiny * 1.0).item() != 0.0
+
+
+def test_a_run_on_several_threads_leaves_the_flush_alone():
+    """torch's OpenMP threads do not follow a thread's flush setting: a run on more than one
+    thread would flush in some chunks of a tensor op and not in others (and keep doing so after
+    it, in the pool threads it started). Such a run leaves the setting as it was."""
+    from omnigym.process import run_scope
+
+    tiny = torch.tensor([1e-40])
+    threads = torch.get_num_threads()
+    try:
+        with run_scope(1, torch_threads=2):
+            assert (tiny * 1.0).item() != 0.0
+        with run_scope(1, torch_threads=1):
+            assert (tiny * 1.0).item() == 0.0
+    finally:
+        torch.set_num_threads(threads)
+    assert (tiny * 1.0).item() != 0.0

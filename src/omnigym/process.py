@@ -30,7 +30,9 @@ def run_scope(seed: int, torch_threads: int = 0):
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     if torch_threads > 0:
         torch.set_num_threads(torch_threads)
-    flushing = flush_denormals()
+    # on one thread (the default): torch's OpenMP threads would not all follow the setting, so
+    # with more a tensor op would flush in some chunks and not in others, during the run and after
+    flushing = flush_denormals() if torch.get_num_threads() == 1 else None
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -44,7 +46,8 @@ def run_scope(seed: int, torch_threads: int = 0):
             torch.cuda.set_rng_state_all(cuda)
         if torch.get_num_threads() != saved[3]:
             torch.set_num_threads(saved[3])
-        flush_denormals(flushing)  # a run inside a run (a demo's stages) leaves the outer one as it was
+        if flushing is not None:
+            flush_denormals(flushing)  # a run inside a run (a demo's stages) leaves the outer one as it was
 
 
 
