@@ -53,6 +53,12 @@ def test_a_stop_after_grpos_warm_up_keeps_it_and_the_same_command_reuses_it(tmp_
     assert f"its finished stages (warmup) are kept in {run / 'stages'}: the same command with --run-dir {run}" \
            " reuses them" in said[0]
     assert sorted(p.name for p in run.iterdir()) == ["stages"]  # the run's own files went, the stage stayed
+    assert run_command([*GRPO, "--resume", str(run)]) == 2  # a user who tries --resume is told --run-dir
+    assert omnigym_lines(capsys.readouterr().err) == [f"omnigym: error: {run} is not a run directory (no "
+                                                      "config.json): it holds only the finished stages of a run "
+                                                      "stopped before its first checkpoint; start that run again "
+                                                      f"with --run-dir {run} (not --resume), which reuses them"]
+    assert sorted(p.name for p in run.iterdir()) == ["stages"]
     assert run_command([*GRPO, "--run-dir", str(run)]) == 0
     assert "warm-up: reusing" in capsys.readouterr().err
     assert (strip(metrics(run)), strip(metrics(run / "stages" / "warmup"))) == uninterrupted_grpo

@@ -105,6 +105,10 @@ def describe(value) -> str:
 def load_config_dict(run_dir: str | os.PathLike) -> dict:
     path = Path(run_dir) / CONFIG_NAME
     if not path.exists():
+        if (Path(run_dir) / "stages").is_dir():  # run_dir.STAGES_FOLDER, which imports this module
+            raise OmnigymError(f"{run_dir} is not a run directory (no {CONFIG_NAME}): it holds only the finished "
+                               "stages of a run stopped before its first checkpoint; start that run again with "
+                               f"--run-dir {run_dir} (not --resume), which reuses them")
         raise OmnigymError(f"{run_dir} is not a run directory (no {CONFIG_NAME})")
     try:
         values = json.loads(path.read_text())
