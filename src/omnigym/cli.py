@@ -491,6 +491,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_command(argv)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside run_command's own handling: nothing started
         return interrupted(exc, None)
+    except RuntimeError as exc:
+        # Python 3.11 wraps an exception raised while a class is made ("Error calling __set_name__",
+        # seen when a SIGINT landed in the standard library's ipaddress import): still the signal
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            return interrupted(exc.__cause__, None)
+        raise
     finally:
         if "omnigym.distributed" in sys.modules:  # a torchrun process: its process group goes before exit
             sys.modules["omnigym.distributed"].leave_process_group()
@@ -528,6 +534,10 @@ def run_command(argv: list[str]) -> int:
     except BrokenPipeError:  # stdout closed early (omnigym ... | head): nothing more to say
         sys.stderr.close()
         return 0
+    except RuntimeError as exc:
+        if not isinstance(exc.__cause__, KeyboardInterrupt):  # see main(): a signal inside a class's making
+            raise
+        return interrupted(exc.__cause__, call.run if call else None, about_a_run=command == "train")
     except KeyboardInterrupt as exc:
         # before the run began, a demo's finished stages may be all it wrote: its line names them
         if command != "train":  # eval, sample, serve, ...: no run to say anything about
