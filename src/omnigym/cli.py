@@ -534,11 +534,11 @@ def run_command(argv: list[str]) -> int:
     except BrokenPipeError:  # stdout closed early (omnigym ... | head): nothing more to say
         sys.stderr.close()
         return 0
-    except RuntimeError as exc:
-        if not isinstance(exc.__cause__, KeyboardInterrupt):  # see main(): a signal inside a class's making
-            raise
-        return interrupted(exc.__cause__, call.run if call else None, about_a_run=command == "train")
-    except KeyboardInterrupt as exc:
+    except (KeyboardInterrupt, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError):
+            if not isinstance(exc.__cause__, KeyboardInterrupt):  # see main(): a signal inside a class's making
+                raise
+            exc = exc.__cause__
         # before the run began, a demo's finished stages may be all it wrote: its line names them
         if command != "train":  # eval, sample, serve, ...: no run to say anything about
             return interrupted(exc, None, about_a_run=False)
