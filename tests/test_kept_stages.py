@@ -107,3 +107,14 @@ def test_a_directory_holding_anything_beside_stages_is_still_refused(tmp_path, c
     assert omnigym_lines(capsys.readouterr().err) == [f"omnigym: error: {run} is not empty and holds no omnigym "
                                                       "run; choose a new or empty --run-dir"]
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "stages"]
+
+
+def test_a_file_named_stages_is_not_kept_stages(tmp_path, capsys):
+    """A file where the stages folder would be: refused as any foreign file (it was a traceback)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "stages").write_text("mine")
+    assert run_command([*GRPO, "--run-dir", str(run)]) == 2
+    assert omnigym_lines(capsys.readouterr().err) == [f"omnigym: error: {run} is not empty and holds no omnigym "
+                                                      "run; choose a new or empty --run-dir"]
+    assert (run / "stages").read_text() == "mine"

@@ -42,8 +42,8 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
             raise OmnigymError(f"{run_dir} already holds a run; {keep}replace it with --overwrite")
         # a demo's start that stopped before its first checkpoint leaves its finished stages: a new
         # start there reuses them (the pipelines remake an unfinished one)
-        if run_dir.is_dir() and not is_run_dir(run_dir) and any(p.name not in (LOCK_NAME, STAGES_FOLDER)
-                                                                 for p in run_dir.iterdir()):
+        if run_dir.is_dir() and not is_run_dir(run_dir) and any(
+                p.name != LOCK_NAME and not (p.name == STAGES_FOLDER and p.is_dir()) for p in run_dir.iterdir()):
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)
     return run_dir, saved
