@@ -8,6 +8,8 @@ after GRPO began removed the finished warm-up with the run."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_rlhf import metrics, strip
 
@@ -118,3 +120,70 @@ def test_a_file_named_stages_is_not_kept_stages(tmp_path, capsys):
     assert omnigym_lines(capsys.readouterr().err) == [f"omnigym: error: {run} is not empty and holds no omnigym "
                                                       "run; choose a new or empty --run-dir"]
     assert (run / "stages").read_text() == "mine"
+
+
+# --- a stage made again is set aside until the new run has a checkpoint ------------------------------
+#
+# `--overwrite` with a stage setting the replaced run did not use (another --seed) made the stage
+# again in place: a stop before the new run's first checkpoint brought the old run back beside the
+# new run's stage, the old stage lost. The old one now waits beside it (`.replaced-NAME`) and comes
+# back with the run.
+
+
+def contents(folder) -> dict:
+    """Every file under ``folder`` (its lock file aside) by relative path, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".omnigym.lock"}
+
+
+@pytest.fixture(scope="module")
+def finished_grpo(tmp_path_factory):
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert run_command([*GRPO, "--run-dir", str(run)]) == 0
+    return run
+
+
+@pytest.mark.parametrize("where", ["inside the warm-up", "at GRPO's first step"])
+def test_overwrite_with_another_seed_stopped_before_its_checkpoint_puts_the_old_warm_up_back(
+        tmp_path, monkeypatch, capsys, finished_grpo, where):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_grpo, run)
+    before = contents(run)
+    with monkeypatch.context() as patch:
+        if where == "inside the warm-up":  # the new stage half made: its model never written
+            patch.setattr("omnigym.pipelines.grpo_warmup.export_model_folder", stop_with(KeyboardInterrupt))
+        else:  # the new warm-up finished, the old run set aside, no checkpoint yet
+            patch.setattr(grpo.HackingMonitor, "for_run", stop_with(KeyboardInterrupt))
+        argv = [*GRPO[:-1], "4", "--run-dir", str(run), "--overwrite"]  # --seed 4, not the run's 3
+        assert run_command(argv) == 130
+    said = omnigym_lines(capsys.readouterr().err)
+    assert len(said) == 1 and said[0].startswith("omnigym: interrupted; ") and "kept" not in said[0], said
+    assert contents(run) == before  # the old run and its warm-up, byte for byte; nothing set aside left
+    assert run_command(argv) == 0  # the same command, not stopped, replaces both
+    capsys.readouterr()
+    assert sorted(p.name for p in (run / "stages").iterdir()) == ["warmup"]
+    assert json.loads((run / "stages" / "warmup" / "config.json").read_text())["seed"] == 4
+    assert not (run / ".replaced-run").exists()
+
+
+def test_rlhf_demo_with_another_seed_remakes_the_pairs_and_an_error_puts_every_old_stage_back(
+        tmp_path, monkeypatch, capsys, small_demo):
+    """The pairs are sampled from the SFT model: another seed's SFT model makes them again (they
+    were reused, sampled from the old one), and an error in the reward model's stage brings back
+    the old SFT model, pairs and reward model with the old run."""
+    run = tmp_path / "run"
+    assert run_command([*RLHF, "--run-dir", str(run), "--seed", "0"]) == 0
+    before = contents(run)
+    with monkeypatch.context() as patch:
+        patch.setattr(rm, "train", stop_with(OmnigymError("the reward model's stage failed")))
+        assert run_command([*RLHF, "--run-dir", str(run), "--seed", "1", "--overwrite"]) == 2
+    said = omnigym_lines(capsys.readouterr().err)
+    assert said == ["omnigym: error: the reward model's stage failed"], said
+    assert contents(run) == before
+    assert run_command([*RLHF, "--run-dir", str(run), "--seed", "1", "--overwrite"]) == 0
+    capsys.readouterr()
+    after = contents(run)
+    assert after["stages/pairs.jsonl"] != before["stages/pairs.jsonl"]  # sampled from seed 1's SFT model
+    assert not any(".replaced" in name for name in after), [n for n in after if ".replaced" in n]

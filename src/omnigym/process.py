@@ -86,8 +86,9 @@ def scoped_run(train):
                 try:
                     return train(cfg)
                 except BaseException:  # an error or Ctrl-C: a run without a checkpoint is undone
-                    if call.run is not None:
-                        call.run.abandon()
+                    run = call.run or call.started  # started, not yet begun: only stages set aside to put back
+                    if run is not None:
+                        run.abandon()
                     raise
                 finally:  # the run directory's lock goes however train() ends (start_run took it)
                     call.release_lock()

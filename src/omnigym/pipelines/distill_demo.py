@@ -75,9 +75,10 @@ def teacher_stage(cfg, run: Run, grpo: ModuleType) -> Path:
         return stage
     run.say(f"demo teacher: omnigym's GRPO demo (the tiny model, its warm-up, then {TEACHER_FLAGS['steps']} GRPO "
             f"steps) -> {stage}")
+    run.set_aside_stage(stage)  # another seed's or task's teacher: kept until the run has a checkpoint
     try:
         grpo.train(grpo.CONFIG(**task_flags(cfg), **TEACHER_FLAGS, model="tiny", seed=cfg.seed, run_dir=str(stage),
-                               overwrite=stage.exists(), torch_threads=cfg.torch_threads, device=cfg.device,
+                               torch_threads=cfg.torch_threads, device=cfg.device,
                                progress=cfg.progress, tensorboard=cfg.tensorboard, plot=False))
     except DiskFault as fault:
         undo_stages(run, made)

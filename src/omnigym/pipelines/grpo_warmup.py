@@ -72,8 +72,8 @@ def warm_up(cfg, run, env, correct, train_set: list[dict]) -> Path:
             f"(at most {cfg.sft_steps}) -> {stage}")
     try:
         if is_main_process():
-            stage.mkdir(parents=True, exist_ok=True)
-            (stage / "config.json").unlink(missing_ok=True)  # unfinished until the model folder is whole
+            run.set_aside_stage(stage)  # one made with other settings: kept until the run has a checkpoint
+            stage.mkdir(parents=True)  # unfinished until its config.json is written, last
         barrier()
         step, reached = train_warm_up(cfg, stage, env, correct, train_set, policy, tokenizer)
     except BaseException:  # an error or Ctrl-C in the stage: what this process made goes, but finished stages

@@ -9,7 +9,8 @@
 
 Each stage is a finished run or file that a later start with the same seed reuses (so
 ``--overwrite`` retrains only the last stage). A failure before the caller's run has a
-checkpoint removes the stages this process made. The algorithms that train the stages (``sft``
+checkpoint removes the stages this process made, unless one of them finished, and puts back
+the ones it made again (``Run.set_aside_stage``). The algorithms that train the stages (``sft``
 and ``rm``: modules with a ``CONFIG`` and a ``train``) are passed in by the trainer that runs the
 demo, which finds them in the algorithm registry by name: the registry sits above this package
 (the trainers call the pipeline), so the pipeline names no algorithm module and imports none.
@@ -62,12 +63,17 @@ def prepare(cfg, run: Run, sft: ModuleType, rm: ModuleType | None = None) -> Sta
                   tensorboard=cfg.tensorboard, plot=False)
     stages = Stages(root / "sft", root / "pairs.jsonl", root / "rm" if reward_model else None)
     try:
-        if not finished(stages.sft, cfg.seed):
+        # a stage made again (another seed) waits aside until the run has a checkpoint, and
+        # the pairs sampled from the old SFT model go with it
+        sft_made_again = not finished(stages.sft, cfg.seed)
+        if sft_made_again:
             run.say(f"demo stage 1: supervised fine-tuning on random-word replies -> {stages.sft}")
-            sft.train(sft.CONFIG(data="words", steps=SFT_STEPS, run_dir=str(stages.sft),
-                                 overwrite=stages.sft.exists(), **common))
+            run.set_aside_stage(stages.sft)
+            sft.train(sft.CONFIG(data="words", steps=SFT_STEPS, run_dir=str(stages.sft), **common))
         run.finished_stages.append(stages.sft.name)
-        if not stages.pairs.is_file():
+        if sft_made_again or not stages.pairs.is_file():
+            run.set_aside_stage(stages.pairs)
+            run.set_aside_stage(root / PAIRS_RANDOM_STATE)
             run.say(f"demo stage 2: {PAIR_PROMPTS} pairs of SFT replies, labelled by the hidden gold rule -> "
                     f"{stages.pairs}")
             write_gold_pairs(stages.sft, stages.pairs, cfg.seed, cfg.device)
@@ -76,8 +82,9 @@ def prepare(cfg, run: Run, sft: ModuleType, rm: ModuleType | None = None) -> Sta
         run.finished_stages.append(stages.pairs.name)
         if reward_model and not finished(stages.reward_model, cfg.seed):
             run.say(f"demo stage 3: a reward model on those pairs -> {stages.reward_model}")
+            run.set_aside_stage(stages.reward_model)
             rm.train(rm.CONFIG(data=str(stages.pairs), model=str(stages.sft), run_dir=str(stages.reward_model), steps=RM_STEPS,
-                               overwrite=stages.reward_model.exists(), **common))
+                               **common))
         if reward_model:
             run.finished_stages.append(stages.reward_model.name)
     except DiskFault as fault:

@@ -334,6 +334,8 @@ class Run:
                 self._settle_save()  # a save the signal cut short may have put its checkpoint in place
             if self._directory.committed or not self.writer:
                 return  # the run has a checkpoint of this process; the CLI says how to continue
+            put_back = self._directory.put_back_stages()  # the old ones, in place of what this start made again
+            self.finished_stages = [name for name in self.finished_stages if name not in put_back]
             if self.metrics is not None:
                 try:
                     self.metrics.close()
@@ -343,6 +345,12 @@ class Run:
         finally:
             self._release_lock()  # after the roll-back: nobody else sees the directory half put back
             self._stop_deferring()
+
+    def set_aside_stage(self, stage: Path) -> None:
+        """Keep the stage at ``stage`` until this run has a checkpoint (``RunDirectory.set_aside_stage``):
+        a demo pipeline calls it before it makes that stage again."""
+        if self.writer:
+            self._directory.set_aside_stage(stage)
 
     def say(self, *lines: str) -> None:
         """The closing lines a person reads (stderr, so stdout stays the episode stream)."""

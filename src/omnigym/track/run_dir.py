@@ -4,7 +4,8 @@ back as it was when the run fails before its first checkpoint.
 What crosses this module: a path and two facts about it (the log offset of the checkpoint
 being resumed, whether a run there is being replaced) go in when the run is built;
 ``open`` (before the first file is written), ``commit`` (a checkpoint is on disk) and
-``roll_back`` (a failure before that) are called by ``Run``. It writes no run file itself
+``roll_back`` (a failure before that) are called by ``Run``, and ``set_aside_stage`` by a demo
+pipeline about to make one of its stages again. It writes no run file itself
 and knows nothing about the config or the metrics.
 """
 
@@ -36,6 +37,8 @@ finished runs a demo pipeline made on the way (``omnigym train rlhf`` with no fl
 reused by ``--overwrite``, kept by a run that stops before its first checkpoint, and reused by
 a new start in a directory that holds only them (``resume.py``)."""
 EVENTS_GLOB = "events.out.tfevents.*"
+REPLACED_RUN = ".replaced-run"
+"""where ``--overwrite`` keeps the run it replaces until the new run has a checkpoint"""
 
 
 class RunDirectory:
@@ -49,6 +52,8 @@ class RunDirectory:
         self._created = [p for p in [path, *path.parents] if not p.exists()]
         """the directories ``open`` will create (``roll_back`` removes them again)"""
         self._set_aside: Path | None = None
+        self._stages_aside: list[Path] = []
+        """the stages ``set_aside_stage`` moved aside, to put back or delete"""
         self._config_before: bytes | None = None
         self._events_before: set[Path] = set()
         self.opened = False
@@ -70,10 +75,42 @@ class RunDirectory:
         self.drop_replaced()
 
     def drop_replaced(self) -> None:
-        """The replaced run (``--overwrite``) is deleted once the new one has a checkpoint or ends."""
+        """The replaced run (``--overwrite``) and the stages made again are deleted once the new
+        run has a checkpoint or ends."""
         if self._set_aside is not None:
             shutil.rmtree(self._set_aside, ignore_errors=True)
             self._set_aside = None
+        for stage in self._stages_aside:
+            remove_path(aside_of(stage))
+        self._stages_aside = []
+
+    def set_aside_stage(self, stage: Path) -> None:
+        """Before a demo stage in ``stages/`` is made again (its settings differ: another
+        ``--seed`` under ``--overwrite``, or a kept stage started again with other flags), the old
+        one waits beside it as ``.replaced-NAME``: a start undone puts it back
+        (``put_back_stages``), a run with a checkpoint deletes it (``drop_replaced``). Made in
+        place, a stop before the first checkpoint brought the replaced run back beside the new
+        run's stage, its own lost. (Beside it, not in ``REPLACED_RUN``: a rename never crosses
+        file systems, whatever ``stages/`` links to.)"""
+        if not (stage.exists() or stage.is_symlink()):
+            return
+        if aside_of(stage).exists() or aside_of(stage).is_symlink():
+            remove_path(stage)  # a killed start's stage: the one it set aside stays aside
+        else:
+            stage.rename(aside_of(stage))
+        self._stages_aside.append(stage)
+
+    def put_back_stages(self) -> list[str]:
+        """The stages ``set_aside_stage`` moved, back in place of what this start made of them
+        (whole or not); returns their names. Does nothing after ``commit``."""
+        if self.committed:
+            return []
+        for stage in self._stages_aside:
+            remove_path(stage)
+            aside_of(stage).rename(stage)
+        names = [stage.name for stage in self._stages_aside]
+        self._stages_aside = []
+        return names
 
     def roll_back(self) -> None:
         """Put the directory back as it was before ``open``: a resumed run gets its config.json
@@ -108,12 +145,24 @@ def is_run_dir(path: Path) -> bool:
 def set_aside_run_files(path: Path) -> Path:
     """Move a run's files into a hidden folder of its directory (``--overwrite``), from which
     ``RunDirectory.roll_back`` can bring them back."""
-    aside = path / ".replaced-run"
+    aside = path / REPLACED_RUN
     aside.mkdir(exist_ok=True)
     for name in [*RUN_FILES, "wandb", *(p.name for p in path.glob(EVENTS_GLOB))]:
         if (path / name).exists():
             (path / name).rename(aside / name)
     return aside
+
+
+def aside_of(stage: Path) -> Path:
+    return stage.with_name(".replaced-" + stage.name)
+
+
+def remove_path(path: Path) -> None:
+    """``path`` gone, whatever it is (a folder, a file, a link; nothing)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def remove_run_files(path: Path) -> None:
