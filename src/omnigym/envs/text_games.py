@@ -1,8 +1,7 @@
 """Two-player board games as text, for a language model: tic-tac-toe (``tictactoe-v0``,
 ``--env tictactoe``).
 
-The board is shown with the free cells numbered, ``X2O\\n4X6\\n789``, then the free cells as
-moves, ``Free: [2] [4] [6] [7] [8] [9]``; a reply is a move when it
+The board is shown with the free cells numbered, ``X2O\\n4X6\\n789``; a reply is a move when it
 holds exactly one bracketed token and that token is ``[N]``, N a cell from 1 to 9 written in
 ASCII digits (``read_move``). Anything else loses the game for the seat that wrote it: no move,
 several moves, ``[ 5 ]`` with words in it, ``[0]``, ``[10]``, an occupied cell, a second bracket
@@ -75,12 +74,8 @@ class TicTacToe:
         return DRAW if winner is None else WIN if winner == seat else LOSS
 
     def render(self) -> str:
-        """The board, then the free cells as moves, as TextArena lists its "Available Moves": a
-        model reads which moves are legal from the last line instead of working it out from
-        the board (the tiny model never did: see docs/text_games.md)."""
         marks = [str(i + 1) if v is None else MARKS[v] for i, v in enumerate(self.board)]
-        free = " ".join(f"[{cell}]" for cell in self.legal())
-        return "\n".join("".join(marks[r:r + 3]) for r in (0, 3, 6)) + f"\nFree: {free}"
+        return "\n".join("".join(marks[r:r + 3]) for r in (0, 3, 6))
 
 
 def read_move(text: str, cells: int = 9) -> int | None:
