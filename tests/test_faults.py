@@ -433,3 +433,25 @@ def test_an_interrupt_inside_the_save_bookkeeping_keeps_the_checkpoint(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"omnigym: interrupted; continue with: omnigym train ppo --resume {run}")
     assert (run / "checkpoint.pt").exists() and not (run / "checkpoint.pt.tmp").exists()
+
+
+def test_an_interrupt_after_the_run_closed_says_it_finished(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the lines a run prints after it closed (the summary, the curve's path) said
+    "the run had not started; nothing was written" of a whole, finished run."""
+    from omnigym.cli import main
+    from omnigym.track.run import Run
+
+    original = Run.say
+
+    def interrupted_summary(self, *lines):
+        if lines and lines[0].startswith("run: "):  # GRPO's summary, printed after close()
+            raise KeyboardInterrupt
+        return original(self, *lines)
+
+    monkeypatch.setattr(Run, "say", interrupted_summary)
+    run = tmp_path / "run"
+    assert main(["train", "grpo", "--sft-steps", "0", "--steps", "1", "--eval-size", "4", "--prompts-per-step", "2",
+                 "--group-size", "2", "--run-dir", str(run), *QUIET]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"omnigym: interrupted; the run had finished; it is in {run}", err
+    assert (run / "metrics.jsonl").is_file() and (run / "model" / "config.json").is_file()

@@ -542,7 +542,8 @@ def run_command(argv: list[str]) -> int:
         # before the run began, a demo's finished stages may be all it wrote: its line names them
         if command != "train":  # eval, sample, serve, ...: no run to say anything about
             return interrupted(exc, None, about_a_run=False)
-        return interrupted(exc, call.run or (call.started if stopped_with_stages(call) else None) if call else None)
+        return interrupted(exc, (call.run or (call.started if stopped_with_stages(call) else None) or call.finished)
+                           if call else None)
     return 0
 
 
@@ -575,10 +576,12 @@ def stopped_with_stages(call) -> bool:
 
 
 def interrupted(exc: KeyboardInterrupt, run, about_a_run: bool = True) -> int:
-    """Ctrl-C, SIGTERM or SIGHUP: one line saying where ``run`` stands (a --ray-trainer run
+    """Ctrl-C, SIGTERM or SIGHUP: one line saying where ``run`` stands (a ``Run``, or what to say
+    of one that finished; a --ray-trainer run
     says it in ``exc.where``; a command that trains nothing says only that it stopped), and the
     shell's exit code for the signal (128 + its number)."""
-    where = getattr(exc, "where", None) or (run.state_line() if run else "the run had not started; nothing was written")
+    where = getattr(exc, "where", None) or (run if isinstance(run, str) else run.state_line() if run else
+                                            "the run had not started; nothing was written")
     where = f"; {where}" if about_a_run else ""
     from omnigym.track.stopping import Stopped
 

@@ -75,6 +75,9 @@ class TrainCall:
     lock: RunLock | None = None
     """the run directory's lock, from ``start_run`` until the run closes: ``scoped_run`` lets it go
     however ``train()`` ends"""
+    finished: str | None = None
+    """what to say of the run once it has closed (a Ctrl-C in the lines printed after it must not
+    say the run never started)"""
 
     def release_lock(self) -> None:
         if self.lock is not None:
@@ -280,8 +283,11 @@ class Run:
             self._stop_deferring()
             raise
         # a SIGTERM after the last checkpoint: the process stops here, not in what follows the run
-        self._stop_deferring(finished=f"the run had finished; it is in {self.dir}")
+        self._stop_deferring(finished=self.finished_line())
         return picture
+
+    def finished_line(self) -> str:
+        return f"the run had finished; it is in {self.dir}"
 
     def _stop_deferring(self, finished: str | None = None) -> None:
         if self.deferring_stops:
@@ -291,6 +297,7 @@ class Run:
     def _close(self, plot: bool, metric) -> Path | None:
         if self._call is not None and self._call.run is self:
             self._call.run = self._call.started = None  # finished: nothing for the caller to undo or report
+            self._call.finished = self.finished_line()
         if not self.writer:
             return None
         try:
