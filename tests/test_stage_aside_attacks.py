@@ -1,12 +1,11 @@
 """Ways a user still loses a finished run's files around ``--overwrite`` and the stages set aside
 (``stages/.replaced-NAME``, ``RUN/.replaced-run``), found by an attacker helper at 7f26060 and
 reproduced from the CLI (SIGTERM/SIGINT/SIGKILL at chosen moments) before being written down here.
-Each is marked xfail(strict): the test passes once the bug is fixed, and must then lose its mark."""
+All mended since; each test failed on 7f26060's code."""
 
 from __future__ import annotations
 
 import errno
-import json
 import shutil
 import subprocess
 import sys
@@ -35,8 +34,6 @@ def seed3_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.xfail(strict=True, reason="a stop or disk fault inside Run.begin abandons the run twice (begin's own "
-                   "except, then scoped_run's): the second roll_back deletes the old run the first one put back")
 @pytest.mark.parametrize("stop", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left on device")])
 def test_a_stop_inside_begin_of_an_overwrite_keeps_the_old_run(tmp_path, monkeypatch, capsys, seed3_run, stop):
     run = tmp_path / "run"
@@ -50,39 +47,46 @@ def test_a_stop_inside_begin_of_an_overwrite_keeps_the_old_run(tmp_path, monkeyp
     assert contents(run) == before
 
 
-@pytest.mark.xfail(strict=True, reason="a run that reuses the stage a killed --overwrite made never deletes the "
-                   "stale stages/.replaced-warmup; the next set_aside_stage takes it for the killed start's own and "
-                   "deletes the run's real warm-up, and a stop then puts the stale one in its place")
-def test_a_stale_replaced_stage_never_costs_a_later_run_its_own_stage(tmp_path, capsys, seed3_run):
+def test_what_a_killed_overwrite_set_aside_is_refused_until_the_user_chooses(tmp_path, capsys, seed3_run):
+    """A SIGKILL between an --overwrite's set-aside and its first checkpoint leaves the old run in
+    .replaced-run and its warm-up in stages/.replaced-warmup. The same command then mixed them
+    with its own (.replaced-run overwritten; a later stop put back one run's checkpoint beside
+    another's config), and a run that reused the new warm-up left the stale one, which a later
+    set-aside took for its own. Now every start there is refused in one line, nothing touched,
+    and each of the two ways the line offers works."""
     run = tmp_path / "run"
     shutil.copytree(seed3_run, run)
+    before = contents(run)
     seed4 = [*GRPO[:-1], "4", "--run-dir", str(run), "--overwrite"]
-    killed(seed4)  # after the seed-4 warm-up, before a checkpoint
-    assert run_command(seed4) == 0  # the same command: it reuses the seed-4 warm-up and finishes
+    killed(seed4)  # after the seed-4 warm-up and Run.begin, before a checkpoint
+    after_kill = contents(run)
+    for argv in (seed4, ["train", "grpo", "--resume", str(run), "--no-progress", "--no-plot"]):
+        assert run_command(argv) == 2
+        said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("omnigym:")]
+        assert len(said) == 1 and "(.replaced-run, stages/.replaced-warmup)" in said[0], said
+        assert contents(run) == after_kill
+
+    kept = tmp_path / "kept"  # the old run back, as the line says: .replaced-run/* into RUN, the stage onto its name
+    shutil.copytree(run, kept)
+    for name in ("config.json", "metrics.jsonl"):
+        (kept / name).unlink()
+    for events in kept.glob("events.out.tfevents.*"):
+        events.unlink()
+    for old in (kept / ".replaced-run").iterdir():
+        old.rename(kept / old.name)
+    (kept / ".replaced-run").rmdir()
+    shutil.rmtree(kept / "stages" / "warmup")
+    (kept / "stages" / ".replaced-warmup").rename(kept / "stages" / "warmup")
+    assert contents(kept) == before  # nothing of the old run was lost
+
+    shutil.rmtree(run / ".replaced-run")  # or the one in place: the leftovers deleted, the command runs
+    shutil.rmtree(run / "stages" / ".replaced-warmup")
+    assert run_command(seed4) == 0
     capsys.readouterr()
-    leftovers = sorted(p.name for p in (run / "stages").iterdir())
+    assert sorted(p.name for p in (run / "stages").iterdir()) == ["warmup"] and not (run / ".replaced-run").exists()
     seed4_warmup = contents(run / "stages" / "warmup")
-    with pytest.MonkeyPatch.context() as patch:  # --seed 5, stopped inside its warm-up
+    with pytest.MonkeyPatch.context() as patch:  # --seed 5, stopped inside its warm-up: seed 4's comes back
         patch.setattr("omnigym.pipelines.grpo_warmup.export_model_folder", stop_with(KeyboardInterrupt))
         assert run_command([*GRPO[:-1], "5", "--run-dir", str(run), "--overwrite"]) == 130
-    capsys.readouterr()  # it says "nothing was written"
-    assert contents(run / "stages" / "warmup") == seed4_warmup  # the finished run's own warm-up, not seed 3's
-    assert leftovers == ["warmup"]  # and nothing stale was left by the finished run
-
-
-@pytest.mark.xfail(strict=True, reason="set_aside_run_files moves a killed --overwrite's files into the "
-                   ".replaced-run that still holds the run it replaced, overwriting its config.json and "
-                   "metrics.jsonl; a stop then puts back that run's checkpoint and model beside the other config")
-def test_overwrite_again_after_a_killed_overwrite_never_mixes_two_runs(tmp_path, capsys, seed3_run):
-    run = tmp_path / "run"
-    shutil.copytree(seed3_run, run)
-    old_config = (run / "config.json").read_bytes()
-    seed4 = [*GRPO[:-1], "4", "--run-dir", str(run), "--overwrite"]
-    killed(seed4)
-    with pytest.MonkeyPatch.context() as patch:  # the same command, stopped at GRPO's first step
-        patch.setattr(grpo.HackingMonitor, "for_run", stop_with(KeyboardInterrupt))
-        assert run_command(seed4) == 130
     capsys.readouterr()
-    # whatever is put back, a checkpoint never sits beside another run's config.json
-    assert not (run / "checkpoint.pt").exists() or (run / "config.json").read_bytes() == old_config, \
-        json.loads((run / "config.json").read_text())["seed"]
+    assert contents(run / "stages" / "warmup") == seed4_warmup

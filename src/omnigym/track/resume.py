@@ -17,7 +17,8 @@ from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
 from omnigym.track.lock import LOCK_NAME
-from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, check_writable, default_run_dir, is_run_dir
+from omnigym.track.run_dir import (MODEL_FOLDER, REPLACED_RUN, STAGES_FOLDER, check_writable, default_run_dir,
+                                   is_run_dir, left_set_aside)
 
 
 def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[Path, dict | None]:
@@ -28,6 +29,7 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         run_dir = Path(cfg.resume)
         if cfg.run_dir and Path(cfg.run_dir).resolve() != run_dir.resolve():
             raise OmnigymError("give either --resume RUN_DIR or --run-dir, not two different directories")
+        refuse_what_a_killed_start_set_aside(run_dir)
         check_resumable(cfg, algo, load_config_dict(run_dir))
         if restarts(run_dir):
             return run_dir, None
@@ -37,6 +39,7 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         run_dir, saved = Path(cfg.run_dir or decided or default_run_dir(algo, label, cfg.seed)), None
         if run_dir.exists() and not run_dir.is_dir():
             raise OmnigymError(f"--run-dir {run_dir} is a file; choose a directory")
+        refuse_what_a_killed_start_set_aside(run_dir)
         if run_dir.is_dir() and is_run_dir(run_dir) and not cfg.overwrite:
             keep = f"continue it with --resume {run_dir}, or " if cfg.RESUMABLE else "choose a new --run-dir, or "
             raise OmnigymError(f"{run_dir} already holds a run; {keep}replace it with --overwrite")
@@ -47,6 +50,19 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)
     return run_dir, saved
+
+
+def refuse_what_a_killed_start_set_aside(run_dir: Path) -> None:
+    """A start killed before its first checkpoint left the run it replaced, or stages it made
+    again, set aside: which to keep is the user's choice, and a new start would mix them."""
+    left = left_set_aside(run_dir)
+    if left:
+        raise OmnigymError(
+            f"{run_dir} holds what a start killed before its first checkpoint had set aside "
+            f"({', '.join(str(p.relative_to(run_dir)) for p in left)}): the run an --overwrite was replacing, or "
+            "stages it was making again. To keep what is in place now, delete them; to get the old ones back, move "
+            f"them over what replaced them ({REPLACED_RUN}/* into {run_dir}, {STAGES_FOLDER}/.replaced-NAME onto "
+            f"{STAGES_FOLDER}/NAME); then run the command again")
 
 
 def restarts(run_dir: Path) -> bool:

@@ -337,18 +337,19 @@ class Run:
         checkpoint back; a new run's files and the folders it made go, and a run it was
         replacing (``--overwrite``) comes back."""
         try:
-            if self.writer:
-                self._settle_save()  # a save the signal cut short may have put its checkpoint in place
-            if self._directory.committed or not self.writer:
-                return  # the run has a checkpoint of this process; the CLI says how to continue
-            put_back = self._directory.put_back_stages()  # the old ones, in place of what this start made again
-            self.finished_stages = [name for name in self.finished_stages if name not in put_back]
-            if self.metrics is not None:
-                try:
-                    self.metrics.close()
-                except OmnigymError:  # a full disk: what the log still held is lost with the run anyway
-                    pass
-            self._directory.roll_back()
+            with stopping.signals_held():  # a second Ctrl-C here left the directory half put back
+                if self.writer:
+                    self._settle_save()  # a save the signal cut short may have put its checkpoint in place
+                if self._directory.committed or not self.writer:
+                    return  # the run has a checkpoint of this process; the CLI says how to continue
+                put_back = self._directory.put_back_stages()  # the old ones, in place of what this start made again
+                self.finished_stages = [name for name in self.finished_stages if name not in put_back]
+                if self.metrics is not None:
+                    try:
+                        self.metrics.close()
+                    except OmnigymError:  # a full disk: what the log still held is lost with the run anyway
+                        pass
+                self._directory.roll_back()
         finally:
             self._release_lock()  # after the roll-back: nobody else sees the directory half put back
             self._stop_deferring()

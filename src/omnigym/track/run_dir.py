@@ -92,13 +92,9 @@ class RunDirectory:
         place, a stop before the first checkpoint brought the replaced run back beside the new
         run's stage, its own lost. (Beside it, not in ``REPLACED_RUN``: a rename never crosses
         file systems, whatever ``stages/`` links to.)"""
-        if not (stage.exists() or stage.is_symlink()):
-            return
-        if aside_of(stage).exists() or aside_of(stage).is_symlink():
-            remove_path(stage)  # a killed start's stage: the one it set aside stays aside
-        else:
+        if stage.exists() or stage.is_symlink():  # no older one aside: checked_run_dir refused that start
             stage.rename(aside_of(stage))
-        self._stages_aside.append(stage)
+            self._stages_aside.append(stage)
 
     def put_back_stages(self) -> list[str]:
         """The stages ``set_aside_stage`` moved, back in place of what this start made of them
@@ -118,6 +114,7 @@ class RunDirectory:
         and a run it was replacing comes back. Does nothing after ``commit`` or before ``open``."""
         if self.committed or not self.opened:
             return
+        self.opened = False  # once: begin's abandon, then scoped_run's, removed what the first put back
         for events in set(self.path.glob(EVENTS_GLOB)) - self._events_before:
             events.unlink()
         if self._resumed_log_offset is not None:
@@ -151,6 +148,17 @@ def set_aside_run_files(path: Path) -> Path:
         if (path / name).exists():
             (path / name).rename(aside / name)
     return aside
+
+
+def left_set_aside(path: Path) -> list[Path]:
+    """What a start killed before its first checkpoint (SIGKILL, the OOM killer) had set aside
+    and nothing put back: ``REPLACED_RUN`` and ``stages/.replaced-NAME``. A new start there
+    would mix them with its own (``set_aside_run_files`` moves into ``REPLACED_RUN`` whatever is
+    there), so ``checked_run_dir`` refuses until the user chooses."""
+    found = [path / REPLACED_RUN] if (path / REPLACED_RUN).exists() else []
+    if (path / STAGES_FOLDER).is_dir():
+        found += sorted((path / STAGES_FOLDER).glob(".replaced-*"))
+    return found
 
 
 def aside_of(stage: Path) -> Path:

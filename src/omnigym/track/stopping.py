@@ -33,6 +33,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 
 from omnigym.track.progress import crossed_multiple
 
@@ -161,3 +162,23 @@ def end_deferring(finished: str | None = None) -> None:
     finally:
         _clear()
         signal.signal(signal.SIGALRM, _state.previous_alarm)
+
+
+@contextmanager
+def signals_held():
+    """Ctrl-C, SIGTERM, SIGHUP and the grace's SIGALRM do nothing inside the block (this
+    thread, the main one: signals go to no other), and what arrived is dropped: the block puts
+    a run directory back after a stop or an error that ends the run anyway, and a second Ctrl-C
+    in it left the directory half restored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
+        if signal.getsignal(signum) is not None:  # None: a handler not set from Python, left alone
+            previous[signum] = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
