@@ -85,3 +85,32 @@ def test_a_signal_inside_the_locks_release_does_not_close_its_descriptor_twice(t
     with pytest.raises(KeyboardInterrupt):
         held.release()
     held.release()  # scoped_run's finally: must be a no-op now, not a second close
+
+
+@pytest.mark.xfail(strict=True, reason="a SIGKILL while the first checkpoint's commit deletes .replaced-run leaves it "
+                                       "half deleted beside a run WITH a checkpoint; the refusal says 'killed before "
+                                       "its first checkpoint' and advises moving it back, which mixes two runs")
+def test_what_a_kill_after_the_first_checkpoint_left_half_deleted_is_not_called_a_start_killed_before_it(tmp_path):
+    """Seen for real (old run with 30,000 files in videos/, --checkpoint-every 1, SIGKILL 50 ms after
+    the new checkpoint.pt appeared, inside ``RunDirectory.drop_replaced``'s rmtree): RUN held the new
+    run's checkpoint.pt, config.json (--seed 4), metrics.jsonl, and a .replaced-run missing the old
+    metrics.jsonl and model/ (24,205 of 30,000 videos left). ``--resume RUN`` was refused with the
+    line below; following its advice to get the old run back (``mv .replaced-run/* RUN``) put the old
+    config.json and checkpoint.pt over the new ones beside the new metrics.jsonl: ``--resume`` then
+    said "metrics.jsonl is missing or shorter", ``eval`` "no finished model"; the new run's
+    resumable checkpoint was gone too. A checkpoint.pt beside .replaced-run means the commit
+    was under way (before the first checkpoint the old one is aside and no new one is in place)."""
+    from omnigym.errors import OmnigymError
+    from omnigym.track.resume import refuse_what_a_killed_start_set_aside
+
+    run = tmp_path / "run"
+    (run / ".replaced-run" / "videos").mkdir(parents=True)
+    (run / ".replaced-run" / "checkpoint.pt").write_bytes(b"the old run's checkpoint")
+    (run / ".replaced-run" / "config.json").write_text('{"algo": "grpo", "seed": 3}')
+    torch.save({"counters": {"step": 1}}, run / "checkpoint.pt")  # the new run's, renamed into place
+    (run / "config.json").write_text('{"algo": "grpo", "seed": 4}')
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    try:
+        refuse_what_a_killed_start_set_aside(run)
+    except OmnigymError as refusal:
+        assert "before its first checkpoint" not in str(refusal), str(refusal)
