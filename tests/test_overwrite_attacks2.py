@@ -32,8 +32,6 @@ def interrupt_the_nth_write(monkeypatch, n: int) -> None:
     monkeypatch.setattr(checkpoint._SeenWrites, "write", write)
 
 
-@pytest.mark.xfail(strict=True, reason="a Ctrl-C inside torch.save's writes comes out of save_checkpoint as "
-                                       "RuntimeError('unexpected pos'), not KeyboardInterrupt")
 def test_a_ctrl_c_inside_a_checkpoint_write_comes_out_as_the_interrupt(tmp_path, monkeypatch):
     interrupt_the_nth_write(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
@@ -41,8 +39,6 @@ def test_a_ctrl_c_inside_a_checkpoint_write_comes_out_as_the_interrupt(tmp_path,
     assert not (tmp_path / "checkpoint.pt.tmp").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="a Ctrl-C inside a checkpoint write ends the CLI in a traceback and exit "
-                                       "code 1, not the one 'omnigym: interrupted' line and 130")
 def test_a_ctrl_c_during_the_first_checkpoint_write_is_one_line_and_the_directory_is_put_back(tmp_path, monkeypatch,
                                                                                                capsys):
     run = tmp_path / "run"
@@ -59,8 +55,6 @@ def test_a_ctrl_c_during_the_first_checkpoint_write_is_one_line_and_the_director
     assert not run.exists()  # put back as it was before the start
 
 
-@pytest.mark.xfail(strict=True, reason="a signal landing right after RunLock.release's os.close leaves _fd set: "
-                                       "the next release (scoped_run's finally) closes it again, EBADF traceback")
 def test_a_signal_inside_the_locks_release_does_not_close_its_descriptor_twice(tmp_path, monkeypatch):
     """Seen for real: SIGTERM then SIGINT 2 ms apart in GRPO's warm-up under --overwrite; the second
     signal's KeyboardInterrupt came out of ``os.close`` in ``Run.abandon``'s lock release, and
@@ -87,9 +81,6 @@ def test_a_signal_inside_the_locks_release_does_not_close_its_descriptor_twice(t
     held.release()  # scoped_run's finally: must be a no-op now, not a second close
 
 
-@pytest.mark.xfail(strict=True, reason="a SIGKILL while the first checkpoint's commit deletes .replaced-run leaves it "
-                                       "half deleted beside a run WITH a checkpoint; the refusal says 'killed before "
-                                       "its first checkpoint' and advises moving it back, which mixes two runs")
 def test_what_a_kill_after_the_first_checkpoint_left_half_deleted_is_not_called_a_start_killed_before_it(tmp_path):
     """Seen for real (old run with 30,000 files in videos/, --checkpoint-every 1, SIGKILL 50 ms after
     the new checkpoint.pt appeared, inside ``RunDirectory.drop_replaced``'s rmtree): RUN held the new
@@ -120,9 +111,6 @@ def files_of(run):
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.xfail(strict=True, reason="a second Ctrl-C whose handler runs in the microseconds between scoped_run's "
-                                       "except and signals_held taking effect skips the whole put-back; the line "
-                                       "still says the directory was put back")
 def test_a_second_ctrl_c_just_before_the_hold_still_puts_the_replaced_run_back(tmp_path, monkeypatch, capsys):
     """Python runs a signal's handler at its next check, and ``Run.abandon``'s first line is one
     (as are ``signals_held``'s own calls before the SIG_IGN): a second Ctrl-C arriving after the

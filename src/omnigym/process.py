@@ -52,6 +52,17 @@ def run_scope(seed: int, torch_threads: int = 0):
 
 
 
+def abandon_surely(run) -> None:
+    """``run.abandon()``, again if a second Ctrl-C lands before it holds the signals (its first
+    line is a place Python runs a handler): what it did already is not done twice."""
+    for _ in range(3):
+        try:
+            run.abandon()
+            return
+        except KeyboardInterrupt:
+            continue
+
+
 def scoped_run(train):
     """Decorator for an algorithm's ``train(cfg)``: applies a control run's preset, checks the config
     (``cfg.check()``: every flag's range, before anything is built), runs it inside
@@ -88,7 +99,7 @@ def scoped_run(train):
                 except BaseException:  # an error or Ctrl-C: a run without a checkpoint is undone
                     run = call.run or call.started  # started, not yet begun: only stages set aside to put back
                     if run is not None:
-                        run.abandon()
+                        abandon_surely(run)
                     raise
                 finally:  # the run directory's lock goes however train() ends (start_run took it)
                     call.release_lock()

@@ -24,8 +24,9 @@ CHECKPOINT_NAME = "checkpoint.pt"
 
 
 class _SeenWrites:
-    """The file torch.save writes to, keeping the OSError of a failed write: torch reports it
-    as a RuntimeError ("unexpected pos") that no longer says the disk was full."""
+    """The file torch.save writes to, keeping the OSError of a failed write, or the Ctrl-C that
+    landed in it: torch reports either as a RuntimeError ("unexpected pos") that no longer says
+    the disk was full, or that the user stopped the run."""
 
     def __init__(self, file):
         self._file, self.error = file, None
@@ -38,7 +39,7 @@ class _SeenWrites:
     def write(self, data) -> int:
         try:
             return self._file.write(data)
-        except OSError as exc:
+        except (OSError, KeyboardInterrupt) as exc:  # a Ctrl-C's handler runs here too, inside torch's writer
             self.error = exc
             raise
 
@@ -66,7 +67,8 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
                 try:
                     torch.save(state, seen)
                 except RuntimeError as exc:
-                    raise (seen.error or exc) from None
+                    stopped = exc.__context__ if isinstance(exc.__context__, KeyboardInterrupt) else None
+                    raise (seen.error or stopped or exc) from None
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

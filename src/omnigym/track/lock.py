@@ -111,8 +111,8 @@ class RunLock:
             self.path.unlink(missing_ok=True)
         except OSError:  # a directory made read-only meanwhile: the lock still goes with the descriptor
             pass
-        os.close(self._fd)
-        self._fd = None
+        fd, self._fd = self._fd, None  # first: a signal landing after the close must not make a second one
+        os.close(fd)
         self._remove_created()
 
     def _remove_created(self) -> None:

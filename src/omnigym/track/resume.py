@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from omnigym.errors import OmnigymError, a_run
-from omnigym.track.checkpoint import Checkpointer
-from omnigym.track.files import METRICS_NAME, describe, load_config_dict
+from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
+from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
 from omnigym.track.lock import LOCK_NAME
 from omnigym.track.run_dir import (MODEL_FOLDER, REPLACED_RUN, STAGES_FOLDER, check_writable, default_run_dir,
@@ -53,16 +53,29 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
 
 
 def refuse_what_a_killed_start_set_aside(run_dir: Path) -> None:
-    """A start killed before its first checkpoint left the run it replaced, or stages it made
+    """A start killed (SIGKILL, the OOM killer) left the run it replaced, or stages it made
     again, set aside: which to keep is the user's choice, and a new start would mix them."""
     left = left_set_aside(run_dir)
-    if left:
-        raise OmnigymError(
-            f"{run_dir} holds what a start killed before its first checkpoint had set aside "
-            f"({', '.join(str(p.relative_to(run_dir)) for p in left)}): the run an --overwrite was replacing, or "
-            "stages it was making again. To keep what is in place now, delete them; to get the old ones back, move "
-            f"them over what replaced them ({REPLACED_RUN}/* into {run_dir}, {STAGES_FOLDER}/.replaced-NAME onto "
-            f"{STAGES_FOLDER}/NAME); then run the command again")
+    if not left:
+        return
+    names = ", ".join(str(p.relative_to(run_dir)) for p in left)
+    restage = (f"for each {STAGES_FOLDER}/.replaced-NAME, remove {STAGES_FOLDER}/NAME and rename it to that name"
+               if any(p.parent.name == STAGES_FOLDER for p in left) else "")
+    if (run_dir / CHECKPOINT_NAME).is_file() and (run_dir / CONFIG_NAME).is_file():
+        # before its first checkpoint a start has none in place (the old one is aside): this
+        # one's commit was deleting what it replaced when the kill came
+        how = ("the run in place has a checkpoint, so they are what it replaced, half deleted when it was killed; "
+               "delete them, then run the command again")
+    elif (run_dir / REPLACED_RUN).exists():
+        how = ("the run an --overwrite was replacing, killed before its first checkpoint. To keep the new start's "
+               "files, delete them; to get the old run back, delete the run files in place, move "
+               f"{REPLACED_RUN}/* into {run_dir} and remove the empty {REPLACED_RUN}" + (f", and {restage}" if restage
+                                                                                          else "")
+               + "; then run the command again")
+    else:
+        how = ("the stages of the run in place, which a start killed before it began was making again. To keep "
+               f"them, {restage}; to keep the new ones, delete them; then run the command again")
+    raise OmnigymError(f"{run_dir} holds what a killed start had set aside ({names}): {how}")
 
 
 def restarts(run_dir: Path) -> bool:
