@@ -50,8 +50,6 @@ def run_scope(seed: int, torch_threads: int = 0):
             flush_denormals(flushing)  # a run inside a run (a demo's stages) leaves the outer one as it was
 
 
-
-
 def abandon_surely(run) -> None:
     """``run.abandon()``, again if a second Ctrl-C lands before it holds the signals (its first
     line is a place Python runs a handler): what it did already is not done twice."""
