@@ -489,14 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_signals_as_interrupts():
             return run_command(argv)
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside run_command's own handling: nothing started
-        return interrupted(exc, None)
-    except RuntimeError as exc:
-        # Python 3.11 wraps an exception raised while a class is made ("Error calling __set_name__",
-        # seen when a SIGINT landed in the standard library's ipaddress import): still the signal
-        if isinstance(exc.__cause__, KeyboardInterrupt):
-            return interrupted(exc.__cause__, None)
-        raise
+    except (KeyboardInterrupt, RuntimeError) as exc:  # Ctrl-C or SIGTERM outside run_command's own handling
+        return interrupted(the_signal(exc), None)  # nothing started
     finally:
         if "omnigym.distributed" in sys.modules:  # a torchrun process: its process group goes before exit
             sys.modules["omnigym.distributed"].leave_process_group()
@@ -535,10 +529,7 @@ def run_command(argv: list[str]) -> int:
         sys.stderr.close()
         return 0
     except (KeyboardInterrupt, RuntimeError) as exc:
-        if isinstance(exc, RuntimeError):
-            if not isinstance(exc.__cause__, KeyboardInterrupt):  # see main(): a signal inside a class's making
-                raise
-            exc = exc.__cause__
+        exc = the_signal(exc)
         # before the run began, a demo's finished stages may be all it wrote: its line names them
         if command != "train":  # eval, sample, serve, ...: no run to say anything about
             return interrupted(exc, None, about_a_run=False)
@@ -573,6 +564,18 @@ def handlers(call) -> dict:
 def stopped_with_stages(call) -> bool:
     """The run stopped before it began writing, and kept the demo stages it had finished."""
     return call is not None and call.run is None and call.started is not None and bool(call.started.finished_stages)
+
+
+def the_signal(exc: BaseException) -> KeyboardInterrupt:
+    """The KeyboardInterrupt (Ctrl-C, or a stop signal's ``Stopped``) that ``exc`` is, or that
+    Python 3.11 wrapped in a RuntimeError when it landed while a class was made ("Error calling
+    __set_name__", seen with a SIGINT in the standard library's ipaddress import); any other
+    RuntimeError is raised again, as the crash it is. Call it inside the ``except``."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    if isinstance(exc.__cause__, KeyboardInterrupt):
+        return exc.__cause__
+    raise exc
 
 
 def interrupted(exc: KeyboardInterrupt, run, about_a_run: bool = True) -> int:

@@ -67,11 +67,11 @@ def refuse_what_a_killed_start_set_aside(run_dir: Path) -> None:
         how = ("the run in place has a checkpoint, so they are what it replaced, half deleted when it was killed; "
                "delete them, then run the command again")
     elif (run_dir / REPLACED_RUN).exists():
+        back = (f"delete the run files in place, move {REPLACED_RUN}/* into {run_dir} and remove the empty "
+                f"{REPLACED_RUN}")
         how = ("the run an --overwrite was replacing, killed before its first checkpoint. To keep the new start's "
-               "files, delete them; to get the old run back, delete the run files in place, move "
-               f"{REPLACED_RUN}/* into {run_dir} and remove the empty {REPLACED_RUN}" + (f", and {restage}" if restage
-                                                                                          else "")
-               + "; then run the command again")
+               f"files, delete them; to get the old run back, {back}{f', and {restage}' if restage else ''}; then "
+               "run the command again")
     else:
         how = ("the stages of the run in place, which a start killed before it began was making again. To keep "
                f"them, {restage}; to keep the new ones, delete them; then run the command again")

@@ -175,10 +175,7 @@ def remove_path(path: Path) -> None:
 
 def remove_run_files(path: Path) -> None:
     for name in RUN_FILES:
-        if (path / name).is_dir():
-            shutil.rmtree(path / name)
-        else:
-            (path / name).unlink(missing_ok=True)
+        remove_path(path / name)
     for events in path.glob(EVENTS_GLOB):
         events.unlink()
     shutil.rmtree(path / "wandb", ignore_errors=True)
