@@ -455,3 +455,34 @@ def test_an_interrupt_after_the_run_closed_says_it_finished(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"omnigym: interrupted; the run had finished; it is in {run}", err
     assert (run / "metrics.jsonl").is_file() and (run / "model" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("command", ["train", "list"])
+def test_a_signal_python_wrapped_in_a_runtime_error_is_the_interrupt_and_other_runtime_errors_are_not(
+        monkeypatch, capsys, command):
+    """Python 3.11 wraps an exception raised while a class is made in a RuntimeError ("Error
+    calling __set_name__"): a SIGINT landing in such an import is still one line and 130; a
+    RuntimeError of any other cause is a crash and propagates."""
+    from omnigym import cli
+    from omnigym.cli import main
+
+    def wrapped(call):
+        def raise_it(rest):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as interrupt:
+                raise RuntimeError("Error calling __set_name__ on '_Field' instance") from interrupt
+        return {command: raise_it}
+
+    monkeypatch.setattr(cli, "handlers", wrapped)
+    assert main([command]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("omnigym: interrupted")
+
+    def crashed(call):
+        def raise_it(rest):
+            raise RuntimeError("a real bug")
+        return {command: raise_it}
+
+    monkeypatch.setattr(cli, "handlers", crashed)
+    with pytest.raises(RuntimeError, match="a real bug"):
+        main([command])
