@@ -165,7 +165,8 @@ def resolve_model(name_or_path: str, label: str | None = None) -> str:
     path = Path(name_or_path).expanduser()
     if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
         path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
-    looks_like_path = name_or_path.startswith(("/", ".", "~")) or path.exists()
+    # a hub id has at most one "/" (namespace/name): runs/x/model is a misspelt folder, not an id
+    looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1 or path.exists()
     if looks_like_path and not path.is_dir():
         raise OmnigymError(f"{label}: no such folder; give a folder saved with save_pretrained, "
                            "or a hub id")
