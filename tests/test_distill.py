@@ -188,6 +188,35 @@ def test_the_demo_student_tiny_small_is_a_quarter_of_tiny_with_its_tokenizer_and
     assert cfg.model == "tiny-small" and task_env(cfg, text_task(cfg)[0])[0].system_prompt is None
 
 
+def test_a_saved_tiny_folder_or_its_run_is_shown_no_system_prompt_and_other_models_are(tmp_path):
+    """A warmed-up tiny model saved to a folder was trained with no system prompt. GRPO or
+    distillation from that folder (--model runs/x/stages/warmup/model) showed it the answer-format
+    system prompt all the same, and it wrote garbage: held-out accuracy 0.02 where its own run had 0.68."""
+    import shutil
+
+    from omnigym.algos import grpo
+    from omnigym.generators.text_tasks import ANSWER_FORMAT, task_env, text_task
+
+    folder = build_tiny_model(tmp_path / "tiny")
+    run = tmp_path / "run"  # a run directory: its model/ is the model
+    shutil.copytree(folder, run / "model")
+    (run / "config.json").write_text(json.dumps({"algo": "grpo", "model": "tiny"}))
+    in_config = shutil.copytree(folder, tmp_path / "in_config")  # the template in tokenizer_config.json only
+    template = (in_config / "chat_template.jinja").read_text()
+    (in_config / "chat_template.jinja").unlink()
+    tokenizer_config = json.loads((in_config / "tokenizer_config.json").read_text())
+    (in_config / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "chat_template": template}))
+    other = shutil.copytree(folder, tmp_path / "other")  # another family's template: told the format
+    (other / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    cases = {"tiny-small": None, str(folder): None, str(run): None, str(in_config): None, str(other): ANSWER_FORMAT,
+             "HuggingFaceTB/SmolLM2-135M-Instruct": ANSWER_FORMAT, str(tmp_path / "absent"): ANSWER_FORMAT}
+    for model, shown in cases.items():
+        cfg = grpo.GRPOConfig(model=model, eval_size=5)
+        assert task_env(cfg, text_task(cfg)[0])[0].system_prompt == shown, model
+        cfg.system_prompt = "Be brief."  # a system prompt given is shown, to any model
+        assert task_env(cfg, text_task(cfg)[0])[0].system_prompt == "Be brief.", model
+
+
 def test_a_built_in_untrained_student_is_warmed_up_before_it_distills(tmp_path, models, monkeypatch):
     """(its random characters do not learn the answer format from the teacher's grades: docs/distillation.md)"""
     monkeypatch.setattr(distill_demo, "STUDENT_WARMUP", dict(sft_steps=2, sft_batch_size=4))

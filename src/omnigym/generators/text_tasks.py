@@ -161,8 +161,10 @@ def task_env(cfg: TextTaskConfig, task: Task):
                         cfg.max_turns)
     else:
         reward = parse_weights(cfg.rewards or DEFAULT_REWARDS, cfg.judge_rubric)
-        built_in = cfg.model in ("tiny", "tiny-small")  # models.lm.TINY_MODELS: the warm-up teaches them the format
-        system = cfg.system_prompt if cfg.system_prompt is not None else None if built_in else ANSWER_FORMAT
+        from omnigym.models.lm import tiny_family  # the warm-up teaches them the format: no system prompt
+
+        system = cfg.system_prompt if cfg.system_prompt is not None else None if tiny_family(cfg.model) else \
+            ANSWER_FORMAT
         env = ToolEnv(task.train, reward, system or None, cfg.max_turns) if cfg.env == "tools" else \
             TextEnv(task.train, reward, system or None)
     correct = WeightedSum({cfg.accuracy_reward: 1.0}) if cfg.accuracy_reward else leading_part(env.reward)

@@ -3,6 +3,7 @@ LoRA, and build tiny offline models that go through the very same loading path."
 
 from __future__ import annotations
 
+import json
 import string
 import tempfile
 from contextlib import contextmanager
@@ -156,6 +157,25 @@ def model_folder(name_or_path: str, seed: int = 0, lstm_hidden: int = 128):
             barrier()  # the folder goes once every process has loaded it
         return
     yield resolve_model(name_or_path)
+
+
+def tiny_family(name_or_path: str) -> bool:
+    """``--model`` is a built-in tiny model, or a folder or run of their family (a model saved by a
+    run that started from one: it carries their chat template). They learn the answer format from
+    the warm-up's demonstrations, shown no system prompt, so none is shown to them later either: a
+    GRPO or distillation run from a warmed-up tiny folder, told the format in a system prompt it was
+    never trained with, wrote garbage (held-out accuracy 0.02 where its own run measured 0.68)."""
+    if name_or_path in TINY_MODELS:
+        return True
+    path = Path(name_or_path).expanduser()
+    if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
+        path = path / "model"  # a run directory
+    try:
+        saved = (path / "chat_template.jinja").read_text() if (path / "chat_template.jinja").is_file() else \
+            json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):  # not a folder, or no readable tokenizer: a hub id or another model
+        return False
+    return saved == CHAT_TEMPLATE
 
 
 def resolve_model(name_or_path: str, label: str | None = None) -> str:
