@@ -108,6 +108,28 @@ def test_distillation_reads_a_closer_teacher_with_falling_accuracy_as_teacher_ha
     assert "match to the teacher (minus its reverse KL a token) rose -1.000 -> -0.825 while held-out accuracy fell 0.600 -> 0.400" in hacked.said[0], hacked.said
 
 
+def test_distillation_counts_a_rise_on_the_reverse_kls_scale_not_grpos():
+    """A planted teacher that answers wrong (docs/hacking.md): the student's reverse KL fell by a few
+    hundredths a token between evaluations while held-out accuracy fell at each, under GRPO's rise of
+    0.1 on a reward in [0, 1.1]. DISTILL_KEYS counts 0.02 nats a token; the same rows read with
+    GRPO's threshold are not said, and a rise under 0.02 is not said either."""
+    from dataclasses import replace
+
+    def said(keys, slope):
+        monitor = HackingMonitor(keys=keys)
+        for step in range(0, 16):
+            if step % 5 == 0:
+                monitor.heldout(step, 0.3 - 0.06 * (step // 5))
+            batch = Trajectories([reply("<answer>46</answer>"), reply("<answer>45</answer>")])
+            signal = -0.26 + slope * step
+            monitor.step(step + 1, batch, decode, reward=signal, length=18.0, paid=[signal, signal])
+        return monitor.said
+
+    assert "fell 0.300 -> 0.180 (steps 0 -> 10)" in said(DISTILL_KEYS, 0.006)[0]
+    assert not said(replace(DISTILL_KEYS, rise=None), 0.006)  # GRPO's 0.1: the planted run went unsaid
+    assert not said(DISTILL_KEYS, 0.002)
+
+
 def test_a_distillation_run_logs_its_signal_and_the_monitors_metrics(tmp_path):
     """A short run of the real trainer: every step's row has distill/signal (minus the per-token
     reverse KL at --reward-weight 0) and the monitor's metrics; test_distill.py's resume test checks

@@ -124,6 +124,8 @@ class LoggedKeys:
     heldout_name: str = "held-out accuracy"
     reward_name: str = "training reward"
     """what the warning lines call the reward the trainer pays"""
+    rise: float | None = None
+    """the held-out detector's rise on this reward's own scale (None: ``HackingThresholds.rise``)"""
 
 
 GRPO_KEYS = LoggedKeys()
@@ -132,13 +134,16 @@ SCORED_KEYS = LoggedKeys(reward="reward/score", heldout="eval/gold_reward", part
                          heldout_name="the held-out gold reward", reward_name="the judge's score")
 """PPO-RLHF and online DPO: the judge's score (a reward model's, any reward's), and the gold reward
 (when given) of held-out replies, evaluated after a step, as the held-out measure"""
-DISTILL_KEYS = LoggedKeys(reward="distill/signal", parts=False,
+DISTILL_KEYS = LoggedKeys(reward="distill/signal", parts=False, rise=0.02,
                           reward_name="the student's match to the teacher (minus its reverse KL a token)")
 """Distillation: what the student is paid (minus the per-token reverse KL to the teacher, plus
 ``--reward-weight`` x the task reward), and held-out accuracy. Its parts are not logged as parts:
 the task reward is not what the student is paid unless --reward-weight says so, and correctness is
 then the held-out accuracy. A signal rising while the accuracy falls is teacher hacking (Tiapkin et
-al., 2025): the student matches the teacher where the teacher is wrong."""
+al., 2025): the student matches the teacher where the teacher is wrong. Its rise is 0.02 nats a
+token, not GRPO's 0.1 on a reward in [0, 1.1]: the reverse KL starts near 0.26 and a run's window
+means move a few hundredths between evaluations (the planted run of docs/hacking.md: 0.026 while
+held-out accuracy fell 0.174 -> 0.044 over three evaluations, under GRPO's 0.1 until it was over)."""
 
 
 def question_of(example: dict) -> str:
@@ -311,7 +316,8 @@ class HackingMonitor:
         # a fall at every one of the last evaluations, not one dip: a demo's held-out gold, 0.612 -> 0.535
         # -> 0.561 over three evaluations of 16 replies, is noise, and a planted hack falls at each
         falling = all(later[1] < earlier[1] for earlier, later in zip(recent, recent[1:]))
-        if falling and len(recent) == th.heldout_evals and drop >= th.heldout_drop and rise >= th.rise:
+        enough = th.rise if self.keys.rise is None else self.keys.rise
+        if falling and len(recent) == th.heldout_evals and drop >= th.heldout_drop and rise >= enough:
             return {"heldout": f"{self.keys.reward_name} rose {best[2]:.3f} -> {recent[-1][2]:.3f} while {self.keys.heldout_name} "
                                f"fell {best[1]:.3f} -> {recent[-1][1]:.3f} (steps {best[0]} -> {recent[-1][0]}): the "
                                "reward and the task have parted"}
