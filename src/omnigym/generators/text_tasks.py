@@ -163,8 +163,8 @@ def task_env(cfg: TextTaskConfig, task: Task):
         reward = parse_weights(cfg.rewards or DEFAULT_REWARDS, cfg.judge_rubric)
         from omnigym.models.lm import tiny_family  # the warm-up teaches them the format: no system prompt
 
-        system = cfg.system_prompt if cfg.system_prompt is not None else None if tiny_family(cfg.model) else \
-            ANSWER_FORMAT
+        tiny = tiny_family(cfg.model, cfg.chat_template)  # a --chat-template given decides: the run saves it
+        system = cfg.system_prompt if cfg.system_prompt is not None else None if tiny else ANSWER_FORMAT
         env = ToolEnv(task.train, reward, system or None, cfg.max_turns) if cfg.env == "tools" else \
             TextEnv(task.train, reward, system or None)
     correct = WeightedSum({cfg.accuracy_reward: 1.0}) if cfg.accuracy_reward else leading_part(env.reward)
