@@ -46,3 +46,14 @@ def test_a_chat_template_given_decides_the_family_as_the_saved_model_will(tmp_pa
     shutil.copytree(other, run / "model")
     (run / "config.json").write_text('{"algo": "grpo", "model": "tiny"}')
     assert tiny_family(str(run)) is tiny_family(str(folder), str(template_file)) is False
+
+
+def test_a_model_name_longer_than_a_file_name_can_be_is_one_line():
+    """(ENAMETOOLONG from the run-directory check was a traceback, from task_env and from loading)"""
+    from omnigym.errors import OmnigymError
+    from omnigym.models.lm import resolve_model
+
+    for name in ("x" * 300, "/tmp/" + "y" * 300 + "/model"):
+        assert shown(name) == ANSWER_FORMAT
+        with pytest.raises(OmnigymError, match="no such folder"):
+            resolve_model(name)

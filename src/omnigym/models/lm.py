@@ -175,9 +175,9 @@ def tiny_family(name_or_path: str, chat_template: str | None = None) -> bool:
     if name_or_path in TINY_MODELS:
         return True
     path = Path(name_or_path).expanduser()
-    if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
-        path = path / "model"  # a run directory
     try:
+        if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
+            path = path / "model"  # a run directory
         saved = (path / "chat_template.jinja").read_text() if (path / "chat_template.jinja").is_file() else \
             json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
     except (OSError, ValueError, AttributeError):  # not a folder, or no readable tokenizer: a hub id or another model
@@ -197,10 +197,15 @@ def resolve_model(name_or_path: str, label: str | None = None) -> str:
     ``label`` names it in the one-line refusals (default ``--model NAME``)."""
     label = label or f"--model {name_or_path}"
     path = Path(name_or_path).expanduser()
-    if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
-        path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
+    try:
+        if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
+            path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
+        exists = path.exists()
+    except OSError as exc:  # a name longer than a file name can be (ENAMETOOLONG) was a traceback
+        raise OmnigymError(f"{label}: no such folder ({exc.strerror}); give a folder saved with save_pretrained, "
+                           "or a hub id") from None
     # a hub id has at most one "/" (namespace/name): runs/x/model is a misspelt folder, not an id
-    looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1 or path.exists()
+    looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1 or exists
     if looks_like_path and not path.is_dir():
         raise OmnigymError(f"{label}: no such folder; give a folder saved with save_pretrained, "
                            "or a hub id")
