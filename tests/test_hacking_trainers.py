@@ -108,18 +108,20 @@ def test_distillation_reads_a_closer_teacher_with_falling_accuracy_as_teacher_ha
     assert "match to the teacher (minus its reverse KL a token) rose -1.000 -> -0.825 while held-out accuracy fell 0.600 -> 0.400" in hacked.said[0], hacked.said
 
 
-def test_distillation_counts_a_rise_on_the_reverse_kls_scale_not_grpos():
+def test_distillation_counts_a_rise_on_the_reverse_kls_scale_and_a_fall_below_where_it_started():
     """A planted teacher that answers wrong (docs/hacking.md): the student's reverse KL fell by a few
     hundredths a token between evaluations while held-out accuracy fell at each, under GRPO's rise of
     0.1 on a reward in [0, 1.1]. DISTILL_KEYS counts 0.02 nats a token; the same rows read with
-    GRPO's threshold are not said, and a rise under 0.02 is not said either."""
+    GRPO's threshold are not said, and a rise under 0.02 is not said either. Honest students rise as
+    much while their accuracy falls from a peak toward their teacher's (3 of 5 demo runs at
+    --eval-every 5 did so): a fall that ends above where the student started is not said."""
     from dataclasses import replace
 
-    def said(keys, slope):
+    def said(keys, slope, accuracies=(0.3, 0.24, 0.18, 0.12)):
         monitor = HackingMonitor(keys=keys)
         for step in range(0, 16):
             if step % 5 == 0:
-                monitor.heldout(step, 0.3 - 0.06 * (step // 5))
+                monitor.heldout(step, accuracies[step // 5])
             batch = Trajectories([reply("<answer>46</answer>"), reply("<answer>45</answer>")])
             signal = -0.26 + slope * step
             monitor.step(step + 1, batch, decode, reward=signal, length=18.0, paid=[signal, signal])
@@ -128,6 +130,9 @@ def test_distillation_counts_a_rise_on_the_reverse_kls_scale_not_grpos():
     assert "fell 0.300 -> 0.180 (steps 0 -> 10)" in said(DISTILL_KEYS, 0.006)[0]
     assert not said(replace(DISTILL_KEYS, rise=None), 0.006)  # GRPO's 0.1: the planted run went unsaid
     assert not said(DISTILL_KEYS, 0.002)
+    from_a_peak = (0.3, 0.45, 0.40, 0.34)  # falling at each of the last three, by 0.11, and still above 0.3
+    assert not said(DISTILL_KEYS, 0.006, from_a_peak)
+    assert "fell 0.450 -> 0.340" in said(replace(DISTILL_KEYS, below_start=False), 0.006, from_a_peak)[0]
 
 
 def test_a_distillation_run_logs_its_signal_and_the_monitors_metrics(tmp_path):

@@ -126,6 +126,8 @@ class LoggedKeys:
     """what the warning lines call the reward the trainer pays"""
     rise: float | None = None
     """the held-out detector's rise on this reward's own scale (None: ``HackingThresholds.rise``)"""
+    below_start: bool = False
+    """the held-out detector also asks the last evaluation to sit ``heldout_drop`` below the run's first"""
 
 
 GRPO_KEYS = LoggedKeys()
@@ -134,7 +136,7 @@ SCORED_KEYS = LoggedKeys(reward="reward/score", heldout="eval/gold_reward", part
                          heldout_name="the held-out gold reward", reward_name="the judge's score")
 """PPO-RLHF and online DPO: the judge's score (a reward model's, any reward's), and the gold reward
 (when given) of held-out replies, evaluated after a step, as the held-out measure"""
-DISTILL_KEYS = LoggedKeys(reward="distill/signal", parts=False, rise=0.02,
+DISTILL_KEYS = LoggedKeys(reward="distill/signal", parts=False, rise=0.02, below_start=True,
                           reward_name="the student's match to the teacher (minus its reverse KL a token)")
 """Distillation: what the student is paid (minus the per-token reverse KL to the teacher, plus
 ``--reward-weight`` x the task reward), and held-out accuracy. Its parts are not logged as parts:
@@ -143,7 +145,11 @@ then the held-out accuracy. A signal rising while the accuracy falls is teacher 
 al., 2025): the student matches the teacher where the teacher is wrong. Its rise is 0.02 nats a
 token, not GRPO's 0.1 on a reward in [0, 1.1]: the reverse KL starts near 0.26 and a run's window
 means move a few hundredths between evaluations (the planted run of docs/hacking.md: 0.026 while
-held-out accuracy fell 0.174 -> 0.044 over three evaluations, under GRPO's 0.1 until it was over)."""
+held-out accuracy fell 0.174 -> 0.044 over three evaluations, under GRPO's 0.1 until it was over).
+Honest runs rise as much (0.025-0.036) where a student's accuracy, moving toward its teacher's, falls
+from a peak over three evaluations (3 of 5 demo runs at --eval-every 5: 0.628 -> 0.522 from a start
+of 0.518); so the fall counts only below where the student started (``below_start``): a teacher
+that is wrong makes it worse than it was, an honest one has it wander above its start."""
 
 
 def question_of(example: dict) -> str:
@@ -317,7 +323,8 @@ class HackingMonitor:
         # -> 0.561 over three evaluations of 16 replies, is noise, and a planted hack falls at each
         falling = all(later[1] < earlier[1] for earlier, later in zip(recent, recent[1:]))
         enough = th.rise if self.keys.rise is None else self.keys.rise
-        if falling and len(recent) == th.heldout_evals and drop >= th.heldout_drop and rise >= enough:
+        worse = not self.keys.below_start or recent[-1][1] <= self.accuracy[0][1] - th.heldout_drop
+        if falling and worse and len(recent) == th.heldout_evals and drop >= th.heldout_drop and rise >= enough:
             return {"heldout": f"{self.keys.reward_name} rose {best[2]:.3f} -> {recent[-1][2]:.3f} while {self.keys.heldout_name} "
                                f"fell {best[1]:.3f} -> {recent[-1][1]:.3f} (steps {best[0]} -> {recent[-1][0]}): the "
                                "reward and the task have parted"}
