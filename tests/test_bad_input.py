@@ -108,6 +108,13 @@ CASES = [
     (["plot", "NOT_A_RUN"], "not-a-run is not a run directory (no config.json)"),
     (["plot", "RUN_LOG", "--out", "RUN_LOG/metrics.jsonl/x.png"], "cannot write the plot to "),
     (["plot", "RUN_LOG", "--metric", "nope"], "no run among"),
+    # a name longer than a file system allows (255 bytes): a traceback before, and --run-dir sub/LONG left sub/
+    (["train", "ppo", "--run-dir", "sub/LONG"], "a name in this path is longer than the 255 bytes"),
+    (["train", "ppo", "--resume", "LONG"], "a name in this path is longer than the"),
+    (["train", "grpo", "--run-dir", "LONG"], "a name in this path is longer than the"),
+    (["train", "grpo", "--model", "LONG"], "no such folder"),
+    (["eval", "LONG"], "a name in this path is longer than the"),
+    (["plot", "LONG"], "a name in this path is longer than the"),
 ]
 
 
@@ -132,7 +139,8 @@ def prepare(tmp_path, argv):
     (tmp_path / "log" / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
     (tmp_path / "latin1.jsonl").write_bytes('{"question": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
     names = {"LATIN1": "latin1.jsonl", "EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
-             "RUN_LOG": "log", "RUN_LOG/metrics.jsonl/x.png": "log/metrics.jsonl/x.png"}
+             "RUN_LOG": "log", "RUN_LOG/metrics.jsonl/x.png": "log/metrics.jsonl/x.png", "LONG": "x" * 300,
+             "sub/LONG": "sub/" + "x" * 300}
     return [names.get(a, a) for a in argv]
 
 

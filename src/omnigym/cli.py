@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import math
 import os
 import sys
@@ -528,6 +529,15 @@ def run_command(argv: list[str]) -> int:
     except BrokenPipeError:  # stdout closed early (omnigym ... | head): nothing more to say
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:  # any other is the disk's (DiskFault says so) or a bug: its traceback
+            raise
+        # a path given with a name longer than the file system allows (--run-dir, RUN, --model, ...): the
+        # user's mistake, found wherever the path is first used
+        name = str(exc.filename or "")
+        print(f"omnigym: error: {name[:60]}{'...' if len(name) > 60 else ''}: a name in this path is longer than "
+              "the file system allows; give a shorter one", file=sys.stderr)
+        return 2
     except (KeyboardInterrupt, RuntimeError) as exc:
         exc = the_signal(exc)
         # before the run began, a demo's finished stages may be all it wrote: its line names them

@@ -15,6 +15,7 @@ nothing about what a run writes.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import sys
@@ -119,6 +120,8 @@ class RunLock:
         for folder in self._created:  # innermost first
             try:
                 folder.rmdir()
-            except OSError:  # not empty (a run's files, or another process's lock), or gone
-                break
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENAMETOOLONG):  # never made (a name too long), or gone
+                    continue
+                break  # not empty: a run's files, or another process's lock
         self._created = []

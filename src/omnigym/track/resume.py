@@ -17,14 +17,16 @@ from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
 from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
 from omnigym.track.lock import LOCK_NAME
-from omnigym.track.run_dir import (MODEL_FOLDER, REPLACED_RUN, STAGES_FOLDER, check_writable, default_run_dir,
-                                   is_run_dir, left_set_aside)
+from omnigym.track.run_dir import (MODEL_FOLDER, REPLACED_RUN, STAGES_FOLDER, check_name_lengths, check_writable,
+                                   default_run_dir, is_run_dir, left_set_aside)
 
 
 def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[Path, dict | None]:
     """The directory the run may use, and its checkpoint when resuming; refuses in one line.
     ``decided``: the directory this call chose already when the user gave none (``--capture-video``
     names its folder before the run starts); else a new name is made from ``label``."""
+    for flag, given in (("--resume", cfg.resume), ("--run-dir", cfg.run_dir)):
+        check_name_lengths(flag, given)
     if cfg.resume:
         run_dir = Path(cfg.resume)
         if cfg.run_dir and Path(cfg.run_dir).resolve() != run_dir.resolve():

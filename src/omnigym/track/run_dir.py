@@ -183,12 +183,29 @@ def remove_run_files(path: Path) -> None:
 
 def default_run_dir(algo: str, label, seed: int) -> str:
     label = re.sub(r"[^\w.\-]+", "-", label if isinstance(label, str) else describe(label).split(":")[-1])
+    label = label[-80:]  # a name's end (a model path's last folder): one longer than a file name can be was an error
     base = os.path.join("runs", f"{algo}__{label}__{seed}__{int(time.time())}")
     name, n = base, 1
     while os.path.exists(name):  # two runs started in the same second
         n += 1
         name = f"{base}-{n}"
     return name
+
+
+NAME_MAX = 255
+"""the longest file name, in bytes, of the file systems runs are written to (ext4, xfs, btrfs, tmpfs)"""
+
+
+def check_name_lengths(flag: str, path) -> None:
+    """A run directory's path whose names fit the file system, else one line before anything is made:
+    a longer one failed only once the directory was being made, and left its parents behind."""
+    if path is None:
+        return
+    longest = max((len(os.fsencode(part)) for part in Path(path).parts), default=0)
+    if longest > NAME_MAX:
+        shown = str(path) if len(str(path)) <= 60 else str(path)[:60] + "..."
+        raise OmnigymError(f"{flag} {shown}: a name in this path is longer than the {NAME_MAX} bytes a file system "
+                           f"allows ({longest}); give a shorter one")
 
 
 def check_writable(path: Path) -> None:
