@@ -252,7 +252,8 @@ def test_grpo_self_play_updates_the_policy(tmp_path, monkeypatch, capsys):
     (["--env", "tictactoe", "--max-turns", "5", "--opponent", "snapshot", "--rollouts", "async"],
      "--opponent snapshot plays both seats of each game in one batch-synchronous generator"),
     (["--opponent", "self"], "--opponent is for a game: --env tictactoe, not single-turn"),
-    (["--env", "tictactoe"], "--env tictactoe: a seat moves up to 5 times in a game; give --max-turns 5 or more"),
+    (["--env", "tictactoe", "--max-turns", "4"], "--env tictactoe: a seat moves up to 5 times in a game; give "
+                                                "--max-turns 5 or more"),
     (["--env", "tictactoe", "--max-turns", "5", "--opponent", "self", "--rollouts", "async"],
      "--opponent self plays both seats of each game in one batch-synchronous generator"),
     (["--env", "tictactoe", "--max-turns", "5", "--task", "arithmetic-v0"],
@@ -264,6 +265,19 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags, messa
     err = capsys.readouterr().err.strip()
     assert err.startswith("omnigym: error:") and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_max_turns_defaults_to_a_seats_five_moves_in_a_game_and_four_elsewhere():
+    """`omnigym train grpo --env tictactoe` was refused for --max-turns' default of 4: the default now
+    follows --env, from the CLI and from Python; a number given is kept."""
+    from omnigym.algos import grpo
+    from omnigym.cli import train_config
+
+    assert grpo.GRPOConfig(env="tictactoe").max_turns == 5 and grpo.GRPOConfig(env="tools").max_turns == 4
+    assert grpo.GRPOConfig(env="tictactoe", max_turns=7).max_turns == 7
+    for flags, turns in ((["--env", "tictactoe"], 5), (["--env", "tools"], 4), (["--env", "tictactoe", "--max-turns",
+                                                                                 "6"], 6)):
+        assert train_config(["grpo", *flags])[1].max_turns == turns
 
 
 def test_the_held_out_judge_plays_random_and_samples_as_training_does():

@@ -64,8 +64,9 @@ class TextTaskConfig:
     env_args: str | None = None
     """JSON object for --env skyrl:NAME (the env's env_config, e.g. {"search_url": ...}) or --env vf:MODULE
     (load_environment's keyword arguments)"""
-    max_turns: int = 4
-    """replies per episode in a multi-turn env (--env tictactoe: 5 or more, a seat's moves in a game)"""
+    max_turns: int | None = None
+    """replies per episode in a multi-turn env; default 4, and 5 with --env tictactoe (a seat's moves in a game:
+    fewer are refused)"""
     opponent: str | None = None
     """--env tictactoe: who plays the other seat: random (a random free cell; the default), search (minimax,
     perfect at tic-tac-toe), self (the policy: both seats sampled and trained) or snapshot (a frozen copy of the
@@ -86,6 +87,13 @@ class TextTaskConfig:
     temperature: float = 1.0
     eval_size: int = 500
     """held-out problems for eval/accuracy"""
+
+    def __post_init__(self) -> None:
+        # the default follows --env: a game of tic-tac-toe needs 5 replies of a seat, and 4 refused a plain
+        # `omnigym train grpo --env tictactoe`; resolved when the config is made, so what is saved, compared on
+        # --resume and read by every env and generator is a number
+        if self.max_turns is None:
+            self.max_turns = 5 if self.env in GAMES else 4
 
     def check_task(self) -> None:
         require_positive(self, "max_new_tokens", "max_turns", "temperature", "eval_size")
