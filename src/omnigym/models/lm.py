@@ -159,6 +159,15 @@ def model_folder(name_or_path: str, seed: int = 0, lstm_hidden: int = 128):
     yield resolve_model(name_or_path)
 
 
+def model_path(name_or_path: str) -> Path:
+    """Where a model folder would be: the path itself, or a run directory's ``model/`` (an earlier
+    run or stage: omnigym train sft ...). May raise OSError (a name too long for the file system)."""
+    path = Path(name_or_path).expanduser()
+    if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
+        return path / "model"
+    return path
+
+
 def tiny_family(name_or_path: str, chat_template: str | None = None) -> bool:
     """``--model`` is a built-in tiny model, or a folder or run of their family (a model saved by a
     run that started from one: it carries their chat template). They learn the answer format from
@@ -174,10 +183,8 @@ def tiny_family(name_or_path: str, chat_template: str | None = None) -> bool:
         return tiny_template(read_chat_template(chat_template))
     if name_or_path in TINY_MODELS:
         return True
-    path = Path(name_or_path).expanduser()
     try:
-        if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
-            path = path / "model"  # a run directory
+        path = model_path(name_or_path)
         saved = (path / "chat_template.jinja").read_text() if (path / "chat_template.jinja").is_file() else \
             json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
     except (OSError, ValueError, AttributeError):  # not a folder, or no readable tokenizer: a hub id or another model
@@ -196,10 +203,8 @@ def resolve_model(name_or_path: str, label: str | None = None) -> str:
     """``name_or_path``'s model folder (a run directory's ``model/``), or the hub id as given;
     ``label`` names it in the one-line refusals (default ``--model NAME``)."""
     label = label or f"--model {name_or_path}"
-    path = Path(name_or_path).expanduser()
     try:
-        if (path / "model" / "config.json").is_file() and not (path / "tokenizer_config.json").exists():
-            path = path / "model"  # the run directory of an earlier stage (omnigym train sft ...)
+        path = model_path(name_or_path)
         exists = path.exists()
     except OSError as exc:  # a name longer than a file name can be (ENAMETOOLONG) was a traceback
         raise OmnigymError(f"{label}: no such folder ({exc.strerror}); give a folder saved with save_pretrained, "
