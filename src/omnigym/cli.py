@@ -532,11 +532,11 @@ def run_command(argv: list[str]) -> int:
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:  # any other is the disk's (DiskFault says so) or a bug: its traceback
             raise
+        from omnigym.track.run_dir import name_too_long
+
         # a path given with a name longer than the file system allows (--run-dir, RUN, --model, ...): the
         # user's mistake, found wherever the path is first used
-        name = str(exc.filename or "")
-        print(f"omnigym: error: {name[:60]}{'...' if len(name) > 60 else ''}: a name in this path is longer than "
-              "the file system allows; give a shorter one", file=sys.stderr)
+        print(f"omnigym: error: {name_too_long(exc.filename or '')}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, RuntimeError) as exc:
         exc = the_signal(exc)

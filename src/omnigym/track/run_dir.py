@@ -199,13 +199,14 @@ NAME_MAX = 255
 def check_name_lengths(flag: str, path) -> None:
     """A run directory's path whose names fit the file system, else one line before anything is made:
     a longer one failed only once the directory was being made, and left its parents behind."""
-    if path is None:
-        return
-    longest = max((len(os.fsencode(part)) for part in Path(path).parts), default=0)
-    if longest > NAME_MAX:
-        shown = str(path) if len(str(path)) <= 60 else str(path)[:60] + "..."
-        raise OmnigymError(f"{flag} {shown}: a name in this path is longer than the {NAME_MAX} bytes a file system "
-                           f"allows ({longest}); give a shorter one")
+    if path is not None and max((len(os.fsencode(part)) for part in Path(path).parts), default=0) > NAME_MAX:
+        raise OmnigymError(f"{flag} {name_too_long(path)}")
+
+
+def name_too_long(path) -> str:
+    """What is said of a path with a name longer than a file system allows (the path shortened)."""
+    shown = str(path) if len(str(path)) <= 60 else str(path)[:60] + "..."
+    return f"{shown}: a name in this path is longer than the {NAME_MAX} bytes a file system allows; give a shorter one"
 
 
 def check_writable(path: Path) -> None:
