@@ -42,6 +42,8 @@ CASES = [
     (["train", "text_reinforce", "--max-new-tokens", "256"], "--max-new-tokens 256 does not fit the model's context"),
     (["train", "grpo", "--model", "/nonexistent/path"], "--model /nonexistent/path: no such folder"),
     (["train", "grpo", "--model", "runs/misspelt/model"], "--model runs/misspelt/model: no such folder"),
+    # one slash, as a hub id has, but its first part is a folder here: a misspelt run, not an id
+    (["train", "grpo", "--model", "not-a-run/misspelt"], "--model not-a-run/misspelt: no such folder"),
     (["train", "grpo", "--task", "EMPTY"], "has no examples"),
     (["train", "grpo", "--task", "ifeval"], "--task ifeval has examples without a reference answer, which the warm-up"),
     (["train", "grpo", "--task", "SMALL"], "has 3 examples, and --eval-size 500 holds out that many or more"),

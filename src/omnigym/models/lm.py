@@ -209,8 +209,10 @@ def resolve_model(name_or_path: str, label: str | None = None) -> str:
     except OSError as exc:  # a name longer than a file name can be (ENAMETOOLONG) was a traceback
         raise OmnigymError(f"{label}: no such folder ({exc.strerror}); give a folder saved with save_pretrained, "
                            "or a hub id") from None
-    # a hub id has at most one "/" (namespace/name): runs/x/model is a misspelt folder, not an id
-    looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1 or exists
+    # a hub id has at most one "/" (namespace/name): runs/x/model is a misspelt folder, not an id, and so is
+    # runs/x where runs/ is a folder here (it was read as a hub id: "couldn't connect to huggingface.co")
+    looks_like_path = (name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1 or exists
+                       or ("/" in name_or_path and Path(name_or_path).expanduser().parent.is_dir()))
     if looks_like_path and not path.is_dir():
         raise OmnigymError(f"{label}: no such folder; give a folder saved with save_pretrained, "
                            "or a hub id")
