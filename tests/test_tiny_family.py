@@ -57,3 +57,28 @@ def test_a_model_name_longer_than_a_file_name_can_be_is_one_line():
         assert shown(name) == ANSWER_FORMAT
         with pytest.raises(OmnigymError, match="no such folder"):
             resolve_model(name)
+
+
+def test_eval_and_sample_show_a_loaded_tiny_model_what_its_training_showed():
+    """``omnigym eval RUN`` and ``sample`` decide from the loaded tokenizer's template (the run's
+    starting folder may be gone). A task of questions: no system prompt, as task_env gives the tiny
+    family. A registered text env keeps its own prompt, as GRPO trains with it; eval dropped it."""
+    from omnigym.envs.text import TEXT_ENVS, TextEnv, register_text_env
+    from omnigym.generators.text_tasks import shown_as_trained
+
+    examples = [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(8)]
+    register_text_env("tiny-family-test-env", lambda: TextEnv(examples, lambda *a: 0.0, "Answer with a number."))
+    try:
+        for task_name, template, expected in (("tiny-family-test-env", CHAT_TEMPLATE, "Answer with a number."),
+                                              ("arithmetic", CHAT_TEMPLATE, None),
+                                              ("arithmetic", OTHER, ANSWER_FORMAT),
+                                              ("tiny-family-test-env", OTHER, "Answer with a number.")):
+            cfg = grpo.GRPOConfig(model="some/hub-id", task=task_name, eval_size=5)
+            task = text_task(cfg)[0]
+            shown_as_trained(cfg, task, template)
+            assert task_env(cfg, task)[0].system_prompt == expected, (task_name, template)
+        cfg = grpo.GRPOConfig(model="some/hub-id", eval_size=5, system_prompt="mine")
+        shown_as_trained(cfg, text_task(cfg)[0], CHAT_TEMPLATE)
+        assert task_env(cfg, text_task(cfg)[0])[0].system_prompt == "mine"
+    finally:
+        TEXT_ENVS.pop("tiny-family-test-env")

@@ -90,9 +90,9 @@ def add_flags(parser) -> None:
 def sample_command(args) -> dict:
     """Runs ``omnigym sample`` on its parsed flags; returns what it measured or wrote."""
     from omnigym.evaluation.text import accuracy, judged_env
-    from omnigym.generators.text_tasks import make_generator, task_env, text_task
+    from omnigym.generators.text_tasks import make_generator, shown_as_trained, task_env, text_task
     from omnigym.inference import make_engine
-    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, tiny_template
+    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
     from omnigym.process import run_scope
     from omnigym.rewards import as_reward
 
@@ -110,8 +110,7 @@ def sample_command(args) -> dict:
         policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(),
                                                       cfg.device)
         check_context(policy, cfg.max_new_tokens)
-        if cfg.system_prompt is None and tiny_template(tokenizer.chat_template or ""):
-            cfg.system_prompt = ""  # the tiny model's family: trained without one, as GRPO's demo trains it
+        shown_as_trained(cfg, task, tokenizer.chat_template)
         env, correct = task_env(cfg, task)
         require(not hasattr(env, "max_turns"), f"--task {cfg.task} is a multi-turn env; sample writes one-reply "
                                                "rows: give a single-turn task")

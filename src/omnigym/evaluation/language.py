@@ -342,9 +342,9 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     import json
 
     from omnigym.evaluation.text import judged_env
-    from omnigym.generators.text_tasks import make_generator, task_env
+    from omnigym.generators.text_tasks import make_generator, shown_as_trained, task_env
     from omnigym.inference import make_engine
-    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, tiny_template, resolve_model
+    from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, resolve_model
     from omnigym.process import run_scope
     from omnigym.track.lock import RunLock
 
@@ -381,8 +381,7 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
             policy, tokenizer = load_policy_and_tokenizer(run_dir, cfg.seed, cfg.chat_template, LoraSettings(),
                                                           cfg.device)
             check_context(policy, cfg.max_new_tokens)
-            if cfg.system_prompt is None and tiny_template(tokenizer.chat_template or ""):
-                cfg.system_prompt = ""  # the tiny model's family: trained without one
+            shown_as_trained(cfg, task, tokenizer.chat_template)
             env, correct = task_env(cfg, task)
             # a run's --env (tictactoe, tools, ...) makes the env, whatever the --task: name what did
             source = f"--task {cfg.task}" if cfg.env == "single-turn" else f"the run's --env {cfg.env}"

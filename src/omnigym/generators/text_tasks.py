@@ -179,6 +179,17 @@ def task_env(cfg: TextTaskConfig, task: Task):
     return env, correct
 
 
+def shown_as_trained(cfg: TextTaskConfig, task: Task, chat_template: str | None) -> None:
+    """A loaded model (``omnigym eval RUN``, ``sample``) is shown the system prompt its training
+    showed it: none for the tiny family on a task of questions, as ``task_env`` decides from the
+    folder, here from the loaded tokenizer's template (the run's starting folder may be gone). A
+    registered text env keeps its own prompt, as GRPO trains with it (eval dropped it)."""
+    from omnigym.models.lm import tiny_template
+
+    if cfg.system_prompt is None and task.env is None and tiny_template(chat_template or ""):
+        cfg.system_prompt = ""
+
+
 def make_generator(cfg: TextTaskConfig, env, engine, tokenizer, greedy: bool = False,
                    opponent=None) -> TextEnvGenerator:
     """The generator that plays ``env`` with ``engine``; ``cfg`` also gives the episode budgets
