@@ -116,6 +116,39 @@ def test_a_run_started_with_a_relative_data_path_resumes_from_anywhere(tmp_path,
     assert snapshot(run) == before
 
 
+def test_a_run_started_with_a_relative_model_and_template_resumes_from_anywhere(tiny_model, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A relative --model and --chat-template are kept as typed, with their absolute paths beside:
+    resumed from another folder, the run finds them (--model f/plain was read as a hub id, 'cannot
+    connect to huggingface.co'); given again relative to the new folder, they must be the same."""
+    from omnigym.models.lm import CHAT_TEMPLATE
+
+    shutil.copytree(tiny_model, tmp_path / "a" / "f" / "plain")
+    (tmp_path / "a" / "t.jinja").write_text(CHAT_TEMPLATE)
+    write_rows(tmp_path / "a" / "rows.jsonl")
+    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "a")
+    given = ["--model", "f/plain", "--chat-template", "t.jinja", "--data", "rows.jsonl"]
+    assert main([*SFT, *given, "--steps", "1", "--run-dir", str(run)]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert (saved["model"], saved["chat_template"]) == ("f/plain", "t.jinja")  # as typed
+    assert saved["paths"] == {"model": str(tmp_path / "a" / "f" / "plain"), "chat_template": str(tmp_path / "a" /
+                                                                                                 "t.jinja")}
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["train", "sft", "--resume", str(run), "--steps", "2"]) == 0
+    assert steps(run)[-1] == 2
+    assert json.loads((run / "config.json").read_text())["model"] == str(tmp_path / "a" / "f" / "plain")
+    assert main(["train", "sft", "--resume", str(run), "--steps", "3", "--model", "../a/f/plain"]) == 0
+    shutil.copytree(tiny_model, tmp_path / "b" / "f" / "plain")  # another folder of the same name, here
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "sft", "--resume", str(run), "--steps", "4", "--model", "f/plain"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"was made with --model ../a/f/plain ({tmp_path / 'a' / 'f' / 'plain'}), not f/plain" in err[0], err
+    assert snapshot(run) == before
+
+
 @pytest.mark.parametrize("argv", [
     ["train", "rlhf", "--model", "MODEL", "--reward-model", "RM", "--data", "prompts.jsonl"],
     ["train", "grpo", "--rewards", "rm:RM:1.0"],

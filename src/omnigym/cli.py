@@ -81,10 +81,10 @@ def train_config(argv: list[str]):
     cfg = parse_flags(config_cls, argv, default, module.__doc__)
     if default is not None:  # before the algorithm reads its data: the run's own, found where it is now
         from omnigym.track.files import load_config_dict
-        from omnigym.track.resume import check_fixed_settings, resolve_data
+        from omnigym.track.resume import check_fixed_settings, moved_paths, resolve_data
 
         saved = load_config_dict(cfg.resume)
-        cfg = dataclasses.replace(cfg, **resolve_data(cfg, saved))
+        cfg = dataclasses.replace(cfg, **resolve_data(cfg, saved), **moved_paths(cfg, saved))
         # a setting the checkpoint fixes, changed now, is named before the config's own checks
         # meet its consequences (--opponent changed on a run whose --snapshot-every is saved)
         check_fixed_settings(cfg, saved)

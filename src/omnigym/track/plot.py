@@ -49,7 +49,7 @@ MARKERS_UP_TO = 60
 
 # config.json keys that do not make runs different experiments: the seed (runs that differ in it
 # alone are seeds of one curve), where a run is and what it printed or saved along the way.
-NOT_SETTINGS = frozenset({"seed", "run_dir", "resume", "overwrite", "data_files", "progress", "plot", "tensorboard",
+NOT_SETTINGS = frozenset({"seed", "run_dir", "resume", "overwrite", "data_files", "paths", "progress", "plot", "tensorboard",
                           "wandb", "print_episodes", "capture_video", "checkpoint_every", "torch_threads"})
 LEGEND_SETTINGS = 4
 """at most this many differing settings are named in one legend entry (then "+N more")"""

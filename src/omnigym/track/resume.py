@@ -10,6 +10,7 @@ and the loaded checkpoint, or one ``OmnigymError`` line. It reads the disk and w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from omnigym.errors import OmnigymError, a_run
@@ -127,11 +128,13 @@ def check_fixed_settings(cfg, saved_config: dict) -> None:
             continue  # compared by content (check_data), not by how the path is spelled
         now, then = getattr(cfg, name, None), saved_config.get(name)
         now = json.loads(json.dumps(now, default=describe))
-        if then is not None and now != then:
+        if then is not None and now != then and not same_path(name, now, then, saved_config):
             def shown(value):
                 return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
-            raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}, not "
+            recorded = saved_config.get(PATHS_KEY) if isinstance(saved_config.get(PATHS_KEY), dict) else {}
+            where = f" ({recorded[name]})" if isinstance(recorded.get(name), str) else ""
+            raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}{where}, not "
                                f"{shown(now)}; its checkpoint only fits its own setting (leave the flag out to keep it)")
 
 
@@ -207,6 +210,54 @@ def resolve_data(cfg, saved_config: dict) -> dict:
         raise OmnigymError(f"{cfg.resume} was made with {shown} {then}, not {now}; its checkpoint only fits its own "
                            "data (leave the flag out to keep it)")
     return found
+
+
+PATHS_KEY = "paths"
+"""config.json's record of where the folders and files that ``PATH_FLAGS`` named relatively were,
+as absolute paths: a run resumed from another folder finds its model, template or teacher there"""
+PATH_FLAGS = ("model", "chat_template", "teacher", "reward_model", "pairwise_judge")
+
+
+def relative_path(value) -> Path | None:
+    """The file or folder ``value`` names relative to the working directory, when it names one."""
+    if not isinstance(value, str) or "\n" in value or value.startswith(("/", "~")):
+        return None
+    try:
+        return Path(value) if Path(value).exists() else None
+    except OSError:  # longer than a file name can be: not a path here
+        return None
+
+
+def recorded_paths(cfg) -> dict:
+    """{flag: absolute path} for each of ``PATH_FLAGS`` that names a file or folder relatively."""
+    return {name: os.path.abspath(path) for name in PATH_FLAGS
+            if (path := relative_path(getattr(cfg, name, None))) is not None}
+
+
+def moved_paths(cfg, saved_config: dict) -> dict:
+    """{flag: recorded absolute path} for each path flag left as the run saved it that names
+    nothing from here but did from where the run started (a relative --model, resumed from another
+    folder, was read as a hub id: 'cannot connect to huggingface.co')."""
+    recorded = saved_config.get(PATHS_KEY) if isinstance(saved_config.get(PATHS_KEY), dict) else {}
+    found = {}
+    for name, there in recorded.items():
+        now = getattr(cfg, name, None)
+        if name in PATH_FLAGS and isinstance(there, str) and now == saved_config.get(name) \
+                and relative_path(now) is None and Path(there).exists():
+            found[name] = there
+    return found
+
+
+def same_path(name: str, now, then, saved_config: dict) -> bool:
+    """``now`` and ``then``, values of a path flag, name the same file or folder under two spellings
+    (relative from another folder, absolute, or where ``moved_paths`` found it)."""
+    recorded = saved_config.get(PATHS_KEY) if isinstance(saved_config.get(PATHS_KEY), dict) else {}
+    there = recorded.get(name) if isinstance(recorded.get(name), str) else then
+    try:
+        return name in PATH_FLAGS and isinstance(now, str) and isinstance(there, str) and \
+            Path(now).expanduser().exists() and os.path.samefile(Path(now).expanduser(), Path(there).expanduser())
+    except OSError:
+        return False
 
 
 def check_data(cfg, saved_config: dict) -> None:

@@ -46,7 +46,7 @@ from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe,
 from omnigym.track.lock import RunLock
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import save_model_folder
-from omnigym.track.resume import DATA_FILES_KEY, checked_run_dir, recorded_data
+from omnigym.track.resume import DATA_FILES_KEY, PATHS_KEY, checked_run_dir, recorded_data, recorded_paths
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
 
 __all__ = ["MODEL_FOLDER", "STAGES_FOLDER", "Run", "TrainCall", "current_call", "decided_run_dir", "start_run",
@@ -154,6 +154,8 @@ class Run:
         values["run_dir"] = str(self.dir)
         data_files = recorded_data(self.cfg)  # absolute paths and fingerprints (track/resume.py)
         extra = {DATA_FILES_KEY: data_files} if data_files else {}
+        paths = recorded_paths(self.cfg)  # where relative --model, --teacher, ... were (track/resume.py)
+        extra.update({PATHS_KEY: paths} if paths else {})
         return {"algo": self.algo, **self.kept_settings, **values, **extra}
 
     def begin(self, components: dict) -> dict:
