@@ -13,6 +13,9 @@ import pytest
 from omnigym.cli import main
 
 CASES = [
+    (["train", "grpo", "--precision", "fp16"], "unknown --precision 'fp16'; choose fp32 or bf16"),
+    (["train", "sft", "--precision", "bf16", "--training-backend", "deepspeed"],
+     "--precision bf16 with --training-backend deepspeed: DeepSpeed's precision is its config's"),
     (["train", "ppo", "--num-minibatches", "0"], "--num-minibatches must be positive, got 0"),
     (["train", "ppo", "--num-steps", "0"], "--num-steps must be positive, got 0"),
     (["train", "ppo", "--num-minibatches", "300"], "--num-minibatches 300 is more than the 256 transitions"),

@@ -45,7 +45,9 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
                                           engine="hf"),
                                      dict(advantage="dr_grpo", loss_aggregation="seq-mean-token-sum-norm",
                                           ppo_epochs=2, kl_estimator="k1", lora_r=4),
-                                     dict(advantage="gae", behaviour_cap=2.0)])
+                                     dict(advantage="gae", behaviour_cap=2.0),
+                                     dict(precision="bf16", ppo_epochs=2, lora_r=4, engine="hf"),
+                                     dict(precision="bf16", behaviour_cap=2.0)])
 def test_variants_update_the_policy(tmp_path, monkeypatch, variant):
     """Each variant's policy steps change the trained weights (LoRA: the adapters only), and
     the metrics that measure the update move: the KL to the reference grows from 0, and with
@@ -75,6 +77,8 @@ def test_variants_update_the_policy(tmp_path, monkeypatch, variant):
     assert before["params"].keys() == after["params"].keys()
     if variant.get("lora_r"):
         assert all("lora_" in name for name in before["params"])
+    if variant.get("precision") == "bf16":  # products in bf16; the weights trained stay float32
+        assert all(p.dtype == torch.float32 for p in after["params"].values())
     changed = [n for n in before["params"] if not torch.equal(before["params"][n], after["params"][n])]
     assert len(changed) >= len(before["params"]) // 2, changed
     if variant.get("beta", 0.04) > 0:

@@ -283,6 +283,10 @@ class LanguageModelConfig(RunConfig):
     """Jinja chat template (string or file) for models that have none"""
     lora_r: int = 0
     """LoRA rank (0 trains all weights)"""
+    precision: str = "fp32"
+    """fp32, or bf16: the model's matrix products in bfloat16 (autocast), its weights, gradients and
+    optimizer state in float32, as TRL's --bf16; fast on CPUs with AMX and on GPUs, slow where
+    bf16 is emulated (docs/precision.md)"""
     training_backend: str = "local"
     """where training steps run: local (this process), ddp or fsdp2 (data-parallel over the processes
     torchrun starts: gloo on CPU, NCCL on GPU), deepspeed (ZeRO through the deepspeed launcher and
@@ -301,6 +305,12 @@ class LanguageModelConfig(RunConfig):
     def check(self) -> None:
         super().check()
         require_non_negative(self, "lora_r")
+        from omnigym.models.precision import PRECISIONS
+
+        require(self.precision in PRECISIONS, f"unknown --precision {self.precision!r}; choose {' or '.join(PRECISIONS)}")
+        require(self.precision == "fp32" or self.training_backend != "deepspeed",
+                "--precision bf16 with --training-backend deepspeed: DeepSpeed's precision is its config's "
+                "(a \"bf16\": {\"enabled\": true} section in --deepspeed-config); leave --precision out")
         check_backend(self)
         if self.model == "lstm":  # models/lstm_lm.py: a policy sampled by its own engine only
             require(self.SCALAR_HEAD is None, f"--model lstm is an LSTM policy, and this run needs a transformer "

@@ -93,6 +93,7 @@ def sample_command(args) -> dict:
     from omnigym.generators.text_tasks import make_generator, shown_as_trained, task_env, text_task
     from omnigym.inference import make_engine
     from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
+    from omnigym.models.precision import compute_in
     from omnigym.process import run_scope
     from omnigym.rewards import as_reward
 
@@ -110,6 +111,7 @@ def sample_command(args) -> dict:
         policy, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(),
                                                       cfg.device)
         check_context(policy, cfg.max_new_tokens)
+        compute_in(policy, getattr(cfg, "precision", "fp32"))  # as the run sampled it
         shown_as_trained(cfg, task, tokenizer.chat_template)
         env, correct = task_env(cfg, task)
         require(not hasattr(env, "max_turns"), f"--task {cfg.task} is a multi-turn env; sample writes one-reply "

@@ -12,6 +12,11 @@ def make_backend(cfg, model, make_optimizer, max_grad_norm: float | None = None)
     started; ``deepspeed``: ZeRO through DeepSpeed's engine and ``--deepspeed-config``.
     ``make_optimizer(model)`` is called after the model is wrapped (FSDP2 shards the
     parameters the optimizer must hold)."""
+    from omnigym.models.precision import compute_in
+
+    # every forward of the model in --precision, before a wrapper shares it (a reference made by
+    # frozen_copy is a copy of the hooked model: it scores in the policy's precision)
+    model = compute_in(model, getattr(cfg, "precision", "fp32"))
     backend = getattr(cfg, "training_backend", "local")
     if backend == "local":
         from omnigym.backends.local import LocalBackend

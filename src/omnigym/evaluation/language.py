@@ -345,6 +345,7 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     from omnigym.generators.text_tasks import make_generator, shown_as_trained, task_env
     from omnigym.inference import make_engine
     from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer, resolve_model
+    from omnigym.models.precision import compute_in
     from omnigym.process import run_scope
     from omnigym.track.lock import RunLock
 
@@ -381,6 +382,7 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
             policy, tokenizer = load_policy_and_tokenizer(run_dir, cfg.seed, cfg.chat_template, LoraSettings(),
                                                           cfg.device)
             check_context(policy, cfg.max_new_tokens)
+            compute_in(policy, getattr(cfg, "precision", "fp32"))  # as the run sampled it
             shown_as_trained(cfg, task, tokenizer.chat_template)
             env, correct = task_env(cfg, task)
             # a run's --env (tictactoe, tools, ...) makes the env, whatever the --task: name what did

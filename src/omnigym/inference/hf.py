@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from omnigym.inference.engine import BatchedEngine, Sample, SamplingParams, drawn_logprobs
+from omnigym.models.precision import autocast_for
 from omnigym.models.tokens import left_pad
 
 
@@ -15,12 +16,13 @@ class HFEngine(BatchedEngine):
         input_ids, attention = left_pad(prompts, width, self.pad_id)
         sampling = {} if params.greedy else {"temperature": params.temperature, "top_p": params.top_p,
                                              "top_k": params.top_k}
-        out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                  max_new_tokens=params.max_new_tokens,
-                                  eos_token_id=[self.eos_id, *params.stop_ids] if params.stop_ids else self.eos_id,
-                                  pad_token_id=self.pad_id, use_cache=True, return_dict_in_generate=True,
-                                  output_logits=True, output_scores=not params.greedy, do_sample=not params.greedy,
-                                  **sampling)
+        with autocast_for(self.model):  # --precision bf16: one region, the weights cast once and not at every token
+            out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                                      max_new_tokens=params.max_new_tokens,
+                                      eos_token_id=[self.eos_id, *params.stop_ids] if params.stop_ids else self.eos_id,
+                                      pad_token_id=self.pad_id, use_cache=True, return_dict_in_generate=True,
+                                      output_logits=True, output_scores=not params.greedy,
+                                      do_sample=not params.greedy, **sampling)
         new_tokens = out.sequences[:, width:].cpu()
         # sampling: generate's own processed scores (temperature, top-k, top-p and whatever the
         # model's generation config adds), the distribution each token was drawn from; greedy:

@@ -20,6 +20,7 @@ from omnigym.backends import whole_weights
 from omnigym.errors import OmnigymError
 from omnigym.inference.engine import BatchedEngine, SamplingParams, decode
 from omnigym.inference.llama_stack import Dimensions, decoder_stack, fused_layers, rotary_tables
+from omnigym.models.precision import autocast_for, precision_of
 from omnigym.models.tokens import distinct_rows, left_pad
 
 FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -52,7 +53,9 @@ class LlamaFamilyEngine(BatchedEngine):
         super().__init__(model, tokenizer, batch_size)
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams):
-        with whole_weights(self.model):  # DeepSpeed ZeRO-3 partitions them at rest: gathered for the batch
+        # DeepSpeed ZeRO-3 partitions the weights at rest: gathered for the batch; --precision bf16:
+        # the products in bfloat16 as the trainer's forward computes them (models/precision.py)
+        with whole_weights(self.model), autocast_for(self.model):
             return self._sample(prompts, params)
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams):
@@ -60,7 +63,9 @@ class LlamaFamilyEngine(BatchedEngine):
         device = backbone.embed_tokens.weight.device
         dims = Dimensions.of(self.model.config)
         kv_heads, head_dim = dims.kv_heads, dims.head_dim
-        layers = fused_layers(self.model)
+        bf16 = precision_of(self.model) == "bf16"
+        # fused once per call in bf16: autocast would cast these non-leaf tensors again at every token
+        layers = fused_layers(self.model, torch.bfloat16 if bf16 else None)
         batch, width = len(prompts), max(map(len, prompts))
         total = width + params.max_new_tokens
 
@@ -72,7 +77,7 @@ class LlamaFamilyEngine(BatchedEngine):
         valid[:, :width] = prompt_mask.bool()
         tokens, valid, rows = tokens.to(device), valid.to(device), rows.to(device)
         positions = (valid[:, :width].long().cumsum(-1) - 1).clamp(min=0)
-        dtype = backbone.embed_tokens.weight.dtype
+        dtype = torch.bfloat16 if bf16 else backbone.embed_tokens.weight.dtype
         cache_k = [torch.zeros(len(distinct), kv_heads, total, head_dim, dtype=dtype, device=device)
                    for _ in layers]
         cache_v = [torch.zeros_like(c) for c in cache_k]

@@ -10,6 +10,7 @@ and how attention reads and writes the cache (``attend``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,12 +34,20 @@ class LayerWeights:
     down_bias: torch.Tensor | None
 
 
+PROJECTIONS = ("qkv", "qkv_bias", "out", "out_bias", "gate_up", "gate_up_bias", "down", "down_bias")
+
+
 def _cat(*tensors):
     return None if tensors[0] is None else torch.cat(tensors)
 
 
-def fused_layers(model) -> list[LayerWeights]:
-    """The fused projection weights of ``model``'s layers as they are now."""
+def fused_layers(model, dtype: torch.dtype | None = None) -> list[LayerWeights]:
+    """The fused projection weights of ``model``'s layers as they are now; ``dtype``: the
+    projections (not the norms, which run in float32 under autocast) cast to it."""
+    if dtype is not None:
+        return [dataclasses.replace(layer, **{name: getattr(layer, name).to(dtype) for name in PROJECTIONS
+                                              if getattr(layer, name) is not None})
+                for layer in fused_layers(model)]
     layers = []
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp

@@ -52,7 +52,9 @@ def settings(cfg) -> dict:
             "system_prompt": cfg.system_prompt, "chat_template": cfg.chat_template, "lora_r": cfg.lora_r,
             "max_turns": cfg.max_turns, "max_new_tokens": cfg.max_new_tokens, "sft_steps": cfg.sft_steps,
             "sft_target_accuracy": cfg.sft_target_accuracy, "sft_eval_every": cfg.sft_eval_every,
-            "sft_batch_size": cfg.sft_batch_size, "sft_learning_rate": cfg.sft_learning_rate}
+            "sft_batch_size": cfg.sft_batch_size, "sft_learning_rate": cfg.sft_learning_rate,
+            # a stage made before --precision existed was float32, and is reused as one
+            **({"precision": cfg.precision} if getattr(cfg, "precision", "fp32") != "fp32" else {})}
 
 
 def warm_up(cfg, run, env, correct, train_set: list[dict]) -> Path:

@@ -1,0 +1,75 @@
+"""``--precision bf16``: a language model's matrix products in bfloat16, its weights, optimizer
+state and gradients kept in float32 (mixed precision, as TRL's ``bf16=True`` and verl's bf16
+actor give; no loss scaling, which bf16's float32 range does not need).
+
+One seam: the model itself. ``compute_in(model, "bf16")`` hooks its forward so that every call,
+wherever it comes from (the trainer's step, a reference or old-log-prob pass, ``generate``, a
+copy made with ``deepcopy``, a DDP or FSDP2 wrapper), runs under ``torch.autocast``. The
+samplers that run a model from its weights instead of its forward (``inference/kv.py``) ask
+``precision_of`` and enter ``autocast_for`` themselves. Log-probabilities are still taken in
+float32 (``models.tokens`` casts the logits up before the softmax).
+
+Why a forward hook and not an ``autocast`` around each call site: thirty-odd places call a
+model; a forgotten one would quietly run in float32, or a reference in another precision from
+its policy. The hook's exit runs even when the forward raises (``always_call``), so autocast
+never stays on for the code after it.
+
+On a CPU with AMX (Sapphire Rapids and later) a bf16 matrix product is several times faster
+than float32; without AVX512-BF16 it is emulated and slower: ``bench/grpo_vs_trl.py
+--precision bf16`` measures it on the machine at hand.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+PRECISIONS = ("fp32", "bf16")
+_MARK = "_omnigym_precision"
+
+
+def compute_in(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """``model`` with every forward in ``precision`` (``fp32``: as it is). Its weights stay float32."""
+    if precision == "fp32" or getattr(model, _MARK, "fp32") == precision:
+        return model
+    if precision != "bf16":
+        raise ValueError(f"precision {precision!r} is not one of {PRECISIONS}")
+    model.register_forward_pre_hook(_enter)
+    model.register_forward_hook(_leave, always_call=True)
+    setattr(model, _MARK, precision)
+    return model
+
+
+def precision_of(model) -> str:
+    """``bf16`` for a model ``compute_in`` hooked (a wrapper's inner model counts), else ``fp32``."""
+    for candidate in (model, getattr(model, "module", None), getattr(model, "base_model", None)):
+        if candidate is not None and getattr(candidate, _MARK, "fp32") != "fp32":
+            return getattr(candidate, _MARK)
+    return "fp32"
+
+
+def autocast_for(model):
+    """A context in which ``model``'s products run in its precision: for a sampler that reads the
+    weights without calling the forward, or one region around many forwards (``generate``: the
+    float32 weights are cast once for the region, not once a token)."""
+    if precision_of(model) != "bf16":
+        return nullcontext()
+    return torch.autocast(_device_type(model), dtype=torch.bfloat16)
+
+
+def _device_type(model) -> str:
+    parameter = next(model.parameters(), None)
+    return parameter.device.type if parameter is not None else "cpu"
+
+
+def _enter(module, args):
+    region = torch.autocast(_device_type(module), dtype=torch.bfloat16)
+    region.__enter__()
+    module.__dict__.setdefault("_omnigym_regions", []).append(region)
+
+
+def _leave(module, args, output):
+    regions = module.__dict__.get("_omnigym_regions")
+    if regions:
+        regions.pop().__exit__(None, None, None)
