@@ -72,6 +72,8 @@ PRIVATE_ACCESS = {
     "models/tokens.py:module.config._attn_implementation":
         "the attention implementation transformers loaded the model with; transformers reads this field itself "
         "and offers no public reader",
+    "models/precision.py:config._attn_implementation": "as models/tokens.py: whether the model runs SDPA, which "
+                                                         "--precision bf16 on a CPU swaps for eager attention",
     "offline/datasets.py:dataset._eval_env_spec":
         "Minari parses a dataset's eval env spec into this field only (recover_environment reads it); read with a "
         "fallback to the public dataset.spec.env_spec, so its absence changes nothing but which id is named",

@@ -73,3 +73,21 @@ def test_autocast_for_is_a_region_only_for_a_bf16_model(folder):
         assert not torch.is_autocast_enabled("cpu")
     with autocast_for(compute_in(model, "bf16")):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_a_frozen_reference_stores_its_weights_in_bf16_and_scores_as_the_policy(folder):
+    """A reference (frozen_copy) is not in autocast's weight cache: its linear weights are cast
+    to bf16 once. Autocast rounds the policy's the same way, so the two score alike, to the bit;
+    a head tied to the input embedding stays float32 for the lookup."""
+    from omnigym.backends.local import frozen
+
+    policy = compute_in(load_model(folder), "bf16")
+    reference = frozen(copy.deepcopy(policy))
+    tied = reference.get_input_embeddings().weight
+    linear = [m for m in reference.modules() if isinstance(m, torch.nn.Linear)]
+    assert linear and all(m.weight.dtype == (torch.float32 if m.weight is tied else torch.bfloat16) for m in linear)
+    ids = torch.randint(5, 100, (3, 9))
+    with torch.no_grad():
+        assert torch.equal(reference(input_ids=ids).logits, policy(input_ids=ids).logits)
+    plain = frozen(copy.deepcopy(load_model(folder)))  # float32 runs keep float32 references
+    assert all(p.dtype == torch.float32 for p in plain.parameters())

@@ -45,6 +45,8 @@ class LocalBackend:
 
 
 def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    from omnigym.models.precision import store_frozen
+
     model.eval()
     model.requires_grad_(False)
-    return model
+    return store_frozen(model)  # --precision bf16: its weights cast once, not at every forward

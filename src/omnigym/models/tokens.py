@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from omnigym.models.precision import autocast_for
+
 
 def left_pad(sequences, width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``[N, width]`` token ids, right-aligned, and the mask of real tokens."""
@@ -310,6 +312,11 @@ def shared_prefix_forward(module, batch: CompletionBatch, read):
     value per position there. The context levels run once each, their KV cache copied down the
     tree to the replies that read them; packed replies run in fewer rows and are read back
     into the batch's layout (after ``read``, so a vocabulary-wide output is never copied)."""
+    with autocast_for(module):  # --precision bf16: one region, so a trained weight is cast once, not once a call
+        return _shared_prefix_forward(module, batch, read)
+
+
+def _shared_prefix_forward(module, batch: CompletionBatch, read):
     cache, seen = None, None  # seen: which context tokens so far are real, per row
     name = cache_name()
     for level in batch.context:

@@ -48,7 +48,7 @@ from omnigym.generators.text_tasks import ECOSYSTEM, GAMES, TextTaskConfig, make
 from omnigym.inference import make_engine
 from omnigym.models.lm import LoadFailed, LoraSettings, check_context, load_model, load_policy_and_tokenizer, \
     TINY_MODELS, load_tokenizer, model_folder, resolve_model
-from omnigym.models.precision import compute_in
+from omnigym.models.precision import compute_in, store_frozen
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
 from omnigym.pipelines.distill_demo import student_warm_up, teacher_accuracy, teacher_stage
@@ -237,7 +237,7 @@ def load_teacher(cfg: DistillConfig, folder: str, tokenizer, student):
                            f"{widths[0]}): the teacher scores the student's token ids, so both need the same tokenizer")
     teacher.eval()
     teacher.requires_grad_(False)
-    return compute_in(teacher, cfg.precision)  # scored in the student's precision
+    return store_frozen(compute_in(teacher, cfg.precision))  # scored in the student's precision
 
 
 def examples_for(cfg: DistillConfig, train_set: list[dict], step: int) -> list[dict]:
