@@ -196,3 +196,20 @@ def test_a_saved_model_folder_reaches_the_disk_before_it_is_renamed_into_place(t
                                             AutoTokenizer.from_pretrained(tiny_model), tmp_path / "model")
     files = {str(tmp_path / "model.partial" / f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()}
     assert files and files | {str(tmp_path / "model.partial")} <= set(renamed_after[-1])
+
+
+def test_a_built_in_model_name_is_never_recorded_as_a_path(tmp_path, monkeypatch):
+    """--model tiny is the built-in model, even beside a folder named tiny: recorded as a path, a
+    resume from elsewhere would have loaded that folder instead."""
+    from omnigym.algos import sft
+    from omnigym.models.lm import TINY_MODELS
+    from omnigym.config import LanguageModelConfig
+    from omnigym.track.resume import recorded_paths
+
+    assert set(LanguageModelConfig.BUILT_IN_MODELS) == {*TINY_MODELS, "lstm"}
+    monkeypatch.chdir(tmp_path)
+    for name in LanguageModelConfig.BUILT_IN_MODELS:
+        (tmp_path / name).mkdir()
+        assert recorded_paths(sft.SFTConfig(model=name)) == {}
+    (tmp_path / "mine").mkdir()
+    assert recorded_paths(sft.SFTConfig(model="mine")) == {"model": str(tmp_path / "mine")}

@@ -298,6 +298,9 @@ class LanguageModelConfig(RunConfig):
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("model", "lora_r")
     SAVED_REQUIRED = ("model",)
+    BUILT_IN_MODELS: ClassVar[tuple[str, ...]] = ("tiny", "tiny-small", "lstm")
+    """--model names omnigym builds itself (models.lm.TINY_MODELS, models/lstm_lm.py), before any folder
+    of the same name here: never recorded as a path (track/resume.py)"""
     SCALAR_HEAD: ClassVar[str | None] = None
     """what the run puts a scalar head on --model for (rm, prm: the reward model; rlhf: the value
     model), which a transformers sequence-classification class does, and an LSTM LM has none"""

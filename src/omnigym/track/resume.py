@@ -230,8 +230,9 @@ def relative_path(value) -> Path | None:
 
 def recorded_paths(cfg) -> dict:
     """{flag: absolute path} for each of ``PATH_FLAGS`` that names a file or folder relatively."""
+    built_in = getattr(cfg, "BUILT_IN_MODELS", ())  # --model tiny is the built-in, not a folder named tiny here
     return {name: os.path.abspath(path) for name in PATH_FLAGS
-            if (path := relative_path(getattr(cfg, name, None))) is not None}
+            if getattr(cfg, name, None) not in built_in and (path := relative_path(getattr(cfg, name, None))) is not None}
 
 
 def moved_paths(cfg, saved_config: dict) -> dict:
