@@ -133,3 +133,47 @@ def test_the_same_relative_name_for_another_folder_is_not_the_run_model(tmp_path
     except OmnigymError:
         return  # refused in one line: fine
     assert found.get("model") and os.path.samefile(found["model"], made_with)
+
+
+def moved_run(tmp_path, monkeypatch):
+    """A run started with --model f/plain from tmp_path/start, whose model folder then moved to
+    tmp_path/start/moved/plain; the working directory is tmp_path/elsewhere."""
+    from omnigym.models.lm import build_tiny_model
+
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    elsewhere.mkdir(parents=True)
+    build_tiny_model(start / "f" / "plain")
+    monkeypatch.chdir(start)
+    sft(start / "run", steps=2, model="f/plain")
+    (start / "moved").mkdir()
+    (start / "f" / "plain").rename(start / "moved" / "plain")
+    monkeypatch.chdir(elsewhere)
+    return start
+
+
+def one_line(capsys, argv):
+    capsys.readouterr()  # the first run's own output
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.xfail(strict=True, reason="a run whose relative --model folder moved is resumed as if f/plain were a hub "
+                   "id: 'cannot connect to huggingface.co' (from the shell, after a huggingface_hub warning line), the symptom the recorded paths were for; "
+                   "data files in the same case get 'which is not there any more; give --data PATH'")
+def test_a_moved_model_folder_is_named_on_resume(tmp_path, monkeypatch, capsys):
+    start = moved_run(tmp_path, monkeypatch)
+    code, err = one_line(capsys, ["train", "sft", "--resume", str(start / "run"), "--steps", "3", "--no-progress"])
+    assert code == 2 and len(err) == 1 and str(start / "f" / "plain") in err[0] and "huggingface" not in err[0], err
+
+
+@pytest.mark.xfail(strict=True, reason="a run whose relative --model folder moved cannot be resumed at all: the new "
+                   "place (--model moved/plain) is refused as 'its checkpoint only fits its own setting (leave the "
+                   "flag out to keep it)', and leaving it out is the hub-id error")
+def test_a_moved_model_folder_can_be_given_where_it_is_now(tmp_path, monkeypatch, capsys):
+    start = moved_run(tmp_path, monkeypatch)
+    code, err = one_line(capsys, ["train", "sft", "--resume", str(start / "run"), "--steps", "3", "--no-progress",
+                                  "--model", str(start / "moved" / "plain")])
+    assert code in (0, None), err
