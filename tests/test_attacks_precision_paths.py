@@ -1,6 +1,7 @@
 """Attacks on --precision bf16 and on the paths config.json records for a relative --model
 (track/resume.py PATHS_KEY): found by a tester from the docs and the CLI. The xfail tests are
-problems still open; the others pin behaviour that held."""
+problems still open; the others pin behaviour that held. (All fixed since; the bf16 resume was
+the harness's: a config built in Python resumes as given, and it had left --precision out.)"""
 
 import json
 import os
@@ -39,25 +40,19 @@ def test_a_bf16_run_leaves_autocast_off_and_saves_float32_weights(tmp_path):
             assert {weights.get_tensor(k).dtype for k in weights.keys()} == {torch.float32}
 
 
-@pytest.mark.xfail(strict=True, reason="a bf16 SFT run stopped at its step-2 checkpoint and resumed to step 4 logs "
-                   "another train/loss at step 3 than the uninterrupted run (here 3.772707 vs 3.772727; a script "
-                   "outside pytest: 3.77266 vs 3.77283, eval/loss 3.2082 vs 3.2100); the same harness in fp32 is "
-                   "exact, as test_sft promises")
 def test_a_bf16_run_resumes_to_the_same_metrics(tmp_path):
     sft(tmp_path / "whole", steps=4, precision="bf16")
     sft(tmp_path / "cut", steps=2, precision="bf16")
-    sft(tmp_path / "cut", steps=4, resume=True)
+    sft(tmp_path / "cut", steps=4, resume=True, precision="bf16")  # from Python, the config is as given
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
 
 
-@pytest.mark.xfail(strict=True, reason="omnigym eval RUN of a run whose config.json says precision 'fp16' (edited, "
-                   "or from a newer version) raises ValueError from models/precision.compute_in with a traceback; "
-                   "train --resume of the same run gives one line")
 def test_eval_of_a_run_with_an_unknown_precision_is_one_line(tmp_path, monkeypatch, capsys):
     sft(tmp_path / "run", steps=2)
     config = tmp_path / "run" / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "precision": "fp16"}))
     monkeypatch.chdir(tmp_path)
+    capsys.readouterr()  # the run's own output
     try:
         code = main(["eval", "run", "--n", "1"])
     except SystemExit as stop:
@@ -74,9 +69,6 @@ def two_models(tmp_path):
     return tmp_path / "a" / "f" / "plain", tmp_path / "b" / "f" / "plain"
 
 
-@pytest.mark.xfail(strict=True, reason="moved_paths replaces an absolute --model that exists with whatever "
-                   "config.json's 'paths' says (a hand-edited or foreign record): the recorded path is for a "
-                   "relative value only")
 def test_an_absolute_model_is_not_replaced_by_the_recorded_path(tmp_path):
     from omnigym.algos.lm.sft import SFTConfig
     from omnigym.track.resume import moved_paths
@@ -86,9 +78,6 @@ def test_an_absolute_model_is_not_replaced_by_the_recorded_path(tmp_path):
     assert moved_paths(SFTConfig(model=str(typed)), saved) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="moved_paths trusts a recorded path that cannot be where the typed relative "
-                   "value was (it does not end in f/plain, or is itself relative): a hostile config.json points "
-                   "a resume at any folder")
 @pytest.mark.parametrize("recorded", ["elsewhere", "../a/f/plain"])
 def test_a_recorded_path_must_be_where_the_relative_value_was(tmp_path, monkeypatch, recorded):
     from omnigym.algos.lm.sft import SFTConfig
@@ -102,9 +91,6 @@ def test_a_recorded_path_must_be_where_the_relative_value_was(tmp_path, monkeypa
     assert moved_paths(SFTConfig(model="f/plain"), {"model": "f/plain", "paths": {"model": there}}) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="moved_paths does not skip a built-in name: a config.json recording "
-                   "--model tiny as a folder (written between 97f6562 and 93626d7, or edited) makes a resume from "
-                   "elsewhere load that folder instead of the built-in model")
 def test_a_built_in_model_is_never_moved_to_a_recorded_folder(tmp_path, monkeypatch):
     from omnigym.algos.lm.sft import SFTConfig
     from omnigym.track.resume import moved_paths
@@ -115,9 +101,6 @@ def test_a_built_in_model_is_never_moved_to_a_recorded_folder(tmp_path, monkeypa
     assert moved_paths(SFTConfig(model="tiny"), {"model": "tiny", "paths": {"model": str(tmp_path / "tiny")}}) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="resumed from a folder where the same relative name is another model, the "
-                   "run silently uses that one (and config.json's 'paths' is rewritten to it) while the folder it "
-                   "was made with still exists; a different-shaped one fails as 'does not fit this run's settings'")
 def test_the_same_relative_name_for_another_folder_is_not_the_run_model(tmp_path, monkeypatch):
     from omnigym.algos.lm.sft import SFTConfig
     from omnigym.errors import OmnigymError
@@ -160,18 +143,12 @@ def one_line(capsys, argv):
     return code, capsys.readouterr().err.strip().splitlines()
 
 
-@pytest.mark.xfail(strict=True, reason="a run whose relative --model folder moved is resumed as if f/plain were a hub "
-                   "id: 'cannot connect to huggingface.co' (from the shell, after a huggingface_hub warning line), the symptom the recorded paths were for; "
-                   "data files in the same case get 'which is not there any more; give --data PATH'")
 def test_a_moved_model_folder_is_named_on_resume(tmp_path, monkeypatch, capsys):
     start = moved_run(tmp_path, monkeypatch)
     code, err = one_line(capsys, ["train", "sft", "--resume", str(start / "run"), "--steps", "3", "--no-progress"])
     assert code == 2 and len(err) == 1 and str(start / "f" / "plain") in err[0] and "huggingface" not in err[0], err
 
 
-@pytest.mark.xfail(strict=True, reason="a run whose relative --model folder moved cannot be resumed at all: the new "
-                   "place (--model moved/plain) is refused as 'its checkpoint only fits its own setting (leave the "
-                   "flag out to keep it)', and leaving it out is the hub-id error")
 def test_a_moved_model_folder_can_be_given_where_it_is_now(tmp_path, monkeypatch, capsys):
     start = moved_run(tmp_path, monkeypatch)
     code, err = one_line(capsys, ["train", "sft", "--resume", str(start / "run"), "--steps", "3", "--no-progress",

@@ -38,7 +38,9 @@ def test_every_forward_runs_in_bf16_and_autocast_ends_with_it(folder):
     assert precision_of(twin) == "bf16" and torch.equal(twin(input_ids=ids).logits, out)
     compute_in(model, "bf16")  # twice is once: one autocast region a forward
     assert torch.equal(model(input_ids=ids).logits, out)
-    with pytest.raises(ValueError):
+    from omnigym.errors import OmnigymError
+
+    with pytest.raises(OmnigymError, match="unknown precision 'fp16'"):
         compute_in(load_model(folder), "fp16")
 
 

@@ -25,6 +25,8 @@ from contextlib import nullcontext
 
 import torch
 
+from omnigym.errors import OmnigymError
+
 PRECISIONS = ("fp32", "bf16")
 _MARK = "_omnigym_precision"
 
@@ -33,8 +35,8 @@ def compute_in(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     """``model`` with every forward in ``precision`` (``fp32``: as it is). Its weights stay float32."""
     if precision == "fp32" or getattr(model, _MARK, "fp32") == precision:
         return model
-    if precision != "bf16":
-        raise ValueError(f"precision {precision!r} is not one of {PRECISIONS}")
+    if precision != "bf16":  # a run's config.json edited, or from a newer version: eval loads it with this
+        raise OmnigymError(f"unknown precision {precision!r}; choose {' or '.join(PRECISIONS)}")
     model.register_forward_pre_hook(_enter)
     model.register_forward_hook(_leave, always_call=True)
     setattr(model, _MARK, precision)

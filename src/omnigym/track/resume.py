@@ -132,8 +132,8 @@ def check_fixed_settings(cfg, saved_config: dict) -> None:
             def shown(value):
                 return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
-            recorded = saved_config.get(PATHS_KEY) if isinstance(saved_config.get(PATHS_KEY), dict) else {}
-            where = f" ({recorded[name]})" if isinstance(recorded.get(name), str) else ""
+            recorded = recorded_in(saved_config)
+            where = f" ({recorded[name]})" if isinstance(then, str) and recorded_for(then, recorded.get(name, "")) else ""
             raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}{where}, not "
                                f"{shown(now)}; its checkpoint only fits its own setting (leave the flag out to keep it)")
 
@@ -236,28 +236,65 @@ def recorded_paths(cfg) -> dict:
 
 
 def moved_paths(cfg, saved_config: dict) -> dict:
-    """{flag: recorded absolute path} for each path flag left as the run saved it that names
-    nothing from here but did from where the run started (a relative --model, resumed from another
-    folder, was read as a hub id: 'cannot connect to huggingface.co')."""
-    recorded = saved_config.get(PATHS_KEY) if isinstance(saved_config.get(PATHS_KEY), dict) else {}
+    """{flag: recorded absolute path} for each path flag left as the run saved it (a relative
+    value, not a built-in model name) whose recorded place is where that value pointed: the run's
+    own folder, used from any working directory, and even where the same relative name here is
+    another folder (a relative --model, resumed from another folder, was read as a hub id:
+    'cannot connect to huggingface.co'). A recorded place that is gone is one line saying so. A
+    record that cannot be where the value pointed (not absolute, another name: a hand-edited or
+    foreign config.json) is ignored."""
+    recorded = recorded_in(saved_config)
+    built_in = getattr(cfg, "BUILT_IN_MODELS", ())
     found = {}
     for name, there in recorded.items():
         now = getattr(cfg, name, None)
-        if name in PATH_FLAGS and isinstance(there, str) and now == saved_config.get(name) \
-                and relative_path(now) is None and Path(there).exists():
+        if name not in PATH_FLAGS or not isinstance(now, str) or now != saved_config.get(name) or now in built_in \
+                or now.startswith(("/", "~")) or not recorded_for(now, there):
+            continue
+        here = relative_path(now)
+        if not Path(there).exists():
+            if here is not None:
+                continue  # the run's folder is gone, and the name names one here: the resume's own choice
+            flag = f"--{name.replace('_', '-')}"
+            raise OmnigymError(f"{cfg.resume} was made with {flag} {now} ({there}), which is not there any more; "
+                               f"give {flag} PATH where it is now")
+        if here is None or not os.path.samefile(here, there):
             found[name] = there
     return found
 
 
+def recorded_in(saved_config: dict) -> dict:
+    """config.json's ``paths`` record, its string entries only."""
+    record = saved_config.get(PATHS_KEY)
+    return {k: v for k, v in record.items() if isinstance(v, str)} if isinstance(record, dict) else {}
+
+
+def recorded_for(value: str, there: str) -> bool:
+    """``there`` could be where the relative ``value`` pointed: absolute, and ending in its names."""
+    try:
+        names = [part for part in Path(os.path.normpath(value)).parts if part != ".."]
+        parts = Path(there).parts
+        return Path(there).is_absolute() and "\0" not in there and bool(names) and list(parts[-len(names):]) == names
+    except (OSError, ValueError):
+        return False
+
+
 def same_path(name: str, now, then, saved_config: dict) -> bool:
     """``now`` and ``then``, values of a path flag, name the same file or folder under two spellings
-    (relative from another folder, absolute, or where ``moved_paths`` found it)."""
-    recorded = saved_config.get(PATHS_KEY) if isinstance(saved_config.get(PATHS_KEY), dict) else {}
-    there = recorded.get(name) if isinstance(recorded.get(name), str) else then
+    (relative from another folder, absolute, or where ``moved_paths`` found it), or the run's
+    recorded folder is gone and ``now`` names one (a moved model folder, given where it is now:
+    the checkpoint's shapes are still checked when it loads)."""
+    recorded = recorded_in(saved_config)
+    known = isinstance(then, str) and recorded_for(then, recorded.get(name, ""))
+    there = recorded[name] if known else then
     try:
-        return name in PATH_FLAGS and isinstance(now, str) and isinstance(there, str) and \
-            Path(now).expanduser().exists() and os.path.samefile(Path(now).expanduser(), Path(there).expanduser())
-    except OSError:
+        if name not in PATH_FLAGS or not isinstance(now, str) or not isinstance(there, str) or \
+                not Path(now).expanduser().exists():
+            return False
+        if not Path(there).expanduser().exists():
+            return known  # a recorded folder that is gone; a hub id is never a folder's other spelling
+        return os.path.samefile(Path(now).expanduser(), Path(there).expanduser())
+    except (OSError, ValueError):
         return False
 
 
