@@ -132,8 +132,8 @@ def check_fixed_settings(cfg, saved_config: dict) -> None:
             def shown(value):
                 return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
-            recorded = recorded_in(saved_config)
-            where = f" ({recorded[name]})" if isinstance(then, str) and recorded_for(then, recorded.get(name, "")) else ""
+            place = recorded_place(saved_config, name, then)
+            where = f" ({place})" if place else ""
             raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}{where}, not "
                                f"{shown(now)}; its checkpoint only fits its own setting (leave the flag out to keep it)")
 
@@ -269,6 +269,12 @@ def recorded_in(saved_config: dict) -> dict:
     return {k: v for k, v in record.items() if isinstance(v, str)} if isinstance(record, dict) else {}
 
 
+def recorded_place(saved_config: dict, name: str, value) -> str | None:
+    """Where config.json recorded the saved relative ``value`` of flag ``name`` to be, if it could be."""
+    there = recorded_in(saved_config).get(name)
+    return there if isinstance(value, str) and there is not None and recorded_for(value, there) else None
+
+
 def recorded_for(value: str, there: str) -> bool:
     """``there`` could be where the relative ``value`` pointed: absolute, and ending in its names."""
     try:
@@ -284,15 +290,14 @@ def same_path(name: str, now, then, saved_config: dict) -> bool:
     (relative from another folder, absolute, or where ``moved_paths`` found it), or the run's
     recorded folder is gone and ``now`` names one (a moved model folder, given where it is now:
     the checkpoint's shapes are still checked when it loads)."""
-    recorded = recorded_in(saved_config)
-    known = isinstance(then, str) and recorded_for(then, recorded.get(name, ""))
-    there = recorded[name] if known else then
+    known = recorded_place(saved_config, name, then)
+    there = known or then
     try:
         if name not in PATH_FLAGS or not isinstance(now, str) or not isinstance(there, str) or \
                 not Path(now).expanduser().exists():
             return False
         if not Path(there).expanduser().exists():
-            return known  # a recorded folder that is gone; a hub id is never a folder's other spelling
+            return known is not None  # a recorded folder that is gone; a hub id is never a folder's other spelling
         return os.path.samefile(Path(now).expanduser(), Path(there).expanduser())
     except (OSError, ValueError):
         return False
