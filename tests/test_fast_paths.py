@@ -144,6 +144,27 @@ def test_top_k_and_top_p_filtering():
     assert set(sample(logits, top_p=0.95).tolist()) == {1, 2, 3}
 
 
+@pytest.mark.parametrize("vocabulary", [4, 6000])  # an exponential race; the inverse CDF (RACE_MAX_VOCABULARY)
+def test_each_draw_follows_the_distribution_it_is_given(vocabulary):
+    """Both ways ``draw`` picks a token hit each token as often as its probability says, never a
+    cut one (top-k, top-p or a -inf logit past the last kept token), and repeat with a generator."""
+    logits = torch.full((20000, vocabulary), float("-inf"))
+    logits[:, :4] = torch.tensor([0.0, 3.0, 1.0, 2.9])
+    for params, kept in [(SamplingParams(), [0, 1, 2, 3]), (SamplingParams(top_k=2), [1, 3]),
+                         (SamplingParams(top_p=0.95), [1, 2, 3]),
+                         (SamplingParams(temperature=2.0), [0, 1, 2, 3])]:
+        processed = processed_logits(logits, params)
+        torch.manual_seed(0)
+        counts = torch.bincount(draw(processed), minlength=vocabulary)
+        assert set(counts.nonzero().flatten().tolist()) == set(kept)
+        expected = processed[0].softmax(-1)
+        assert (counts / len(logits) - expected).abs().max() < 0.015  # ~4 standard errors at 20,000 draws
+    generator = torch.Generator().manual_seed(3)
+    first = draw(processed, generator)
+    assert torch.equal(first, draw(processed, torch.Generator().manual_seed(3)))
+    assert not torch.equal(first, draw(processed, generator))  # the generator's stream moves on
+
+
 def test_engine_choice(tiny):
     tokenizer = load_tokenizer(tiny)
     assert isinstance(make_engine(load_model(tiny), tokenizer), LlamaFamilyEngine)

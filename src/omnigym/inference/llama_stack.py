@@ -10,7 +10,6 @@ and how attention reads and writes the cache (``attend``).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -34,32 +33,31 @@ class LayerWeights:
     down_bias: torch.Tensor | None
 
 
-PROJECTIONS = ("qkv", "qkv_bias", "out", "out_bias", "gate_up", "gate_up_bias", "down", "down_bias")
-
-
-def _cat(*tensors):
-    return None if tensors[0] is None else torch.cat(tensors)
-
-
 def fused_layers(model, dtype: torch.dtype | None = None) -> list[LayerWeights]:
     """The fused projection weights of ``model``'s layers as they are now; ``dtype``: the
-    projections (not the norms, which run in float32 under autocast) cast to it."""
-    if dtype is not None:
-        return [dataclasses.replace(layer, **{name: getattr(layer, name).to(dtype) for name in PROJECTIONS
-                                              if getattr(layer, name) is not None})
-                for layer in fused_layers(model)]
+    projections (not the norms, which run in float32 under autocast) in it, each written once
+    (a cast after the concatenation read and wrote them twice more: ~0.3 s a call on SmolLM2)."""
+    def fused(*tensors):
+        if tensors[0] is None:
+            return None
+        if dtype is None or tensors[0].dtype == dtype:
+            return torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+        out = torch.empty((sum(t.shape[0] for t in tensors), *tensors[0].shape[1:]), dtype=dtype,
+                          device=tensors[0].device)
+        return torch.cat(tensors, out=out)
+
     layers = []
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
         layers.append(LayerWeights(
             layer.input_layernorm.weight,
-            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-            _cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
+            fused(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+            fused(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
             a.q_norm.weight if hasattr(a, "q_norm") else None, a.k_norm.weight if hasattr(a, "k_norm") else None,
-            a.o_proj.weight, a.o_proj.bias,
+            fused(a.o_proj.weight), fused(a.o_proj.bias),
             layer.post_attention_layernorm.weight,
-            torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat(m.gate_proj.bias, m.up_proj.bias),
-            m.down_proj.weight, m.down_proj.bias))
+            fused(m.gate_proj.weight, m.up_proj.weight), fused(m.gate_proj.bias, m.up_proj.bias),
+            fused(m.down_proj.weight), fused(m.down_proj.bias)))
     return layers
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from omnigym.inference.engine import SamplingParams, drawn_logprobs, processed_logits
+from omnigym.inference.engine import SamplingParams, draw, drawn_logprobs, processed_logits
 from omnigym.inference.kv import unsupported_reason
 from omnigym.inference.llama_stack import Dimensions, decoder_stack, fused_layers, rotary_tables
 from omnigym.serve.contract import RequestError
@@ -338,11 +338,7 @@ class MultiLoRAEngine:
         """The job's next token per row, from its logits, with its own settings and generator."""
         params, t = job.params, job.step
         processed = processed_logits(job.logits, params)
-        if params.greedy:
-            token = processed.argmax(-1)
-        else:
-            probs = processed.softmax(-1)
-            token = (probs / torch.empty_like(probs).exponential_(generator=job.generator)).argmax(-1)
+        token = processed.argmax(-1) if params.greedy else draw(processed, job.generator)
         token = torch.where(job.finished, self.pad_id, token)
         job.tokens[:, t] = token
         job.logprobs[:, t] = drawn_logprobs(processed, token)
