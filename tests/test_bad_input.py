@@ -315,3 +315,39 @@ def test_resuming_another_algorithms_run_names_it_with_its_article(tmp_path, cap
     assert main(["train", "ppo", "--resume", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{run} is {said}; continue it with: omnigym train {algo} --resume {run}" in err[0], err
+
+
+def test_a_name_that_is_no_folder_is_fetched_only_if_it_can_be(tmp_path, monkeypatch, capsys):
+    """A misspelt --model that is not a folder was read as a hub id: transformers retried each
+    file five times over ~23 s, 22 lines of retries before its error. Now one line at once, for
+    each reason the hub cannot give it; a hub id in the Hugging Face cache still loads offline."""
+    from huggingface_hub import constants
+
+    from omnigym.errors import OmnigymError
+    from omnigym.models.lm import check_hub_id
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    reasons = [
+        (True, "https://huggingface.co", "nosuchmodel", "not in the Hugging Face cache (HF_HUB_OFFLINE is set"),
+        (False, "http://127.0.0.1:9", "nosuchmodel", "http://127.0.0.1:9 cannot be reached to fetch it"),
+        (True, "https://huggingface.co", "bad name!", "no such folder here, and not a hub id"),
+    ]
+    for offline, endpoint, name, message in reasons:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        before = snapshot(tmp_path)
+        assert main(["train", "grpo", "--model", name]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--model {name}: " in err[0] and message in err[0], err
+        assert snapshot(tmp_path) == before
+    # in the cache (the layout huggingface_hub writes): nothing to ask the hub, offline or not
+    snapshot_dir = tmp_path / "hub-cache" / "models--someone--cached" / "snapshots" / "abc123"
+    snapshot_dir.mkdir(parents=True)
+    (snapshot_dir / "config.json").write_text("{}")
+    (tmp_path / "hub-cache" / "models--someone--cached" / "refs").mkdir()
+    (tmp_path / "hub-cache" / "models--someone--cached" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    check_hub_id("--model someone/cached", "someone/cached")
+    with pytest.raises(OmnigymError, match="someone/other: no such folder here, and not in the Hugging Face cache"):
+        check_hub_id("--model someone/other", "someone/other")

@@ -221,7 +221,38 @@ def resolve_model(name_or_path: str, label: str | None = None) -> str:
                            "or the directory of a finished omnigym run")
     if looks_like_path:
         check_model_folder(label, path)
-    return str(path) if looks_like_path else name_or_path
+        return str(path)
+    check_hub_id(label, name_or_path)
+    return name_or_path
+
+
+def check_hub_id(label: str, hub_id: str) -> None:
+    """A name that is no folder here loads from the Hugging Face hub only if it can: from its
+    cache, or from a hub that answers and holds it. Otherwise one line now: transformers tried
+    each file five times over ~23 s, printing every retry (a misspelt ``--model`` was 22 lines
+    of them before its error)."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    fix = "give a folder saved with save_pretrained, or a hub id"
+    try:
+        if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+            return
+    except HFValidationError:
+        raise OmnigymError(f"{label}: no such folder here, and not a hub id; {fix}") from None
+    if constants.HF_HUB_OFFLINE:
+        raise OmnigymError(f"{label}: no such folder here, and not in the Hugging Face cache (HF_HUB_OFFLINE is "
+                           f"set, so nothing is downloaded); {fix}") from None
+    try:
+        HfApi().model_info(hub_id, timeout=10)
+    except GatedRepoError:
+        return  # transformers says what access it needs
+    except RepositoryNotFoundError:
+        raise OmnigymError(f"{label}: no such folder here, and no such model on {constants.ENDPOINT} (a private "
+                           f"one needs `hf auth login`); {fix}") from None
+    except Exception as exc:  # whatever the network raises: the hub cannot be asked
+        raise OmnigymError(f"{label}: no such folder here, not in the Hugging Face cache, and {constants.ENDPOINT} "
+                           f"cannot be reached to fetch it ({first_line(exc)}); {fix}") from None
 
 
 def refuse_run_directory(label: str, config_file: Path, config: dict) -> None:
