@@ -193,7 +193,10 @@ def test_grpo_trains_through_the_tool_env(tmp_path, monkeypatch):
 @pytest.mark.parametrize("flags, message", [(["--env", "tool"], "--env must be one of single-turn, tools, python, search, guess"),
                                             (["--max-turns", "0"], "--max-turns must be positive, got 0"),
                                             (["--behaviour-cap", "-1"], "--behaviour-cap must be positive"),
-                                            (["--advantage", "gea"], "unknown advantage estimator 'gea'")])
+                                            (["--advantage", "gea"], "unknown advantage estimator 'gea'"),
+                                            (["--micro-batch-size", "-1"], "--micro-batch-size must be 0 or more"),
+                                            (["--micro-batch-size", "4", "--training-backend", "deepspeed"],
+                                             "--micro-batch-size with --training-backend deepspeed")])
 def test_bad_new_flags_get_one_line_and_no_run_dir(tmp_path, capsys, flags, message):
     from omnigym.cli import main
 
@@ -233,3 +236,47 @@ def test_a_warm_up_that_reaches_its_target_early_says_so_in_a_line_and_its_metri
     assert said == [f"warm-up: stopped at step 10 of --sft-steps 20: validation accuracy "
                     f"{warm_up[-1]['sft/val_accuracy']:.3f} reached --sft-target-accuracy 0.0 (a higher target, or "
                     "one above 1, runs more steps)"]
+
+
+@pytest.mark.parametrize("aggregation, epochs", [("seq-mean-token-mean", 1), ("token-mean", 2),
+                                                 ("seq-mean-token-sum-norm", 1)])
+def test_micro_batches_make_the_same_step_as_the_whole_batch(tmp_path, monkeypatch, aggregation, epochs):
+    """--micro-batch-size: the batch in passes of 3 rows (uneven parts; old and reference log-probs
+    taken per part), the gradients accumulated, then one optimizer step: the gradient it steps
+    with and the logged loss are the whole batch's, up to float rounding, and the passes are the
+    ones asked for. (The weights after AdamW's first step are not compared: it divides each
+    gradient by its own size, so a rounding-level difference in a near-zero one moves its weight
+    by up to the learning rate.)"""
+    import torch
+
+    from omnigym.backends.local import LocalBackend
+    from omnigym.rewards.base import REWARDS, per_sample
+
+    # a graded reward (a reply's share of digits), so every group carries a signal to train on
+    monkeypatch.setitem(REWARDS, "digit_share", per_sample(lambda reply, example: sum(c.isdigit() for c in reply) /
+                                                           max(len(reply), 1)))
+    rows_per_pass, gradients = [], []
+    original_batch, original_step = grpo.policy_batch, LocalBackend.optim_step
+    monkeypatch.setattr(grpo, "policy_batch", lambda *a, **k: rows_per_pass.append(len(a[3])) or original_batch(*a, **k))
+
+    def recorded_step(self):
+        gradients.append({n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None})
+        return original_step(self)
+
+    monkeypatch.setattr(LocalBackend, "optim_step", recorded_step)
+    logged = {}
+    for micro in (0, 3):
+        run = tmp_path / f"micro{micro}"
+        gradients_before = len(gradients)
+        grpo.train(small(run, steps=1, prompts_per_step=4, eval_size=4, loss_aggregation=aggregation,
+                         rewards="digit_share:1.0", ppo_epochs=epochs, micro_batch_size=micro))
+        logged[micro] = [r for r in metrics(run) if "reward/mean" in r][0]
+        gradients[gradients_before:] = [gradients[-epochs]]  # the GRPO step's first (the warm-up's came before)
+    whole, parts = rows_per_pass[0], rows_per_pass[1:]
+    assert whole > 3 and len(parts) == -(-whole // 3) and sum(parts) == whole and max(parts) <= 3
+    assert logged[0]["reward/mean"] == logged[3]["reward/mean"]  # the same samples were trained on
+    assert abs(logged[0]["losses/policy_loss"] - logged[3]["losses/policy_loss"]) < 1e-5
+    one_pass, accumulated = gradients
+    assert max(g.abs().max().item() for g in one_pass.values()) > 1e-4  # a real step, not two zero gradients
+    for name, grad in one_pass.items():
+        assert torch.allclose(grad, accumulated[name], rtol=1e-4, atol=1e-7), name

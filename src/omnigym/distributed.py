@@ -37,6 +37,10 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def is_main_process() -> bool:
     """Only the first process writes the run directory and prints."""
     return rank() == 0

@@ -11,7 +11,8 @@ What crosses it::
     backend.frozen_copy()  # a plain copy of the model now, in every process (a reference model)
 
 ``forward_backward`` may be called several times before one ``optim_step`` (gradient
-accumulation). ``local_part`` hands each process its contiguous part of a global batch and
+accumulation): it scales the loss by ``share`` and returns the scalar statistics weighed by
+it, so the passes over ``micro_batches`` of a batch add up to one pass over the whole of it. ``local_part`` hands each process its contiguous part of a global batch and
 that part's ``share``: its fraction of ``weights`` (one per row: the rows' loss tokens for a
 token-mean loss; none: every row weighs 1). Passing that share to ``forward_backward`` makes
 the step equal one process's on the whole batch, so the algorithm does no arithmetic of its
@@ -72,3 +73,16 @@ def part_of_process(rows: Sequence, weights: Sequence[float] | None, rank: int, 
     if weights is None:
         return list(rows[begin:end]), (end - begin) / max(len(rows), 1)
     return list(rows[begin:end]), sum(weights[begin:end]) / max(sum(weights), 1)
+
+
+def micro_batches(weights: Sequence[float], rows_per_pass: int, world_size: int = 1) -> list[tuple[list, float]]:
+    """A batch of ``len(weights)`` rows in micro-batches of about ``rows_per_pass`` rows a process
+    (0: the whole batch in one), each with its share of the batch's total weight. Split into
+    near-equal contiguous parts, every process gets the same number of them, and each part has
+    a row for every process."""
+    rows = len(weights)
+    parts = 1 if rows_per_pass <= 0 else -(-rows // (rows_per_pass * world_size))
+    parts = max(1, min(parts, rows // world_size))
+    total = max(sum(weights), 1)
+    bounds = [rows * i // parts for i in range(parts + 1)]
+    return [(list(range(begin, end)), sum(weights[begin:end]) / total) for begin, end in zip(bounds, bounds[1:])]

@@ -16,10 +16,15 @@ class LocalBackend:
         return list(rows), 1.0
 
     def forward_backward(self, batch, loss_fn, share: float | None = None) -> dict:
-        """``share`` (the batch's part of the global batch) is 1 in one process."""
+        """``share``: the batch's part of the step's whole batch (1 or None: all of it; less for a
+        micro-batch). The loss and the scalar statistics are weighed by it (``base.py``)."""
         loss, stats = loss_fn(self.model, batch)
-        loss.backward()
-        return {"loss": loss.detach(), **stats}
+        if share is None or share == 1.0:
+            loss.backward()
+            return {"loss": loss.detach(), **stats}
+        (loss * share).backward()
+        return {k: v * share if torch.is_tensor(v) and v.numel() == 1 else v
+                for k, v in {"loss": loss.detach(), **stats}.items()}
 
     def optim_step(self) -> dict:
         grad_norm = None

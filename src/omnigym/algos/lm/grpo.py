@@ -33,7 +33,9 @@ import torch
 from omnigym.agents.config import AgentConfig
 from omnigym.agents.episodes import agent_generators, agent_metrics, load_agent
 from omnigym.backends import make_backend
+from omnigym.backends.base import micro_batches
 from omnigym.config import LanguageModelConfig, require_fraction, require_non_negative, require_positive
+from omnigym.distributed import world_size
 from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_tasks import GAMES, TextTaskConfig, make_generator, remote_generator, task_env, text_task
@@ -93,6 +95,9 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
     """above clip_low is DAPO's clip-higher (e.g. 0.28)"""
     ppo_epochs: int = 1
     """policy steps per batch, against the stored old log-probs"""
+    micro_batch_size: int = 0
+    """rows per forward and backward pass in each process (gradient accumulation: the step is the
+    same, its memory a micro-batch's); 0: the whole batch in one pass"""
     skip_equal_groups: bool = True
     max_grad_norm: float = 1.0
     sft_steps: int = 1000
@@ -124,6 +129,10 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
                 f"{self.training_backend} ({'ZeRO-3' if self.training_backend == 'deepspeed' else 'FSDP2'}) keeps "
                 "a shard of them in each process; use --engine auto (it samples with the trainer's own model, which "
                 "gathers the shards), or --training-backend ddp or ZeRO stage 0-2")
+        require_non_negative(self, "micro_batch_size")
+        require(not self.micro_batch_size or self.training_backend != "deepspeed",
+                "--micro-batch-size with --training-backend deepspeed: DeepSpeed accumulates by its config's "
+                "gradient_accumulation_steps; leave --micro-batch-size out")
         super().check()
         self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
         self.check_episodes(self.prompts_per_step, multi_turn=self.env != "single-turn")
@@ -348,12 +357,27 @@ class PolicyBatch:
 
 def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: torch.Tensor, pad_id: int,
                  loss_fn) -> dict:
-    """``ppo_epochs`` clipped steps on ``trajectories``; returns the last step's stats. Each
-    process of a data-parallel run trains its rows, weighed by their share of the batch (its
-    sequences, or its generated tokens for a token-mean loss)."""
-    tokens_per_row = [sum(t.loss_mask) for t in trajectories.items] if cfg.loss_aggregation == "token-mean" else None
-    rows, share = trainer.local_part(range(len(trajectories)), weights=tokens_per_row)
-    items, advantages = [trajectories.items[i] for i in rows], advantages[rows]
+    """``ppo_epochs`` clipped steps on ``trajectories``; returns the last step's stats. The batch
+    is taken ``--micro-batch-size`` rows a pass, and each process of a data-parallel run trains
+    its rows of each micro-batch; every part is weighed by its share of the batch (its
+    sequences, or its generated tokens for a token-mean loss), so a step is one over the whole
+    batch however it is cut."""
+    token_mean = cfg.loss_aggregation == "token-mean"
+    weights = [sum(t.loss_mask) for t in trajectories.items] if token_mean else [1] * len(trajectories)
+    parts = []
+    for rows, fraction in micro_batches(weights, cfg.micro_batch_size, world_size()):
+        rows, share = trainer.local_part(rows, weights=[weights[i] for i in rows] if token_mean else None)
+        parts.append((policy_batch(cfg, trainer, reference, [trajectories.items[i] for i in rows],
+                                   advantages[rows], pad_id), share * fraction))
+    for _ in range(cfg.ppo_epochs):
+        passes = [trainer.forward_backward(batch, loss_fn, share) for batch, share in parts]
+        trainer.optim_step()
+    return {k: sum(p[k] for p in passes) if torch.is_tensor(v) and v.numel() == 1 else v
+            for k, v in passes[0].items()}
+
+
+def policy_batch(cfg: GRPOConfig, trainer, reference, items, advantages: torch.Tensor, pad_id: int) -> PolicyBatch:
+    """The tensors a policy step reads for ``items``, with their reference and old log-probs."""
     tokens = make_completion_batch([t.prompt_ids for t in items], [t.response_ids for t in items], pad_id,
                                    [t.loss_mask for t in items], cfg.device)
     width = tokens.loss_mask.shape[1]
@@ -363,11 +387,7 @@ def policy_steps(cfg: GRPOConfig, trainer, reference, trajectories, advantages: 
         # at the sampling temperature, as the engine recorded mu and as TRL and verl recompute them
         ref_logprobs = completion_logprobs(reference, tokens, cfg.temperature) if reference is not None else None
         old_logprobs = completion_logprobs(trainer.model, tokens, cfg.temperature) if cfg.ppo_epochs > 1 else None
-    batch = PolicyBatch(tokens, advantages[:, :width].to(cfg.device), old_logprobs, ref_logprobs, behaviour)
-    for _ in range(cfg.ppo_epochs):
-        stats = trainer.forward_backward(batch, loss_fn, share)
-        trainer.optim_step()
-    return stats
+    return PolicyBatch(tokens, advantages[:, :width].to(cfg.device), old_logprobs, ref_logprobs, behaviour)
 
 
 def grpo_loss(model, batch: PolicyBatch, cfg: GRPOConfig, loss_cfg: PolicyLossConfig, step: int):
