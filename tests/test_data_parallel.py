@@ -60,6 +60,12 @@ def assert_same_state(a, b):
     assert [g["params"] for g in a["optimizer"]["param_groups"]] == [g["params"] for g in b["optimizer"]["param_groups"]]
 
 
+def assert_policy_steps_moved(state):
+    """The GRPO steps compared had gradients (a reward graded within each group: the vowel share of
+    a reply; with rewards all equal in a group the steps were zero, and two runs matched trivially)."""
+    assert max(s["exp_avg"].abs().max().item() for s in state["optimizer"]["state"].values()) > 1e-6
+
+
 @pytest.fixture(scope="module")
 def single_sft(tmp_path_factory):
     """SFT for 4 steps of batch 8 in one process: what the data-parallel runs must match."""
@@ -103,11 +109,12 @@ def test_the_other_language_trainers_match_one_process(tmp_path):
     reward model under DDP: 2 processes match 1."""
     grpo = ["train", "grpo", "--sft-steps", "4", "--sft-batch-size", "8", "--sft-target-accuracy", "1.1",
             "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--eval-size", "8", "--eval-every",
-            "100", "--checkpoint-every", "2", "--rewards", "length:1.0,format:1.0", "--no-skip-equal-groups",
+            "100", "--checkpoint-every", "2", "--rewards", "gold_vowels:1.0", "--no-skip-equal-groups",
             "--no-progress", "--no-plot", "--no-tensorboard"]
     omnigym(*grpo, "--run-dir", str(tmp_path / "grpo1"))
     omnigym(*grpo, "--run-dir", str(tmp_path / "grpo2"), processes=2, backend="fsdp2")
     assert_same_state(trained(tmp_path / "grpo1"), trained(tmp_path / "grpo2"))
+    assert_policy_steps_moved(trained(tmp_path / "grpo1"))
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"Say {i}", "chosen": f"yes {i} " * (1 + i % 3),
                                          "rejected": f"no{i}"}) + "\n" for i in range(40)))
@@ -125,6 +132,20 @@ def test_the_other_language_trainers_match_one_process(tmp_path):
     omnigym(*rlhf, "--run-dir", str(tmp_path / "rlhf2"), processes=2, backend="fsdp2")
     for component in ("trainer", "value_trainer"):
         assert_same_state(trained(tmp_path / "rlhf1", component), trained(tmp_path / "rlhf2", component))
+
+
+def test_grpo_micro_batches_on_two_processes_match_one_process_taking_the_whole_batch(tmp_path):
+    """--micro-batch-size under DDP: 8 replies a step in two micro-batches of 4, each split over
+    the 2 processes (2 rows a pass each), the gradients accumulated: the same steps as one process
+    with the whole batch in one pass."""
+    grpo = ["train", "grpo", "--sft-steps", "4", "--sft-batch-size", "8", "--sft-target-accuracy", "1.1",
+            "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--eval-size", "8", "--eval-every",
+            "100", "--checkpoint-every", "2", "--rewards", "gold_vowels:1.0", "--no-skip-equal-groups",
+            "--no-progress", "--no-plot", "--no-tensorboard"]
+    omnigym(*grpo, "--run-dir", str(tmp_path / "one"))
+    omnigym(*grpo, "--micro-batch-size", "2", "--run-dir", str(tmp_path / "two"), processes=2, backend="ddp")
+    assert_same_state(trained(tmp_path / "one"), trained(tmp_path / "two"))
+    assert_policy_steps_moved(trained(tmp_path / "one"))
 
 
 @pytest.mark.parametrize("flags, message", [
