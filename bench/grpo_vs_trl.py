@@ -25,11 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 STEP_TIMES = "STEP_TIMES "
 
 
-def run_omnigym(model_dir: str, steps: int, threads: int, precision: str) -> list[float]:
+def run_omnigym(model_dir: str, steps: int, threads: int, precision: str, scratch: str) -> list[float]:
     from omnigym.algos import grpo
     from omnigym.track.run import Run
 
@@ -42,7 +43,7 @@ def run_omnigym(model_dir: str, steps: int, threads: int, precision: str) -> lis
     Run.log = timed_log
     cfg = grpo.GRPOConfig(model=model_dir, sft_steps=0, steps=steps, prompts_per_step=2, group_size=8,
                           max_new_tokens=32, beta=0.04, learning_rate=1e-4, eval_size=1, eval_every=10**9,
-                          run_dir=tempfile.mkdtemp(), progress=False, plot=False, tensorboard=False,
+                          run_dir=scratch, progress=False, plot=False, tensorboard=False,
                           checkpoint_every=10**9, skip_equal_groups=False, torch_threads=threads,
                           system_prompt="", precision=precision)  # TRL's prompt: the question alone (a folder --model gets a system prompt)
     grpo.train(cfg)
@@ -50,7 +51,7 @@ def run_omnigym(model_dir: str, steps: int, threads: int, precision: str) -> lis
     return [b - a for a, b in zip(stamps, stamps[1:])][:-1]
 
 
-def run_trl(model_dir: str, steps: int, threads: int, precision: str) -> list[float]:
+def run_trl(model_dir: str, steps: int, threads: int, precision: str, scratch: str) -> list[float]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -72,7 +73,7 @@ def run_trl(model_dir: str, steps: int, threads: int, precision: str) -> list[fl
         def on_step_end(self, args, state, control, **kwargs):
             stamps.append(time.perf_counter())
 
-    config = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, num_generations=8,
+    config = GRPOConfig(output_dir=scratch, per_device_train_batch_size=16, num_generations=8,
                         max_completion_length=32, beta=0.04, learning_rate=1e-4, max_steps=steps, use_cpu=True,
                         report_to="none", save_strategy="no", logging_steps=10**6, seed=1, bf16=precision == "bf16")
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward, args=config,
@@ -86,7 +87,11 @@ def child(framework: str, model_dir: str, steps: int, threads: int, precision: s
     import torch
 
     torch.set_num_threads(threads)
-    times = (run_omnigym if framework == "omnigym" else run_trl)(model_dir, steps, threads, precision)
+    # the run's folder goes with the process: a SmolLM2 run's checkpoint is 2.1 GB, and each
+    # repetition left one in /tmp until the disk filled
+    with tempfile.TemporaryDirectory() as scratch:
+        times = (run_omnigym if framework == "omnigym" else run_trl)(model_dir, steps, threads, precision,
+                                                                     str(Path(scratch) / "run"))
     print(STEP_TIMES + json.dumps(times), flush=True)
 
 
