@@ -242,7 +242,7 @@ def check_hub_id(label: str, hub_id: str) -> None:
         raise OmnigymError(f"{label}: no such folder here, and not a hub id; {fix}") from None
     if constants.HF_HUB_OFFLINE:
         raise OmnigymError(f"{label}: no such folder here, and not in the Hugging Face cache (HF_HUB_OFFLINE is "
-                           f"set, so nothing is downloaded); {fix}") from None
+                           f"set, so nothing is downloaded); {fix}")
     try:
         HfApi().model_info(hub_id, timeout=10)
     except GatedRepoError:
