@@ -6,14 +6,21 @@ here (Atari: ale, envpool when installed, async, sync; the rest: sync, async, na
 envpool where they have the env), three measurements, alternated (raw, stub, omnigym,
 raw, stub, omnigym, ...) ``--repeats`` times, median reported:
 
-raw      the backend itself (no episode statistics, no omnigym code) stepped with random
-         actions drawn in advance: what the simulator and the vector env cost;
-stub     omnigym's ``RolloutCollector.collect`` with an agent that returns random actions
-         and zero log-probs and values, through the collector's torch path (the one pixel
+raw      the backend itself (no episode statistics, no omnigym code) stepped with the
+         actions omnigym's policy took, recorded from its rollouts during warm-up and
+         replayed (clipped into the box as the collector clips them): what the simulator and
+         the vector env cost on the policy's own actions;
+stub     omnigym's ``RolloutCollector.collect`` with an agent that replays those actions with
+         zero log-probs and values, through the collector's torch path (the one pixel
          policies take; MLP policies act in numpy, models/numpy_actor.py): the cursor, the
          buffers, observation normalization and reward scaling, episode statistics;
 omnigym  the same collector with an ``ActorCritic`` forward per step: what PPO's rollout
          costs.
+
+Why the policy's actions and not uniform random ones: what a step costs depends on the
+action. The Go2 task steps ~28% slower on the untrained Gaussian policy's actions (std 1
+inside a [-5, 5] box) than on uniform ones (std 2.9): the physics differ (contacts), not
+omnigym. Raw on uniform actions is still printed, as ``raw (uniform)``, beside it.
 
 The collector is built as ``ppo.train`` builds it: ``PPOConfig`` with the env family's
 preset applied (Atari: CleanRL's PPO settings, 128 steps per rollout; MuJoCo: 2048 steps,
@@ -110,14 +117,16 @@ def random_actions(space: gym.Space, count: int, num_envs: int, rng: np.random.G
     return rng.uniform(space.low, space.high, size=(count, num_envs, *space.shape)).astype(space.dtype)
 
 
-class RandomAgent:
-    """``agent.act`` / ``agent.value`` as the collector calls them, without a network."""
+class ReplayAgent:
+    """``agent.act`` / ``agent.value`` as the collector calls them, without a network: the
+    recorded actions in turn."""
 
-    def __init__(self, space: gym.Space, num_envs: int, seed: int):
-        self.space, self.num_envs, self.rng = space, num_envs, np.random.default_rng(seed)
+    def __init__(self, actions: np.ndarray, num_envs: int):
+        self.actions, self.num_envs, self.t = actions, num_envs, 0
 
     def act(self, obs, mask=None):
-        action = torch.from_numpy(random_actions(self.space, 1, self.num_envs, self.rng)[0])
+        action = torch.from_numpy(self.actions[self.t % len(self.actions)])
+        self.t += 1
         zeros = torch.zeros(self.num_envs)
         return action, zeros, zeros, zeros
 
@@ -133,18 +142,32 @@ class Case:
         self.raw = raw_env(cfg)
         self.raw.reset(seed=cfg.seed)
         self.calls = max(steps // cfg.num_envs, 1)
-        self.actions = random_actions(self.raw.single_action_space, self.calls, cfg.num_envs,
+        self.uniform = random_actions(self.raw.single_action_space, self.calls, cfg.num_envs,
                                       np.random.default_rng(cfg.seed))
         envs, signal = make_run_envs(cfg, "ppo")
         scaler = RewardScaler(cfg.num_envs, cfg.gamma) if cfg.normalize_reward else None
         self.collector = RolloutCollector(envs, cfg.num_steps, EpisodeStats(False), cfg.device, cfg.seed,
                                           cfg.normalize_obs, scaler, signal)
         self.agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden)
-        self.stub = RandomAgent(envs.single_action_space, cfg.num_envs, cfg.seed)
         self.rollouts = max(self.calls // cfg.num_steps, 1)
+        self.actions = self.uniform
+        self.stub = ReplayAgent(self.uniform, cfg.num_envs)
 
-    def measure_raw(self) -> float:
-        step, actions = self.raw.step, self.actions
+    def record_policy_actions(self) -> None:
+        """Raw and stub step on the actions the policy takes (its warm-up rollouts, as the
+        env saw them) from here on."""
+        space, recorded = self.raw.single_action_space, []
+        while sum(len(a) for a in recorded) < self.calls:
+            rollout, _ = self.collector.collect(self.agent, 0)
+            recorded.append(rollout.actions.numpy().copy())
+        actions = np.concatenate(recorded)[:self.calls]
+        if isinstance(space, gym.spaces.Box):
+            actions = np.clip(actions, space.low, space.high)
+        self.actions = actions.astype(space.dtype)
+        self.stub = ReplayAgent(self.actions, self.cfg.num_envs)
+
+    def measure_raw(self, uniform: bool = False) -> float:
+        step, actions = self.raw.step, self.uniform if uniform else self.actions
         start = time.perf_counter()
         for t in range(self.calls):
             step(actions[t])
@@ -251,20 +274,23 @@ def main() -> None:
             if not isinstance(case, Case):
                 continue
             try:
-                case.measure_collector(case.agent)
+                case.record_policy_actions()
+                case.measure_collector(case.stub)
             except Exception as exc:  # omnigym's rollout fails on this backend: said, and its columns left empty
                 print(f"   {backend}: omnigym's rollout failed: {type(exc).__name__}: {exc}")
                 case.collector.envs.close()
                 case.collector = None
-        results = {b: {"raw": [], "stub": [], "omnigym": []} for b in cases}
+        results = {b: {"raw": [], "uniform": [], "stub": [], "omnigym": []} for b in cases}
         nan = float("nan")
         for rep in range(args.repeats):
             for backend, case in cases.items():
                 results[backend]["raw"].append(case.measure_raw())
                 ours = isinstance(case, Case) and case.collector is not None
+                results[backend]["uniform"].append(case.measure_raw(uniform=True) if ours else nan)
                 results[backend]["stub"].append(case.measure_collector(case.stub) if ours else nan)
                 results[backend]["omnigym"].append(case.measure_collector(case.agent) if ours else nan)
-                print(f"   rep {rep} {backend:8s} raw {results[backend]['raw'][-1]:8.0f}  stub "
+                print(f"   rep {rep} {backend:8s} raw {results[backend]['raw'][-1]:8.0f}  raw (uniform) "
+                      f"{results[backend]['uniform'][-1]:8.0f}  stub "
                       f"{results[backend]['stub'][-1]:8.0f}  omnigym {results[backend]['omnigym'][-1]:8.0f} steps/s  "
                       f"({load()})",
                       flush=True)
@@ -272,7 +298,7 @@ def main() -> None:
             case.close()
         med = {b: {k: statistics.median(v) for k, v in r.items()} for b, r in results.items()}
         for backend, m in med.items():
-            rows.append((f"{env_id} x {num_envs}", backend, m["raw"], m["stub"], m["omnigym"]))
+            rows.append((f"{env_id} x {num_envs}", backend, m["raw"], m["uniform"], m["stub"], m["omnigym"]))
         if med:
             fastest = max(med, key=lambda b: med[b]["raw"])
             auto = auto_backend(env_id)
@@ -281,9 +307,11 @@ def main() -> None:
 
     print(f"\nmedian steps/s over {args.repeats} repeats of {args.steps} env steps, {args.torch_threads} torch thread(s), "
           f"{load()} at the end")
-    print(f"{'case':20s} {'backend':8s} {'raw':>9s} {'stub':>9s} {'omnigym':>9s} {'stub/raw':>9s} {'omnigym/raw':>12s}")
-    for case, backend, raw, stub, ours in rows:
-        print(f"{case:20s} {backend:8s} {raw:9.0f} {stub:9.0f} {ours:9.0f} {stub / raw:8.0%} {ours / raw:11.0%}")
+    print(f"{'case':20s} {'backend':8s} {'raw':>9s} {'(uniform)':>9s} {'stub':>9s} {'omnigym':>9s} {'stub/raw':>9s} "
+          f"{'omnigym/raw':>12s}")
+    for case, backend, raw, uniform, stub, ours in rows:
+        print(f"{case:20s} {backend:8s} {raw:9.0f} {uniform:9.0f} {stub:9.0f} {ours:9.0f} {stub / raw:8.0%} "
+              f"{ours / raw:11.0%}")
     print("\nomnigym's PPO rollout on --backend auto vs the fastest raw backend (target >= 80%)")
     print(f"{'case':20s} {'auto':8s} {'omnigym':>9s} {'fastest raw':>12s} {'':8s} {'ratio':>7s}")
     for case, auto, ours, fastest, raw in summary:
