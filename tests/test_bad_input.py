@@ -317,6 +317,21 @@ def test_resuming_another_algorithms_run_names_it_with_its_article(tmp_path, cap
     assert len(err) == 1 and f"{run} is {said}; continue it with: omnigym train {algo} --resume {run}" in err[0], err
 
 
+@pytest.mark.parametrize("argv, flag", [(["train", "grpo", "--model", ""], "--model"),
+                                        (["train", "sft", "--model", "  "], "--model"),
+                                        (["train", "distill", "--teacher", ""], "--teacher")])
+def test_an_empty_model_name_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, capsys, argv, flag):
+    """``--model ""`` is ``Path("")``, the current directory: it was read as the model folder
+    ("has no config.json"), and a folder with one would have been trained on."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"omnigym: error: {flag} is empty; give a folder saved with save_pretrained, or a hub id"], err
+    assert snapshot(tmp_path) == before
+
+
 def test_a_name_that_is_no_folder_is_fetched_only_if_it_can_be(tmp_path, monkeypatch, capsys):
     """A misspelt --model that is not a folder was read as a hub id: transformers retried each
     file five times over ~23 s, 22 lines of retries before its error. Now one line at once, for

@@ -203,6 +203,8 @@ def resolve_model(name_or_path: str, label: str | None = None) -> str:
     """``name_or_path``'s model folder (a run directory's ``model/``), or the hub id as given;
     ``label`` names it in the one-line refusals (default ``--model NAME``)."""
     label = label or f"--model {name_or_path}"
+    if not name_or_path.strip():  # "" is Path("."): the current directory was read as the model folder
+        raise OmnigymError(f"{label.strip()} is empty; give a folder saved with save_pretrained, or a hub id")
     try:
         path = model_path(name_or_path)
         exists = path.exists()
