@@ -213,3 +213,34 @@ def test_a_built_in_model_name_is_never_recorded_as_a_path(tmp_path, monkeypatch
         assert recorded_paths(sft.SFTConfig(model=name)) == {}
     (tmp_path / "mine").mkdir()
     assert recorded_paths(sft.SFTConfig(model="mine")) == {"model": str(tmp_path / "mine")}
+
+
+def test_a_run_with_a_relative_reward_model_resumes_from_anywhere(tmp_path, monkeypatch, capsys):
+    """``--rewards rm:RUN_DIR`` relative: resumed from another folder, the run said 'rm:rm: no such
+    folder'. Its folder is recorded beside the spec, which stays as typed (and so do the part's
+    metrics' names); a recorded folder that is gone is one line, nothing written."""
+    small = ["--steps", "1", "--no-progress", "--no-plot", "--no-tensorboard"]
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["train", "rm", *small, "--batch-size", "4", "--eval-size", "4", "--run-dir", "rm"]) == 0
+    run = tmp_path / "run"
+    grpo = ["--sft-steps", "0", "--prompts-per-step", "2", "--group-size", "2", "--eval-size", "2",
+            "--max-new-tokens", "8", "--checkpoint-every", "1", "--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(["train", "grpo", "--rewards", "rm:rm:1.0,format:0.1", "--steps", "1", "--run-dir", str(run),
+                 *grpo]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["rewards"] == "rm:rm:1.0,format:0.1" and saved["paths"] == {"rewards rm:rm": str(tmp_path / "a" / "rm")}
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["train", "grpo", "--resume", str(run), "--steps", "2"]) == 0
+    assert steps(run)[-1] == 2
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "reward/rm:rm" in last and json.loads((run / "config.json").read_text())["paths"] == saved["paths"]
+    (tmp_path / "a" / "rm").rename(tmp_path / "a" / "rm-moved")
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "grpo", "--resume", str(run), "--steps", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"omnigym: error: {run} was made with --rewards rm:rm ({tmp_path / 'a' / 'rm'}), which is not there "
+                   "any more; give --rewards with rm:PATH where it is now"], err
+    assert snapshot(run) == before

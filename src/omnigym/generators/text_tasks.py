@@ -20,6 +20,7 @@ from omnigym.errors import require
 from omnigym.generators.text_env import TextEnvGenerator
 from omnigym.inference.engine import SamplingParams
 from omnigym.rewards import WeightedSum, leading_part, parse_weights
+from omnigym.track.resume import reward_places
 
 ENVS = ("single-turn", "tools", "python", "search", "guess", "tictactoe")
 """--env: python, search and guess are the registered tool envs python-v0, search-v0, guess-v0;
@@ -154,7 +155,7 @@ def task_env(cfg: TextTaskConfig, task: Task):
         env = copy.copy(task.env)
         env.examples = task.train
         if cfg.rewards:
-            env.reward = parse_weights(cfg.rewards, cfg.judge_rubric)
+            env.reward = parse_weights(cfg.rewards, cfg.judge_rubric, reward_places(cfg))
         if hasattr(env, "max_turns"):  # a multi-turn env plays the turns --max-turns gives
             env.max_turns = cfg.max_turns
         if cfg.system_prompt is not None:
@@ -165,10 +166,10 @@ def task_env(cfg: TextTaskConfig, task: Task):
         from omnigym.envs.python_env import SYSTEM_PROMPT, PythonEnv
 
         system = cfg.system_prompt if cfg.system_prompt is not None else SYSTEM_PROMPT
-        env = PythonEnv(task.train, parse_weights(cfg.rewards or DEFAULT_REWARDS, cfg.judge_rubric), system or None,
-                        cfg.max_turns)
+        reward = parse_weights(cfg.rewards or DEFAULT_REWARDS, cfg.judge_rubric, reward_places(cfg))
+        env = PythonEnv(task.train, reward, system or None, cfg.max_turns)
     else:
-        reward = parse_weights(cfg.rewards or DEFAULT_REWARDS, cfg.judge_rubric)
+        reward = parse_weights(cfg.rewards or DEFAULT_REWARDS, cfg.judge_rubric, reward_places(cfg))
         from omnigym.models.lm import tiny_family  # the warm-up teaches them the format: no system prompt
 
         tiny = tiny_family(cfg.model, cfg.chat_template)  # a --chat-template given decides: the run saves it

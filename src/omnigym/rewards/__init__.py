@@ -19,6 +19,7 @@ also reports each part, so each can be logged as its own metric (``reward/math``
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Sequence
 
@@ -84,9 +85,13 @@ def get_reward(name: str, judge_rubric: str | None = None) -> Reward:
 class WeightedSum(Reward):
     """``sum_i weight_i * reward_i``; ``components`` gives each reward's own values."""
 
-    def __init__(self, weights: dict[str, float], judge_rubric: str | None = None):
+    def __init__(self, weights: dict[str, float], judge_rubric: str | None = None, places: dict | None = None):
+        """``places``: {part: what to load it from} for parts whose folder is elsewhere than their
+        name says (a run resumed from another directory: ``track/resume.py``'s ``reward_places``);
+        a part keeps its name, and its metrics theirs."""
         self.weights, self.judge_rubric = dict(weights), judge_rubric
-        self.parts = {name: as_reward(get_reward(name, judge_rubric), name) for name in self.weights}
+        places = places or {}
+        self.parts = {name: as_reward(get_reward(places.get(name, name), judge_rubric), name) for name in self.weights}
         self.label = ",".join(f"{name}:{weight}" for name, weight in self.weights.items())
 
     def components(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, torch.Tensor]:
@@ -109,8 +114,13 @@ class WeightedSum(Reward):
         return self.total(parts), parts, notes
 
     def accuracy(self) -> Reward:
-        """The first part alone: ``math`` in ``math:1.0,format:0.1``."""
-        return WeightedSum({next(iter(self.weights)): 1.0}, self.judge_rubric)
+        """The first part alone: ``math`` in ``math:1.0,format:0.1``. The part itself, not a new
+        one: a reward model or a judge is not loaded a second time (nor from its name again, which
+        a resumed run may have found elsewhere)."""
+        first = next(iter(self.weights))
+        alone = copy.copy(self)
+        alone.weights, alone.parts, alone.label = {first: 1.0}, {first: self.parts[first]}, f"{first}:1.0"
+        return alone
 
     def to(self, device: str) -> "WeightedSum":
         """Run the parts that hold a model (``rm:``) on ``device``."""
@@ -148,10 +158,11 @@ def leading_part(reward) -> Reward:
     return as_reward(reward, "of the env").accuracy()
 
 
-def parse_weights(spec: str, judge_rubric: str | None = None) -> WeightedSum:
+def parse_weights(spec: str, judge_rubric: str | None = None, places: dict | None = None) -> WeightedSum:
     """``"math:1.0,format:0.1"`` as a ``WeightedSum``; every name must be a known reward
     (``my_module:my_reward:1.0`` names your own, ``rm:http://127.0.0.1:8000:1.0`` a served reward
-    model: the weight follows the last colon; ``judge_rubric``: the rubric file of ``judge:`` parts)."""
+    model: the weight follows the last colon; ``judge_rubric``: the rubric file of ``judge:`` parts;
+    ``places``: as ``WeightedSum``'s)."""
     weights = {}
     for part in spec.split(","):
         name, _, weight = part.strip().rpartition(":")
@@ -175,5 +186,5 @@ def parse_weights(spec: str, judge_rubric: str | None = None) -> WeightedSum:
             raise OmnigymError(f"--rewards must look like 'math:1.0,format:0.1' (name:weight,...), got {spec!r}")
         if weights[name] != weights[name] or abs(weights[name]) == float("inf"):
             raise OmnigymError(f"--rewards: the weight of {name} must be a finite number, got {weight}")
-    return WeightedSum(weights, judge_rubric)
+    return WeightedSum(weights, judge_rubric, places)
 

@@ -215,7 +215,9 @@ def resolve_data(cfg, saved_config: dict) -> dict:
 PATHS_KEY = "paths"
 """config.json's record of where the folders and files that ``PATH_FLAGS`` named relatively were,
 as absolute paths: a run resumed from another folder finds its model, template or teacher there"""
-PATH_FLAGS = ("model", "chat_template", "teacher", "reward_model", "pairwise_judge")
+PATH_FLAGS = ("model", "chat_template", "teacher", "reward_model", "pairwise_judge", "judge_rubric")
+REWARD_FOLDERS = ("rm:", "prm:", "judge:")
+"""``--rewards`` parts whose name holds a folder (``rm:RUN_DIR``, ``prm:RUN_DIR``, ``judge:MODEL``), or a URL"""
 
 
 def relative_path(value) -> Path | None:
@@ -229,10 +231,64 @@ def relative_path(value) -> Path | None:
 
 
 def recorded_paths(cfg) -> dict:
-    """{flag: absolute path} for each of ``PATH_FLAGS`` that names a file or folder relatively."""
+    """{flag: absolute path} for each of ``PATH_FLAGS`` that names a file or folder relatively, and
+    {"rewards PART": absolute path} for each ``--rewards`` part that does (``rm:runs/rm``); a resumed
+    run keeps the record of a part whose folder it found through it (``reward_places``)."""
     built_in = getattr(cfg, "BUILT_IN_MODELS", ())  # --model tiny is the built-in, not a folder named tiny here
-    return {name: os.path.abspath(path) for name in PATH_FLAGS
-            if getattr(cfg, name, None) not in built_in and (path := relative_path(getattr(cfg, name, None))) is not None}
+    found = {name: os.path.abspath(path) for name in PATH_FLAGS
+             if getattr(cfg, name, None) not in built_in and (path := relative_path(getattr(cfg, name, None))) is not None}
+    moved = reward_places(cfg)
+    for part, path in reward_folders(getattr(cfg, "rewards", None)).items():
+        if part in moved:
+            found[f"rewards {part}"] = moved[part].split(":", 1)[1]
+        elif relative_path(path) is not None:
+            found[f"rewards {part}"] = os.path.abspath(path)
+    return found
+
+
+def reward_folders(spec) -> dict:
+    """{part: its folder as written} for the parts of a ``--rewards`` spec that name one by a
+    relative path (``rm:runs/rm`` -> ``runs/rm``); URLs, absolute paths and other rewards are left out."""
+    found = {}
+    for part in (spec.split(",") if isinstance(spec, str) else ()):
+        name = part.strip().rpartition(":")[0]
+        prefix = next((p for p in REWARD_FOLDERS if name.startswith(p)), None)
+        path = name[len(prefix):] if prefix else ""
+        if path and "://" not in path and not path.startswith(("/", "~")):
+            found[name] = path
+    return found
+
+
+def reward_places(cfg) -> dict:
+    """For a resumed run whose ``--rewards`` is as saved: {part: the part with its recorded absolute
+    folder} where the relative folder it names is not, from here, the one the run was made with
+    (resumed from another working directory). The parts keep their names (and so their metrics'
+    names); only where each loads from changes. A recorded folder that is gone, with nothing of
+    that name here, is one line."""
+    resume, spec = getattr(cfg, "resume", None), getattr(cfg, "rewards", None)
+    parts = reward_folders(spec)
+    if not resume or not parts:
+        return {}
+    try:
+        saved = load_config_dict(resume)
+    except OmnigymError:
+        return {}
+    if saved.get("rewards") != spec:
+        return {}
+    record, places = recorded_in(saved), {}
+    for part, path in parts.items():
+        there = record.get(f"rewards {part}")
+        if there is None or not recorded_for(path, there):
+            continue
+        here = relative_path(path)
+        if not Path(there).exists():
+            if here is None:
+                raise OmnigymError(f"{resume} was made with --rewards {part} ({there}), which is not there any more; "
+                                   f"give --rewards with {part.split(':', 1)[0]}:PATH where it is now")
+            continue
+        if here is None or not os.path.samefile(here, there):
+            places[part] = part[:len(part) - len(path)] + there
+    return places
 
 
 def moved_paths(cfg, saved_config: dict) -> dict:

@@ -52,6 +52,7 @@ from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.prompt_set import PromptSetConfig, prompts_for_step, split_prompts
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.resume import reward_places
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
@@ -127,7 +128,7 @@ CONFIG = OnlineDPOConfig
 
 @scoped_run
 def train(cfg: OnlineDPOConfig) -> dict:
-    judge = parse_weights(cfg.rewards) if cfg.rewards else None  # a misspelt reward: one line before any run
+    judge = parse_weights(cfg.rewards, places=reward_places(cfg)) if cfg.rewards else None  # a misspelt reward: one line before any run
     pairwise = None
     if cfg.pairwise_judge:  # its pointwise score is the held-out judge_score
         from omnigym.rewards.judge import PairwiseJudge
