@@ -317,18 +317,34 @@ def test_resuming_another_algorithms_run_names_it_with_its_article(tmp_path, cap
     assert len(err) == 1 and f"{run} is {said}; continue it with: omnigym train {algo} --resume {run}" in err[0], err
 
 
-@pytest.mark.parametrize("argv, flag", [(["train", "grpo", "--model", ""], "--model"),
-                                        (["train", "sft", "--model", "  "], "--model"),
-                                        (["train", "distill", "--teacher", ""], "--teacher")])
-def test_an_empty_model_name_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, capsys, argv, flag):
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "grpo", "--model", ""], "--model"),
+    (["train", "sft", "--model", "  "], "--model"),
+    (["train", "sft", "--chat-template", ""], "--chat-template"),
+    (["train", "distill", "--teacher", ""], "--teacher"),
+    (["train", "rlhf", "--reward-model", ""], "--reward-model"),
+    (["train", "online_dpo", "--pairwise-judge", ""], "--pairwise-judge"),
+    (["train", "grpo", "--rewards", "judge:x:1.0", "--judge-rubric", ""], "--judge-rubric"),
+    (["train", "grpo", "--rewards", "rm::1.0"], "--rewards rm:"),
+    (["train", "grpo", "--rewards", "format:0.1, prm: :1.0"], "--rewards prm:"),
+    (["train", "grpo", "--accuracy-reward", "rm:"], "--accuracy-reward rm:"),
+    (["train", "rlhf", "--gold-reward", "rm::1.0"], "--gold-reward rm:"),
+    (["train", "grpo", "--step-rewards", "prm::1.0"], "--step-rewards prm:"),
+], ids=" ".join)
+def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, capsys, argv, flag):
     """``--model ""`` is ``Path("")``, the current directory: it was read as the model folder
-    ("has no config.json"), and a folder with one would have been trained on."""
+    ("has no config.json"), and a folder with one would have been trained on; ``rm::1.0`` scored
+    with the reward model run the command stood in, and ``--chat-template ""`` was ignored."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "config.json").write_text("{}")
+    if flag.endswith(":"):
+        expected = f"omnigym: error: {flag} names no folder; give "
+    else:
+        expected = f"omnigym: error: {flag} is empty; give a folder or file, or leave it out"
     before = snapshot(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"omnigym: error: {flag} is empty; give a folder saved with save_pretrained, or a hub id"], err
+    assert len(err) == 1 and err[0].startswith(expected), err
     assert snapshot(tmp_path) == before
 
 

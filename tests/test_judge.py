@@ -288,8 +288,9 @@ def test_online_dpo_takes_a_pairwise_judge_or_rewards_not_both():
 
 
 def test_an_empty_pairwise_judge_is_one_line_not_the_demo():
-    """Before, --pairwise-judge '' read as no judge: the demo's SFT and reward-model stages trained."""
+    """Before, --pairwise-judge '' read as no judge: the demo's SFT and reward-model stages trained.
+    (An empty folder name of any flag is refused by the shared check, config.check_named_folders.)"""
     from omnigym.algos.lm.online_dpo import OnlineDPOConfig
 
-    with pytest.raises(OmnigymError, match="--pairwise-judge names no judge"):
+    with pytest.raises(OmnigymError, match="--pairwise-judge is empty"):
         OnlineDPOConfig(pairwise_judge="").check()

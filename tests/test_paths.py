@@ -242,5 +242,51 @@ def test_a_run_with_a_relative_reward_model_resumes_from_anywhere(tmp_path, monk
     assert main(["train", "grpo", "--resume", str(run), "--steps", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"omnigym: error: {run} was made with --rewards rm:rm ({tmp_path / 'a' / 'rm'}), which is not there "
-                   "any more; give --rewards with rm:PATH where it is now"], err
+                   "any more; put it back there, or give --rewards with rm:PATH where it is now (that part's metrics then take "
+                   "the new name)"], err
     assert snapshot(run) == before
+
+
+def test_reward_folders_named_by_dot_and_in_every_reward_flag_resume_from_anywhere(tmp_path, monkeypatch):
+    """``rm:.`` (the run directory one stands in) was recorded but not used on resume: from
+    another folder the run scored with whatever reward model was there, and rewrote the record.
+    ``--accuracy-reward`` and the other reward flags are recorded as ``--rewards`` is."""
+    small = ["--no-progress", "--no-plot", "--no-tensorboard"]
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["train", "rm", "--steps", "1", *small, "--batch-size", "4", "--eval-size", "4", "--run-dir", "rm"]) == 0
+    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "a" / "rm")
+    assert main(["train", "grpo", "--rewards", "rm:.:1.0,format:0.1", "--accuracy-reward", "rm:../rm", "--steps", "1",
+                 "--run-dir", str(run), "--sft-steps", "0", "--prompts-per-step", "2", "--group-size", "2",
+                 "--eval-size", "2", "--max-new-tokens", "8", "--checkpoint-every", "1", *small]) == 0
+    rm = str(tmp_path / "a" / "rm")
+    saved = json.loads((run / "config.json").read_text())["paths"]
+    assert saved == {"rewards rm:.": rm, "accuracy_reward rm:../rm": rm}, saved
+    shutil.copytree(tmp_path / "a" / "rm", tmp_path / "b" / "rm")  # another reward model where "." would be
+    monkeypatch.chdir(tmp_path / "b" / "rm")
+    from omnigym.algos.lm.grpo import GRPOConfig
+    from omnigym.track.resume import reward_places
+
+    cfg = GRPOConfig(rewards="rm:.:1.0,format:0.1", accuracy_reward="rm:../rm", resume=str(run))
+    assert reward_places(cfg) == {"rm:.": f"rm:{rm}"}
+    assert reward_places(cfg, "accuracy_reward") == {"rm:../rm": f"rm:{rm}"}
+    assert main(["train", "grpo", "--resume", str(run), "--steps", "2"]) == 0
+    assert steps(run)[-1] == 2 and json.loads((run / "config.json").read_text())["paths"] == saved
+
+
+def test_a_built_in_judge_is_not_a_folder_and_a_rubric_is_read_where_it_was(tmp_path, monkeypatch):
+    from omnigym.algos.lm.grpo import GRPOConfig
+    from omnigym.track.resume import found_elsewhere, recorded_paths
+
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "rubric.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    paths = recorded_paths(GRPOConfig(rewards="judge:tiny:1.0,format:0.1", judge_rubric="rubric.txt"))
+    assert paths == {"judge_rubric": str(tmp_path / "rubric.txt")}  # judge:tiny is the built-in model
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    saved = {"judge_rubric": "rubric.txt", "paths": paths}
+    assert found_elsewhere(saved) == {"judge_rubric": str(tmp_path / "rubric.txt")}
+    (tmp_path / "elsewhere" / "rubric.txt").write_text("y")  # one here: moved_paths decides, later
+    assert found_elsewhere(saved) == {}

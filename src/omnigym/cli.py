@@ -171,6 +171,7 @@ def resumed_defaults(argv: list[str], config_cls):
     from omnigym.algos import check_foreign_settings
     from omnigym.config import config_from_dict, unknown_settings
     from omnigym.track.files import CONFIG_NAME, load_config_dict
+    from omnigym.track.resume import found_elsewhere
 
     i = next(i for i, a in enumerate(argv) if a.startswith("--resume"))
     run_dir = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
@@ -184,6 +185,9 @@ def resumed_defaults(argv: list[str], config_cls):
                  if f.name in ("training_backend", "deepspeed_config", "ray_address", "generator_resources")}
     source = str(Path(run_dir) / CONFIG_NAME)
     check_foreign_settings(argv[0], unknown_settings(config_cls, values), source)
+    # a relative path that names nothing from here is read where the run recorded it before the
+    # settings are checked: the check of --judge-rubric reads the file (moved_paths does the rest)
+    values = {**values, **found_elsewhere(values)}
     # how many processes train it is this command's to say (a data-parallel run resumes in one), and
     # which Ray cluster and nodes it runs on (a run resumes on another cluster, or on this machine)
     return dataclasses.replace(config_from_dict(config_cls, values, source), run_dir=None, resume=None,

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import ClassVar
 
 from omnigym.envs.atari import AtariOptions as ATARI  # the Atari flags' defaults live with the preprocessing
@@ -147,6 +148,7 @@ class RunConfig:
         require(not (self.resume and self.overwrite), "--resume continues a run and --overwrite replaces it; "
                                                       "give one of them")
         check_device(self.device)
+        check_named_folders(self)
 
     @classmethod
     def unknown_settings(cls, values: dict) -> dict:
@@ -325,6 +327,31 @@ class LanguageModelConfig(RunConfig):
 
     def data_parallel(self) -> bool:
         return self.training_backend in ("ddp", "fsdp2", "deepspeed")
+
+
+NAMED_REWARDS = MappingProxyType({"rm:": "rm:RUN_DIR or rm:http://HOST:PORT", "prm:": "prm:RUN_DIR",
+                                  "judge:": "judge:MODEL_FOLDER or judge:http://HOST:PORT/v1"})
+
+
+def check_named_folders(cfg) -> None:
+    """An empty folder or file name is refused: "" is ``Path(".")``, and the working directory
+    was read as the model, reward model, template or rubric (and a run there trained on)."""
+    from omnigym.track.resume import PATH_FLAGS, REWARD_FLAGS, REWARD_FOLDERS
+
+    for name in PATH_FLAGS:
+        value = getattr(cfg, name, None)
+        require(not isinstance(value, str) or bool(value.strip()),
+                f"{flag(name)} is empty; give a folder or file, or leave it out")
+    for name in REWARD_FLAGS:
+        spec = getattr(cfg, name, None)
+        if not isinstance(spec, str):
+            continue
+        parts = [spec.strip()] if name == "accuracy_reward" else [p.strip().rpartition(":")[0] for p in spec.split(",")]
+        for part in parts:
+            prefix = next((p for p in REWARD_FOLDERS if part.startswith(p)), None)
+            if prefix is not None and not part[len(prefix):].strip():
+                raise OmnigymError(f"{flag(name)} {prefix} names no {'judge' if prefix == 'judge:' else 'folder'}; "
+                                   f"give {NAMED_REWARDS[prefix]}")
 
 
 def check_backend(cfg) -> None:

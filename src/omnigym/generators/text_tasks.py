@@ -176,7 +176,9 @@ def task_env(cfg: TextTaskConfig, task: Task):
         system = cfg.system_prompt if cfg.system_prompt is not None else None if tiny else ANSWER_FORMAT
         env = ToolEnv(task.train, reward, system or None, cfg.max_turns) if cfg.env == "tools" else \
             TextEnv(task.train, reward, system or None)
-    correct = WeightedSum({cfg.accuracy_reward: 1.0}) if cfg.accuracy_reward else leading_part(env.reward)
+    accuracy_places = reward_places(cfg, "accuracy_reward")
+    correct = WeightedSum({cfg.accuracy_reward: 1.0}, places=accuracy_places) if cfg.accuracy_reward else \
+        leading_part(env.reward)
     return env, correct
 
 

@@ -139,6 +139,8 @@ def reward_model_folder(given: str, prefix: str = "rm:") -> Path:
     "prm:") run directory or its ``model/`` folder. Anything else is refused in one line,
     before any weights are read."""
     path, algo = Path(given).expanduser(), prefix.rstrip(":")
+    if not given.strip():  # "" is Path("."): the reward model run the command stood in scored
+        raise OmnigymError(f"{prefix} names no folder; give the run directory of `omnigym train {algo}`")
     for candidate in (path / "model", path):
         if (candidate / MARKER).is_file() and (candidate / "config.json").is_file():
             check_model_folder(f"{prefix}{given}", candidate)

@@ -21,11 +21,12 @@ import torch
 from omnigym.errors import OmnigymError
 
 
-def step_scorer(spec: str):
-    """``--step-rewards``: weighted rewards (``name:weight,...``), each one that scores steps."""
+def step_scorer(spec: str, places: dict | None = None):
+    """``--step-rewards``: weighted rewards (``name:weight,...``), each one that scores steps;
+    ``places`` as ``parse_weights``'s (a resumed run's folders, found where it recorded them)."""
     from omnigym.rewards import parse_weights
 
-    reward = parse_weights(spec)
+    reward = parse_weights(spec, places=places)
     flat = [name for name, part in reward.parts.items() if not hasattr(part, "step_scores")]
     if flat:
         raise OmnigymError(f"--step-rewards: {', '.join(flat)} scores whole replies, not steps; name a process reward "

@@ -103,6 +103,8 @@ def describe(value) -> str:
 
 
 def load_config_dict(run_dir: str | os.PathLike) -> dict:
+    if isinstance(run_dir, str) and not run_dir.strip():  # "" is Path("."): a run there was read
+        raise OmnigymError("the run directory given is empty (\"\"); give a run directory")
     path = Path(run_dir) / CONFIG_NAME
     if not path.exists():
         if (Path(run_dir) / "stages").is_dir():  # run_dir.STAGES_FOLDER, which imports this module

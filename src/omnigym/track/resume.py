@@ -217,12 +217,16 @@ PATHS_KEY = "paths"
 as absolute paths: a run resumed from another folder finds its model, template or teacher there"""
 PATH_FLAGS = ("model", "chat_template", "teacher", "reward_model", "pairwise_judge", "judge_rubric")
 REWARD_FOLDERS = ("rm:", "prm:", "judge:")
-"""``--rewards`` parts whose name holds a folder (``rm:RUN_DIR``, ``prm:RUN_DIR``, ``judge:MODEL``), or a URL"""
+"""reward names that hold a folder (``rm:RUN_DIR``, ``prm:RUN_DIR``, ``judge:MODEL``), or a URL"""
+REWARD_FLAGS = ("rewards", "gold_reward", "step_rewards", "accuracy_reward")
+"""the flags that name rewards: weighted specs (``rm:runs/rm:1.0,format:0.1``), and
+``--accuracy-reward``, one name without a weight"""
 
 
 def relative_path(value) -> Path | None:
-    """The file or folder ``value`` names relative to the working directory, when it names one."""
-    if not isinstance(value, str) or "\n" in value or value.startswith(("/", "~")):
+    """The file or folder ``value`` names relative to the working directory, when it names one
+    ("" names none: it is not the working directory)."""
+    if not isinstance(value, str) or not value.strip() or "\n" in value or value.startswith(("/", "~")):
         return None
     try:
         return Path(value) if Path(value).exists() else None
@@ -232,59 +236,66 @@ def relative_path(value) -> Path | None:
 
 def recorded_paths(cfg) -> dict:
     """{flag: absolute path} for each of ``PATH_FLAGS`` that names a file or folder relatively, and
-    {"rewards PART": absolute path} for each ``--rewards`` part that does (``rm:runs/rm``); a resumed
-    run keeps the record of a part whose folder it found through it (``reward_places``)."""
+    {"FLAG PART": absolute path} for each reward part that does (``"rewards rm:runs/rm"``); a
+    resumed run keeps the record of a part it found through it (``reward_places``)."""
     built_in = getattr(cfg, "BUILT_IN_MODELS", ())  # --model tiny is the built-in, not a folder named tiny here
     found = {name: os.path.abspath(path) for name in PATH_FLAGS
              if getattr(cfg, name, None) not in built_in and (path := relative_path(getattr(cfg, name, None))) is not None}
-    moved = reward_places(cfg)
-    for part, path in reward_folders(getattr(cfg, "rewards", None)).items():
-        if part in moved:
-            found[f"rewards {part}"] = moved[part].split(":", 1)[1]
-        elif relative_path(path) is not None:
-            found[f"rewards {part}"] = os.path.abspath(path)
+    for flag in REWARD_FLAGS:
+        moved = reward_places(cfg, flag)
+        for part, path in reward_folders(cfg, flag).items():
+            if part in moved:
+                found[f"{flag} {part}"] = moved[part].split(":", 1)[1]
+            elif relative_path(path) is not None:
+                found[f"{flag} {part}"] = os.path.abspath(path)
     return found
 
 
-def reward_folders(spec) -> dict:
-    """{part: its folder as written} for the parts of a ``--rewards`` spec that name one by a
-    relative path (``rm:runs/rm`` -> ``runs/rm``); URLs, absolute paths and other rewards are left out."""
+def reward_folders(cfg, flag: str) -> dict:
+    """{part: its folder as written} for the parts of reward flag ``flag`` that name one by a
+    relative path (``rm:runs/rm`` -> ``runs/rm``); URLs, absolute paths, the built-in models
+    (``judge:tiny``) and other rewards are left out."""
+    spec, built_in = getattr(cfg, flag, None), getattr(cfg, "BUILT_IN_MODELS", ())
+    if not isinstance(spec, str):
+        return {}
+    names = [spec.strip()] if flag == "accuracy_reward" else [p.strip().rpartition(":")[0] for p in spec.split(",")]
     found = {}
-    for part in (spec.split(",") if isinstance(spec, str) else ()):
-        name = part.strip().rpartition(":")[0]
+    for name in names:
         prefix = next((p for p in REWARD_FOLDERS if name.startswith(p)), None)
         path = name[len(prefix):] if prefix else ""
-        if path and "://" not in path and not path.startswith(("/", "~")):
+        if path.strip() and "://" not in path and not path.startswith(("/", "~")) and path not in built_in:
             found[name] = path
     return found
 
 
-def reward_places(cfg) -> dict:
-    """For a resumed run whose ``--rewards`` is as saved: {part: the part with its recorded absolute
-    folder} where the relative folder it names is not, from here, the one the run was made with
-    (resumed from another working directory). The parts keep their names (and so their metrics'
-    names); only where each loads from changes. A recorded folder that is gone, with nothing of
-    that name here, is one line."""
-    resume, spec = getattr(cfg, "resume", None), getattr(cfg, "rewards", None)
-    parts = reward_folders(spec)
+def reward_places(cfg, flag: str = "rewards") -> dict:
+    """For a resumed run whose reward flag ``flag`` is as saved: {part: the part with its recorded
+    absolute folder} where the relative folder it names is not, from here, the one the run was
+    made with (resumed from another working directory). The parts keep their names (and so their
+    metrics' names); only where each loads from changes. A recorded folder that is gone, with
+    nothing of that name here, is one line."""
+    resume = getattr(cfg, "resume", None)
+    parts = reward_folders(cfg, flag)
     if not resume or not parts:
         return {}
     try:
         saved = load_config_dict(resume)
     except OmnigymError:
         return {}
-    if saved.get("rewards") != spec:
+    if saved.get(flag) != getattr(cfg, flag):
         return {}
     record, places = recorded_in(saved), {}
     for part, path in parts.items():
-        there = record.get(f"rewards {part}")
+        there = record.get(f"{flag} {part}")
         if there is None or not recorded_for(path, there):
             continue
         here = relative_path(path)
         if not Path(there).exists():
             if here is None:
-                raise OmnigymError(f"{resume} was made with --rewards {part} ({there}), which is not there any more; "
-                                   f"give --rewards with {part.split(':', 1)[0]}:PATH where it is now")
+                option = f"--{flag.replace('_', '-')}"
+                raise OmnigymError(f"{resume} was made with {option} {part} ({there}), which is not there any more; "
+                                   f"put it back there, or give {option} with {part.split(':', 1)[0]}:PATH where it "
+                                   "is now (that part's metrics then take the new name)")
             continue
         if here is None or not os.path.samefile(here, there):
             places[part] = part[:len(part) - len(path)] + there
@@ -319,6 +330,18 @@ def moved_paths(cfg, saved_config: dict) -> dict:
     return found
 
 
+def found_elsewhere(saved_config: dict) -> dict:
+    """{flag: recorded place} for each relative path flag of a saved config that names nothing
+    from the working directory and whose recorded place is there."""
+    found = {}
+    for name in PATH_FLAGS:
+        value = saved_config.get(name)
+        there = recorded_place(saved_config, name, value)
+        if there is not None and relative_path(value) is None and Path(there).exists():
+            found[name] = there
+    return found
+
+
 def recorded_in(saved_config: dict) -> dict:
     """config.json's ``paths`` record, its string entries only."""
     record = saved_config.get(PATHS_KEY)
@@ -332,11 +355,12 @@ def recorded_place(saved_config: dict, name: str, value) -> str | None:
 
 
 def recorded_for(value: str, there: str) -> bool:
-    """``there`` could be where the relative ``value`` pointed: absolute, and ending in its names."""
+    """``there`` could be where the relative ``value`` pointed: absolute, and ending in its names
+    (``.``, ``..``, ``../..`` have none: any absolute folder could be theirs)."""
     try:
         names = [part for part in Path(os.path.normpath(value)).parts if part != ".."]
         parts = Path(there).parts
-        return Path(there).is_absolute() and "\0" not in there and bool(names) and list(parts[-len(names):]) == names
+        return Path(there).is_absolute() and "\0" not in there and list(parts[len(parts) - len(names):]) == names
     except (OSError, ValueError):
         return False
 

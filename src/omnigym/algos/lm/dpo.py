@@ -37,6 +37,7 @@ from omnigym.rewards import parse_weights
 from omnigym.rl.losses import PREFERENCE_LOSSES, check_finite, preference_loss
 from omnigym.tasks.preference_data import longest_pair, pair_sequences, read_pairs
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.resume import reward_places
 from omnigym.track.stopping import checkpoint_due
 from omnigym.resources import check_language_batch
 from omnigym.track.files import read_metrics
@@ -107,7 +108,7 @@ def train(cfg: DPOConfig) -> dict:
 
         demo = use_demo_pairs(cfg, run, get_algorithm("sft"))  # the SFT stage's trainer, by name
         data, start, gold_reward = demo.pairs, demo.model, gold_reward or demo.gold_reward
-    gold = parse_weights(gold_reward).to(cfg.device) if gold_reward else None
+    gold = parse_weights(gold_reward, places=reward_places(cfg, "gold_reward")).to(cfg.device) if gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(start, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)
     _, heldout, training, _ = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)

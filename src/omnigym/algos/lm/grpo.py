@@ -56,6 +56,7 @@ from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.runtime.episodes import EpisodeScheduleConfig
 from omnigym.track.files import read_metrics
 from omnigym.track.progress import Clock, ProgressBar
+from omnigym.track.resume import reward_places
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import Run, start_run
 
@@ -185,7 +186,7 @@ def train(cfg: GRPOConfig) -> dict:
         # the warm-up would teach the model to write an empty one
         raise OmnigymError(f"--task {cfg.task} has examples without a reference answer, which the warm-up "
                            f"(--sft-steps {cfg.sft_steps}) demonstrates: give --sft-steps 0")
-    step_reward = step_scorer(cfg.step_rewards) if cfg.step_rewards else None  # not a PRM: one line, no run
+    step_reward = step_scorer(cfg.step_rewards, reward_places(cfg, "step_rewards")) if cfg.step_rewards else None  # not a PRM: one line, no run
     run = start_run(cfg, "grpo", cfg.model)
     # The demo's model first learns the answer format from demonstrations: a stage of its own
     # (pipelines/grpo_warmup.py), whose model is GRPO's starting policy and reference.

@@ -113,9 +113,6 @@ class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig
                                                 f"{', '.join(PREFERENCE_LOSSES)}")
         require(self.behaviour_cap is None, "--behaviour-cap weighs a policy-gradient loss by pi_old / pi_behaviour; "
                                             "online DPO's loss has no such ratio (a stale pair is still a pair)")
-        # an empty one would read as "no judge" and train the demo's reward model instead
-        require(self.pairwise_judge is None or self.pairwise_judge.strip() != "",
-                "--pairwise-judge names no judge; give a model folder or http://HOST:PORT/v1")
         require(not (self.rewards and self.pairwise_judge), "give --rewards or --pairwise-judge, not both: "
                 "each is the judge that makes the pairs")
         require(self.rewards is not None or self.pairwise_judge is not None or self.model == "tiny",
@@ -143,7 +140,8 @@ def train(cfg: OnlineDPOConfig) -> dict:
     else:
         models = DemoModels(cfg.model, cfg.rewards or f"judge:{cfg.pairwise_judge}:1.0", cfg.gold_reward)
     judge = judge.to(cfg.device)
-    gold = parse_weights(models.gold_reward).to(cfg.device) if models.gold_reward else None
+    gold = parse_weights(models.gold_reward, places=reward_places(cfg, "gold_reward")).to(cfg.device) \
+        if models.gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,
                                                   LoraSettings(r=cfg.lora_r), cfg.device, need_chat_template=False)
     check_context(policy, cfg.max_new_tokens)

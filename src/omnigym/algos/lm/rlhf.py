@@ -57,6 +57,7 @@ from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.prompt_set import PromptSetConfig, prompts_for_step, split_prompts
 from omnigym.track.progress import Clock, Laps, ProgressBar
+from omnigym.track.resume import reward_places
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
@@ -138,7 +139,8 @@ def train(cfg: RLHFConfig) -> dict:
     models = demo_models(cfg, run, get_algorithm("sft"), get_algorithm("rm")) if cfg.reward_model is None \
         else DemoModels(cfg.model, cfg.reward_model, cfg.gold_reward)
     scorer = RewardModelScorer(models.reward_model, cfg.device)
-    gold = parse_weights(models.gold_reward).to(cfg.device) if models.gold_reward else None
+    gold = parse_weights(models.gold_reward, places=reward_places(cfg, "gold_reward")).to(cfg.device) \
+        if models.gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,
                                                   LoraSettings(r=cfg.lora_r), cfg.device, need_chat_template=False)
     check_context(policy, cfg.max_new_tokens)
