@@ -382,3 +382,15 @@ def test_a_name_that_is_no_folder_is_fetched_only_if_it_can_be(tmp_path, monkeyp
     check_hub_id("--model someone/cached", "someone/cached")
     with pytest.raises(OmnigymError, match="someone/other: no such folder here, and not in the Hugging Face cache"):
         check_hub_id("--model someone/other", "someone/other")
+
+
+@pytest.mark.parametrize("algo", ["rlhf", "dpo", "online_dpo"])
+def test_a_bad_gold_reward_is_one_line_before_the_demo_trains(tmp_path, monkeypatch, capsys, algo):
+    """A misspelt --gold-reward was found only once the demo's stages had trained (about 40 s,
+    and runs/ written)."""
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    assert main(["train", algo, "--gold-reward", "gold_vowel:1.0", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown reward 'gold_vowel'" in err[0], err
+    assert snapshot(tmp_path) == before

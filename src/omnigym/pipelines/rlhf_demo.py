@@ -104,6 +104,16 @@ class DemoModels:
     gold_reward: str | None
 
 
+def given_gold_reward(cfg):
+    """``--gold-reward`` as a reward (None when not given), read before the run writes anything:
+    a misspelt one was found only after the demo's stages had trained (tens of seconds, ``runs/``
+    written). A resumed run finds its reward models where it recorded them (``reward_places``)."""
+    from omnigym.rewards import parse_weights
+    from omnigym.track.resume import reward_places
+
+    return parse_weights(cfg.gold_reward, places=reward_places(cfg, "gold_reward")) if cfg.gold_reward else None
+
+
 def demo_models(cfg, run: Run, sft: ModuleType, rm: ModuleType) -> DemoModels:
     """The offline demo (no reward model given): its SFT policy and reward model, made or reused
     as stages of this run (trained by the ``sft`` and ``rm`` algorithms), and the hidden gold

@@ -37,7 +37,6 @@ from omnigym.rewards import parse_weights
 from omnigym.rl.losses import PREFERENCE_LOSSES, check_finite, preference_loss
 from omnigym.tasks.preference_data import longest_pair, pair_sequences, read_pairs
 from omnigym.track.progress import Clock, ProgressBar
-from omnigym.track.resume import reward_places
 from omnigym.track.stopping import checkpoint_due
 from omnigym.resources import check_language_batch
 from omnigym.track.files import read_metrics
@@ -99,16 +98,17 @@ CONFIG = DPOConfig
 @scoped_run
 def train(cfg: DPOConfig) -> dict:
     from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+    from omnigym.pipelines.rlhf_demo import given_gold_reward, use_demo_pairs
 
+    gold = given_gold_reward(cfg)  # a bad one: one line before the demo's stage runs
     run = start_run(cfg, "dpo", cfg.model)
     data, start, gold_reward = cfg.data, cfg.model, cfg.gold_reward
     if cfg.data == "gold":  # the offline demo: its SFT model and gold-labelled pairs (a resumed run reuses them)
         from omnigym.algos import get_algorithm
-        from omnigym.pipelines.rlhf_demo import use_demo_pairs
 
         demo = use_demo_pairs(cfg, run, get_algorithm("sft"))  # the SFT stage's trainer, by name
         data, start, gold_reward = demo.pairs, demo.model, gold_reward or demo.gold_reward
-    gold = parse_weights(gold_reward, places=reward_places(cfg, "gold_reward")).to(cfg.device) if gold_reward else None
+    gold = (gold or parse_weights(gold_reward)).to(cfg.device) if gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(start, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)
     _, heldout, training, _ = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)

@@ -42,7 +42,7 @@ from omnigym.models.lm import LoraSettings, check_context, load_policy_and_token
 from omnigym.models.reference import FrozenReference
 from omnigym.models.tokens import completion_logprobs, make_completion_batch
 from omnigym.optim import adamw
-from omnigym.pipelines.rlhf_demo import DemoModels, demo_models
+from omnigym.pipelines.rlhf_demo import DemoModels, demo_models, given_gold_reward
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights, scored_with_notes
 from omnigym.rewards.judge import judge_metrics
@@ -125,7 +125,8 @@ CONFIG = OnlineDPOConfig
 
 @scoped_run
 def train(cfg: OnlineDPOConfig) -> dict:
-    judge = parse_weights(cfg.rewards, places=reward_places(cfg)) if cfg.rewards else None  # a misspelt reward: one line before any run
+    # a misspelt reward: one line before any run
+    judge = parse_weights(cfg.rewards, places=reward_places(cfg)) if cfg.rewards else None
     pairwise = None
     if cfg.pairwise_judge:  # its pointwise score is the held-out judge_score
         from omnigym.rewards.judge import PairwiseJudge
@@ -133,6 +134,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
         pairwise = PairwiseJudge(cfg.pairwise_judge, max_new_tokens=256, device=cfg.device)
         judge = parse_weights(f"judge:{cfg.pairwise_judge}:1.0")
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)
+    gold = given_gold_reward(cfg)  # a bad one: one line before the demo's stages run
     run = start_run(cfg, "online_dpo", cfg.model)
     if judge is None:  # the demo: its SFT policy, its reward model as the judge, its gold rule
         models = demo_models(cfg, run, get_algorithm("sft"), get_algorithm("rm"))  # its stages' trainers, by name
@@ -140,8 +142,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
     else:
         models = DemoModels(cfg.model, cfg.rewards or f"judge:{cfg.pairwise_judge}:1.0", cfg.gold_reward)
     judge = judge.to(cfg.device)
-    gold = parse_weights(models.gold_reward, places=reward_places(cfg, "gold_reward")).to(cfg.device) \
-        if models.gold_reward else None
+    gold = (gold or parse_weights(models.gold_reward)).to(cfg.device) if models.gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,
                                                   LoraSettings(r=cfg.lora_r), cfg.device, need_chat_template=False)
     check_context(policy, cfg.max_new_tokens)

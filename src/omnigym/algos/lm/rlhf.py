@@ -46,7 +46,7 @@ from omnigym.models.reference import FrozenReference
 from omnigym.models.scalar_head import completion_values, load_scalar_model, reward_model_folder
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
-from omnigym.pipelines.rlhf_demo import DemoModels, demo_models
+from omnigym.pipelines.rlhf_demo import DemoModels, demo_models, given_gold_reward
 from omnigym.process import scoped_run
 from omnigym.rewards import parse_weights
 from omnigym.rewards.reward_model import RewardModelScorer
@@ -57,7 +57,6 @@ from omnigym.runtime import RolloutRuntimeConfig, make_rollouts
 from omnigym.tasks.preference_data import read_prompts
 from omnigym.tasks.prompt_set import PromptSetConfig, prompts_for_step, split_prompts
 from omnigym.track.progress import Clock, Laps, ProgressBar
-from omnigym.track.resume import reward_places
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import start_run
 
@@ -134,13 +133,13 @@ def train(cfg: RLHFConfig) -> dict:
     if cfg.reward_model is not None:
         reward_model_folder(cfg.reward_model)  # not a reward model: one line before anything is written
     rows = read_prompts(cfg.data, cfg.split, cfg.seed)  # bad data: one line before the demo's stages run
+    gold = given_gold_reward(cfg)  # likewise a bad --gold-reward
     run = start_run(cfg, "rlhf", cfg.model)
     # the demo's stages are trained by sft and rm, found by name (the pipeline sits below the registry)
     models = demo_models(cfg, run, get_algorithm("sft"), get_algorithm("rm")) if cfg.reward_model is None \
         else DemoModels(cfg.model, cfg.reward_model, cfg.gold_reward)
     scorer = RewardModelScorer(models.reward_model, cfg.device)
-    gold = parse_weights(models.gold_reward, places=reward_places(cfg, "gold_reward")).to(cfg.device) \
-        if models.gold_reward else None
+    gold = (gold or parse_weights(models.gold_reward)).to(cfg.device) if models.gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(models.policy, cfg.seed, cfg.chat_template,
                                                   LoraSettings(r=cfg.lora_r), cfg.device, need_chat_template=False)
     check_context(policy, cfg.max_new_tokens)
