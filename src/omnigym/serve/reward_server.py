@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-from omnigym.errors import OmnigymError, missing_extra
+from omnigym.errors import OmnigymError, missing_extra, path_name
 
 log = logging.getLogger("omnigym.serve")
 
@@ -50,7 +50,7 @@ def parser():
     from omnigym.serve.command import _Parser
 
     p = _Parser(prog="omnigym serve-rm", description=DESCRIPTION)
-    p.add_argument("run_dir", help="the run directory of `omnigym train rm` (or its model/ folder)")
+    p.add_argument("run_dir", type=path_name, help="the run directory of `omnigym train rm` (or its model/ folder)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
                    "needs --api-key-env)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
