@@ -385,14 +385,16 @@ def test_a_name_that_is_no_folder_is_fetched_only_if_it_can_be(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("algo", ["rlhf", "dpo", "online_dpo"])
-def test_a_bad_gold_reward_is_one_line_before_the_demo_trains(tmp_path, monkeypatch, capsys, algo):
+@pytest.mark.parametrize("gold, said", [("gold_vowel:1.0", "unknown reward 'gold_vowel'"),
+                                        ("gold_vowels", "--gold-reward must look like 'math:1.0,format:0.1'")])
+def test_a_bad_gold_reward_is_one_line_before_the_demo_trains(tmp_path, monkeypatch, capsys, algo, gold, said):
     """A misspelt --gold-reward was found only once the demo's stages had trained (about 40 s,
-    and runs/ written)."""
+    and runs/ written), and named as --rewards."""
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)
-    assert main(["train", algo, "--gold-reward", "gold_vowel:1.0", "--steps", "1"]) == 2
+    assert main(["train", algo, "--gold-reward", gold, "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown reward 'gold_vowel'" in err[0], err
+    assert len(err) == 1 and said in err[0], err
     assert snapshot(tmp_path) == before
 
 

@@ -111,7 +111,9 @@ def given_gold_reward(cfg):
     from omnigym.rewards import parse_weights
     from omnigym.track.resume import reward_places
 
-    return parse_weights(cfg.gold_reward, places=reward_places(cfg, "gold_reward")) if cfg.gold_reward else None
+    if not cfg.gold_reward:
+        return None
+    return parse_weights(cfg.gold_reward, places=reward_places(cfg, "gold_reward"), flag="--gold-reward")
 
 
 def demo_models(cfg, run: Run, sft: ModuleType, rm: ModuleType) -> DemoModels:

@@ -158,33 +158,34 @@ def leading_part(reward) -> Reward:
     return as_reward(reward, "of the env").accuracy()
 
 
-def parse_weights(spec: str, judge_rubric: str | None = None, places: dict | None = None) -> WeightedSum:
+def parse_weights(spec: str, judge_rubric: str | None = None, places: dict | None = None,
+                  flag: str = "--rewards") -> WeightedSum:
     """``"math:1.0,format:0.1"`` as a ``WeightedSum``; every name must be a known reward
     (``my_module:my_reward:1.0`` names your own, ``rm:http://127.0.0.1:8000:1.0`` a served reward
     model: the weight follows the last colon; ``judge_rubric``: the rubric file of ``judge:`` parts;
-    ``places``: as ``WeightedSum``'s)."""
+    ``places``: as ``WeightedSum``'s; ``flag``: the flag the spec came from, as its errors name it)."""
     weights = {}
     for part in spec.split(","):
         name, _, weight = part.strip().rpartition(":")
         if re.fullmatch(r"(rm|judge):https?://(\[[^\]]*\]|[^/:\[\]]+)", name, flags=re.IGNORECASE) and weight.isdigit():
             # rm:http://HOST:PORT with its weight left out: the port would be read as the weight
-            raise OmnigymError(f"--rewards {part.strip()}: give the weight after the port "
+            raise OmnigymError(f"{flag} {part.strip()}: give the weight after the port "
                                f"({part.strip()}:1.0)")
         if name in weights:
-            raise OmnigymError(f"--rewards names {name} twice; give each reward once, with its weight")
+            raise OmnigymError(f"{flag} names {name} twice; give each reward once, with its weight")
         try:
             weights[name] = float(weight)
         except ValueError:
             if part.strip().rstrip(":") == "judge":
-                raise OmnigymError("--rewards judge: names no judge; write judge:MODEL_FOLDER:1.0 or "
+                raise OmnigymError(f"{flag} judge: names no judge; write judge:MODEL_FOLDER:1.0 or "
                                    "judge:http://HOST:PORT/v1:1.0") from None
             if part.strip().startswith("judge:"):
-                raise OmnigymError(f"--rewards {part.strip()}: the weight after the last colon must be a number "
+                raise OmnigymError(f"{flag} {part.strip()}: the weight after the last colon must be a number "
                                    "(judge:MODEL_OR_URL:1.0)") from None
             name = ""
         if not name:
-            raise OmnigymError(f"--rewards must look like 'math:1.0,format:0.1' (name:weight,...), got {spec!r}")
+            raise OmnigymError(f"{flag} must look like 'math:1.0,format:0.1' (name:weight,...), got {spec!r}")
         if weights[name] != weights[name] or abs(weights[name]) == float("inf"):
-            raise OmnigymError(f"--rewards: the weight of {name} must be a finite number, got {weight}")
+            raise OmnigymError(f"{flag}: the weight of {name} must be a finite number, got {weight}")
     return WeightedSum(weights, judge_rubric, places)
 

@@ -26,7 +26,7 @@ def step_scorer(spec: str, places: dict | None = None):
     ``places`` as ``parse_weights``'s (a resumed run's folders, found where it recorded them)."""
     from omnigym.rewards import parse_weights
 
-    reward = parse_weights(spec, places=places)
+    reward = parse_weights(spec, places=places, flag="--step-rewards")
     flat = [name for name, part in reward.parts.items() if not hasattr(part, "step_scores")]
     if flat:
         raise OmnigymError(f"--step-rewards: {', '.join(flat)} scores whole replies, not steps; name a process reward "
