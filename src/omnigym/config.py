@@ -336,20 +336,15 @@ NAMED_REWARDS = MappingProxyType({"rm:": "rm:RUN_DIR or rm:http://HOST:PORT", "p
 def check_named_folders(cfg) -> None:
     """An empty folder or file name is refused: "" is ``Path(".")``, and the working directory
     was read as the model, reward model, template or rubric (and a run there trained on)."""
-    from omnigym.track.resume import PATH_FLAGS, REWARD_FLAGS, REWARD_FOLDERS
+    from omnigym.track.resume import PATH_FLAGS, REWARD_FLAGS, named_folders
 
     for name in PATH_FLAGS:
         value = getattr(cfg, name, None)
         require(not isinstance(value, str) or bool(value.strip()),
                 f"{flag(name)} is empty; give a folder or file, or leave it out")
     for name in REWARD_FLAGS:
-        spec = getattr(cfg, name, None)
-        if not isinstance(spec, str):
-            continue
-        parts = [spec.strip()] if name == "accuracy_reward" else [p.strip().rpartition(":")[0] for p in spec.split(",")]
-        for part in parts:
-            prefix = next((p for p in REWARD_FOLDERS if part.startswith(p)), None)
-            if prefix is not None and not part[len(prefix):].strip():
+        for _, prefix, path in named_folders(name, getattr(cfg, name, None)):
+            if not path.strip():
                 raise OmnigymError(f"{flag(name)} {prefix} names no {'judge' if prefix == 'judge:' else 'folder'}; "
                                    f"give {NAMED_REWARDS[prefix]}")
 

@@ -251,21 +251,27 @@ def recorded_paths(cfg) -> dict:
     return found
 
 
+def named_folders(flag: str, spec) -> list[tuple[str, str, str]]:
+    """(part, prefix, what follows it) for each part of reward flag ``flag``'s ``spec`` whose name
+    holds a folder or a URL (``rm:runs/rm:1.0`` -> ``("rm:runs/rm", "rm:", "runs/rm")``)."""
+    if not isinstance(spec, str):
+        return []
+    names = [spec.strip()] if flag == "accuracy_reward" else [p.strip().rpartition(":")[0] for p in spec.split(",")]
+    found = []
+    for name in names:
+        prefix = next((p for p in REWARD_FOLDERS if name.startswith(p)), None)
+        if prefix is not None:
+            found.append((name, prefix, name[len(prefix):]))
+    return found
+
+
 def reward_folders(cfg, flag: str) -> dict:
     """{part: its folder as written} for the parts of reward flag ``flag`` that name one by a
     relative path (``rm:runs/rm`` -> ``runs/rm``); URLs, absolute paths, the built-in models
     (``judge:tiny``) and other rewards are left out."""
-    spec, built_in = getattr(cfg, flag, None), getattr(cfg, "BUILT_IN_MODELS", ())
-    if not isinstance(spec, str):
-        return {}
-    names = [spec.strip()] if flag == "accuracy_reward" else [p.strip().rpartition(":")[0] for p in spec.split(",")]
-    found = {}
-    for name in names:
-        prefix = next((p for p in REWARD_FOLDERS if name.startswith(p)), None)
-        path = name[len(prefix):] if prefix else ""
-        if path.strip() and "://" not in path and not path.startswith(("/", "~")) and path not in built_in:
-            found[name] = path
-    return found
+    built_in = getattr(cfg, "BUILT_IN_MODELS", ())
+    return {part: path for part, _, path in named_folders(flag, getattr(cfg, flag, None))
+            if path.strip() and "://" not in path and not path.startswith(("/", "~")) and path not in built_in}
 
 
 def reward_places(cfg, flag: str = "rewards") -> dict:
