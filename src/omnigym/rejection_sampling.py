@@ -55,8 +55,9 @@ def add_flags(parser) -> None:
     defaults are ``train grpo``'s."""
     defaults = SampleConfig()
     add = parser.add_argument
-    add("model", type=path_name, help="a finished run's directory (sft, dpo, rlhf: its model/), a GRPO run's stages/warmup, a model "
-                      "folder, a hub id available offline, or tiny")
+    add("model", type=path_name,
+        help="a finished run's directory (sft, dpo, rlhf: its model/), a GRPO run's stages/warmup, a model "
+             "folder, a hub id available offline, or tiny")
     add("--n", type=int, default=8, help="replies sampled per prompt (default 8)")
     add("--rewards", help=f"the reranker, weighted rewards name:weight,... as train grpo reads them (default: the "
                           f"task env's own reward, else {DEFAULT_REWARDS})")
@@ -66,8 +67,9 @@ def add_flags(parser) -> None:
                                              "prompts instead of writing a dataset")
     add("--prompts", type=int, default=256, help="prompts to sample (default 256): training-split ones drawn with "
                                                  "--seed, or with --curve the first held-out ones")
-    add("--out", type=path_name, help="the dataset to write (default best_of_N.jsonl); with --curve, a JSON of the curve (default: "
-                      "printed only)")
+    add("--out", type=path_name,
+        help="the dataset to write (default best_of_N.jsonl); with --curve, a JSON of the curve (default: "
+             "printed only)")
     add("--overwrite", action="store_true", help="replace --out if it exists")
     add("--min-reward", type=float, help="drop prompts whose best reply scores below this (rejection sampling)")
     add("--task", default=defaults.task, help="the prompts, as train grpo --task reads them (default arithmetic)")

@@ -186,7 +186,8 @@ def train(cfg: GRPOConfig) -> dict:
         # the warm-up would teach the model to write an empty one
         raise OmnigymError(f"--task {cfg.task} has examples without a reference answer, which the warm-up "
                            f"(--sft-steps {cfg.sft_steps}) demonstrates: give --sft-steps 0")
-    step_reward = step_scorer(cfg.step_rewards, reward_places(cfg, "step_rewards")) if cfg.step_rewards else None  # not a PRM: one line, no run
+    # not a PRM: one line, no run
+    step_reward = step_scorer(cfg.step_rewards, reward_places(cfg, "step_rewards")) if cfg.step_rewards else None
     run = start_run(cfg, "grpo", cfg.model)
     # The demo's model first learns the answer format from demonstrations: a stage of its own
     # (pipelines/grpo_warmup.py), whose model is GRPO's starting policy and reference.
