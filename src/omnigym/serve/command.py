@@ -81,8 +81,6 @@ def check_can_listen(host: str, port: int) -> None:
 
 
 def resolve_base(path: str) -> Path:
-    if not path.strip():  # "" is Path("."): the working directory was served
-        raise OmnigymError("--base-model is empty; give a model folder, a run directory, or tiny")
     folder = Path(path).expanduser()
     if (folder / "model" / "config.json").is_file():  # a run directory: its trained model
         folder = folder / "model"
