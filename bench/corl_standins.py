@@ -110,18 +110,33 @@ def qlearning_dataset(env) -> dict[str, np.ndarray]:
 
 class Timing:
     """When each ``wandb.log`` came: CORL logs every gradient step (``step=total_it``) and, after an
-    evaluation, ``d4rl_normalized_score``; the time between the first and the last gradient step's
-    log is training only."""
+    evaluation, ``d4rl_normalized_score``; the time between the end of the ``WARM_UP``-th and the
+    last gradient step's log is training only (the first steps build what a library builds once:
+    allocator pools, and with ``--compile`` omnigym's compiled graphs, timed apart as ``started``
+    to that step)."""
+
+    WARM_UP = 10
 
     def __init__(self):
-        self.first = self.last = None  # (wall clock, this process's CPU time)
+        self.started = self.first = self.last = None  # (wall clock, this process's CPU time)
         self.first_step = self.last_step = 0
         self.scores: list[float] = []
+
+    def start(self) -> None:
+        """Called before the first gradient step (omnigym's side: CORL's has no hook there)."""
+        if self.started is None:
+            self.started = (time.perf_counter(), time.process_time())
+
+    def warm_up_seconds(self) -> float | None:
+        """Wall-clock seconds from ``start`` to the end of the ``WARM_UP``-th step, if started."""
+        return None if self.started is None or self.first is None else self.first[0] - self.started[0]
 
     def log(self, values: dict, step: int | None = None) -> None:
         now = (time.perf_counter(), time.process_time())
         if "d4rl_normalized_score" in values:
             self.scores.append(float(values["d4rl_normalized_score"]))
+            return
+        if step is not None and step < self.WARM_UP:
             return
         if self.first is None:
             self.first, self.first_step = now, step

@@ -2,6 +2,7 @@
 
     python bench/offline_corl.py --corl DIR [--datasets ID...] [--algos iql td3_bc] [--seeds 0 1 2]
                                  [--steps 20000] [--eval-episodes 10] [--out FILE.json]
+                                 [--precision fp32|bf16] [--compile]
 
 DIR is a checkout of CORL (https://github.com/tinkoff-ai/CORL) holding ``algorithms/offline/iql.py``
 and ``td3_bc.py``; nothing of CORL is kept in this repository. Its files are imported at bench
@@ -18,13 +19,18 @@ omnigym then CORL, and evaluate once at the end with ``--eval-episodes`` episode
 - **score**: the D4RL normalized score of that evaluation (each library's own evaluation loop, the
   same reference returns);
 - **s/100k**: wall-clock seconds per 100k gradient steps, measured over the run's steps and scaled,
-  evaluation and dataset loading excluded, the same way on both sides: from the end of the first
+  evaluation and dataset loading excluded, the same way on both sides: from the end of the 10th
   gradient step to the end of the last (CORL's: its per-step ``wandb.log``; omnigym's: its
   algorithm's ``update`` wrapped in the worker process);
 - **CPU s/100k**: the same span in the process's CPU time (one thread each): what the steps cost,
   less what other jobs on a shared machine took from them;
 - **ratio**, **CPU ratio**: CORL's time / omnigym's (above 1: omnigym is faster);
+- **warm-up**: omnigym's seconds from its first gradient step's start to its 10th's end (with
+  ``--compile``, the graphs' build: CORL builds none, and has no hook before its first step);
 - the machine's load average (1 min) when each pair started and ended.
+
+``--precision bf16`` and ``--compile`` are given to omnigym's side (CORL has neither); its scores are
+then to be read against CORL's seed range, which the second table gives.
 
 The published CORL D4RL averages over Gym-MuJoCo locomotion (1M steps, D4RL's datasets) are printed
 beside the table for orientation only: these are other datasets and far fewer steps.
@@ -54,20 +60,21 @@ def one_thread_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def run_worker(side: str, corl: str, dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> dict:
+def run_worker(side: str, corl: str, dataset: str, algo: str, seed: int, steps: int, eval_episodes: int,
+               update_flags: list[str]) -> dict:
     """One run of one library in a fresh process (this file with ``--worker``); its score and times."""
     command = [sys.executable, __file__, "--worker", side, "--corl", corl, "--datasets", dataset, "--algos", algo,
-               "--seeds", str(seed), "--steps", str(steps), "--eval-episodes", str(eval_episodes)]
+               "--seeds", str(seed), "--steps", str(steps), "--eval-episodes", str(eval_episodes), *update_flags]
     out = subprocess.run(command, check=True, env=one_thread_env(), capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def result(score: float, timing) -> dict:
     return {"score": score, "seconds_per_100k": timing.seconds_per(100_000),
-            "cpu_seconds_per_100k": timing.seconds_per(100_000, cpu=True)}
+            "cpu_seconds_per_100k": timing.seconds_per(100_000, cpu=True), "warm_up_s": timing.warm_up_seconds()}
 
 
-def omnigym_worker(dataset: str, algo: str, seed: int, steps: int, eval_episodes: int) -> None:
+def omnigym_worker(dataset: str, algo: str, seed: int, steps: int, eval_episodes: int, update_flags: list[str]) -> None:
     """In a fresh process: ``omnigym train ALGO`` through its CLI, each gradient step's end noted as
     CORL's are (the algorithm's ``update`` wrapped); prints its score and time as JSON."""
     import contextlib
@@ -82,6 +89,7 @@ def omnigym_worker(dataset: str, algo: str, seed: int, steps: int, eval_episodes
 
     def timed_train_offline(cfg, name, run, data, evaluator, components, update, act):
         def timed_update(batch, step):
+            timing.start()
             losses = update(batch, step)
             timing.log({}, step=step + 1)
             return losses
@@ -95,7 +103,7 @@ def omnigym_worker(dataset: str, algo: str, seed: int, steps: int, eval_episodes
                    "--eval-every", str(steps), "--log-every", str(steps), "--checkpoint-every", str(steps),
                    "--eval-episodes", str(eval_episodes), "--torch-threads", "1", "--run-dir", str(run_dir),
                    "--no-progress", "--no-plot", "--no-tensorboard",
-                   "--normalize-reward" if NORMALIZE_REWARD[algo] else ""]
+                   "--normalize-reward" if NORMALIZE_REWARD[algo] else "", *update_flags]
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the result
             code = omnigym_main([c for c in command if c])
         if code:
@@ -132,14 +140,16 @@ def check_corl(corl: str, algos) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| dataset | algorithm | seed | omnigym score | CORL score | omnigym s/100k | CORL s/100k | ratio "
-             "| omnigym CPU s/100k | CORL CPU s/100k | CPU ratio | load start/end |", "|---" * 12 + "|"]
+    lines = [f"omnigym's flags: {rows[0]['omnigym_flags'] if rows else ''}", "",
+             "| dataset | algorithm | seed | omnigym score | CORL score | omnigym s/100k | CORL s/100k | ratio "
+             "| omnigym CPU s/100k | CORL CPU s/100k | CPU ratio | omnigym warm-up s | load start/end |",
+             "|---" * 13 + "|"]
     for r in rows:
         ours, theirs = r["omnigym"], r["corl"]
         lines.append(f"| {r['dataset']} | {r['algo']} | {r['seed']} | {ours['score']:.1f} | {theirs['score']:.1f} | "
                      f"{ours['seconds_per_100k']:.0f} | {theirs['seconds_per_100k']:.0f} | {r['ratio']:.2f}x | "
                      f"{ours['cpu_seconds_per_100k']:.0f} | {theirs['cpu_seconds_per_100k']:.0f} | "
-                     f"{r['cpu_ratio']:.2f}x | {r['load'][0]:.1f}/{r['load'][1]:.1f} |")
+                     f"{r['cpu_ratio']:.2f}x | {ours['warm_up_s']:.1f} | {r['load'][0]:.1f}/{r['load'][1]:.1f} |")
     lines += ["", "| dataset | algorithm | omnigym score (mean ± std over seeds) | CORL score | ratio (median) "
                   "| CPU ratio (median) | CORL published (D4RL, 1M steps) |", "|---|---|---|---|---|---|---|"]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
@@ -167,11 +177,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20_000, help="gradient steps of each run")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--out", help="also write the rows as JSON here")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="omnigym's --precision")
+    parser.add_argument("--compile", action="store_true", help="omnigym's --compile (its build time: warm-up)")
     parser.add_argument("--worker", choices=("omnigym", "corl"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     check_corl(args.corl, args.algos)
+    update_flags = ["--precision", args.precision] + ["--compile"] * args.compile  # omnigym's side only
     if args.worker:
-        run = (lambda *a: corl_worker(args.corl, *a)) if args.worker == "corl" else omnigym_worker
+        run = (lambda *a: corl_worker(args.corl, *a)) if args.worker == "corl" else \
+            (lambda *a: omnigym_worker(*a, update_flags))
         run(args.datasets[0], args.algos[0], args.seeds[0], args.steps, args.eval_episodes)
         return
     rows = []
@@ -179,9 +193,10 @@ def main() -> None:
         for algo in args.algos:
             for seed in args.seeds:
                 load_start = os.getloadavg()[0]
-                ours, theirs = (run_worker(side, args.corl, dataset, algo, seed, args.steps, args.eval_episodes)
-                                for side in ("omnigym", "corl"))
-                row = {"dataset": dataset, "algo": algo, "seed": seed, "steps": args.steps, "omnigym": ours,
+                ours, theirs = (run_worker(side, args.corl, dataset, algo, seed, args.steps, args.eval_episodes,
+                                           update_flags) for side in ("omnigym", "corl"))
+                row = {"dataset": dataset, "algo": algo, "seed": seed, "steps": args.steps,
+                       "omnigym_flags": " ".join(update_flags), "omnigym": ours,
                        "corl": theirs, "ratio": theirs["seconds_per_100k"] / ours["seconds_per_100k"],
                        "cpu_ratio": theirs["cpu_seconds_per_100k"] / ours["cpu_seconds_per_100k"],
                        "load": (load_start, os.getloadavg()[0])}

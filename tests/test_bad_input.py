@@ -14,6 +14,7 @@ from omnigym.cli import main
 
 CASES = [
     (["train", "grpo", "--precision", "fp16"], "unknown --precision 'fp16'; choose fp32 or bf16"),
+    (["train", "iql", "--dataset", "d/x-v0", "--precision", "fp16"], "unknown --precision 'fp16'; choose fp32 or bf16"),
     (["train", "sft", "--precision", "bf16", "--training-backend", "deepspeed"],
      "--precision bf16 with --training-backend deepspeed: DeepSpeed's precision is its config's"),
     (["train", "ppo", "--num-minibatches", "0"], "--num-minibatches must be positive, got 0"),
@@ -295,10 +296,12 @@ def interrupted_run(tmp_path, checkpoint_every, capsys):
     return capsys.readouterr().err.strip().splitlines()
 
 
-def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("argv", [["train", "ppo", "--compile", "--total-timesteps", "512"],
+                                  ["train", "td3_bc", "--dataset", "d/x-v0", "--compile"]])
+def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, monkeypatch, capsys, argv):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    assert main(["train", "ppo", "--compile", "--total-timesteps", "512"]) == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["omnigym: error: --compile needs a C++ compiler on CPU and no-such-compiler-here is not on PATH; "
                    "install g++ (apt-get install g++) or leave --compile off"]

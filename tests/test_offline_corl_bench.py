@@ -111,31 +111,35 @@ def test_corls_own_training_runs_on_the_standins(standins, algo):
 
 def test_omnigym_worker_times_its_gradient_steps_as_corls_are_timed(datasets, tmp_path):
     """The bench's omnigym side: ``omnigym train`` in a fresh process, its ``update`` wrapped so the
-    span from the first to the last gradient step is timed (wall clock and CPU) as CORL's ``wandb.log``
-    is; the score is the run's last evaluation."""
+    span from the 10th to the last gradient step is timed (wall clock and CPU) as CORL's ``wandb.log``
+    is, and the first ten apart (warm-up); the score is the run's last evaluation. It takes omnigym's
+    ``--precision``."""
     import json
     import subprocess
 
     env = {**os.environ, "MINARI_DATASETS_PATH": str(datasets), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(BENCH / "offline_corl.py"), "--worker", "omnigym", "--corl", str(tmp_path),
                "--datasets", "pendulum/random-v0", "--algos", "td3_bc", "--seeds", "0", "--steps", "20",
-               "--eval-episodes", "1"]
+               "--eval-episodes", "1", "--precision", "bf16"]
     (tmp_path / "algorithms" / "offline").mkdir(parents=True)
     for algo in ("iql", "td3_bc"):  # check_corl asks for CORL's files even on omnigym's side
         (tmp_path / "algorithms" / "offline" / f"{algo}.py").write_text("")
     out = subprocess.run(command, check=True, env=env, capture_output=True, text=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
-    assert set(result) == {"score", "seconds_per_100k", "cpu_seconds_per_100k"}
+    assert set(result) == {"score", "seconds_per_100k", "cpu_seconds_per_100k", "warm_up_s"}
     assert np.isfinite(result["score"]) and result["seconds_per_100k"] > 0 and result["cpu_seconds_per_100k"] > 0
+    assert result["warm_up_s"] > 0
 
 
 def test_the_table_shows_both_clocks_and_their_ratios():
     sys.path.insert(0, str(BENCH))
     import offline_corl
 
-    side = {"score": 10.0, "seconds_per_100k": 1000.0, "cpu_seconds_per_100k": 500.0}
+    side = {"score": 10.0, "seconds_per_100k": 1000.0, "cpu_seconds_per_100k": 500.0, "warm_up_s": 3.25}
     rows = [{"dataset": "d/x-v0", "algo": "iql", "seed": s, "omnigym": side, "corl": {**side, "score": 12.0},
-             "ratio": 2.0, "cpu_ratio": 1.5, "load": (1.0, 2.0)} for s in (0, 1)]
+             "ratio": 2.0, "cpu_ratio": 1.5, "load": (1.0, 2.0), "omnigym_flags": "--precision bf16 --compile"}
+            for s in (0, 1)]
     text = offline_corl.table(rows)
-    assert "| d/x-v0 | iql | 0 | 10.0 | 12.0 | 1000 | 1000 | 2.00x | 500 | 500 | 1.50x | 1.0/2.0 |" in text
+    assert "omnigym's flags: --precision bf16 --compile" in text
+    assert "| d/x-v0 | iql | 0 | 10.0 | 12.0 | 1000 | 1000 | 2.00x | 500 | 500 | 1.50x | 3.2 | 1.0/2.0 |" in text
     assert "| d/x-v0 | iql | 10.0 ± 0.0 | 12.0 ± 0.0 | 2.00x | 1.50x |" in text

@@ -2,6 +2,7 @@
 passes and three optimizer steps in turn."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 
 minari = pytest.importorskip("minari")
 
-from omnigym.algos import iql  # noqa: E402
+from omnigym.algos import bc, iql, td3_bc  # noqa: E402
 from omnigym.runs import collect  # noqa: E402
 
 SMALL = {"hidden": (32, 32), "batch_size": 16, "eval_every": 4, "log_every": 2, "eval_episodes": 1,
@@ -92,3 +93,61 @@ def test_iqls_one_backward_steps_as_corls_three_updates(monkeypatch, tmp_path):
             torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7, msg=f"{name}.{key}")
     for name in ("vf", "qf", "qf_target", "actor"):  # the step moved every network
         assert not all(torch.equal(a, b) for a, b in zip(start[name].parameters(), nets[name].parameters())), name
+
+
+def losses_of(algo: str, tmp_path, name: str, **flags) -> tuple[list[dict], dict]:
+    """Four gradient steps of ``algo`` (losses logged every two), and its components after them."""
+    module = {"iql": iql, "td3_bc": td3_bc, "bc": bc}[algo]
+    cfg = module.CONFIG(dataset="pendulum/random-v0", seed=3, total_timesteps=4, run_dir=str(tmp_path / name),
+                        **{**SMALL, "eval_every": 4, "hidden": (64, 64)}, **flags)
+    seen = {}
+    original = module.train_offline
+
+    def keeping(cfg, name, run, data, evaluator, components, update, act):
+        seen.update(components)
+        return original(cfg, name, run, data, evaluator, components, update, act)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "train_offline", keeping)
+        module.train(cfg)
+    lines = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+    return [{k: v for k, v in line.items() if k.startswith("losses/")} for line in lines], seen
+
+
+@pytest.mark.parametrize("algo", ["iql", "td3_bc", "bc"])
+def test_bf16_takes_its_products_in_bf16_and_keeps_float32_weights(algo, tmp_path):
+    """``--precision bf16``: the same steps as float32's to bf16's rounding (each loss within 5%
+    after two and four steps from the same seed and batches), not the same numbers (the products
+    did run in bf16), and the weights and optimizer state still float32."""
+    fp32, _ = losses_of(algo, tmp_path, "fp32")
+    bf16, components = losses_of(algo, tmp_path, "bf16", precision="bf16")
+    assert [sorted(line) for line in bf16] == [sorted(line) for line in fp32] and len(fp32) == 2
+    differs = False
+    for ours, theirs in zip(bf16, fp32):
+        for key, value in ours.items():
+            assert value == pytest.approx(theirs[key], rel=0.05, abs=1e-3), key
+            differs |= value != theirs[key]
+    assert differs
+    for part in components.values():
+        if isinstance(part, torch.nn.Module):
+            assert {p.dtype for p in part.parameters()} == {torch.float32}
+        elif isinstance(part, torch.optim.Optimizer):
+            assert {t.dtype for state in part.state.values() for t in state.values() if t.dim()} == {torch.float32}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["iql", "td3_bc"])
+def test_compile_gives_eagers_steps(algo, tmp_path):
+    """``--compile``: the update's forward and losses compiled (TD3+BC's two: the critics' and,
+    every other step, the actor's) give eager's losses to float rounding (fused kernels sum in
+    another order), and train the same networks."""
+    eager, eager_parts = losses_of(algo, tmp_path, "eager")
+    compiled, compiled_parts = losses_of(algo, tmp_path, "compiled", compile=True)
+    assert [sorted(line) for line in compiled] == [sorted(line) for line in eager]
+    for ours, theirs in zip(compiled, eager):
+        for key, value in ours.items():
+            assert value == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+    for name, network in eager_parts.items():
+        if isinstance(network, torch.nn.Module):
+            for ours, theirs in zip(compiled_parts[name].parameters(), network.parameters()):
+                torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)

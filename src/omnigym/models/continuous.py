@@ -73,17 +73,21 @@ class QNetwork(nn.Module):
             x = torch.baddbmm(b, x, w)
             if i < last:
                 x = torch.relu(x)
-        return x.squeeze(-1)
+        return x.squeeze(-1).float()  # float32 under --precision bf16's autocast: the losses are taken in it
 
-    def q1(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """The first Q-function alone, ``[batch]`` (TD3's actor loss reads only Q_1)."""
+    def q1(self, obs: torch.Tensor, actions: torch.Tensor, frozen: bool = False) -> torch.Tensor:
+        """The first Q-function alone, ``[batch]`` (TD3's actor loss reads only Q_1). ``frozen``: its
+        weights out of the graph, so that the actor's backward computes no gradient for them (a
+        compiled backward computes every gradient its graph has, whatever ``backward(inputs=)`` asks)."""
         x = torch.cat([obs, actions], -1)
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            if frozen:
+                w, b = w.detach(), b.detach()
             x = torch.addmm(b[0], x, w[0])
             if i < last:
                 x = torch.relu(x)
-        return x.squeeze(-1)
+        return x.squeeze(-1).float()
 
 
 def _torso(n_in: int, hidden: tuple[int, ...]) -> nn.Sequential:
@@ -142,7 +146,7 @@ class DeterministicActor(_BoxActor):
         super().__init__(obs_dim, action_space, hidden, action_space.shape[0])
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.head(self.torso(obs))) * self.action_scale + self.action_bias
+        return torch.tanh(self.head(self.torso(obs)).float()) * self.action_scale + self.action_bias
 
 
 def squashed_gaussian_policy(hidden: tuple[int, ...], components: dict, envs, greedy: bool = False):
@@ -183,7 +187,7 @@ class StateValueNetwork(nn.Module):
         self.head = nn.Linear(hidden[-1] if hidden else obs_dim, 1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.torso(obs)).squeeze(-1)
+        return self.head(self.torso(obs)).squeeze(-1).float()
 
 
 class GaussianActor(_BoxActor):
@@ -198,7 +202,7 @@ class GaussianActor(_BoxActor):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """The mean action."""
-        return torch.tanh(self.head(self.torso(obs))) * self.action_scale + self.action_bias
+        return torch.tanh(self.head(self.torso(obs)).float()) * self.action_scale + self.action_bias
 
     def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """``log N(actions; mean(obs), std)`` summed over the action's dimensions, ``[batch]``."""

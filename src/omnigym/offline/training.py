@@ -11,19 +11,56 @@ the checkpoint); ``--dataset`` is fixed for a run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
+from omnigym.config import check_compiler
 from omnigym.envs.goal import GoalLayout, network_view
-from omnigym.errors import OmnigymError
+from omnigym.errors import OmnigymError, require
+from omnigym.models.precision import PRECISIONS
 from omnigym.offline.datasets import Evaluator, ObservationStats, OfflineConfig, OfflineData, load_offline_data
 from omnigym.rl.losses import check_finite
 from omnigym.rl.replay import Replay
 from omnigym.track.progress import Clock, ProgressBar, crossed_multiple
 from omnigym.track.stopping import checkpoint_due
 from omnigym.track.run import Run, start_run
+
+
+@dataclass
+class UpdateFlags:
+    """How an offline algorithm's gradient step computes (iql, td3_bc, bc take these flags)."""
+
+    precision: str = "fp32"
+    """fp32, or bf16: the networks' matrix products in bfloat16 (autocast); their weights, gradients,
+    Adam's state and the losses stay float32. Faster where the CPU has AVX512-BF16 or AMX (and on GPUs),
+    slower where bf16 is emulated (docs/offline.md, "Faster updates")"""
+    compile: bool = False
+    """compile the update's forward pass and losses (and so their backward) with torch.compile: ~15-25 s
+    to build on a cold cache; needs a C++ compiler on CPU (docs/offline.md, "Faster updates")"""
+
+    def check_update(self) -> None:
+        require(self.precision in PRECISIONS, f"unknown --precision {self.precision!r}; choose "
+                                              f"{' or '.join(PRECISIONS)}")
+        if self.compile:
+            check_compiler(self.device)
+
+
+def update_objective(cfg: UpdateFlags, objective: Callable) -> Callable:
+    """``objective(*tensors) -> (loss, metrics)``, an update's forward pass and losses, in
+    ``--precision`` and compiled with ``--compile``. The backward and the optimizer steps stay
+    outside it: autocast is for the forward (its backward runs in the dtypes the forward chose), and
+    a compiled optimizer step would be rebuilt each time a learning-rate schedule moves."""
+    if cfg.precision == "bf16":
+        device_type, plain = torch.device(cfg.device).type, objective
+
+        def objective(*tensors):
+            with torch.autocast(device_type, dtype=torch.bfloat16):
+                return plain(*tensors)
+    # One graph per objective: the batch's shapes never change within a run (dynamic=False).
+    return torch.compile(objective, dynamic=False) if cfg.compile else objective
 
 
 def start_offline_run(cfg: OfflineConfig, algo: str, top_fraction: float = 1.0) -> tuple[OfflineData, Evaluator, Run]:

@@ -17,13 +17,14 @@ from omnigym.config import require_positive
 from omnigym.errors import require
 from omnigym.models.continuous import DeterministicActor
 from omnigym.offline.datasets import OfflineConfig
-from omnigym.offline.training import network_obs_dim, offline_policy, start_offline_run, train_offline
+from omnigym.offline.training import (UpdateFlags, network_obs_dim, offline_policy, start_offline_run, train_offline,
+                                      update_objective)
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 
 
 @dataclass
-class BCConfig(OfflineConfig):
+class BCConfig(UpdateFlags, OfflineConfig):
     learning_rate: float = 3e-4
     top_fraction: float = 1.0
     """clone the best episodes by return only, this fraction of them (1: all; CORL's 10% BC: 0.1)"""
@@ -32,6 +33,7 @@ class BCConfig(OfflineConfig):
 
     def check(self) -> None:
         super().check()
+        self.check_update()
         require_positive(self, "learning_rate")
         require(0 < self.top_fraction <= 1, f"--top-fraction must be in (0, 1], got {self.top_fraction}")
 
@@ -45,12 +47,18 @@ def train(cfg: BCConfig) -> dict:
     actor = DeterministicActor(data.observation_space.shape[0], data.action_space, cfg.hidden).to(cfg.device)
     actor_optimizer = Adam(actor.parameters(), lr=cfg.learning_rate)
 
-    def update(batch: dict, step: int) -> dict:
+    def objective(batch: dict) -> tuple[torch.Tensor, dict]:
         actor_loss = F.mse_loss(actor(batch["obs"]), batch["actions"])
+        return actor_loss, {"losses/actor_loss": actor_loss.detach()}
+
+    objective = update_objective(cfg, objective)  # --precision, --compile
+
+    def update(batch: dict, step: int) -> dict:
+        actor_loss, metrics = objective(batch)
         actor_optimizer.zero_grad()
         actor_loss.backward()
         actor_optimizer.step()
-        return {"losses/actor_loss": actor_loss.detach()}
+        return metrics
 
     return train_offline(cfg, "bc", run, data, evaluator, {"actor": actor, "actor_optimizer": actor_optimizer},
                          update, actor)

@@ -31,13 +31,14 @@ from omnigym.errors import require
 from omnigym.models.continuous import GaussianActor, QNetwork, StateValueNetwork
 from omnigym.offline.datasets import OfflineConfig
 from omnigym.offline.online import OnlineFlags, online_settings, train_online
-from omnigym.offline.training import network_obs_dim, offline_policy, start_offline_run, train_offline
+from omnigym.offline.training import (UpdateFlags, network_obs_dim, offline_policy, start_offline_run, train_offline,
+                                      update_objective)
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 
 
 @dataclass
-class IQLConfig(OnlineFlags, OfflineConfig):
+class IQLConfig(UpdateFlags, OnlineFlags, OfflineConfig):
     learning_rate: float = 3e-4
     """learning rate of the value function, the Q-networks and (at the start of its schedule) the actor"""
     tau: float = 0.005
@@ -56,6 +57,7 @@ class IQLConfig(OnlineFlags, OfflineConfig):
     def check(self) -> None:
         super().check()
         self.check_online()
+        self.check_update()
         require_positive(self, "learning_rate", "exp_adv_max")
         require_fraction(self, "expectile")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
@@ -97,11 +99,8 @@ def train(cfg: IQLConfig) -> dict:
 
     optimizers = (v_optimizer, q_optimizer, actor_optimizer)
 
-    def update(batch: dict, step: int) -> dict:
+    def objective(batch: dict) -> tuple[torch.Tensor, dict]:
         obs, actions = batch["obs"], batch["actions"]
-        # The three losses share no parameter and none reads another's update (the targets, V(s')
-        # and the advantage weights are taken before any step), so one backward of their sum gives
-        # each network exactly the gradient of its own loss, as three backward passes would.
         with torch.no_grad():
             target_q = qf_target(obs, actions).min(0).values
             next_v = vf(batch["next_obs"])
@@ -115,17 +114,27 @@ def train(cfg: IQLConfig) -> dict:
         # 3. The actor: advantage-weighted regression onto the dataset's actions.
         weights = torch.exp(cfg.beta * advantage.detach()).clamp(max=cfg.exp_adv_max)
         actor_loss = -(weights * actor.log_prob(obs, actions)).mean()
+        # The three losses share no parameter and none reads another's update (the targets, V(s')
+        # and the advantage weights are taken before any step), so one backward of their sum gives
+        # each network exactly the gradient of its own loss, as three backward passes would.
+        return v_loss + q_loss + actor_loss, {
+            "losses/value_loss": v_loss.detach(), "losses/qf_loss": q_loss.detach(),
+            "losses/actor_loss": actor_loss.detach(), "losses/qf1_values": q[0].detach().mean(),
+            "losses/advantage_weight": weights.mean()}
+
+    objective = update_objective(cfg, objective)  # --precision, --compile
+
+    def update(batch: dict, step: int) -> dict:
+        loss, metrics = objective(batch)
         for optimizer in optimizers:
             optimizer.zero_grad()
-        (v_loss + q_loss + actor_loss).backward()
+        loss.backward()
         for optimizer in optimizers:
             optimizer.step()
         actor_schedule.step()
         with torch.no_grad():  # the target Q-networks follow
             torch._foreach_lerp_(target_params, q_params, cfg.tau)
-        return {"losses/value_loss": v_loss.detach(), "losses/qf_loss": q_loss.detach(),
-                "losses/actor_loss": actor_loss.detach(), "losses/qf1_values": q[0].detach().mean(),
-                "losses/advantage_weight": weights.mean()}
+        return metrics
 
     if cfg.resume_online:
         def explore(obs):  # a sample of the Gaussian (clipped to the action box by the loop)

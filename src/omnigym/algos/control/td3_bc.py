@@ -26,13 +26,14 @@ from omnigym.errors import require
 from omnigym.models.continuous import DeterministicActor, QNetwork
 from omnigym.offline.datasets import OfflineConfig
 from omnigym.offline.online import OnlineFlags, online_settings, train_online
-from omnigym.offline.training import network_obs_dim, offline_policy, start_offline_run, train_offline
+from omnigym.offline.training import (UpdateFlags, network_obs_dim, offline_policy, start_offline_run, train_offline,
+                                      update_objective)
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
 
 
 @dataclass
-class TD3BCConfig(OnlineFlags, OfflineConfig):
+class TD3BCConfig(UpdateFlags, OnlineFlags, OfflineConfig):
     learning_rate: float = 3e-4
     """learning rate of the actor and the Q-networks"""
     tau: float = 0.005
@@ -53,6 +54,7 @@ class TD3BCConfig(OnlineFlags, OfflineConfig):
     def check(self) -> None:
         super().check()
         self.check_online()
+        self.check_update()
         require_positive(self, "learning_rate", "policy_frequency")
         require_non_negative(self, "policy_noise", "noise_clip", "alpha", "exploration_noise")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
@@ -84,34 +86,46 @@ def train(cfg: TD3BCConfig) -> dict:
     low, high = (torch.as_tensor(x, dtype=torch.float32, device=device)
                  for x in (data.action_space.low, data.action_space.high))
     scale = actor.action_scale
-    actor_params = list(actor.parameters())
     online, targets = (list(actor.parameters()) + list(qf.parameters()),
                        list(actor_target.parameters()) + list(qf_target.parameters()))
     losses: dict[str, torch.Tensor] = {}
 
-    def update(batch: dict, step: int) -> dict:
-        # 1. The twin Q-functions toward the smoothed clipped double-Q target (TD3's).
+    def critic_objective(batch: dict, noise: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        # The twin Q-functions toward the smoothed clipped double-Q target (TD3's).
         with torch.no_grad():
-            noise = (torch.randn_like(batch["actions"]) * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
             next_actions = torch.minimum(torch.maximum(actor_target(batch["next_obs"]) + noise * scale, low), high)
             next_q = qf_target(batch["next_obs"], next_actions).min(0).values
             target = batch["rewards"] + cfg.gamma * (1.0 - batch["terminated"]) * next_q
         q = qf(batch["obs"], batch["actions"])
         q_loss = F.mse_loss(q[0], target) + F.mse_loss(q[1], target)
+        return q_loss, {"losses/qf_loss": q_loss.detach(), "losses/qf1_values": q[0].detach().mean()}
+
+    def actor_objective(batch: dict) -> tuple[torch.Tensor, dict]:
+        # The actor on Q_1 plus behaviour cloning.
+        pi = actor(batch["obs"])
+        actor_loss, lmbda = td3_bc_actor_loss(qf.q1(batch["obs"], pi, frozen=True), pi, batch["actions"], cfg.alpha)
+        return actor_loss, {"losses/actor_loss": actor_loss.detach(), "losses/lambda": lmbda,
+                            "losses/bc_mse": F.mse_loss(pi.detach(), batch["actions"])}
+
+    critic_objective, actor_objective = (update_objective(cfg, f) for f in (critic_objective, actor_objective))
+
+    def update(batch: dict, step: int) -> dict:
+        # 1. The critics. The smoothing noise is drawn here, outside a compiled objective, whose
+        # random numbers would come from another generator than the seeded one eager draws from.
+        noise = (torch.randn_like(batch["actions"]) * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
+        q_loss, metrics = critic_objective(batch, noise)
         q_optimizer.zero_grad()
         q_loss.backward()
         q_optimizer.step()
-        losses.update({"losses/qf_loss": q_loss.detach(), "losses/qf1_values": q[0].detach().mean()})
+        losses.update(metrics)
 
-        # 2. Every policy_frequency steps: the actor on Q_1 plus behaviour cloning, then the targets follow.
+        # 2. Every policy_frequency steps: the actor, then the targets follow.
         if (step + 1) % cfg.policy_frequency == 0:
-            pi = actor(batch["obs"])
-            actor_loss, lmbda = td3_bc_actor_loss(qf.q1(batch["obs"], pi), pi, batch["actions"], cfg.alpha)
+            actor_loss, metrics = actor_objective(batch)
             actor_optimizer.zero_grad()
-            actor_loss.backward(inputs=actor_params)  # no gradients for the Q-networks' weights
+            actor_loss.backward()  # the actor's alone: Q_1 was read frozen
             actor_optimizer.step()
-            losses.update({"losses/actor_loss": actor_loss.detach(), "losses/lambda": lmbda,
-                           "losses/bc_mse": F.mse_loss(pi.detach(), batch["actions"])})
+            losses.update(metrics)
             with torch.no_grad():
                 torch._foreach_lerp_(targets, online, cfg.tau)
         return losses
