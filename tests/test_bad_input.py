@@ -304,8 +304,25 @@ def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, monkeypatch, capsy
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["omnigym: error: --compile needs a C++ compiler on CPU and no-such-compiler-here is not on PATH; "
-                   "install g++ (apt-get install g++) or leave --compile off"]
+                   "install g++ (apt-get install g++) or leave --compile off (--no-compile on a resume)"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_compiled_run_is_evaluated_and_resumed_without_a_compiler(run_copy, monkeypatch, capsys):
+    """Whether this process compiles is this command's to say: eval never compiles, and a resume
+    without a compiler is told to give --no-compile, which then works."""
+    config = json.loads((run_copy / "config.json").read_text())
+    (run_copy / "config.json").write_text(json.dumps({**config, "compile": True}))  # as a --compile run saved it
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert main(["eval", str(run_copy), "--episodes", "1"]) == 0
+    before = snapshot(run_copy)
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(run_copy), "--total-timesteps", "1024", "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("leave --compile off (--no-compile on a resume)")
+    assert snapshot(run_copy) == before
+    assert main(["train", "ppo", "--resume", str(run_copy), "--total-timesteps", "1024", "--no-compile",
+                 "--no-progress"]) == 0
+    assert json.loads((run_copy / "config.json").read_text())["compile"] is False
 
 
 @pytest.mark.parametrize("algo, said", [("alphazero", "an alphazero run"), ("iql", "an iql run"),

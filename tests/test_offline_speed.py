@@ -151,3 +151,22 @@ def test_compile_gives_eagers_steps(algo, tmp_path):
         if isinstance(network, torch.nn.Module):
             for ours, theirs in zip(compiled_parts[name].parameters(), network.parameters()):
                 torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_a_compiler_that_does_not_build_is_one_line_and_leaves_no_run(tmp_path, datasets):
+    """check_compiler finds CXX on PATH; when it cannot build (here /bin/false), the first compiled
+    step says so in one line and the run directory goes."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CXX": "/bin/false", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+           "MINARI_DATASETS_PATH": str(datasets), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "omnigym", "train", "bc", "--dataset", "pendulum/random-v0",
+                           "--total-timesteps", "4", "--hidden", "8", "--compile", "--run-dir", str(tmp_path / "run"),
+                           "--no-progress"], env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith(("omnigym:", "Traceback"))]
+    assert len(errors) == 1 and errors[0].startswith("omnigym: error: --compile could not build the update (")
+    assert errors[0].endswith("fix the C++ compiler or leave --compile off (--no-compile on a resume)")
+    assert not (tmp_path / "run").exists()

@@ -84,7 +84,8 @@ def check_compiler(device: str) -> None:
     if kind == "cpu":
         compiler = os.environ.get("CXX", "g++")
         require(shutil.which(compiler) is not None, f"--compile needs a C++ compiler on CPU and {compiler} is not on "
-                                                    "PATH; install g++ (apt-get install g++) or leave --compile off")
+                                                    "PATH; install g++ (apt-get install g++) or leave --compile off "
+                                                    "(--no-compile on a resume)")
     else:
         require(importlib.util.find_spec("triton") is not None,
                 "--compile on CUDA needs triton (CUDA builds of torch bring it); leave --compile off")
@@ -440,10 +441,11 @@ def config_from_dict(cls, values: dict, saved_file: str | None = None):
         check_saved_type(name, value, hints[name], source)
     cfg = cls(**known)
     # The ranges every run checks, on the settings alone: where this process runs (device,
-    # launcher, W&B) is the current command's to say, not the saved file's.
+    # launcher, W&B) and how (--compile: eval and collect never compile, and a resume may turn it
+    # off on a machine without a compiler) is the current command's to say, not the saved file's.
     placement = {f.name: f.default for f in dataclasses.fields(cls)
                  if f.name in ("device", "wandb", "resume", "overwrite", "training_backend", "deepspeed_config",
-                               "ray_address")}
+                               "ray_address", "compile")}
     if "training_backend" in placement and data_parallel_launch():
         placement["training_backend"] = "ddp"  # a launcher's processes: the launcher check is this command's
     try:

@@ -59,8 +59,21 @@ def update_objective(cfg: UpdateFlags, objective: Callable) -> Callable:
         def objective(*tensors):
             with torch.autocast(device_type, dtype=torch.bfloat16):
                 return plain(*tensors)
+    if not cfg.compile:
+        return objective
     # One graph per objective: the batch's shapes never change within a run (dynamic=False).
-    return torch.compile(objective, dynamic=False) if cfg.compile else objective
+    compiled = torch.compile(objective, dynamic=False)
+
+    def built(*tensors):
+        try:
+            return compiled(*tensors)
+        except (torch._inductor.exc.InductorError, torch._dynamo.exc.BackendCompilerFailed) as exc:
+            # check_compiler found a compiler on PATH; this one does not build (CXX=/bin/false, a broken toolchain)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OmnigymError(f"--compile could not build the update ({reason}); fix the C++ compiler "
+                               "or leave --compile off (--no-compile on a resume)") from None
+
+    return built
 
 
 def start_offline_run(cfg: OfflineConfig, algo: str, top_fraction: float = 1.0) -> tuple[OfflineData, Evaluator, Run]:
