@@ -438,3 +438,33 @@ def test_an_empty_file_or_folder_argument_is_one_line(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is empty; give a file or folder" in err[0], err
     assert snapshot(tmp_path) == before
+
+
+def test_a_resume_stopped_before_its_checkpoint_says_the_flags_it_was_given(tmp_path, capsys, monkeypatch):
+    """A resume that wrote no checkpoint puts config.json back as it was, so its line says again
+    what it changed (here a longer --total-timesteps); the plain ``--resume`` would find the run
+    finished."""
+    import re
+
+    import numpy as np
+    import toy_envs
+
+    run_dir = tmp_path / "run"
+    toy_envs.InterruptEnv.steps = 0
+    argv = ["train", "ppo", "--env-id", "toy_envs:InterruptEnv", "--num-envs", "1", "--num-steps", "16",
+            "--no-progress", "--no-plot"]
+    assert main([*argv, "--total-timesteps", "64", "--run-dir", str(run_dir)]) == 0  # 64 steps: no Ctrl-C yet
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(run_dir), "--total-timesteps", "256", "--checkpoint-every", "0",
+                 "--no-progress"]) == 130  # the Ctrl-C on the process's 90th step, before a checkpoint
+    err = capsys.readouterr().err.strip().splitlines()
+    said = re.fullmatch(rf"omnigym: interrupted; continue with: (omnigym train ppo --resume {run_dir} .*)  "
+                        r"\(last checkpoint: global_step \d+\)", err[-1])
+    assert said and sorted(said[1].split()[5:]) == sorted(["--total-timesteps", "256", "--checkpoint-every", "0"]), err
+    def calm_step(env, action):  # InterruptEnv's step without its Ctrl-C
+        env.t += 1
+        return np.zeros(2, np.float32), 1.0, False, env.t >= toy_envs.EPISODE, {}
+
+    monkeypatch.setattr(toy_envs.InterruptEnv, "step", calm_step)
+    assert main(said[1].split()[1:]) == 0
+    assert json.loads((run_dir / "config.json").read_text())["total_timesteps"] == 256

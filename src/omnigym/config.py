@@ -16,18 +16,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from omnigym.envs.atari import AtariOptions as ATARI  # the Atari flags' defaults live with the preprocessing
-from omnigym.errors import OmnigymError, require
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def show_flag(name: str, value) -> str:
-    """A flag as it is typed: ``--hidden 64 64``, ``--clip-vloss``, ``--no-anneal-lr``."""
-    if isinstance(value, bool):
-        return flag(name) if value else "--no-" + name.replace("_", "-")
-    return f"{flag(name)} {' '.join(map(str, value)) if isinstance(value, tuple) else value}"
+from omnigym.errors import OmnigymError, flag, require, show_flag  # noqa: F401  (flag, show_flag: config's names too)
 
 
 def require_positive(cfg, *names: str) -> None:

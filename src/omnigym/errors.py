@@ -14,6 +14,18 @@ def missing_extra(package: str, extra: str) -> OmnigymError:
     return OmnigymError(f"{package} is not installed; install it with: pip install 'omnigym[{extra}]'")
 
 
+def flag(name: str) -> str:
+    """A config field as its flag: ``num_envs`` -> ``--num-envs``."""
+    return "--" + name.replace("_", "-")
+
+
+def show_flag(name: str, value) -> str:
+    """A flag as it is typed: ``--hidden 64 64``, ``--clip-vloss``, ``--no-anneal-lr``."""
+    if isinstance(value, bool):
+        return flag(name) if value else "--no-" + name.replace("_", "-")
+    return f"{flag(name)} {' '.join(map(str, value)) if isinstance(value, tuple) else value}"
+
+
 def a_run(algorithm) -> str:
     """"a ppo run", "an alphazero run", "an sft run": the article as the name is read aloud."""
     spoken_with_a_vowel = str(algorithm)[:1] in "aeiou" or str(algorithm) in ("sft", "rm", "rlhf")

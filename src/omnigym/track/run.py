@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omnigym.distributed import broadcast, is_main_process, launched_by_torchrun
-from omnigym.errors import OmnigymError
+from omnigym.errors import OmnigymError, show_flag
 from omnigym.track import stopping
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, load_config_dict, write_atomically
@@ -372,6 +372,16 @@ class Run:
         return (f"its finished stages ({', '.join(self.finished_stages)}) are kept in {self.dir / STAGES_FOLDER}: "
                 f"the same command with --run-dir {self.dir} reuses them")
 
+    def _changed_settings(self) -> dict:
+        """The settings of this run's config that its config.json on disk does not hold."""
+        try:
+            saved = load_config_dict(self.dir)
+        except (OmnigymError, OSError):
+            return {}
+        return {name: value for name, value in dataclasses.asdict(self.cfg).items()
+                if name not in ("resume", "run_dir") and name in saved
+                and (tuple(saved[name]) if isinstance(saved[name], list) else saved[name]) != value}
+
     def state_line(self) -> str:
         """Where the run stands, for a message about a run that stopped early."""
         if self.last_checkpoint is None:
@@ -379,7 +389,12 @@ class Run:
                     f"so there is nothing to resume; {self.dir} was put back as it was before the start"
                     + (f", except that {self.kept_stages_line()}" if self.finished_stages else ""))
         at = ", ".join(f"{k} {v}" for k, v in self.last_checkpoint.items() if type(v) is int and k != "update")
-        return f"continue with: omnigym train {self.algo} --resume {self.dir}  (last checkpoint: {at})"
+        again = ""
+        if self.saved is not None and not self._directory.committed:
+            # A resume that wrote no checkpoint put config.json back as it was: what this command
+            # changed (a longer --total-timesteps) is lost unless it is said again.
+            again = "".join(f" {show_flag(name, value)}" for name, value in self._changed_settings().items())
+        return f"continue with: omnigym train {self.algo} --resume {self.dir}{again}  (last checkpoint: {at})"
 
 
 def start_run(cfg, algo: str, label) -> Run:
