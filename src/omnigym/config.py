@@ -59,6 +59,13 @@ def check_device(device: str) -> None:
         require(parsed.type == "cpu", f"--device {device} is not supported; use cpu, cuda, cuda:N or mps")
 
 
+def check_precision(precision: str) -> None:
+    """``--precision``: one of ``models.precision.PRECISIONS`` (language models, offline control)."""
+    from omnigym.models.precision import PRECISIONS
+
+    require(precision in PRECISIONS, f"unknown --precision {precision!r}; choose {' or '.join(PRECISIONS)}")
+
+
 def check_compiler(device: str) -> None:
     """``--compile``: torch.compile's backend builds C++ kernels on CPU and Triton kernels on CUDA;
     without the tool it fails at the first minibatch with a page of traceback, so say it here."""
@@ -300,9 +307,7 @@ class LanguageModelConfig(RunConfig):
     def check(self) -> None:
         super().check()
         require_non_negative(self, "lora_r")
-        from omnigym.models.precision import PRECISIONS
-
-        require(self.precision in PRECISIONS, f"unknown --precision {self.precision!r}; choose {' or '.join(PRECISIONS)}")
+        check_precision(self.precision)
         require(self.precision == "fp32" or self.training_backend != "deepspeed",
                 "--precision bf16 with --training-backend deepspeed: DeepSpeed's precision is its config's "
                 "(a \"bf16\": {\"enabled\": true} section in --deepspeed-config); leave --precision out")

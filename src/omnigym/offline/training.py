@@ -17,10 +17,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from omnigym.config import check_compiler
+from omnigym.config import check_compiler, check_precision
 from omnigym.envs.goal import GoalLayout, network_view
-from omnigym.errors import OmnigymError, require
-from omnigym.models.precision import PRECISIONS
+from omnigym.errors import OmnigymError
 from omnigym.offline.datasets import Evaluator, ObservationStats, OfflineConfig, OfflineData, load_offline_data
 from omnigym.rl.losses import check_finite
 from omnigym.rl.replay import Replay
@@ -38,12 +37,11 @@ class UpdateFlags:
     Adam's state and the losses stay float32. Faster where the CPU has AVX512-BF16 or AMX (and on GPUs),
     slower where bf16 is emulated (docs/offline.md, "Faster updates")"""
     compile: bool = False
-    """compile the update's forward pass and losses (and so their backward) with torch.compile: ~15-25 s
+    """compile the update's forward pass and losses (and so their backward) with torch.compile: 12-25 s
     to build on a cold cache; needs a C++ compiler on CPU (docs/offline.md, "Faster updates")"""
 
     def check_update(self) -> None:
-        require(self.precision in PRECISIONS, f"unknown --precision {self.precision!r}; choose "
-                                              f"{' or '.join(PRECISIONS)}")
+        check_precision(self.precision)
         if self.compile:
             check_compiler(self.device)
 
@@ -69,7 +67,7 @@ def update_objective(cfg: UpdateFlags, objective: Callable) -> Callable:
             return compiled(*tensors)
         except (torch._inductor.exc.InductorError, torch._dynamo.exc.BackendCompilerFailed) as exc:
             # check_compiler found a compiler on PATH; this one does not build (CXX=/bin/false, a broken toolchain)
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise OmnigymError(f"--compile could not build the update ({reason}); fix the C++ compiler "
                                "or leave --compile off (--no-compile on a resume)") from None
 

@@ -46,7 +46,8 @@ from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe,
 from omnigym.track.lock import RunLock
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import save_model_folder
-from omnigym.track.resume import DATA_FILES_KEY, PATHS_KEY, checked_run_dir, recorded_data, recorded_paths
+from omnigym.track.resume import (DATA_FILES_KEY, PATHS_KEY, checked_run_dir, recorded_data, recorded_paths,
+                                  same_path)
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
 
 __all__ = ["MODEL_FOLDER", "STAGES_FOLDER", "Run", "TrainCall", "current_call", "decided_run_dir", "start_run",
@@ -378,9 +379,10 @@ class Run:
             saved = load_config_dict(self.dir)
         except (OmnigymError, OSError):
             return {}
-        return {name: value for name, value in dataclasses.asdict(self.cfg).items()
-                if name not in ("resume", "run_dir") and name in saved
-                and (tuple(saved[name]) if isinstance(saved[name], list) else saved[name]) != value}
+        now = json.loads(json.dumps(dataclasses.asdict(self.cfg), default=describe))  # as config.json holds it
+        return {name: getattr(self.cfg, name) for name, value in now.items()
+                if name not in ("resume", "run_dir") and name in saved and value != saved[name]
+                and not same_path(name, value, saved[name], saved)}
 
     def state_line(self) -> str:
         """Where the run stands, for a message about a run that stopped early."""
