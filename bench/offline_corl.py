@@ -65,8 +65,11 @@ def run_worker(side: str, corl: str, dataset: str, algo: str, seed: int, steps: 
     """One run of one library in a fresh process (this file with ``--worker``); its score and times."""
     command = [sys.executable, __file__, "--worker", side, "--corl", corl, "--datasets", dataset, "--algos", algo,
                "--seeds", str(seed), "--steps", str(steps), "--eval-episodes", str(eval_episodes), *update_flags]
-    out = subprocess.run(command, check=True, env=one_thread_env(), capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(command, env=one_thread_env(), capture_output=True, text=True)
+    if done.returncode:  # the worker's own last line (omnigym's one-line error, or a traceback's end)
+        said = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        sys.exit(f"offline_corl: the {side} run ({algo}, seed {seed}) failed: {said[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def result(score: float, timing) -> dict:
@@ -181,6 +184,11 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="omnigym's --compile (its build time: warm-up)")
     parser.add_argument("--worker", choices=("omnigym", "corl"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    import corl_standins
+
+    if args.steps <= corl_standins.Timing.WARM_UP:
+        parser.error(f"--steps must be above {corl_standins.Timing.WARM_UP}: the time is taken after that many "
+                     "warm-up steps")
     check_corl(args.corl, args.algos)
     update_flags = ["--precision", args.precision] + ["--compile"] * args.compile  # omnigym's side only
     if args.worker:

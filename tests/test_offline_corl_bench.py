@@ -143,3 +143,14 @@ def test_the_table_shows_both_clocks_and_their_ratios():
     assert "omnigym's flags: --precision bf16 --compile" in text
     assert "| d/x-v0 | iql | 0 | 10.0 | 12.0 | 1000 | 1000 | 2.00x | 500 | 500 | 1.50x | 3.2 | 1.0/2.0 |" in text
     assert "| d/x-v0 | iql | 10.0 ± 0.0 | 12.0 ± 0.0 | 2.00x | 1.50x |" in text
+
+
+def test_too_few_steps_to_time_are_refused_in_one_line(tmp_path):
+    """The time is taken after Timing.WARM_UP steps: fewer steps than that would time nothing."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(BENCH / "offline_corl.py"), "--corl", str(tmp_path), "--steps", "5"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1] == ("offline_corl.py: error: --steps must be above 10: the time is "
+                                                   "taken after that many warm-up steps")
