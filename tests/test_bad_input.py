@@ -7,6 +7,8 @@ that nothing at all was written there (no ``runs/``, no half-made run directory)
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -306,6 +308,33 @@ def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, monkeypatch, capsy
     assert err == ["omnigym: error: --compile needs a C++ compiler on CPU and no-such-compiler-here is not on PATH; "
                    "install g++ (apt-get install g++) or leave --compile off (--no-compile on a resume)"]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cache", ["/proc/no-such-folder", "/etc/hostname"])
+def test_compile_with_a_cache_folder_it_cannot_make_is_one_line(tmp_path, monkeypatch, capsys, cache):
+    """torch._inductor makes its cache folder when imported: one it cannot make (under /proc, or a
+    file's name) was an OSError's traceback at the first step."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", cache)
+    assert main(["train", "ppo", "--compile", "--total-timesteps", "512"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"omnigym: error: --compile keeps its kernels in {cache}, which cannot be made or written to; set "
+        "TORCHINDUCTOR_CACHE_DIR to a folder you can write or leave --compile off (--no-compile on a resume)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ppo_with_a_compiler_that_does_not_build_is_one_line_and_leaves_no_run(tmp_path):
+    """As offline RL's (tests/test_offline_speed.py): CXX is on PATH but cannot build; the first
+    minibatch says so in one line and the run directory goes."""
+    env = {**os.environ, "CXX": "/bin/false", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "omnigym", "train", "ppo", "--total-timesteps", "256",
+                           "--num-steps", "32", "--compile", "--run-dir", str(tmp_path / "run"), "--no-progress"],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith(("omnigym:", "Traceback"))]
+    assert len(errors) == 1 and errors[0].startswith("omnigym: error: --compile could not build the minibatch loss (")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_compiled_run_is_evaluated_and_resumed_without_a_compiler(run_copy, monkeypatch, capsys):

@@ -77,11 +77,10 @@ PRIVATE_ACCESS = {
     "offline/datasets.py:dataset._eval_env_spec":
         "Minari parses a dataset's eval env spec into this field only (recover_environment reads it); read with a "
         "fallback to the public dataset.spec.env_spec, so its absence changes nothing but which id is named",
-    "offline/training.py:torch._inductor":
+    "config.py:torch._inductor":
         "torch.compile's build failure (a C++ compiler that cannot build) is raised as torch._inductor.exc."
         "InductorError; torch has no public name for it, and --compile says it in one line",
-    "offline/training.py:torch._dynamo": "as torch._inductor: the same failure, wrapped as dynamo's "
-                                         "BackendCompilerFailed",
+    "config.py:torch._dynamo": "as torch._inductor: the same failure, wrapped as dynamo's BackendCompilerFailed",
     "rewards/sandbox.py:os._exit": "the standard library's documented exit of a forked child (no cleanup)",
     "rewards/judge_harness.py:os._exit": "as sandbox.py: the judge's forked children",
 }

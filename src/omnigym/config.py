@@ -85,6 +85,49 @@ def check_compiler(device: str) -> None:
     else:
         require(importlib.util.find_spec("triton") is not None,
                 "--compile on CUDA needs triton (CUDA builds of torch bring it); leave --compile off")
+    # inductor makes this folder when torch._inductor is imported and writes its kernels there; one
+    # it cannot make failed at that import with an OSError's traceback. Its default, as torch 2.13
+    # names it (importing torch's own function would import torch._inductor, and fail the same way):
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:
+        import getpass
+        import re
+        import tempfile
+
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+        cache = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    cache = os.path.abspath(cache)
+    try:
+        os.makedirs(cache, exist_ok=True)
+        writable = os.access(cache, os.W_OK | os.X_OK)
+    except OSError:
+        writable = False
+    require(writable, f"--compile keeps its kernels in {cache}, which cannot be made or written to; set "
+                      "TORCHINDUCTOR_CACHE_DIR to a folder you can write or leave --compile off (--no-compile on a "
+                      "resume)")
+
+
+def compiled(function, dynamic: bool, what: str):
+    """``torch.compile(function)`` for a run with ``--compile`` (``check_compiler`` passed): a
+    build that still fails at the first call (a compiler on PATH that cannot build, such as
+    ``CXX=/bin/false``, or a broken toolchain) is one line naming ``what`` it was building, not
+    inductor's page of traceback."""
+    import torch
+
+    graph = torch.compile(function, dynamic=dynamic)
+
+    def call(*args, **kwargs):
+        try:
+            return graph(*args, **kwargs)
+        except (torch._inductor.exc.InductorError, torch._dynamo.exc.BackendCompilerFailed) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise OmnigymError(f"--compile could not build {what} ({reason}); fix the C++ compiler or leave "
+                               "--compile off (--no-compile on a resume)") from None
+
+    return call
 
 
 @dataclass

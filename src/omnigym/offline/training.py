@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from omnigym.config import check_compiler, check_precision
+from omnigym.config import check_compiler, check_precision, compiled
 from omnigym.envs.goal import GoalLayout, network_view
 from omnigym.errors import OmnigymError
 from omnigym.offline.datasets import Evaluator, ObservationStats, OfflineConfig, OfflineData, load_offline_data
@@ -60,18 +60,7 @@ def update_objective(cfg: UpdateFlags, objective: Callable) -> Callable:
     if not cfg.compile:
         return objective
     # One graph per objective: the batch's shapes never change within a run (dynamic=False).
-    compiled = torch.compile(objective, dynamic=False)
-
-    def built(*tensors):
-        try:
-            return compiled(*tensors)
-        except (torch._inductor.exc.InductorError, torch._dynamo.exc.BackendCompilerFailed) as exc:
-            # check_compiler found a compiler on PATH; this one does not build (CXX=/bin/false, a broken toolchain)
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise OmnigymError(f"--compile could not build the update ({reason}); fix the C++ compiler "
-                               "or leave --compile off (--no-compile on a resume)") from None
-
-    return built
+    return compiled(objective, dynamic=False, what="the update")
 
 
 def start_offline_run(cfg: OfflineConfig, algo: str, top_fraction: float = 1.0) -> tuple[OfflineData, Evaluator, Run]:

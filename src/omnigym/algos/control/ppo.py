@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import torch
 
-from omnigym.config import (ControlConfig, check_compiler, require_fraction, require_non_negative,
+from omnigym.config import (ControlConfig, check_compiler, compiled, require_fraction, require_non_negative,
                             require_positive)
 from omnigym.envs.games.symmetry import check_board_size, has_symmetries, no_symmetries, symmetries_of
 from omnigym.envs.vector import make_run_envs
@@ -193,7 +193,7 @@ def train(cfg: PPOConfig) -> dict:
 
         objective = minibatch_objective
         if cfg.compile:  # one compiled graph for the forward pass and the losses, and so for their backward
-            objective = torch.compile(minibatch_objective, dynamic=True)
+            objective = compiled(minibatch_objective, dynamic=True, what="the minibatch loss")
         progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
         clock = Clock(global_step)
         rollouts.update_weights(agent.named_parameters(), version=first_update)  # the rollout workers start from the learner's policy
