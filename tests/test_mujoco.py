@@ -100,3 +100,18 @@ def test_continuous_ppo_learns_inverted_pendulum(tmp_path):
     last_20 = [row["charts/return_last_20"] for row in rows if "charts/return_last_20" in row][-1]
     assert last_20 >= 800  # best 1000 (docs/mujoco.md)
     assert np.mean(evaluate_run(str(run), episodes=5, greedy=True)) >= 800
+
+
+def test_a_mujoco_warning_is_printed_once_and_no_log_file_is_written(tmp_path):
+    """gymnasium's HalfCheetah XML uses MuJoCo's deprecated settotalmass: MuJoCo's own handler
+    printed that for every env made and appended it to MUJOCO_LOG.TXT in the working directory."""
+    import subprocess
+    import sys
+
+    code = ("from omnigym.envs.vector import make_vec\n"
+            "make_vec('HalfCheetah-v5', 3).close()\n"
+            "make_vec('HalfCheetah-v5', 2).close()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    warned = [line for line in done.stderr.splitlines() if "settotalmass" in line]
+    assert len(warned) == 1 and warned[0].startswith("MuJoCo warning: ")
+    assert list(tmp_path.iterdir()) == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib.util
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -275,6 +276,7 @@ def make_vec(
 
         return RecordEpisodeStatistics(make_mjlab_vec(env, num_envs, seed, video_dir, **env_kwargs))
     env_id = resolve_env(env)
+    _quiet_mujoco_warnings(env_id)
     video = None
     if video_dir is not None:
         from omnigym.envs.video import recording
@@ -303,6 +305,36 @@ def make_vec(
         envs.action_space.seed(seed)
         envs.single_action_space.seed(seed)
     return envs
+
+
+_MUJOCO_WARNED: set[str] = set()
+
+
+def _print_mujoco_warning_once(message: str) -> None:
+    if message not in _MUJOCO_WARNED:
+        _MUJOCO_WARNED.add(message)
+        print(f"MuJoCo warning: {message}", file=sys.stderr, flush=True)
+
+
+def _quiet_mujoco_warnings(env_id) -> None:
+    """MuJoCo's own warning handler prints a warning again for every model it compiles (gymnasium's
+    HalfCheetah: "settotalmass is deprecated", once per env made, 11 lines for an offline run's
+    evaluator) and appends it to MUJOCO_LOG.TXT in the working directory, a file nobody asked for.
+    Before a MuJoCo env is made, each distinct warning is printed once instead, and nothing written
+    (async workers forked afterwards inherit the handler)."""
+    if _MUJOCO_WARNED or "mujoco" not in sys.modules and not _is_mujoco(env_id):
+        return
+    import mujoco
+
+    if mujoco.get_mju_user_warning() is None:  # a handler of the user's own stays
+        mujoco.set_mju_user_warning(_print_mujoco_warning_once)
+
+
+def _is_mujoco(env_id) -> bool:
+    try:
+        return "mujoco" in str(gym.spec(env_id).entry_point).lower()
+    except Exception:  # not a registered id: made some other way, checked when it is made
+        return False
 
 
 def _vectorize_factory(factory, num_envs: int, backend: str, env_kwargs: dict, video=None) -> gym.vector.VectorEnv:
