@@ -570,3 +570,44 @@ def test_a_long_call_is_polled_quietly_until_done(tmp_path, caplog):
     assert len(out.loss_fn_outputs) == 1
     assert len(polls) >= 3, polls  # 1 s of work, 0.2 s polls
     assert not [r for r in caplog.records if "try_again" in r.getMessage()]
+
+
+def test_a_stopped_server_says_how_to_go_on_and_the_line_works(tmp_path):
+    """SIGTERM (a scheduler, systemd) and Ctrl-C: uvicorn.run ended both in silence with exit 0;
+    now the line says the store keeps the runs and gives the command that serves them again,
+    which runs as printed, and the exit code is 128 + the signal."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    def start(argv):
+        proc = subprocess.Popen([sys.executable, "-m", "omnigym", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz").status_code == 200:
+                    return proc
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+
+    port = free_port()
+    store = tmp_path / "store"
+    proc = start(["serve", "--base-model", "tiny", "--port", str(port), "--store", str(store)])
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"omnigym: stopped by SIGTERM; the store ({store}) keeps every run and checkpoint: go on "
+                           "with omnigym serve "), last
+    command = shlex.split(last.split("go on with ", 1)[1].split(" (a request", 1)[0])
+    assert command[:2] == ["omnigym", "serve"]
+    proc = start(command[1:])  # the printed command serves the same store again
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1].startswith(f"omnigym: interrupted; the store ({store}) keeps every run")

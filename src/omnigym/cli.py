@@ -604,7 +604,7 @@ def interrupted(exc: KeyboardInterrupt, run, about_a_run: bool = True) -> int:
     shell's exit code for the signal (128 + its number)."""
     where = getattr(exc, "where", None) or (run if isinstance(run, str) else run.state_line() if run else
                                             "the run had not started; nothing was written")
-    where = f"; {where}" if about_a_run else ""
+    where = f"; {where}" if about_a_run or getattr(exc, "where", None) else ""
     from omnigym.track.stopping import Stopped
 
     if isinstance(exc, Stopped):

@@ -1,16 +1,18 @@
 """``omnigym serve``: its flags, checked in full before anything is created on disk or bound,
-then the hub, the store and the HTTP app, served by uvicorn until Ctrl-C."""
+then the hub, the store and the HTTP app, served by uvicorn until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
 import os
+import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from omnigym.errors import OmnigymError, missing_extra, path_name
+from omnigym.serve.http import serve_in_main_thread
 
 DESCRIPTION = ("Serve the tinker SDK's REST API over one base model: LoRA training runs, sampling, "
                "checkpoints (docs/serve.md).")
@@ -135,7 +137,7 @@ def check(argv: list[str]) -> ServeArgs:
 def serve(argv: list[str]) -> None:
     try:
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as exc:
         raise missing_extra(exc.name or "fastapi", "serve") from None
     args = check(argv)
@@ -157,6 +159,10 @@ def serve(argv: list[str]) -> None:
     print(f"omnigym serve: {args.base_model} on http://{args.host}:{args.port} "
           f"(store {args.store}; {'API key required' if args.api_keys else 'loopback only'})", flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        serve_in_main_thread(app, args.host, args.port)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py): the stop line says how to go on
+        exc.where = (f"the store ({args.store}) keeps every run and checkpoint: go on with "
+                     f"omnigym serve {shlex.join(argv)} (a request that had not finished is answered 'send it again')")
+        raise
     finally:
         app.state.worker.stop()

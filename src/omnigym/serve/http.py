@@ -7,8 +7,8 @@ The servers are ``omnigym serve`` (``serve/app.py``, the tinker SDK's REST API),
 FastAPI apps (Starlette underneath) served by uvicorn. That one because two of the three
 already were, the tinker SDK's wire format is what its own FastAPI-shaped server speaks
 (``{"detail": ...}`` errors, which ``rewards/remote.py`` reads too), and an ASGI app runs as
-well on a thread's own event loop (the agent endpoint, many episodes at once) as under
-``uvicorn.run`` (the two commands). aiohttp, which served the agent endpoint alone, is no
+well on a thread's own event loop (the agent endpoint, many episodes at once) as in the main
+thread (the two commands, ``serve_in_main_thread``). aiohttp, which served the agent endpoint alone, is no
 longer a dependency of any of them.
 
 Importing this module needs neither FastAPI nor uvicorn: the commands check for the
@@ -77,6 +77,32 @@ async def read_body(request, limit: int) -> bytes:
             raise BodyTooLarge(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def serve_in_main_thread(app, host: str, port: int) -> None:
+    """The two commands' uvicorn, until Ctrl-C, SIGTERM or SIGHUP, which end it by raising (the
+    CLI then says it stopped and exits 128 + the signal). Not ``uvicorn.run``: that swallows the
+    KeyboardInterrupt uvicorn raises again after its graceful shutdown, so a server stopped by
+    SIGTERM exited 0 without a word."""
+    import signal
+
+    import uvicorn
+
+    from omnigym.track.stopping import Stopped
+
+    class Server(uvicorn.Server):
+        stopped_by: int | None = None
+
+        def handle_exit(self, sig: int, frame) -> None:
+            self.stopped_by = sig
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server.run()  # SIGTERM: raised again after the shutdown, through the CLI's handler, as Stopped
+    if server.stopped_by == signal.SIGINT:  # asyncio's runner drops the SIGINT uvicorn raises again
+        raise KeyboardInterrupt
+    if server.stopped_by is not None:
+        raise Stopped(server.stopped_by)
 
 
 class ThreadedServer:

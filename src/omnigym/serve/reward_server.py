@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Union
 
 from omnigym.errors import OmnigymError, missing_extra, path_name
+from omnigym.serve.http import serve_in_main_thread
 
 log = logging.getLogger("omnigym.serve")
 
@@ -175,7 +176,7 @@ def make_reward_app(scorer, batch_size: int = 32, max_queue: int = 64, api_keys:
 def serve_rm(argv: list[str]) -> None:
     try:
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as exc:
         raise missing_extra(exc.name or "fastapi", "serve") from None
     args = check(argv)
@@ -189,6 +190,6 @@ def serve_rm(argv: list[str]) -> None:
           f"queue {args.max_queue}, {args.device}; {'API key required' if args.api_keys else 'loopback only'})\n"
           f"use it with: --rewards rm:http://{address}:1.0", flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        serve_in_main_thread(app, args.host, args.port)
     finally:
         app.state.worker.stop()
