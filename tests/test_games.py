@@ -312,6 +312,31 @@ def test_a_league_search_depth_changed_on_resume_is_one_line(tmp_path, capsys):
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*")) == before
 
 
+def test_the_search_depth_changed_on_resume_is_one_line(tmp_path, capsys):
+    """eval/vs_search/score is measured against --search-depth's player: a resume with another depth changed what
+    the run's curve means halfway through, in silence."""
+    run_dir = str(tmp_path / "run")
+    assert main(["train", "ppo", "--self-play", "--env-id", "openspiel/tic_tac_toe", "--eval-every", "4",
+                 "--eval-games", "2", "--search-depth", "2", "--total-timesteps", "512", "--run-dir", run_dir,
+                 "--no-progress", "--no-plot"]) == 0
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*"))
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", run_dir, "--total-timesteps", "1024", "--search-depth", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--search-depth" in err[0], err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*")) == before
+
+
+def test_openspiels_own_stderr_line_is_not_printed_before_the_one_line(tmp_path, monkeypatch, capfd):
+    """OpenSpiel's C++ prints a refused parameter to file descriptor 2 before raising it: two or three lines
+    where omnigym says one."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo", "--self-play", "--env-id", "openspiel/kuhn_poker", "--env-kwargs", "players=1"]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("omnigym: error: openspiel/kuhn_poker could not be made: SpielError: ")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_self_play_run_resumed_without_it_is_one_line(tmp_path, monkeypatch, capsys):
     """--resume RUN --no-self-play dropped the league and went on against nothing it had trained with."""
     from omnigym.algos.control import ppo
@@ -359,6 +384,10 @@ def test_a_resumed_self_play_run_keeps_its_league_and_ratings(tmp_path):
     resumed = rows[rows.index(first) + 1]
     assert resumed["league/size"] >= first["league/size"]  # not back to the random player alone
     assert abs(resumed["eval/elo"] - first["eval/elo"]) < 100  # one update's games from where it was, not from 1000
+    # the training clock goes on from the checkpoint's (it started again at 0)
+    seconds = [r["eval/train_seconds"] for r in rows if "eval/train_seconds" in r]
+    assert seconds == sorted(seconds) and len(seconds) > len([r for r in rows[:rows.index(first) + 1]
+                                                              if "eval/train_seconds" in r])
 
 
 @pytest.mark.slow

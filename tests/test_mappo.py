@@ -100,6 +100,16 @@ def test_mappo_refuses_what_it_cannot_train_in_one_line_and_writes_nothing(tmp_p
     assert snapshot(tmp_path) == []
 
 
+def test_an_env_kwarg_of_the_wrong_kind_is_one_line(tmp_path, monkeypatch, capsys):
+    """simple_spread's constructor takes max_cycles=abc and fails at the first step: a TypeError's traceback."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "mappo", "--env-id", "pettingzoo/simple_spread_v3", "--env-kwargs", "max_cycles=abc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["omnigym: error: pettingzoo/simple_spread_v3 does not run with --env-kwargs {'max_cycles': 'abc'}: "
+                   "TypeError: '>=' not supported between instances of 'int' and 'str'"]
+    assert snapshot(tmp_path) == []
+
+
 def test_a_short_run_checkpoints_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     common = dict(run_dir=str(run_dir), num_envs=2, num_steps=5, progress=False, plot=False, tensorboard=False)

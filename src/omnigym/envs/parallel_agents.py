@@ -85,6 +85,15 @@ def make_team_env(env_id: str, env_kwargs: dict | None = None):
         raise OmnigymError(f"{env_id}'s agents do not share one vector observation space and one discrete action "
                            f"space, which the one policy they share needs; cooperative tasks mappo trains: "
                            f"{COOPERATIVE}")
+    if env_kwargs:  # a value of the wrong kind (max_cycles=abc) is taken by the constructor and fails at a step
+        try:
+            env.reset(seed=0)
+            env.step({a: 0 for a in env.agents})
+            env.reset(seed=0)
+        except (TypeError, ValueError, AssertionError) as exc:
+            env.close()
+            raise OmnigymError(f"{env_id} does not run with --env-kwargs {env_kwargs}: "
+                               f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
     return env
 
 

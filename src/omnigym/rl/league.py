@@ -197,6 +197,8 @@ class League:
         self.rng = np.random.default_rng(cfg.seed)
         self.snapshots_taken = 0
         self.started, self.eval_seconds = time.perf_counter(), 0.0
+        self.trained_before = 0.0
+        """training seconds of the run before this process resumed it (its checkpoint's)"""
         for env in games:
             env.opponents = self
 
@@ -251,8 +253,12 @@ class League:
             metrics["eval/vs_search/score"] = float(np.mean(vs_search))
         self.eval_seconds += time.perf_counter() - began
         # training time so far, evaluations left out: what bench/selfplay_vs_maskable_ppo.py compares
-        metrics["eval/train_seconds"] = time.perf_counter() - self.started - self.eval_seconds
+        metrics["eval/train_seconds"] = self.train_seconds()
         return metrics
+
+    def train_seconds(self) -> float:
+        """The run's training time so far, evaluations left out, across resumes."""
+        return self.trained_before + time.perf_counter() - self.started - self.eval_seconds
 
     def play(self, learner, opponent, games: int) -> list[float]:
         """The learner's scores in ``games`` games against ``opponent``, seats alternating."""
@@ -269,10 +275,13 @@ class League:
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"rating": self.rating, "snapshots_taken": self.snapshots_taken, "rng": self.rng.bit_generator.state,
-                "members": [m.state() for m in self.members]}
+                "members": [m.state() for m in self.members], "train_seconds": self.train_seconds()}
 
     def load_state_dict(self, state: dict) -> None:
         self.rating, self.snapshots_taken = state["rating"], state["snapshots_taken"]
+        # the clock goes on from the checkpoint's (a checkpoint from before it was saved: from 0)
+        self.trained_before = state.get("train_seconds", 0.0)
+        self.started, self.eval_seconds = time.perf_counter(), 0.0
         self.rng.bit_generator.state = state["rng"]
         self.members = []
         for saved in state["members"]:

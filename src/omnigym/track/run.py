@@ -314,7 +314,8 @@ class Run:
 
             main = metric if isinstance(metric, str) else metric[0]
             if not any(main in row for row in read_metrics(self.dir)):  # a short run that ended no episode
-                self.say(f"no learning curve: the run logged no {main} (no episode ended)")
+                why = "no episode ended" if main == "charts/episodic_return" else "it was never measured"
+                self.say(f"no learning curve: the run logged no {main} ({why})")
                 return None
             curve = self.dir / "curve.png"
             try:

@@ -89,7 +89,8 @@ class AlphaZeroConfig(RunConfig):
     checkpoint_every: int = 10
     """iterations between checkpoints (one is always written at the end)"""
 
-    RESUME_FIXED = RunConfig.RESUME_FIXED + ("env_id", "hidden", "replay_size")
+    RESUME_FIXED = RunConfig.RESUME_FIXED + ("env_id", "hidden", "replay_size",
+                                             "simulations")  # the search's strength, and the MCTS bot's in evaluation
     SAVED_REQUIRED = ("env_id",)
     BUDGET = ("iterations", "iteration")
 

@@ -82,7 +82,8 @@ class MAPPOConfig(RunConfig):
     value_norm: bool = True
     """the critic predicts returns standardised by their running mean and std (MAPPO's ValueNorm)"""
 
-    RESUME_FIXED = RunConfig.RESUME_FIXED + ("env_id", "env_kwargs", "num_envs", "hidden", "agent_id", "value_norm")
+    RESUME_FIXED = RunConfig.RESUME_FIXED + ("env_id", "env_kwargs", "num_envs", "hidden", "agent_id", "value_norm",
+                                          "team_reward")  # the rewards each agent learns from
     SAVED_REQUIRED = ("env_id",)
     BUDGET = ("total_timesteps", "global_step")
 

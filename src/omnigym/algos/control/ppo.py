@@ -93,7 +93,8 @@ class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
     1.09x the training SPS on PPO HalfCheetah (docs/benchmarks.md); needs a C++ compiler on CPU (docs/ppo.md)"""
 
     RESUME_FIXED = ControlConfig.RESUME_FIXED + ("normalize_obs", "normalize_reward", "runtime", "max_staleness",
-                                                 "num_generators", "self_play", "symmetric", "league_search_depth")
+                                                 "num_generators", "self_play", "symmetric", "league_search_depth",
+                                                 "search_depth")  # eval/vs_search/score's opponent
     PRESETS = {
         "atari": ("CleanRL ppo_atari.py, the PPO paper's Atari settings", dict(
             total_timesteps=10_000_000, num_envs=8, num_steps=128, learning_rate=2.5e-4, gamma=0.99, gae_lambda=0.95,

@@ -92,6 +92,32 @@ def pettingzoo_env(name: str, **kwargs):
     return pettingzoo.make("aec", source, **kwargs)
 
 
+def without_cpp_stderr(call):
+    """``call()`` with file descriptor 2 set aside: OpenSpiel's C++ prints a refused setting
+    (``OpenSpiel exception: Unknown parameter 'players'``) to stderr before raising the same
+    message in Python, which then says it in omnigym's one line. What was printed is passed on
+    when the call succeeds."""
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as held:
+        saved = os.dup(2)
+        os.dup2(held.fileno(), 2)
+        try:
+            result = call()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        printed = held.read()
+    if printed:  # a warning of a call that worked is the user's to see
+        sys.stderr.write(printed.decode(errors="replace"))
+        sys.stderr.flush()
+    return result
+
+
 def make_game(env_id: str, **kwargs) -> Game:
     """The game behind ``pettingzoo/NAME`` or ``openspiel/NAME``; ``kwargs``: the env's own
     (PettingZoo) or the game's parameters (OpenSpiel, e.g. ``players=3``)."""
@@ -105,7 +131,7 @@ def make_game(env_id: str, **kwargs) -> Game:
             return PettingZooGame(name, pettingzoo_env(name, **kwargs), perfect_information=perfect)
         import pyspiel
 
-        return OpenSpielGame(name, pyspiel.load_game(name, kwargs))
+        return OpenSpielGame(name, without_cpp_stderr(lambda: pyspiel.load_game(name, kwargs)))
     except OmnigymError:
         raise
     except Exception as exc:  # the library refused the settings (an unknown kwarg, a bad parameter)

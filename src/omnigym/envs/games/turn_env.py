@@ -27,7 +27,8 @@ SEATS = 2
 
 def check_two_seats(game, env_id: str) -> None:
     if game.num_seats != SEATS:
-        raise OmnigymError(f"{env_id} has {game.num_seats} seats; omnigym plays one seat against an opponent, and "
+        seats = f"{game.num_seats} seat" + ("" if game.num_seats == 1 else "s")
+        raise OmnigymError(f"{env_id} has {seats}; omnigym plays one seat against an opponent, and "
                            f"self-play supports {SEATS}-seat games")
 
 
