@@ -312,6 +312,13 @@ def test_a_league_search_depth_changed_on_resume_is_one_line(tmp_path, capsys):
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*")) == before
 
 
+def test_a_search_depth_without_the_search_opponent_is_one_line(tmp_path, monkeypatch, capsys):
+    """It was ignored: the run trained against the random player it had not asked for."""
+    _one_line(tmp_path, monkeypatch, capsys, ["train", "ppo", "--env-id", "openspiel/tic_tac_toe", "--env-kwargs",
+                                              "search_depth=3"],
+              "--env-kwargs search_depth=3 is the search opponent's depth; add opponent=search, or leave it out")
+
+
 def test_the_search_depth_changed_on_resume_is_one_line(tmp_path, capsys):
     """eval/vs_search/score is measured against --search-depth's player: a resume with another depth changed what
     the run's curve means halfway through, in silence."""

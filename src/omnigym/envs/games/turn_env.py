@@ -43,6 +43,9 @@ class TurnEnv(gym.Env):
     """self-play's league, set by rl/league.py: ``draw(rng) -> (move, tag)`` and ``report(tag, score)``"""
 
     def __init__(self, game: str, opponent: str = "random", search_depth: int = 0, **game_kwargs):
+        if search_depth and opponent != "search":  # it was ignored, and the run trained against random play
+            raise OmnigymError(f"--env-kwargs search_depth={search_depth} is the search opponent's depth; add "
+                               f"opponent=search, or leave it out (the opponent is {opponent})")
         self.game = make_game(game, **game_kwargs)
         check_two_seats(self.game, game)
         self.opponent = fixed_opponent(opponent, search_depth or default_search_depth(game))
