@@ -276,6 +276,15 @@ BAD = [
     (["collect", "nowhere", "--episodes", "1", "--dataset", "x-v0"], "'nowhere' is neither 'random' nor a run"),
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "0", "--dataset", "x-v0"],
      "--episodes must be positive"),
+    # the reference returns were written as given, and every evaluation's normalized score was inf or NaN
+    (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-min-score", "-10",
+      "--ref-max-score", "-10"], "--ref-min-score (-10.0) must be below --ref-max-score (-10.0)"),
+    (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-min-score", "nan",
+      "--ref-max-score", "1"], "--ref-min-score and --ref-max-score must be finite numbers, got nan and 1.0"),
+    (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-min-score", "5"],
+     "--ref-min-score needs --ref-max-score (or --expert RUN) beside it"),
+    (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--expert", "random"],
+     "--expert names a trained run"),
 ]
 
 
@@ -284,6 +293,39 @@ def test_bad_input_gets_one_line_and_writes_nothing(datasets, tmp_path, monkeypa
     before = test_bad_input.snapshot(datasets)
     test_bad_input.test_bad_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message)
     assert test_bad_input.snapshot(datasets) == before
+
+
+def test_a_collect_into_a_dataset_another_collect_is_writing_is_one_line(tmp_path, monkeypatch, capsys):
+    """Two collects into one new id both said 'wrote', and the later silently replaced the other."""
+    import os
+
+    from omnigym.track.lock import RunLock
+
+    datasets = tmp_path / "datasets"
+    datasets.mkdir()
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(datasets))
+    held = RunLock(datasets, ".omnigym-collect-pendulum--busy-v0.lock", "--dataset pendulum/busy-v0")
+    assert held.acquire()
+    try:
+        assert main(["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset",
+                     "pendulum/busy-v0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("omnigym: error: --dataset pendulum/busy-v0 is in use by another "
+                                                   f"omnigym process (pid {os.getpid()}"), err
+        assert not (datasets / "pendulum" / "busy-v0").exists()
+    finally:
+        held.release()
+    assert main(["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "pendulum/busy-v0"]) == 0
+    assert not list(datasets.glob(".omnigym-collect-*"))  # the lock and the staging folder go with the collect
+
+
+def test_a_datasets_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "a-file" / "datasets"))
+    assert main(["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "pendulum/r-v0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"omnigym: error: the datasets folder {tmp_path}/a-file/datasets cannot be made: {tmp_path}/a-file is a file; "
+        "set MINARI_DATASETS_PATH to a folder"]
 
 
 def test_a_missing_dataset_is_not_downloaded_while_the_hub_is_offline(monkeypatch):

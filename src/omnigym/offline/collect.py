@@ -36,6 +36,7 @@ from omnigym.offline.datasets import datasets_root, first_line, import_minari
 from omnigym.offline.from_replay import replay_episodes
 from omnigym.process import run_scope
 from omnigym.scoped_env import environment
+from omnigym.track.lock import RunLock
 
 RANDOM = "random"
 
@@ -116,9 +117,15 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
         raise OmnigymError(f"--dataset {dataset_id!r}: a Minari id is NAME-vN or NAMESPACE/NAME-vN "
                            "(e.g. pendulum/random-v0)") from None
     root = datasets_root()
+    blocked = next((p for p in [root, *root.parents] if p.exists()), None)
+    require(blocked is None or blocked.is_dir(), f"the datasets folder {root} cannot be made: {blocked} is a file; "
+                                                 "set MINARI_DATASETS_PATH to a folder")
     target = root / dataset_id
     require(overwrite or not target.exists(), f"--dataset {dataset_id} already exists in {root}; give --overwrite "
                                               "to replace it, or another name")
+    require(ref_min_score is None or ref_max_score is not None or expert,
+            "--ref-min-score needs --ref-max-score (or --expert RUN) beside it; alone it would be dropped")
+    check_reference_scores(ref_min_score, ref_max_score)
     if from_replay:
         require(len(sources) == 1 and sources[0] != RANDOM, "collect --from-replay reads one run's directory")
         replay_env_id, algo, replayed = replay_episodes(sources[0], load_run)
@@ -130,6 +137,8 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
                                "one dataset holds one env's episodes")
     require(env_ids, "collect: a random policy needs the env: give --env-id")
     (env_id,) = env_ids
+    require(expert != RANDOM, "--expert names a trained run whose mean return is the reference's top; random play "
+                              "is its bottom already")
     expert_source = load_source(expert, True, load_run) if expert else None
     require(expert_source is None or expert_source.env_id == env_id,
             f"--expert {expert} plays {expert_source.env_id if expert_source else ''}, not {env_id}")
@@ -138,7 +147,11 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
     if ref_min_score is None and ref_max_score is not None:
         ref_min_score = mean_return(env_id, None, reference_episodes, seed)
 
+
     root.mkdir(parents=True, exist_ok=True)
+    # one collect per dataset id: two into one new id both said "wrote", and the later replaced the other
+    lock = RunLock(root, f".omnigym-collect-{dataset_id.replace('/', '--')}.lock", f"--dataset {dataset_id}")
+    lock.acquire()
     staging = Path(tempfile.mkdtemp(prefix=".omnigym-collect-", dir=root))  # hidden: minari lists no dot-folders
     try:
         with environment({"MINARI_DATASETS_PATH": str(staging)}):
@@ -151,9 +164,13 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
                     description=f"omnigym collect: {len(buffers) if from_replay else episodes} episodes "
                                 f"{'of' if from_replay else 'each from'} " + ", ".join(
                         f"{s.name} ({s.algorithm}, mean return {returns[s.name]:.1f})" for s in loaded))
+        require(overwrite or not target.exists(), f"--dataset {dataset_id} was written meanwhile by a process "
+                                                  "that did not lock it; this one is not kept: give --overwrite to "
+                                                  "replace it, or another name")
         replace_into(staging / dataset_id, target, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        lock.release()
     if namespace is not None:
         from minari.namespace import create_namespace, list_local_namespaces
 
@@ -220,6 +237,19 @@ def replay_buffers(name: str, replayed: list):
                              terminations=terminations, truncations=truncations)
                for index, (observations, actions, rewards, terminations, truncations) in enumerate(replayed)]
     return buffers, {name: float(np.mean([episode[2].sum() for episode in replayed]))}
+
+
+def check_reference_scores(low: float | None, high: float | None) -> None:
+    """D4RL's normalized score is ``100 (score - low) / (high - low)``: finite, with low under
+    high, or it is inf or NaN at every evaluation. Neither given: no normalized score."""
+    import math
+
+    if low is None or high is None:
+        return
+    require(math.isfinite(low) and math.isfinite(high), f"--ref-min-score and --ref-max-score must be finite "
+                                                        f"numbers, got {low} and {high}")
+    require(low < high, f"--ref-min-score ({low}) must be below --ref-max-score ({high}): the normalized score "
+                        "divides by their difference")  # (an --expert that scores below random play is its own)
 
 
 def replace_into(new: Path, target: Path, staging: Path) -> None:

@@ -49,9 +49,13 @@ def this_command() -> str:
 class RunLock:
     """The lock on one run directory; ``acquire`` once, ``release`` any number of times."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, name: str = LOCK_NAME, what: str | None = None):
+        """``name``: the lock file's, in ``run_dir``; ``what``: what the refusal says is in use
+        (``run_dir``'s path when None). Another name guards something else in a shared folder:
+        ``omnigym collect``'s one dataset id in the datasets folder."""
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_NAME
+        self.path = self.run_dir / name
+        self.what = what or str(self.run_dir)
         self._fd: int | None = None
         self._created: list[Path] = []
 
@@ -84,8 +88,8 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise OmnigymError(f"{self.run_dir} is in use by another omnigym process ({holder_of(self.path)}); "
-                                   "one process writes a run at a time: wait for it to end, or stop it "
+                raise OmnigymError(f"{self.what} is in use by another omnigym process ({holder_of(self.path)}); "
+                                   "one process writes it at a time: wait for it to end, or stop it "
                                    "and try again") from None
             # A holder that released between our open and our flock removed the file we opened:
             # a lock on that file guards nothing, so open the path again.
