@@ -13,7 +13,7 @@ import torch
 minari = pytest.importorskip("minari")
 
 import test_bad_input  # noqa: E402
-from omnigym.algos import cql, iql, td3_bc  # noqa: E402
+from omnigym.algos import bc, cql, iql, td3_bc  # noqa: E402
 from omnigym.offline.datasets import load_offline_data  # noqa: E402
 from omnigym.offline.online import mixed_batch  # noqa: E402
 from omnigym.rl.replay import ReplayBuffer  # noqa: E402
@@ -22,6 +22,14 @@ from omnigym.track.checkpoint import load_checkpoint  # noqa: E402
 from interrupts import interrupt_at_log  # noqa: E402
 from test_offline import SMALL, datasets, datasets_path  # noqa: E402,F401  (the tiny Minari datasets)
 from test_reproducibility import metrics  # noqa: E402
+
+def test_the_online_algorithms_are_those_whose_configs_take_the_online_flags():
+    from omnigym.algos import ALGORITHMS, config_class, get_algorithm
+    from omnigym.offline.online import ONLINE_ALGOS, OnlineFlags
+
+    assert sorted(ONLINE_ALGOS) == sorted(name for name in ALGORITHMS
+                                          if issubclass(config_class(get_algorithm(name)), OnlineFlags))
+
 
 ALGOS = {"td3_bc": (td3_bc, {}), "iql": (iql, {}), "cql": (cql, {}), "cal_ql": (cql, {"calibrated": True})}
 
@@ -261,6 +269,8 @@ def sources(tmp_path_factory, datasets):
         interrupt_at_log(patch, lambda: train("cql", root / "unfinished"), n=5)
         sac.train(sac.CONFIG(env_id="Pendulum-v1", total_timesteps=50, learning_starts=10, hidden=(8,),
                              run_dir=str(root / "sac"), progress=False, plot=False, tensorboard=False))
+        bc.train(bc.CONFIG(**{"dataset": "pendulum/random-v0", "seed": 5, "total_timesteps": 20,
+                              "run_dir": str(root / "bc"), **SMALL}))
     return root
 
 
@@ -271,6 +281,9 @@ BAD = [
      "--resume-online SRC/sac is a sac run, not an offline one"),
     (["--resume-online", "SRC/td3_bc", "--online-steps", "10"], "--resume-online SRC/td3_bc is a td3_bc run; continue "
                                                                 "it online with: omnigym train td3_bc"),
+    # it advised 'omnigym train bc --resume-online', which bc refuses
+    (["--resume-online", "SRC/bc", "--online-steps", "10"], "--resume-online SRC/bc is a bc run, which has no online "
+                                                            "phase; --resume-online continues cql, iql, td3_bc runs"),
     (["--resume-online", "SRC/unfinished", "--online-steps", "10"], "has not finished (gradient step 40 of 60)"),
     (["--resume-online", "SRC/cql-online", "--online-steps", "10"], "is an online run already; continue it with"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--env-id", "MountainCarContinuous-v0"],

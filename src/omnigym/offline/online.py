@@ -47,6 +47,10 @@ OWN_SETTINGS = ("run_dir", "resume", "overwrite", "resume_online", "online_steps
 (env steps now, gradient steps there)"""
 
 
+ONLINE_ALGOS = ("cql", "iql", "td3_bc")
+"""the offline algorithms with an online phase (their configs take ``OnlineFlags``)"""
+
+
 @dataclass
 class OnlineFlags:
     """The flags of offline -> online fine-tuning (an offline algorithm's config takes them in)."""
@@ -102,6 +106,9 @@ def online_settings(cfg, algo: str):
         raise OmnigymError(f"{label} is {a_run(made_by)}, not an offline one; --resume-online continues an offline run "
                            f"(omnigym train {algo} --dataset ...)")
     if made_by != algo:
+        if made_by not in ONLINE_ALGOS:  # bc has no online phase: naming it would be advice that fails
+            raise OmnigymError(f"{label} is {a_run(made_by)}, which has no online phase; --resume-online continues "
+                               f"{', '.join(ONLINE_ALGOS)} runs by their own algorithm")
         raise OmnigymError(f"{label} is {a_run(made_by)}; continue it online with: omnigym train {made_by} "
                            f"--resume-online {source} --online-steps {cfg.online_steps}")
     if saved.get("resume_online"):
