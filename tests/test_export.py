@@ -154,8 +154,19 @@ def test_cli_writes_into_the_run_and_refuses_to_overwrite(tmp_path, capsys):
     assert main(["export", run_dir, "--format", "torchscript"]) == 0
     assert "policy.pt" in capsys.readouterr().out
     assert load_exported(f"{run_dir}/policy.pt", "torchscript")(np.zeros((3, 4), np.float32)).shape == (3,)
+    other = tmp_path / "other-run"  # another finished run, and a Minari dataset's folder
+    other.mkdir()
+    for name in ("config.json", "checkpoint.pt", "metrics.jsonl"):
+        (other / name).write_text("{}")
+    (tmp_path / "ds" / "data").mkdir(parents=True)
+    (tmp_path / "ds" / "data" / "metadata.json").write_text("{}")
+    (tmp_path / "ds" / "data" / "main_data.hdf5").write_text("x")
     before = test_bad_input.snapshot(tmp_path)
     for argv, message in [([], "policy.pt exists; pass --force to replace it"),
+                          # --force replaced another run's checkpoint and a dataset's data file
+                          (["--out", f"{other}/checkpoint.pt", "--force"], f"is one of the run {other}'s own files"),
+                          (["--out", f"{tmp_path}/ds/data/main_data.hdf5", "--force"],
+                           f"is a file of the Minari dataset in {tmp_path}/ds"),
                           (["--out", f"{run_dir}/config.json", "--force"], "is one of the run's own files"),
                           (["--out", f"{run_dir}/checkpoint.pt"], "is one of the run's own files"),
                           (["--out", f"{tmp_path}/no/such/policy.pt"], "no such folder"),

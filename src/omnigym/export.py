@@ -236,9 +236,17 @@ def check_out(run_dir: str | os.PathLike, out: Path, force: bool) -> None:
     if out.is_dir():
         raise OmnigymError(f"--out {out} is a directory; name the file to write")
     if out.exists():
-        inside_run = run in out.resolve().parents
-        if inside_run and out.resolve() not in {default_out(run, f).resolve() for f in FORMATS}:
-            raise OmnigymError(f"--out {out} is one of the run's own files; export never replaces those")
+        # any run's files, this one's or another's (a finished run's checkpoint.pt was replaced by
+        # --force), and a Minari dataset's: an export replaces only what an export wrote
+        for folder in out.resolve().parents:
+            is_run = (folder / "config.json").is_file() and ((folder / "checkpoint.pt").exists() or
+                                                             (folder / "metrics.jsonl").is_file())
+            if is_run and out.resolve() not in {default_out(folder, f).resolve() for f in FORMATS}:
+                whose = "the run's" if folder == run else f"the run {folder}'s"
+                raise OmnigymError(f"--out {out} is one of {whose} own files; export never replaces those")
+            if (folder / "data" / "metadata.json").is_file():
+                raise OmnigymError(f"--out {out} is a file of the Minari dataset in {folder}; export never replaces "
+                                   "those")
         if not force:
             raise OmnigymError(f"{out} exists; pass --force to replace it")
     if not out.resolve().parent.is_dir():
