@@ -319,6 +319,27 @@ def test_a_collect_into_a_dataset_another_collect_is_writing_is_one_line(tmp_pat
     assert not list(datasets.glob(".omnigym-collect-*"))  # the lock and the staging folder go with the collect
 
 
+def test_a_resume_on_a_dataset_changed_since_is_one_line(tmp_path, monkeypatch, capsys):
+    """collect --overwrite into the dataset a run trained on: the resume went on, on other data, in silence."""
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    run = tmp_path / "run"
+    collect_random = ["collect", "random", "--env-id", "Pendulum-v1", "--dataset", "pendulum/d-v0"]
+    assert main([*collect_random, "--episodes", "2"]) == 0
+    train = ["train", "bc", "--eval-episodes", "1", "--no-progress", "--no-plot"]
+    assert main([*train, "--dataset", "pendulum/d-v0", "--total-timesteps", "20", "--eval-every", "20",
+                 "--run-dir", str(run)]) == 0
+    assert main([*train, "--resume", str(run), "--total-timesteps", "40"]) == 0  # the same data: it goes on
+    assert main([*collect_random, "--episodes", "3", "--overwrite"]) == 0
+    before = test_bad_input.snapshot(run), (run / "checkpoint.pt").read_bytes()
+    capsys.readouterr()
+    assert main([*train, "--resume", str(run), "--total-timesteps", "60"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == ("omnigym: error: --dataset pendulum/d-v0 has changed since this run trained on it (2 episodes, "
+                       "400 transitions then; 3 and 600 now): the run cannot go on where it stopped; start a new run "
+                       "on it"), err
+    assert (test_bad_input.snapshot(run), (run / "checkpoint.pt").read_bytes()) == before
+
+
 def test_a_datasets_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "a-file").write_text("x")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "a-file" / "datasets"))

@@ -80,6 +80,28 @@ def start_offline_run(cfg: OfflineConfig, algo: str, top_fraction: float = 1.0) 
     return data, evaluator, run
 
 
+class DatasetIdentity:
+    """What a run's checkpoint says of the dataset it trained on: a resume on a dataset changed
+    since (``omnigym collect --overwrite`` into the same id) is refused, as its numbers would not
+    go on where they stopped."""
+
+    def __init__(self, cfg: OfflineConfig, data: OfflineData):
+        self.dataset = cfg.dataset
+        self.shape = {"episodes": int(data.episodes), "transitions": int(data.transitions),
+                      "return_sum": float(np.sum(data.returns))}
+
+    def state_dict(self) -> dict:
+        return dict(self.shape)
+
+    def load_state_dict(self, saved: dict) -> None:
+        if saved != self.shape and not (saved.keys() == self.shape.keys() and all(
+                np.isclose(saved[k], self.shape[k], rtol=1e-9, atol=0) for k in saved)):
+            raise OmnigymError(f"--dataset {self.dataset} has changed since this run trained on it ({saved['episodes']} "
+                               f"episodes, {saved['transitions']} transitions then; {self.shape['episodes']} and "
+                               f"{self.shape['transitions']} now): the run cannot go on where it stopped; start a new "
+                               "run on it")
+
+
 def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, evaluator: Evaluator,
                   components: dict, update: Callable[[dict, int], dict], act: Callable) -> dict:
     """Run ``update(batch, step) -> {metric: tensor}`` for ``--total-timesteps`` gradient steps;
@@ -87,11 +109,15 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
     device = torch.device(cfg.device)
     replay = Replay(data.buffer, cfg.seed, save_buffer=False)  # the dataset is read again on resume
     components = {**components, "obs_stats": data.obs_stats, "replay": replay}
+    identity = DatasetIdentity(cfg, data)
     try:
+        if run.saved and "dataset" in run.saved["components"]:  # checkpoints from before it was kept have none
+            identity.load_state_dict(run.saved["components"]["dataset"])
         counters = run.begin(components)  # restores the checkpoint when resuming
     except BaseException:
         evaluator.close()
         raise
+    components["dataset"] = identity  # saved with every checkpoint from now on
     step = counters.get("global_step", 0)
     losses: dict[str, torch.Tensor] = {}
     last_eval: dict = {}
