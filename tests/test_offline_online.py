@@ -286,6 +286,9 @@ BAD = [
                                                             "phase; --resume-online continues cql, iql, td3_bc runs"),
     (["--resume-online", "SRC/unfinished", "--online-steps", "10"], "has not finished (gradient step 40 of 60)"),
     (["--resume-online", "SRC/cql-online", "--online-steps", "10"], "is an online run already; continue it with"),
+    # --total-timesteps was dropped in silence, and the run went on for its --online-steps
+    (["--resume", "SRC/cql-online", "--total-timesteps", "5"], "an online run's length is its --online-steps (10), "
+                                                               "fixed for the run: --total-timesteps 5 does not apply"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--env-id", "MountainCarContinuous-v0"],
      "was trained with --env-id Pendulum-v1, not MountainCarContinuous-v0"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--hidden", "64", "64"],

@@ -90,6 +90,12 @@ def online_settings(cfg, algo: str):
     if not cfg.resume_online:
         return cfg, None
     if cfg.resume:  # a resumed online run: its own settings (config.json), its steps counted online
+        # (its config.json holds --total-timesteps equal to --online-steps: another was given now; the
+        # default is what a config made in Python without it holds)
+        default = next(f.default for f in dataclasses.fields(cfg) if f.name == "total_timesteps")
+        require(cfg.total_timesteps in (cfg.online_steps, default),
+                f"an online run's length is its --online-steps ({cfg.online_steps}), fixed for the run: "
+                f"--total-timesteps {cfg.total_timesteps} does not apply to it; resume with --resume {cfg.resume} alone")
         return dataclasses.replace(cfg, total_timesteps=cfg.online_steps), None
     from omnigym.config import config_from_dict
     from omnigym.track.checkpoint import Checkpointer
