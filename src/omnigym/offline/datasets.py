@@ -274,7 +274,10 @@ def read_episodes(dataset, label: str, obs_space, action_space, to_network=lambd
         raise
     except KeyError as exc:  # HDF5/Arrow storage without a field (h5py names it inside its own sentence)
         missing = next((f for f in ("actions", "observations", "rewards", "terminations", "truncations")
-                        if f in str(exc)), f"a field ({first_line(exc)})")
+                        if f in str(exc)), None)
+        if missing is None:  # h5py's KeyError for damaged bytes too ("bad object header"): not a missing field
+            raise OmnigymError(f"{label}: its episodes cannot be read ({first_line(exc)}); the dataset's files are "
+                               "damaged: collect it again") from None
         raise OmnigymError(f"{label}: its episodes have no {missing}; offline RL learns from (observation, action, "
                            "reward) steps") from None
     except Exception as exc:

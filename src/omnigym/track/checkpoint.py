@@ -91,8 +91,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # any unpickling failure means the file is not a usable checkpoint
+        # eval, export and collect read a finished run's checkpoint too: deleting it loses the policy
         raise OmnigymError(f"checkpoint {path} is corrupt or not an omnigym checkpoint ({type(exc).__name__}); "
-                           "delete it to start over") from None
+                           "restore it from a copy if you have one (the run's policy is in it), or start the run "
+                           "again") from None
 
 
 def rng_state() -> dict:
