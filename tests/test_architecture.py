@@ -287,6 +287,8 @@ ALLOWED_PROCESS_STATE = {
     # a measurement of the machine, not of a run: the row count from which the CPU's BLAS rounds a row
     # alike, per weight shape (serve's batched sampling pads smaller products to it)
     "omnigym.serve.multilora:_THRESHOLDS": "the BLAS kernel's row threshold per shape, the same for every run",
+    # MuJoCo's warning handler is one per process (mju_user_warning): the warnings it has printed once
+    "omnigym.envs.vector:_MUJOCO_WARNED": "MuJoCo's own warnings already printed; its handler is process-wide",
     # per train() call, not per process: a ContextVar that scoped_run sets and resets
     "omnigym.track.run:_current_call": "the train() call a thread is in (TrainCall), set and reset per call",
 }

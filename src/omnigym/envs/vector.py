@@ -324,7 +324,10 @@ def _quiet_mujoco_warnings(env_id) -> None:
     (async workers forked afterwards inherit the handler)."""
     if _MUJOCO_WARNED or "mujoco" not in sys.modules and not _is_mujoco(env_id):
         return
-    import mujoco
+    try:
+        import mujoco
+    except Exception:  # not installed, or its renderer fails to load (MUJOCO_GL=osmesa without OSMesa):
+        return  # said in one line where the env is made
 
     if mujoco.get_mju_user_warning() is None:  # a handler of the user's own stays
         mujoco.set_mju_user_warning(_print_mujoco_warning_once)
