@@ -296,19 +296,20 @@ def test_a_game_run_saved_with_the_presets_league_values_still_loads(tmp_path, c
     assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "512", "--no-plot"]) == 0
 
 
-def test_a_league_search_depth_changed_on_resume_is_one_line(tmp_path, capsys):
-    """The checkpoint's league holds the member it was made with: a resume with another depth kept the old
-    member (or none) and wrote the new depth into config.json."""
+# The checkpoint's league holds the member it was made with: a resume with another depth kept the old member (or
+# none) and wrote the new depth into config.json. eval/vs_search/score is measured against --search-depth's player:
+# a resume with another depth changed what the run's curve means halfway through, in silence.
+@pytest.mark.parametrize("flag, made, resumed", [("--league-search-depth", "1", "3"), ("--search-depth", "2", "1")])
+def test_a_search_depth_changed_on_resume_is_one_line(tmp_path, capsys, flag, made, resumed):
     run_dir = str(tmp_path / "run")
     flags = ["--self-play", "--env-id", "openspiel/tic_tac_toe", "--eval-every", "4", "--eval-games", "2",
              "--no-progress", "--no-plot"]
-    assert main(["train", "ppo", *flags, "--total-timesteps", "512", "--league-search-depth", "1",
-                 "--run-dir", run_dir]) == 0
+    assert main(["train", "ppo", *flags, "--total-timesteps", "512", flag, made, "--run-dir", run_dir]) == 0
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*"))
     capsys.readouterr()
-    assert main(["train", "ppo", "--resume", run_dir, "--total-timesteps", "1024", "--league-search-depth", "3"]) == 2
+    assert main(["train", "ppo", "--resume", run_dir, "--total-timesteps", "1024", flag, resumed]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--league-search-depth" in err[0], err
+    assert len(err) == 1 and flag in err[0], err
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*")) == before
 
 
@@ -317,21 +318,6 @@ def test_a_search_depth_without_the_search_opponent_is_one_line(tmp_path, monkey
     _one_line(tmp_path, monkeypatch, capsys, ["train", "ppo", "--env-id", "openspiel/tic_tac_toe", "--env-kwargs",
                                               "search_depth=3"],
               "--env-kwargs search_depth=3 is the search opponent's depth; add opponent=search, or leave it out")
-
-
-def test_the_search_depth_changed_on_resume_is_one_line(tmp_path, capsys):
-    """eval/vs_search/score is measured against --search-depth's player: a resume with another depth changed what
-    the run's curve means halfway through, in silence."""
-    run_dir = str(tmp_path / "run")
-    assert main(["train", "ppo", "--self-play", "--env-id", "openspiel/tic_tac_toe", "--eval-every", "4",
-                 "--eval-games", "2", "--search-depth", "2", "--total-timesteps", "512", "--run-dir", run_dir,
-                 "--no-progress", "--no-plot"]) == 0
-    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*"))
-    capsys.readouterr()
-    assert main(["train", "ppo", "--resume", run_dir, "--total-timesteps", "1024", "--search-depth", "1"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--search-depth" in err[0], err
-    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*")) == before
 
 
 def test_openspiels_own_stderr_line_is_not_printed_before_the_one_line(tmp_path, monkeypatch, capfd):

@@ -411,6 +411,19 @@ def test_two_clients_at_once_each_as_if_alone(tmp_path):
         assert not torch.equal(alone["tml-alice-key"], alone["tml-bob-key-123"])
 
 
+def serving_process(proc, port: int, seconds: float):
+    """``proc`` once its server answers /healthz on ``port``; fails if it exits or takes longer."""
+    deadline = time.time() + seconds
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.time() < deadline, ("the server did not start", proc.args)
+        time.sleep(0.1)
+
+
 def test_server_killed_and_restarted_client_goes_on(tmp_path):
     """SIGKILL between requests: a new process on the same store serves the run again from its
     last saved state, and the same SDK client continues."""
@@ -428,16 +441,7 @@ def test_server_killed_and_restarted_client_goes_on(tmp_path):
     code = f"from serve_helpers import serve_fake_forever; serve_fake_forever({str(tmp_path)!r}, {port})"
 
     def start():
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env)
-        deadline = time.time() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz").status_code == 200:
-                    return proc
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, "the server did not start"
-            time.sleep(0.1)
+        return serving_process(subprocess.Popen([sys.executable, "-c", code], env=env), port, 60)
 
     proc = start()
     try:
@@ -583,17 +587,9 @@ def test_a_stopped_server_says_how_to_go_on_and_the_line_works(tmp_path):
     import sys
 
     def start(argv):
-        proc = subprocess.Popen([sys.executable, "-m", "omnigym", *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz").status_code == 200:
-                    return proc
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.2)
+        return serving_process(subprocess.Popen([sys.executable, "-m", "omnigym", *argv], stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True,
+                                                env={**os.environ, "OMP_NUM_THREADS": "1"}), port, 120)
 
     port = free_port()
     store = tmp_path / "store"

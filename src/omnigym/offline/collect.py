@@ -147,7 +147,6 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
     if ref_min_score is None and ref_max_score is not None:
         ref_min_score = mean_return(env_id, None, reference_episodes, seed)
 
-
     root.mkdir(parents=True, exist_ok=True)
     # one collect per dataset id: two into one new id both said "wrote", and the later replaced the other
     lock = RunLock(root, f".omnigym-collect-{dataset_id.replace('/', '--')}.lock", f"--dataset {dataset_id}")

@@ -94,8 +94,7 @@ class DatasetIdentity:
         return dict(self.shape)
 
     def load_state_dict(self, saved: dict) -> None:
-        if saved != self.shape and not (saved.keys() == self.shape.keys() and all(
-                np.isclose(saved[k], self.shape[k], rtol=1e-9, atol=0) for k in saved)):
+        if saved != self.shape:  # the same dataset read again sums its returns to the same float
             raise OmnigymError(f"--dataset {self.dataset} has changed since this run trained on it ({saved['episodes']} "
                                f"episodes, {saved['transitions']} transitions then; {self.shape['episodes']} and "
                                f"{self.shape['transitions']} now): the run cannot go on where it stopped; start a new "
