@@ -310,6 +310,17 @@ def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, monkeypatch, capsy
     assert list(tmp_path.iterdir()) == []
 
 
+def test_compile_with_an_empty_cache_folder_variable_is_one_line(tmp_path, monkeypatch, capsys):
+    """torch reads TORCHINDUCTOR_CACHE_DIR="" as the working directory and wrote its kernels there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    assert main(["train", "ppo", "--compile", "--total-timesteps", "512"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "omnigym: error: TORCHINDUCTOR_CACHE_DIR is set but empty, and torch would then write its kernels into the "
+        "working directory; unset it or name a folder"]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("cache", ["/proc/no-such-folder", "/etc/hostname"])
 def test_compile_with_a_cache_folder_it_cannot_make_is_one_line(tmp_path, monkeypatch, capsys, cache):
     """torch._inductor makes its cache folder when imported: one it cannot make (under /proc, or a

@@ -280,7 +280,11 @@ BAD = [
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-min-score", "-10",
       "--ref-max-score", "-10"], "--ref-min-score (-10.0) must be below --ref-max-score (-10.0)"),
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-min-score", "nan",
-      "--ref-max-score", "1"], "--ref-min-score and --ref-max-score must be finite numbers, got nan and 1.0"),
+      "--ref-max-score", "1"], "--ref-min-score must be a finite number, got nan"),
+    (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-max-score", "inf"],
+     "--ref-max-score must be a finite number, got inf"),  # alone: it was written, and every normalized score was 0
+    (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-max-score",
+      "-100000"], "must be below --ref-max-score (-100000.0)"),  # below random play's measured return
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-min-score", "5"],
      "--ref-min-score needs --ref-max-score (or --expert RUN) beside it"),
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--expert", "random"],

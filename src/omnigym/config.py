@@ -89,7 +89,9 @@ def check_compiler(device: str) -> None:
     # it cannot make failed at that import with an OSError's traceback. Its default, as torch 2.13
     # names it (importing torch's own function would import torch._inductor, and fail the same way):
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not cache:
+    require(cache != "", "TORCHINDUCTOR_CACHE_DIR is set but empty, and torch would then write its kernels into the "
+                         "working directory; unset it or name a folder")
+    if cache is None:
         import getpass
         import re
         import tempfile

@@ -146,6 +146,8 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
         ref_max_score = mean_return(env_id, expert_source.act, reference_episodes, seed)
     if ref_min_score is None and ref_max_score is not None:
         ref_min_score = mean_return(env_id, None, reference_episodes, seed)
+    if expert is None:  # a --ref-max-score given alone, against random play's measured return
+        check_reference_scores(ref_min_score, ref_max_score)
 
     root.mkdir(parents=True, exist_ok=True)
     # one collect per dataset id: two into one new id both said "wrote", and the later replaced the other
@@ -243,10 +245,10 @@ def check_reference_scores(low: float | None, high: float | None) -> None:
     high, or it is inf or NaN at every evaluation. Neither given: no normalized score."""
     import math
 
+    for name, value in (("--ref-min-score", low), ("--ref-max-score", high)):
+        require(value is None or math.isfinite(value), f"{name} must be a finite number, got {value}")
     if low is None or high is None:
         return
-    require(math.isfinite(low) and math.isfinite(high), f"--ref-min-score and --ref-max-score must be finite "
-                                                        f"numbers, got {low} and {high}")
     require(low < high, f"--ref-min-score ({low}) must be below --ref-max-score ({high}): the normalized score "
                         "divides by their difference")  # (an --expert that scores below random play is its own)
 
