@@ -289,6 +289,8 @@ ALLOWED_PROCESS_STATE = {
     "omnigym.serve.multilora:_THRESHOLDS": "the BLAS kernel's row threshold per shape, the same for every run",
     # MuJoCo's warning handler is one per process (mju_user_warning): the warnings it has printed once
     "omnigym.envs.vector:_MUJOCO_WARNED": "MuJoCo's own warnings already printed; its handler is process-wide",
+    # a measurement of a game, not of a run: a deep search's probe is taken once per game and depth
+    "omnigym.envs.games.turn_env:_DEPTHS_TRIED": "search depths already found fast enough for a game's settings",
     # per train() call, not per process: a ContextVar that scoped_run sets and resets
     "omnigym.track.run:_current_call": "the train() call a thread is in (TrainCall), set and reset per call",
 }

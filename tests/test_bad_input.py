@@ -106,6 +106,12 @@ CASES = [
     (["train", "ppo", "--frame-stack", "2"], "--frame-stack is Atari preprocessing; CartPole-v1 is not an Atari game"),
     (["train", "dqn", "--sticky-actions", "1.5"], "--sticky-actions must be between 0 and 1, got 1.5"),
     (["train", "ppo", "--preset", "atarii"], "unknown --preset 'atarii'; choose auto, none, atari, mujoco"),
+    # a preset named for another family's envs trained with its settings, in silence
+    (["train", "ppo", "--env-id", "CartPole-v1", "--preset", "connect_four"],
+     "--preset connect_four is for two-seat games (pettingzoo/connect_four_v3, openspiel/connect_four, or another "
+     "board with no preset of its own); CartPole-v1 is not one"),
+    (["train", "ppo", "--env-id", "HalfCheetah-v5", "--preset", "atari"],
+     "--preset atari is for atari envs; HalfCheetah-v5 is in the mujoco family (--preset auto picks its preset)"),
     (["train", "ppo", "--env-id", "toy_envs:AllInvalidMaskEnv"], "the env's action mask allows no action at env step"),
     (["train", "ppo", "--backend", "ale"], "--backend ale runs Atari games (ale-py's vector env); CartPole-v1 is not one"),
     (["train", "grpo", "--sync-timeout", "30"], "--sync-timeout: read by --runtime ray only"),

@@ -486,3 +486,25 @@ def test_a_signal_python_wrapped_in_a_runtime_error_is_the_interrupt_and_other_r
     monkeypatch.setattr(cli, "handlers", crashed)
     with pytest.raises(RuntimeError, match="a real bug"):
         main([command])
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "ppo", "--self-play", "--env-id", "openspiel/tic_tac_toe", "--total-timesteps", "512",
+     "--eval-games", "100000"],
+    ["train", "alphazero", "--env-id", "openspiel/tic_tac_toe", "--iterations", "1", "--games-per-iteration", "1",
+     "--train-steps", "1", "--simulations", "4", "--eval-games", "100000", "--eval-random-games", "0"],
+], ids=["ppo-self-play", "alphazero"])
+def test_a_sigterm_during_a_long_evaluation_keeps_the_run(tmp_path, command):
+    """The league's (and AlphaZero's) evaluation plays hundreds of games; a SIGTERM during it waited for the
+    checkpoint after it, past the stop's grace, and a run whose only checkpoint is its last update's lost all of it.
+    Now the evaluation gives way to the checkpoint: with a grace long enough to show the difference, the stop comes
+    in seconds with the run saved, and its line says how to continue."""
+    run = tmp_path / "run"
+    process = start([*command, "--run-dir", str(run), *QUIET], OMNIGYM_STOP_GRACE="600")
+    wait_for(process, (run / "config.json").exists)
+    time.sleep(2)  # a 512-step rollout or one self-play game: well into the evaluation of 100,000 games
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=90)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert f"continue with: omnigym train {command[1]} --resume {run}" in err, err
+    assert (run / "checkpoint.pt").exists()

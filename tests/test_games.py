@@ -223,6 +223,15 @@ def _one_line(tmp_path, monkeypatch, capsys, argv, message):
     (["--env-id", "openspiel/kuhn_poker", "--league-search-depth", "1"],
      "--league-search-depth adds a search player, which plays games with nothing hidden and no chance; "
      "openspiel/kuhn_poker is not one"),
+    # OpenSpiel loaded these, then crashed the process (SIGSEGV, a run directory left) or had no legal move
+    (["--env-id", "openspiel/connect_four", "--env-kwargs", "rows=0"],
+     "openspiel/connect_four with rows=0 crashed OpenSpiel (SIGSEGV in a random game of it)"),
+    (["--env-id", "openspiel/hex", "--env-kwargs", "board_size=-3"],
+     "openspiel/hex with board_size=-3 has no legal move in a position before its end"),
+    # before, the first evaluation never finished: a 42-ply search of connect four
+    (["--env-id", "openspiel/connect_four", "--search-depth", "42"], "--search-depth 42 is too deep for connect_four"),
+    (["--env-id", "openspiel/connect_four", "--league-search-depth", "40"],
+     "--league-search-depth 40 is too deep for connect_four: one move searched for more than 2 s"),
     # before, trained against the league and never against the opponent asked for
     (["--env-id", "pettingzoo/tictactoe_v3", "--env-kwargs", "opponent=search"],
      "--env-kwargs opponent=search picks a fixed opponent, which --self-play replaces with its league"),
@@ -318,6 +327,33 @@ def test_a_search_depth_without_the_search_opponent_is_one_line(tmp_path, monkey
     _one_line(tmp_path, monkeypatch, capsys, ["train", "ppo", "--env-id", "openspiel/tic_tac_toe", "--env-kwargs",
                                               "search_depth=3"],
               "--env-kwargs search_depth=3 is the search opponent's depth; add opponent=search, or leave it out")
+
+
+def test_a_fixed_search_opponent_too_deep_to_move_is_one_line(tmp_path, monkeypatch, capsys):
+    """It hung at the first reset: each of the 8 envs' opponents searched 30 plies of connect four."""
+    _one_line(tmp_path, monkeypatch, capsys, ["train", "ppo", "--env-id", "openspiel/connect_four", "--env-kwargs",
+                                              "opponent=search", "search_depth=30"],
+              "--env-kwargs search_depth=30 is too deep for connect_four")
+
+
+def test_emptying_the_search_table_changes_no_move(monkeypatch):
+    """The table is bounded (a league's search member grew it without end); its values are exact minimax values,
+    so a search that empties it before every move plays what one that keeps it plays."""
+    from omnigym.envs.games import opponents
+
+    game = make_game("openspiel/connect_four")
+    kept, emptied = Search(4), Search(4)
+    rng = np.random.default_rng(3)
+    for seed in range(3):
+        game.reset(seed=seed)
+        while not game.done():
+            monkeypatch.setattr(opponents, "TABLE_LIMIT", 0)
+            move_emptied = emptied(game, np.random.default_rng(seed))
+            assert emptied.table and len(emptied.table) < len(kept.table) + 1000
+            monkeypatch.setattr(opponents, "TABLE_LIMIT", 10**9)
+            assert kept(game, np.random.default_rng(seed)) == move_emptied
+            game.step(random_move(game, rng))
+    assert len(kept.table) > 1000  # it kept what the other emptied
 
 
 def test_openspiels_own_stderr_line_is_not_printed_before_the_one_line(tmp_path, monkeypatch, capfd):

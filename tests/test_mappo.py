@@ -100,13 +100,16 @@ def test_mappo_refuses_what_it_cannot_train_in_one_line_and_writes_nothing(tmp_p
     assert snapshot(tmp_path) == []
 
 
-def test_an_env_kwarg_of_the_wrong_kind_is_one_line(tmp_path, monkeypatch, capsys):
-    """simple_spread's constructor takes max_cycles=abc and fails at the first step: a TypeError's traceback."""
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "2.5"])
+def test_an_episode_length_that_is_not_one_is_one_line(tmp_path, monkeypatch, capsys, value):
+    """simple_spread's constructor takes max_cycles=abc and failed at the first step with a TypeError's traceback;
+    0, -1 and 2.5 it took, and every episode was one step long."""
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "mappo", "--env-id", "pettingzoo/simple_spread_v3", "--env-kwargs", "max_cycles=abc"]) == 2
+    assert main(["train", "mappo", "--env-id", "pettingzoo/simple_spread_v3", "--env-kwargs", f"max_cycles={value}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["omnigym: error: pettingzoo/simple_spread_v3 does not run with --env-kwargs {'max_cycles': 'abc'}: "
-                   "TypeError: '>=' not supported between instances of 'int' and 'str'"]
+    shown = repr(value) if value == "abc" else value
+    assert err == ["omnigym: error: pettingzoo/simple_spread_v3: --env-kwargs max_cycles must be a whole number of "
+                   f"steps, 1 or more, got {shown}"]
     assert snapshot(tmp_path) == []
 
 

@@ -288,6 +288,24 @@ class ControlConfig(RunConfig):
         """Whether a preset's value for ``name`` is for this run (a mode's own settings are not, without it)."""
         return True
 
+    def _check_preset_fits(self, family: str) -> None:
+        """A preset named on the command line is for its family's envs: refused on an env of
+        another family, and a game's (its network, its symmetries) on anything but that game.
+        ``--preset connect_four`` on CartPole trained with connect four's settings, in silence."""
+        from omnigym.envs.games import FAMILIES, is_game_id
+        from omnigym.envs.vector import env_family
+
+        own = env_family(self.env_id)
+        games = {game_family for _, game_family in FAMILIES}
+        # e.g. --preset mujoco on a dm_control or user env, or a board game's on another board: asked for
+        if own == family or (own is None and (family not in games or is_game_id(self.env_id))):
+            return
+        fits = (f"two-seat games ({', '.join(game for game, game_family in FAMILIES if game_family == family)}, "
+                "or another board with no preset of its own)" if family in games else f"{family} envs")
+        raise OmnigymError(f"--preset {family} is for {fits}; {self.env_id} is "
+                           + (f"in the {own} family (--preset auto picks its preset)" if own else "not one")
+                           + ": leave --preset out, or give --preset none")
+
     def apply_preset(self, given: set[str] | None = None) -> tuple["ControlConfig", str | None]:
         """This config with its family's preset applied to the flags not in ``given`` (from Python:
         the fields left at their defaults), and the line saying what was applied. ``omnigym train
@@ -304,6 +322,8 @@ class ControlConfig(RunConfig):
                 return dataclasses.replace(self, preset="none"), None
         require(family in self.PRESETS, f"unknown --preset {family!r}; choose auto, none"
                 + "".join(f", {p}" for p in self.PRESETS))
+        if self.preset != "auto":
+            self._check_preset_fits(family)
         if given is None:
             given = {f.name for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING
                      and getattr(self, f.name) != f.default}

@@ -25,6 +25,7 @@ import warnings
 import gymnasium as gym
 import numpy as np
 
+from omnigym.envs.games import check_max_cycles
 from omnigym.errors import OmnigymError, missing_extra, require
 
 PREFIX = "pettingzoo/"
@@ -61,6 +62,7 @@ def env_module(env_id: str):
 def make_team_env(env_id: str, env_kwargs: dict | None = None):
     """One parallel env of ``env_id``, checked to be a team one shared policy can play."""
     module = env_module(env_id)
+    check_max_cycles(env_id, env_kwargs or {})
     require(hasattr(module, "parallel_env"),
             f"{env_id} is turn-based (PettingZoo's AEC API: one agent moves at a time); mappo steps every agent "
             f"at once and trains a cooperative team: {COOPERATIVE}")

@@ -41,9 +41,10 @@ import numpy as np
 import torch
 
 from omnigym.envs.games import default_search_depth, is_game_id
-from omnigym.envs.games.opponents import Search, random_move
+from omnigym.envs.games.opponents import Search, check_search_depth, random_move
 from omnigym.envs.games.turn_env import TurnEnv, score
 from omnigym.errors import OmnigymError, require
+from omnigym.track import stopping
 
 ANCHOR_RATING = 1000.0
 LATEST = "latest"
@@ -244,10 +245,17 @@ class League:
             del self.members[snapshots[0]]  # the oldest snapshot; the fixed members stay
 
     def evaluate(self) -> dict:
+        """The evaluation's metrics; none when a stop (SIGTERM) is requested before or during it:
+        the checkpoint the stop waits for comes right after, and an evaluation can outlast the
+        stop's grace (hundreds of games against a search), which then lost the run's work since
+        its last checkpoint (all of it, in a run whose only checkpoint is its last update's)."""
         began = time.perf_counter()
         learner = policy_move(self.agent, greedy=True)
         vs_random = self.play(learner, random_move, self.cfg.eval_games)
         vs_search = self.play(learner, self.search, self.cfg.eval_games) if self.game.perfect_information else []
+        if stopping.stop_requested():
+            self.eval_seconds += time.perf_counter() - began
+            return {}
         metrics = {"eval/vs_random/win_rate": float(np.mean(np.asarray(vs_random) == 1.0))}
         if vs_search:  # a game with hidden information or chance has no search opponent
             metrics["eval/vs_search/score"] = float(np.mean(vs_search))
@@ -264,6 +272,8 @@ class League:
         """The learner's scores in ``games`` games against ``opponent``, seats alternating."""
         scores = []
         for i in range(games):
+            if stopping.stop_requested():
+                break  # evaluate() logs nothing of a part-played evaluation
             seat = i % 2
             self.game.reset(seed=int(self.rng.integers(2**31)))
             while not self.game.done():
@@ -301,6 +311,10 @@ def check_games_envs(envs, cfg: SelfPlayConfig) -> None:
         require(not cfg.league_search_depth or game.perfect_information,
                 f"--league-search-depth adds a search player, which plays games with nothing hidden and no chance; "
                 f"{cfg.env_id} is not one: leave --league-search-depth out")
+        if cfg.search_depth and cfg.search_depth != default_search_depth(cfg.env_id):
+            check_search_depth(game, cfg.search_depth, "--search-depth ")
+        if cfg.league_search_depth:
+            check_search_depth(game, cfg.league_search_depth, "--league-search-depth ")
     except OmnigymError:
         envs.close()
         raise

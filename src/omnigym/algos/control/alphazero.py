@@ -44,7 +44,7 @@ from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.run import start_run
-from omnigym.track.stopping import checkpoint_due
+from omnigym.track.stopping import checkpoint_due, stop_requested
 
 PREFIX = "openspiel/"
 
@@ -332,9 +332,13 @@ def match_score(game, ours, theirs, games: int) -> tuple[float, float]:
     """``games`` games, ours in seat 0 then 1 in turn: (score: win 1, draw 0.5, loss 0; win rate)."""
     results = []
     for g in range(games):
+        if stop_requested():
+            break  # evaluate_against_baselines logs nothing of a part-played match
         seat = g % 2
         returns = play(game, [ours, theirs] if seat == 0 else [theirs, ours])
         results.append(np.sign(returns[seat]))
+    if not results:
+        return float("nan"), float("nan")
     results = np.asarray(results)
     return float(np.mean((results + 1) / 2)), float(np.mean(results > 0))
 
@@ -357,7 +361,8 @@ def evaluate_against_baselines(game, evaluate, cfg: AlphaZeroConfig, seed) -> di
         rng = np.random.default_rng([*seed, 1])
         metrics["eval/vs_random/score"], metrics["eval/vs_random/win_rate"] = match_score(
             game, ours, lambda state: int(rng.choice(state.legal_actions())), cfg.eval_random_games)
-    return metrics
+    # A stop (SIGTERM) waits for the checkpoint that follows, and hundreds of searched games could outlast its grace.
+    return {} if stop_requested() else metrics
 
 
 # -- the run ------------------------------------------------------------------------------------

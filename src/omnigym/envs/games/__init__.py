@@ -13,6 +13,8 @@ import importlib
 import importlib.util
 import pkgutil
 
+import numpy as np
+
 from omnigym.envs.games.core import Game, OpenSpielGame, PettingZooGame
 from omnigym.errors import OmnigymError, missing_extra
 
@@ -80,10 +82,20 @@ def check_game_id(env_id: str) -> None:
             raise _unknown(env_id, pyspiel.registered_names())
 
 
+def check_max_cycles(env_id: str, kwargs: dict) -> None:
+    """MPE, butterfly and SISL end an episode after ``max_cycles`` steps, and take any value:
+    0, -1 or 2.5 made every episode one step long, in silence."""
+    cycles = kwargs.get("max_cycles")
+    if cycles is not None and (isinstance(cycles, bool) or not isinstance(cycles, int) or cycles < 1):
+        raise OmnigymError(f"{env_id}: --env-kwargs max_cycles must be a whole number of steps, 1 or more, "
+                           f"got {cycles!r}")
+
+
 def pettingzoo_env(name: str, **kwargs):
     """PettingZoo's own AEC env for ``name``, made through its registry (``pettingzoo.make``):
     what omnigym plays, and what ``pettingzoo.test.api_test`` checks in tests/test_games.py."""
     check_game_id(f"pettingzoo/{name}")
+    check_max_cycles(f"pettingzoo/{name}", kwargs)
     source = pettingzoo_names()[name]
     if source.startswith("mpe2:"):
         return importlib.import_module(f"mpe2.{name}").env(**kwargs)
@@ -118,6 +130,69 @@ def without_cpp_stderr(call):
     return result
 
 
+PROBE_SECONDS = 10.0
+"""``check_openspiel_settings``: how long the probe game may take (a big board's random game is long)"""
+PROBE_FAULTS = ((3, "has no legal move in a position before its end"), (4, "gives observations of changing sizes"))
+"""``check_openspiel_settings``: the probe's exit codes for what it saw, and what they say"""
+
+
+def check_openspiel_settings(env_id: str, game, kwargs: dict) -> None:
+    """One line for game parameters OpenSpiel loads but cannot play. Its C++ checks few of them:
+    connect four with ``rows=0`` loads, then crashes the process (SIGSEGV) at the first state,
+    with no word and a run directory left behind; hex with ``board_size=0`` has no legal move.
+    So a forked child plays one random game of them to its end first, and the parent reads how
+    it ended. Python errors are left to the parent's own use of the game (they are one line)."""
+    import os
+    import signal
+    import time
+
+    pid = os.fork()
+    if pid == 0:  # the child: only OpenSpiel's calls, then _exit (no Python teardown, no atexit)
+        code = 0
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            rng = np.random.default_rng(0)
+            state, size = game.new_initial_state(), None
+            for _ in range(100_000):
+                if state.is_terminal():
+                    break
+                if state.is_chance_node():
+                    actions, probs = zip(*state.chance_outcomes())
+                    state.apply_action(int(rng.choice(actions, p=probs)))
+                    continue
+                legal = state.legal_actions()
+                if not legal:
+                    code = 3
+                    break
+                seen = len(state.observation_tensor(0)) if game.get_type().provides_observation_tensor else size
+                if size is not None and seen != size:
+                    code = 4
+                    break
+                size = seen
+                state.apply_action(int(rng.choice(legal)))
+        except BaseException:
+            code = 0
+        os._exit(code)
+    deadline = time.monotonic() + PROBE_SECONDS
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:  # a long game, not a fault seen: play it
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+        time.sleep(0.005)
+    settings = " ".join(f"{key}={value}" for key, value in kwargs.items())
+    if os.WIFSIGNALED(status):
+        raise OmnigymError(f"{env_id} with {settings} crashed OpenSpiel ({signal.Signals(os.WTERMSIG(status)).name} in "
+                           "a random game of it): a parameter is out of the range the game can play; check its values")
+    fault = dict(PROBE_FAULTS).get(os.WEXITSTATUS(status))
+    if fault:
+        raise OmnigymError(f"{env_id} with {settings} {fault} (in a random game of it): "
+                           "a parameter is out of the range the game can play; check its values")
+
+
 def make_game(env_id: str, **kwargs) -> Game:
     """The game behind ``pettingzoo/NAME`` or ``openspiel/NAME``; ``kwargs``: the env's own
     (PettingZoo) or the game's parameters (OpenSpiel, e.g. ``players=3``)."""
@@ -131,7 +206,10 @@ def make_game(env_id: str, **kwargs) -> Game:
             return PettingZooGame(name, pettingzoo_env(name, **kwargs), perfect_information=perfect)
         import pyspiel
 
-        return OpenSpielGame(name, without_cpp_stderr(lambda: pyspiel.load_game(name, kwargs)))
+        game = without_cpp_stderr(lambda: pyspiel.load_game(name, kwargs))
+        if kwargs:
+            check_openspiel_settings(env_id, game, kwargs)
+        return OpenSpielGame(name, game)
     except OmnigymError:
         raise
     except Exception as exc:  # the library refused the settings (an unknown kwarg, a bad parameter)

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from omnigym.envs.games import default_search_depth, make_game
-from omnigym.envs.games.opponents import fixed_opponent
+from omnigym.envs.games.opponents import check_search_depth, fixed_opponent
 from omnigym.errors import OmnigymError
 
 SEATS = 2
@@ -30,6 +30,18 @@ def check_two_seats(game, env_id: str) -> None:
         seats = f"{game.num_seats} seat" + ("" if game.num_seats == 1 else "s")
         raise OmnigymError(f"{env_id} has {seats}; omnigym plays one seat against an opponent, and "
                            f"self-play supports {SEATS}-seat games")
+
+
+_DEPTHS_TRIED: set = set()
+
+
+def _check_depth_once(game, env_id: str, game_kwargs: dict, depth: int) -> None:
+    """``check_search_depth`` once per game, settings and depth in a process, not in each of a
+    vector env's copies (a deep search's probe takes up to seconds)."""
+    tried = (env_id, repr(sorted(game_kwargs.items())), depth)
+    if tried not in _DEPTHS_TRIED:
+        check_search_depth(game, depth, "--env-kwargs search_depth=")
+        _DEPTHS_TRIED.add(tried)
 
 
 def score(learner_return: float) -> float:
@@ -49,6 +61,8 @@ class TurnEnv(gym.Env):
         self.game = make_game(game, **game_kwargs)
         check_two_seats(self.game, game)
         self.opponent = fixed_opponent(opponent, search_depth or default_search_depth(game))
+        if opponent == "search" and search_depth and search_depth != default_search_depth(game):
+            _check_depth_once(self.game, game, game_kwargs, search_depth)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (self.game.obs_size,), np.float32)
         self.action_space = gym.spaces.Discrete(self.game.num_actions)
         self._episodes, self._first_seat = 0, None
