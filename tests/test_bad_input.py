@@ -216,6 +216,37 @@ def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, a
     assert snapshot(run_copy.parent) == before
 
 
+@pytest.mark.parametrize("argv", [["--total-timesteps", "256"], ["--seed", "5"], ["--hidden", "32", "32"]])
+def test_a_refused_resume_leaves_even_the_modification_times(run_copy, capsys, argv):
+    """The budget check reads the checkpoint, so it comes after the lock: making and removing the lock file moved
+    the run directory's modification time, the one trace of a start that was refused."""
+    import os
+
+    def times():
+        return {str(p): os.stat(p).st_mtime_ns for p in [run_copy, *run_copy.rglob("*")]}
+
+    before = times()
+    assert main(["train", "ppo", "--resume", str(run_copy), *argv]) == 2
+    capsys.readouterr()
+    assert times() == before
+
+
+def test_a_lock_keeps_the_modification_time_it_moved_only_when_nothing_else_changed(tmp_path):
+    """The time is put back only where the directory holds what it held: a run that wrote a file keeps the new time."""
+    from omnigym.track.lock import RunLock
+
+    (tmp_path / "a").write_text("x")
+    os.utime(tmp_path, ns=(1, 10**18))
+    lock = RunLock(tmp_path)
+    assert lock.acquire()
+    lock.release()
+    assert os.stat(tmp_path).st_mtime_ns == 10**18
+    assert lock.acquire()
+    (tmp_path / "b").write_text("y")
+    lock.release()
+    assert os.stat(tmp_path).st_mtime_ns != 10**18 and not (tmp_path / ".omnigym.lock").exists()
+
+
 def test_resume_refuses_a_log_that_no_longer_reaches_the_checkpoint(run_copy, capsys):
     (run_copy / "metrics.jsonl").write_text("")
     before = snapshot(run_copy)

@@ -37,6 +37,7 @@ from omnigym.offline.from_replay import replay_episodes
 from omnigym.process import run_scope
 from omnigym.scoped_env import environment
 from omnigym.track.lock import RunLock
+from omnigym.track.progress import ProgressBar
 
 RANDOM = "random"
 
@@ -196,6 +197,8 @@ def play(sources: list[Source], episodes: int, env_id: str, seed: int):
         raise OmnigymError(f"env {env_id} could not be made: {first_line(exc)}") from None
     env.action_space.seed(seed)
     buffers, returns = [], {}
+    # a long collect (100,000 episodes of a slow env) said nothing until it was done
+    progress = ProgressBar(len(sources) * episodes, "collect (episodes)")
     with run_scope(seed):  # a run's sampled actions come from torch's generator
         for source in sources:
             totals = []
@@ -212,7 +215,9 @@ def play(sources: list[Source], episodes: int, env_id: str, seed: int):
                                              actions=np.stack(actions), rewards=np.array(rewards),
                                              terminations=np.array(terminations), truncations=np.array(truncations)))
                 totals.append(sum(rewards))
+                progress.update(len(buffers), source=source.name)
             returns[source.name] = float(np.mean(totals))
+    progress.close()
     env.close()
     return buffers, returns
 

@@ -11,6 +11,10 @@ What crosses this module: a directory goes in; ``acquire`` takes the lock (creat
 directory when asked) or raises one ``OmnigymError`` line naming the holder; ``release``
 removes the lock file and the folders ``acquire`` created, if they are empty by then. It knows
 nothing about what a run writes.
+
+Making and removing the lock file moves its directory's modification time. A process that
+wrote nothing else there (a resume refused after the lock, for a budget already spent) puts
+that time back, so a refused start leaves the run as it found it to the nanosecond.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class RunLock:
         self.what = what or str(self.run_dir)
         self._fd: int | None = None
         self._created: list[Path] = []
+        self._found: tuple | None = None
+        """the directory as ``acquire`` found it, where it made the lock file in an existing one:
+        (its names, its access and modification times, its modification time with the lock made)"""
 
     @property
     def held(self) -> bool:
@@ -79,6 +86,7 @@ class RunLock:
                 self._remove_created()
                 return False
         while True:
+            found = self._look() if not self._created and not self.path.exists() else None
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError:
@@ -105,15 +113,34 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n{this_command()}\n".encode())
         self._fd = fd
+        try:
+            self._found = found and (*found, os.stat(self.run_dir).st_mtime_ns)
+        except OSError:
+            self._found = None
         return True
+
+    def _look(self) -> tuple | None:
+        """The directory's names and times, or None where they cannot be read."""
+        try:
+            names = sorted(os.listdir(self.run_dir))
+            st = os.stat(self.run_dir)
+        except OSError:
+            return None
+        return names, (st.st_atime_ns, st.st_mtime_ns)
 
     def release(self) -> None:
         """Remove the lock file, then let the lock go, and the folders ``acquire`` made if they
         are empty now. Nothing when not held."""
         if self._fd is None:
             return
+        found, self._found = self._found, None
+        now = self._look() if found else None
+        # untouched: the same names (the lock's aside) and no entry made, removed or renamed over since the lock's
+        untouched = now is not None and now[0] == sorted([*found[0], self.path.name]) and now[1][1] == found[2]
         try:
             self.path.unlink(missing_ok=True)
+            if untouched:
+                os.utime(self.run_dir, ns=found[1])
         except OSError:  # a directory made read-only meanwhile: the lock still goes with the descriptor
             pass
         fd, self._fd = self._fd, None  # first: a signal landing after the close must not make a second one
