@@ -126,6 +126,9 @@ def test_a_renderer_that_cannot_start_is_one_line_naming_the_fix(tmp_path):
      "use --backend sync, async or auto with --capture-video"),
     (["train", "dqn", "--capture-video", "--backend", "native", "--run-dir", "fresh"], "--backend native cannot record"),
     (["eval", "NOT_A_RUN", "--video", "--episodes", "0"], "--episodes must be positive, got 0"),
+    # a game draws nothing: gymnasium warned, then OpenSpiel refused a render_mode parameter nobody typed
+    (["train", "ppo", "--self-play", "--env-id", "openspiel/tic_tac_toe", "--capture-video"],
+     "openspiel/tic_tac_toe draws no frames (render modes: none), so there is no video to record"),
     (["eval", "no-such-run", "--video"], "no-such-run is not a run directory (no config.json)"),
     (["eval", "NOT_A_RUN", "--video-dir", "out"], "not-a-run is not a run directory (no config.json)"),
 ])

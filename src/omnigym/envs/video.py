@@ -173,6 +173,7 @@ def check_render(env, env_kwargs: dict) -> None:
     made = None
     try:
         if isinstance(env, str):
+            check_draws_frames(env)
             made = gym.make(env, render_mode="rgb_array", **env_kwargs)
         elif isinstance(env, gym.Env):
             if env.render_mode != "rgb_array":
@@ -205,6 +206,20 @@ def check_render(env, env_kwargs: dict) -> None:
             made.close()
     if getattr(frame, "ndim", 0) != 3:
         raise OmnigymError(f"video needs render() to return an RGB image; the env returned {type(frame).__name__}")
+
+
+def check_draws_frames(env_id: str) -> None:
+    """One line for a registered env whose class says it draws no frames (a game's ``TurnEnv``,
+    ``render_modes: []``): made with ``render_mode='rgb_array'`` anyway, gymnasium warned and
+    passed it on to the game's library, which refused a parameter the user never gave."""
+    from gymnasium.envs.registration import load_env_creator
+
+    spec = gym.spec(env_id)
+    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    modes = getattr(creator, "metadata", {}).get("render_modes") if isinstance(creator, type) else None
+    if modes is not None and "rgb_array" not in modes:
+        raise OmnigymError(f"{env_id} draws no frames (render modes: {', '.join(modes) or 'none'}), so there is no "
+                           "video to record; leave out --capture-video (or eval's --video)")
 
 
 def _raised_in_gl(exc: BaseException) -> bool:
