@@ -201,6 +201,9 @@ def run_copy(finished_run, tmp_path):
                                                        "it with --overwrite"),
     (["train", "ppo", "--resume", "RUN", "--overwrite"], "--resume continues a run and --overwrite replaces it"),
     (["train", "ppo", "--resume", "RUN", "--seed", "5"], "RUN was made with --seed 1, not 5"),
+    # it read "RUN was made with --env-kwargs , not foo=1"
+    (["train", "ppo", "--resume", "RUN", "--env-kwargs", "foo=1"], "RUN was made without --env-kwargs, not "
+                                                                   "--env-kwargs foo=1; its checkpoint only fits"),
     (["train", "ppo", "--resume", "RUN", "--total-timesteps", "256"], "RUN is already at global_step "),
     (["train", "ppo", "--run-dir", "RUN", "--overwrite", "--env-id", "toy_envs:NaNEnv"],
      "the env returned a non-finite observation"),

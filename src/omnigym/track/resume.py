@@ -134,8 +134,12 @@ def check_fixed_settings(cfg, saved_config: dict) -> None:
 
             place = recorded_place(saved_config, name, then)
             where = f" ({place})" if place else ""
-            raise OmnigymError(f"{cfg.resume} was made with --{name.replace('_', '-')} {shown(then)}{where}, not "
-                               f"{shown(now)}; its checkpoint only fits its own setting (leave the flag out to keep it)")
+            flag_name = f"--{name.replace('_', '-')}"
+            # a list flag left empty reads "made with --env-kwargs , not N=4" as a value
+            made = f"without {flag_name}" if then == [] else f"with {flag_name} {shown(then)}{where}"
+            given = f"{flag_name} {shown(now)}" if then == [] else "none" if now == [] else shown(now)
+            raise OmnigymError(f"{cfg.resume} was made {made}, not {given}; its checkpoint only fits its own setting "
+                               "(leave the flag out to keep it)")
 
 
 DATA_FILES_KEY = "data_files"
