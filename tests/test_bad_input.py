@@ -80,6 +80,13 @@ CASES = [
     (["train", "ppo", "--env-id", "toy_envs.py:SignEnv"], "name the module without .py: toy_envs:SignEnv"),
     (["train", "ppo", "--env-id", "toy_envs:DictObsEnv"], "the networks take Box observations"),
     (["train", "ppo", "--env-id", "toy_envs:OldGymEnv"], "your env's reset() must return (observation, info dict), got ndarray"),
+    # each was a traceback (exit 1), or a line blaming the env for omnigym's own check
+    (["train", "ppo", "--env-id", "toy_envs:TupleObsEnv"], "the networks take Box observations"),
+    (["train", "ppo", "--env-id", "toy_envs:InfoListEnv"], "your env's step() must return (observation, reward, "
+                                                           "terminated, truncated, info dict)"),
+    (["train", "ppo", "--env-id", "toy_envs:CloseRaisesEnv"], "your env raised RuntimeError: close boom (at "),
+    (["train", "ppo", "--env-id", "Pendulum-v1", "--env-kwargs", "g=abc"],
+     "Pendulum-v1 with --env-kwargs g='abc' raised TypeError: unsupported operand type(s) for /: 'str' and 'float'"),
     (["train", "dqn", "--env-id", "toy_envs:ImageLastEnv"], "image observations must be channels-first C x 84 x 84"),
     (["train", "grpo", "--task", "toy_text:failing_task"], "--task toy_text:failing_task raised RuntimeError: task boom "
                                                            "(at "),
@@ -217,6 +224,17 @@ def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, a
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.replace("RUN", str(run_copy)) in err[0], err
     assert snapshot(run_copy.parent) == before
+
+
+def test_an_env_that_needs_its_env_kwargs_is_checked_with_them(tmp_path, monkeypatch, capsys):
+    """The check made your env without --env-kwargs: an env that needs an argument could not be trained at all."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo", "--env-id", "toy_envs:SizedEnv", "--env-kwargs", "size=3", "--total-timesteps", "256",
+                 "--run-dir", "run", "--no-plot", "--no-progress"]) == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["env_kwargs"] == ["size=3"]
+    assert main(["train", "ppo", "--env-id", "toy_envs:SizedEnv", "--run-dir", "other"]) == 2
+    assert "your env could not be made: TypeError" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
 
 
 @pytest.mark.parametrize("argv", [["--total-timesteps", "256"], ["--seed", "5"], ["--hidden", "32", "32"]])

@@ -233,3 +233,44 @@ class HangingEnv(NaNEnv):
             time.sleep(600)
         self.t += 1
         return np.zeros(2, np.float32), 1.0, False, self.t >= EPISODE, {}
+
+
+class TupleObsEnv(_SpaceEnv):
+    """A Tuple observation space: the check's message (np.shape of its observation) raised, and was
+    reported as the env raising."""
+
+    observation_space = gym.spaces.Tuple((gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Discrete(3)))
+
+    def _zero(self):
+        return np.zeros(2, np.float32), 0
+
+
+class InfoListEnv(NaNEnv):
+    """step returns a list where the info dict goes."""
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, []
+
+
+class CloseRaisesEnv(NaNEnv):
+    """close raises: it escaped the check, a traceback."""
+
+    def close(self):
+        raise RuntimeError("close boom")
+
+
+class SizedEnv(NaNEnv):
+    """Needs an argument: made without --env-kwargs, the check refused an env the run could make."""
+
+    def __init__(self, size):
+        self.size = size
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (size,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(self.size, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(self.size, np.float32), 1.0, False, self.t >= EPISODE, {}

@@ -181,20 +181,27 @@ def available_backends() -> list[str]:
     return names
 
 
-def resolve_env(env):
-    """A registered id for ``env``, or the factory (a callable making one env) it names."""
+def resolve_env(env, env_kwargs: dict | None = None):
+    """A registered id for ``env``, or the factory (a callable making one env) it names. Your
+    env is made and stepped once first, with ``env_kwargs`` (an env that needs an argument
+    could not be made without them); so is a registered env given ``env_kwargs``
+    (``Pendulum-v1 --env-kwargs g=abc`` failed with a traceback at its first step)."""
+    env_kwargs = env_kwargs or {}
     if isinstance(env, str) and is_reference(env):
         module, name = import_reference(env, "--env-id")
         if name in gym.registry:
-            check_user_env(lambda: gym.make(name))
+            check_user_env(lambda: gym.make(name, **env_kwargs))
             return name
         factory = import_object(env, "--env-id")
         if not callable(factory):
             raise OmnigymError(f"--env-id {env}: {name} is neither a registered env id nor a class or function")
-        check_user_env(factory)
+        check_user_env(lambda: factory(**env_kwargs))
         return factory
     if isinstance(env, str):
         _spec(env)
+        if env_kwargs and not is_atari(env):  # Atari's options are flags of their own (envs/atari.py)
+            settings = " ".join(f"{key}={value!r}" for key, value in env_kwargs.items())
+            check_user_env(lambda: gym.make(env, **env_kwargs), who=f"{env} with --env-kwargs {settings}")
         return env
     if isinstance(env, gym.Env):
         import copy
@@ -202,39 +209,43 @@ def resolve_env(env):
         check_user_env(lambda: copy.deepcopy(env))
         return env
     if callable(env):
-        check_user_env(env)
+        check_user_env(lambda: env(**env_kwargs))
         return env
     raise OmnigymError(f"env must be an env id, module:EnvName, an env class or factory, or an env; got {env!r}")
 
 
-def check_user_env(factory) -> None:
-    """Your env, made once and stepped once, checked for what the vector env and the networks
-    rely on (reset gives ``(obs, info)``, step gives five values, observations have their
-    space's shape, rewards are numbers), so that a mistake is one line here rather than a
-    traceback from deep inside the vector env. Anything else gymnasium allows is allowed."""
+def check_user_env(factory, who: str = "your env") -> None:
+    """Your env (``who``), made once and stepped once, checked for what the vector env and the
+    networks rely on (reset gives ``(obs, info)``, step gives five values with an info dict,
+    observations have their space's shape, rewards are numbers), so that a mistake is one line
+    here rather than a traceback from deep inside the vector env. Anything else gymnasium
+    allows is allowed."""
     try:
         env = factory()
+    except OmnigymError:  # omnigym's own env (a game, the locomotion task) said what is wrong
+        raise
     except Exception as exc:
-        raise OmnigymError(f"your env could not be made: {type(exc).__name__}: {exc} (at {where(exc)})") from None
+        raise OmnigymError(f"{who} could not be made: {type(exc).__name__}: {exc} (at {where(exc)})") from None
     if not isinstance(env, gym.Env):
         raise OmnigymError(f"your env factory returned {type(env).__name__}, not a gymnasium.Env")
     try:
-        reset = env.reset(seed=0)
-        require(isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict),
-                f"your env's reset() must return (observation, info dict), got {type(reset).__name__}")
-        _check_obs(env, reset[0], "reset()")
-        step = env.step(env.action_space.sample())
-        require(isinstance(step, tuple) and len(step) == 5, "your env's step() must return (observation, reward, "
-                                                           "terminated, truncated, info)")
-        _check_obs(env, step[0], "step()")
-        require(np.ndim(step[1]) == 0 and np.issubdtype(np.asarray(step[1]).dtype, np.number),
-                f"your env's step() returned a reward of {step[1]!r}; a reward is a number")
+        try:
+            reset = env.reset(seed=0)
+            require(isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict),
+                    f"{who}'s reset() must return (observation, info dict), got {type(reset).__name__}")
+            _check_obs(env, reset[0], f"{who}'s reset()")
+            step = env.step(env.action_space.sample())
+            require(isinstance(step, tuple) and len(step) == 5 and isinstance(step[4], dict),
+                    f"{who}'s step() must return (observation, reward, terminated, truncated, info dict)")
+            _check_obs(env, step[0], f"{who}'s step()")
+            require(np.ndim(step[1]) == 0 and np.issubdtype(np.asarray(step[1]).dtype, np.number),
+                    f"{who}'s step() returned a reward of {step[1]!r}; a reward is a number")
+        finally:
+            env.close()
     except OmnigymError:
         raise
-    except Exception as exc:  # the env's own code raised
-        raise OmnigymError(f"your env raised {type(exc).__name__}: {exc} (at {where(exc)})") from None
-    finally:
-        env.close()
+    except Exception as exc:  # the env's own code raised (in reset, step or close)
+        raise OmnigymError(f"{who} raised {type(exc).__name__}: {exc} (at {where(exc)})") from None
 
 
 def _check_obs(env, obs, where_from: str) -> None:
@@ -243,8 +254,13 @@ def _check_obs(env, obs, where_from: str) -> None:
         ok = np.shape(obs) == space.shape  # dtype and bounds only warn in gymnasium; the shape must match
     else:
         ok = space.contains(obs)
-    require(ok, f"your env's {where_from} returned an observation of shape {np.shape(obs)} that does not fit its "
-                f"observation_space {space}")
+    if not ok:  # (np.shape of a Tuple space's observation raises: only here, where it is said)
+        try:
+            shape = f"of shape {np.shape(obs)}"
+        except ValueError:
+            shape = repr(obs)[:80]
+        raise OmnigymError(f"{where_from} returned an observation {shape} that does not fit its observation_space "
+                           f"{space}")
 
 
 def make_vec(
@@ -275,7 +291,7 @@ def make_vec(
         from omnigym.envs.mjlab_backend import make_mjlab_vec
 
         return RecordEpisodeStatistics(make_mjlab_vec(env, num_envs, seed, video_dir, **env_kwargs))
-    env_id = resolve_env(env)
+    env_id = resolve_env(env, env_kwargs)
     _quiet_mujoco_warnings(env_id)
     video = None
     if video_dir is not None:
