@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -129,6 +130,8 @@ CASES = [
     (["plot", "NOT_A_RUN"], "not-a-run is not a run directory (no config.json)"),
     (["plot", "RUN_LOG", "--out", "RUN_LOG/metrics.jsonl/x.png"], "cannot write the plot to "),
     (["plot", "RUN_LOG", "--metric", "nope"], "no run among"),
+    # it replaced the other run's own files (its curve.png)
+    (["plot", "RUN_LOG", "--out", "bad-config/curve.png"], "--out bad-config/curve.png is inside the run "),
     # a name longer than a file system allows (255 bytes): a traceback before, and --run-dir sub/LONG left sub/
     (["train", "ppo", "--run-dir", "sub/LONG"], "a name in this path is longer than the 255 bytes"),
     (["train", "ppo", "--resume", "LONG"], "a name in this path is longer than the"),
@@ -566,3 +569,21 @@ def test_a_resume_stopped_before_its_checkpoint_says_the_flags_it_was_given(tmp_
     monkeypatch.setattr(toy_envs.InterruptEnv, "step", calm_step)
     assert main(said[1].split()[1:]) == 0
     assert json.loads((run_dir / "config.json").read_text())["total_timesteps"] == 256
+
+
+def test_a_damaged_log_names_its_line_and_a_torn_last_line_is_left_out(tmp_path, monkeypatch, capsys):
+    """plot said 'damaged at line 1' for any line (it counted lines within the line), and refused a run whose last
+    line a killed process had cut short, which every row before it still plots."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
+    rows = "".join(json.dumps({"global_step": i, "charts/episodic_return": float(i)}) + "\n" for i in range(1, 6))
+    (run / "metrics.jsonl").write_text(rows + '{"global_step": 6, "charts/epis')
+    assert main(["plot", "run", "--out", "plot.png"]) == 0
+    assert (tmp_path / "plot.png").exists()
+    capsys.readouterr()
+    (run / "metrics.jsonl").write_text(rows.replace('{"global_step": 3', 'garbage{"global_step": 3'))
+    assert main(["plot", "run", "--out", "again.png"]) == 2
+    assert capsys.readouterr().err.strip() == f"omnigym: error: {Path('run') / 'metrics.jsonl'} is damaged at line 3"
+    assert not (tmp_path / "again.png").exists()

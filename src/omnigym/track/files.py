@@ -127,6 +127,18 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     if not path.exists():
         raise OmnigymError(f"{run_dir} has no {METRICS_NAME}")
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as exc:
-        raise OmnigymError(f"{path} is damaged at line {exc.doc.count(chr(10)) + 1 if exc.doc else '?'}") from None
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise OmnigymError(f"{path} is damaged (bytes that are not UTF-8 text)") from None
+    lines = text.split("\n")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # no newline after it: a write cut short (a killed run); the rows before stand
+                break
+            raise OmnigymError(f"{path} is damaged at line {number}") from None
+    return rows
