@@ -294,3 +294,16 @@ def test_an_output_written_while_the_export_ran_is_not_replaced_without_force(tm
     assert len(err) == 1 and "exists (written while this export ran); pass --force" in err[0], err
     assert out.read_bytes() == b"the other export's file"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_overwrite_sets_the_old_runs_exported_policy_aside(tmp_path, capsys):
+    """--overwrite replaced the run's files but left its export: the old run's policy.pt beside the new run, taken for
+    its policy (and export then refused to write the new one without --force)."""
+    run_dir = trained(tmp_path, "ppo-discrete")
+    assert main(["export", run_dir, "--format", "torchscript"]) == 0
+    assert main(["train", "ppo", "--env-id", "CartPole-v1", "--run-dir", run_dir, "--overwrite",
+                 "--total-timesteps", "256", "--no-plot", "--no-progress"]) == 0
+    assert not Path(run_dir, "policy.pt").exists()
+    capsys.readouterr()
+    assert main(["export", run_dir, "--format", "torchscript"]) == 0
+    assert "policy.pt" in capsys.readouterr().out

@@ -38,9 +38,11 @@ from torch import nn
 
 from omnigym.errors import OmnigymError, missing_extra
 from omnigym.models.goal_view import GoalLayout
+from omnigym.track.run_dir import EXPORTED_POLICIES
 
-FORMATS = MappingProxyType({"onnx": "policy.onnx", "torchscript": "policy.pt"})
-"""each format and the file it writes into the run directory by default"""
+ONNX_FILE, TORCHSCRIPT_FILE = EXPORTED_POLICIES
+FORMATS = MappingProxyType({"onnx": ONNX_FILE, "torchscript": TORCHSCRIPT_FILE})
+"""each format and the file it writes into the run directory by default (a run's own: --overwrite sets them aside)"""
 OBS_CLIP = 10.0
 """RunningMeanStd.normalize's clip of normalized observations"""
 PROBES = 256

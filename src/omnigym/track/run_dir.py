@@ -25,9 +25,14 @@ from omnigym.track.model_folder import PARTIAL_SUFFIX, REPLACED_SUFFIX
 
 MODEL_FOLDER = "model"
 STAGES_FOLDER = "stages"
+EXPORTED_POLICIES = ("policy.onnx", "policy.pt")
+"""``omnigym export``'s files in a run directory by default (export.py's ``FORMATS``)"""
 RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", "curve.png", SAMPLES_NAME,
-             MODEL_FOLDER, "videos", CONFIG_NAME + ".tmp", MODEL_FOLDER + PARTIAL_SUFFIX, MODEL_FOLDER + REPLACED_SUFFIX)
+             MODEL_FOLDER, "videos", CONFIG_NAME + ".tmp", MODEL_FOLDER + PARTIAL_SUFFIX, MODEL_FOLDER + REPLACED_SUFFIX,
+             *EXPORTED_POLICIES)
 """What a run writes (besides TensorBoard's events files); ``--overwrite`` removes exactly these.
+The exported policies are the run's too: an old run's ``policy.onnx`` was left beside the new run,
+taken for its policy.
 ``videos/`` holds ``--capture-video``'s and ``omnigym eval --video``'s videos (envs/video.py).
 ``model/`` is the trained model as a Hugging Face folder (language runs), written as
 ``model.partial/`` and renamed when whole (``model_folder.py``; ``model.replaced/`` is the one it
