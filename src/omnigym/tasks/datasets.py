@@ -19,6 +19,8 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     if path.is_dir():
         raise OmnigymError(f"{path} is a folder, not a JSON lines file; give the .jsonl file itself "
                            "(a dataset folder is read by --data when its name has no .jsonl)")
+    if path.is_char_device() or path.is_block_device():  # /dev/zero reads without end (a pipe, <(zcat ...), is fine)
+        raise OmnigymError(f"{path} is a device, not a JSON lines file; give a .jsonl file")
     opener = gzip.open if path.suffix == ".gz" else open
     rows = []
     try:
@@ -39,6 +41,12 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
                 raise OmnigymError(f"{path}:{line_number}: not valid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
                 raise OmnigymError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
+            if "\\ud" in line.lower():  # JSON escapes an unpaired surrogate, which no tokenizer can encode
+                try:
+                    json.dumps(row, ensure_ascii=False).encode("utf-8")
+                except UnicodeEncodeError:
+                    raise OmnigymError(f"{path}:{line_number}: a string holds an unpaired surrogate escape (such as "
+                                       "\\ud800), which is not text; write the character itself, or its pair") from None
             missing = [k for k in required if k not in row]
             if missing:
                 raise OmnigymError(f"{path}:{line_number}: missing field(s) {', '.join(missing)}; "
