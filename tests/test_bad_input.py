@@ -96,6 +96,9 @@ CASES = [
     (["train", "grpo", "--task", "LATIN1"], "latin1.jsonl is not UTF-8 JSON lines text (UnicodeDecodeError)"),
     # "\ud800" parses as JSON and reached the tokenizer: a TypeError traceback (sft, rm, dpo, grpo, eval)
     (["train", "sft", "--data", "SURROGATE"], "surrogate.jsonl:1: a string holds an unpaired surrogate escape"),
+    # a template's own raise_exception (Mistral's "System role not supported"): a jinja2 traceback
+    (["train", "sft", "--data", "CHATS", "--chat-template", "NOSYS"],
+     "the chat template refused these messages (TemplateError: System role not supported)"),
     (["train", "grpo", "--chat-template", "missing.jinja"], "--chat-template missing.jinja: no such file, and not a "
                                                             "Jinja template"),
     (["train", "grpo", "--chat-template", "BROKEN{{"], "--chat-template does not compile: "),
@@ -163,9 +166,15 @@ def prepare(tmp_path, argv):
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "metrics.jsonl").write_text(json.dumps({"global_step": 1, "charts/episodic_return": 1.0}))
     (tmp_path / "log" / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
+    chat = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "Hello"}]}
+    (tmp_path / "chats.jsonl").write_text((json.dumps(chat) + "\n") * 8)
+    (tmp_path / "nosys.jinja").write_text("{% for m in messages %}{% if m['role'] == 'system' %}"
+                                          "{{ raise_exception('System role not supported') }}{% endif %}"
+                                          "<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}")
     (tmp_path / "surrogate.jsonl").write_text('{"prompt": "\\ud800", "completion": "b"}\n' * 5)
     (tmp_path / "latin1.jsonl").write_bytes('{"question": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
-    names = {"SURROGATE": "surrogate.jsonl", "LATIN1": "latin1.jsonl", "EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
+    names = {"CHATS": "chats.jsonl", "NOSYS": "nosys.jinja", "SURROGATE": "surrogate.jsonl", "LATIN1": "latin1.jsonl", "EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
              "RUN_LOG": "log", "RUN_LOG/metrics.jsonl/x.png": "log/metrics.jsonl/x.png", "LONG": "x" * 300,
              "sub/LONG": "sub/" + "x" * 300}
     return [names.get(a, a) for a in argv]

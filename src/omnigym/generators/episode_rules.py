@@ -4,11 +4,12 @@ an episode's token budget cuts it, and DAPO's overlong penalty on its reward."""
 
 from __future__ import annotations
 
+from omnigym.models.lm import render_chat
 from omnigym.rl.overlong import overlong_penalty
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    text = render_chat(tokenizer, messages, add_generation_prompt)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

@@ -37,6 +37,20 @@ class LoraSettings:
     target_modules: str = "all-linear"
 
 
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool, where: str | None = None) -> str:
+    """``messages`` through the tokenizer's chat template, as text. A template that raises on
+    them (its own ``raise_exception``, e.g. Mistral-style "System role not supported", or a
+    variable it does not have) is one line naming the row (``where``): it was a jinja2 traceback."""
+    import jinja2
+
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    except jinja2.TemplateError as exc:
+        place = f"{where}: " if where else ""
+        raise OmnigymError(f"{place}the chat template refused these messages ({type(exc).__name__}: {exc}); give a "
+                           "template that renders them (--chat-template), or data it accepts") from None
+
+
 def read_chat_template(given: str) -> str:
     """``--chat-template``: a Jinja template, or a file that holds one; checked to compile."""
     import jinja2

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omnigym.errors import OmnigymError
+from omnigym.models.lm import render_chat
 from omnigym.tasks.datasets import read_rows
 
 
@@ -131,7 +132,7 @@ def _render(where, tokenizer, messages, add_generation_prompt: bool) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise OmnigymError(f"{where}: conversational data needs a chat template; the model has none "
                            "(give one with --chat-template)")
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    return render_chat(tokenizer, messages, add_generation_prompt, where)
 
 
 def _encode(tokenizer, text: str) -> list[int]:
