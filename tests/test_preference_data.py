@@ -72,6 +72,17 @@ def test_unusable_pairs_are_left_out_with_one_line(tokenizer, capsys):
         "omnigym: note: left out r:1: chosen and rejected are the same reply; a pair must differ (and 1 more such rows)"]
 
 
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_a_left_out_pair_never_refuses_the_file_whatever_the_seed(tmp_path, tokenizer, seed):
+    """Whether the shuffled first row was the unusable one decided, by seed, between a note and a refusal."""
+    rows = [{"prompt": f"q{i}", "chosen": f"good answer {i}", "rejected": f"bad {i}"} for i in range(20)]
+    rows.append({"prompt": "x", "chosen": "a", "rejected": "a"})
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    _, heldout, training, conversational = read_pairs(str(data), "train", seed, 2, tokenizer, 64)
+    assert len(heldout.pairs) + len(training.pairs) == 20 and not conversational
+
+
 @pytest.mark.parametrize("row, message", [
     ({"prompt": "q", "chosen": "a"}, "r:7: a preference row needs chosen and rejected"),
     ({"prompt": "q", "chosen": "same", "rejected": "same"}, "r:7: chosen and rejected are the same reply"),
