@@ -96,6 +96,9 @@ CASES = [
     (["train", "grpo", "--task", "LATIN1"], "latin1.jsonl is not UTF-8 JSON lines text (UnicodeDecodeError)"),
     # "\ud800" parses as JSON and reached the tokenizer: a TypeError traceback (sft, rm, dpo, grpo, eval)
     (["train", "sft", "--data", "SURROGATE"], "surrogate.jsonl:1: a string holds an unpaired surrogate escape"),
+    # trained on and scored as the prompt "None"
+    (["train", "grpo", "--task", "NULLQ", "--sft-steps", "0"], "nullq.jsonl: row 1: question must be a non-empty "
+                                                               "string, got None"),
     # a template's own raise_exception (Mistral's "System role not supported"): a jinja2 traceback
     (["train", "sft", "--data", "CHATS", "--chat-template", "NOSYS", "--eval-size", "2"],
      "the chat template refused these messages (TemplateError: System role not supported)"),
@@ -172,9 +175,10 @@ def prepare(tmp_path, argv):
     (tmp_path / "nosys.jinja").write_text("{% for m in messages %}{% if m['role'] == 'system' %}"
                                           "{{ raise_exception('System role not supported') }}{% endif %}"
                                           "<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}")
+    (tmp_path / "nullq.jsonl").write_text('{"question": null, "answer": "1"}\n' * 30)
     (tmp_path / "surrogate.jsonl").write_text('{"prompt": "\\ud800", "completion": "b"}\n' * 5)
     (tmp_path / "latin1.jsonl").write_bytes('{"question": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
-    names = {"CHATS": "chats.jsonl", "NOSYS": "nosys.jinja", "SURROGATE": "surrogate.jsonl", "LATIN1": "latin1.jsonl", "EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
+    names = {"NULLQ": "nullq.jsonl", "CHATS": "chats.jsonl", "NOSYS": "nosys.jinja", "SURROGATE": "surrogate.jsonl", "LATIN1": "latin1.jsonl", "EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
              "RUN_LOG": "log", "RUN_LOG/metrics.jsonl/x.png": "log/metrics.jsonl/x.png", "LONG": "x" * 300,
              "sub/LONG": "sub/" + "x" * 300}
     return [names.get(a, a) for a in argv]

@@ -96,6 +96,14 @@ def load_prompt_answer(source: str, prompt_field: str = "prompt", answer_field: 
             raise OmnigymError(f"dataset {source} has no column(s) {', '.join(missing)}; it has "
                                f"{', '.join(data.column_names)} (choose them with prompt_field/answer_field)")
         rows = list(data)
+    for number, row in enumerate(rows, 1):
+        # null, "" or [] were trained on and scored as the prompt "None" (and an answer "None")
+        question, answer = row[prompt_field], row[answer_field]
+        if not isinstance(question, str) or not question.strip():
+            raise OmnigymError(f"{source}: row {number}: {prompt_field} must be a non-empty string, got {question!r}")
+        if answer is None or isinstance(answer, (dict, list)) or not str(answer).strip():
+            raise OmnigymError(f"{source}: row {number}: {answer_field} must be a non-empty string or number, got "
+                               f"{answer!r}")
     return [{**row, "question": row[prompt_field], "answer": str(row[answer_field])} for row in rows]
 
 
