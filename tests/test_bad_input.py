@@ -603,3 +603,23 @@ def test_a_damaged_log_names_its_line_and_a_torn_last_line_is_left_out(tmp_path,
     assert main(["plot", "run", "--out", "again.png"]) == 2
     assert capsys.readouterr().err.strip() == f"omnigym: error: {Path('run') / 'metrics.jsonl'} is damaged at line 3"
     assert not (tmp_path / "again.png").exists()
+
+
+def test_a_run_past_a_smaller_budget_is_refused_even_with_its_model_unsaved(tmp_path, capsys):
+    """A language run whose model/ was never written resumes to write it; but one stopped at step 4 of its own budget
+    and resumed with --steps 2 went on, wrote its model and config.json's 'steps: 2'. Only a run that ended exactly
+    at its budget saves its model again."""
+    import shutil
+
+    run = tmp_path / "run"
+    flags = ["--model", "tiny", "--data", "words", "--eval-size", "16", "--batch-size", "4", "--no-progress",
+             "--no-plot", "--no-tensorboard"]
+    assert main(["train", "sft", *flags, "--steps", "4", "--run-dir", str(run)]) == 0
+    shutil.rmtree(run / "model")  # as a run stopped while writing it leaves it
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "sft", "--resume", str(run), "--steps", "2"]) == 2
+    assert f"{run} is already at step 4 of --steps 2" in capsys.readouterr().err
+    assert snapshot(run) == before
+    assert main(["train", "sft", "--resume", str(run)]) == 0  # its own budget: the model is written again
+    assert (run / "model").is_dir()

@@ -95,7 +95,9 @@ def check_saved_state(cfg, run_dir: Path, saved: dict) -> None:
     if cfg.BUDGET:
         flag_name, counter = cfg.BUDGET
         done, goal = saved["counters"].get(counter, 0), getattr(cfg, flag_name)
-        if done >= goal and not unsaved_model(cfg, run_dir):
+        # a model left unsaved is saved again only where the run ended exactly there: a run stopped at step 55 of
+        # 200 and resumed with --steps 5 went on to write its model and "steps: 5"
+        if done > goal or (done == goal and not unsaved_model(cfg, run_dir)):
             raise OmnigymError(f"{run_dir} is already at {counter} {done} of --{flag_name.replace('_', '-')} {goal}; "
                                f"give a larger --{flag_name.replace('_', '-')} to continue it")
     log, offset = run_dir / METRICS_NAME, saved["components"]["metrics"]["offset"]
