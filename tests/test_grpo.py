@@ -41,6 +41,20 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     assert stage.stat().st_mtime_ns == made  # the finished warm-up stage was reused, not trained again
 
 
+def test_a_resume_with_another_reward_is_refused(tmp_path, capsys):
+    """--rewards given to a run made without it swapped what the run optimizes and what its held-out accuracy counts
+    as correct ("0.000 -> 1.000" for a length reward), in silence."""
+    from omnigym.cli import main
+
+    run = tmp_path / "run"
+    grpo.train(small(run, steps=2, sft_steps=0, eval_every=2))
+    capsys.readouterr()
+    assert main(["train", "grpo", "--resume", str(run), "--steps", "4", "--rewards", "length:1.0"]) == 2
+    assert capsys.readouterr().err.strip() == (f"omnigym: error: {run} was made without --rewards, not --rewards "
+                                               "length:1.0; its checkpoint only fits its own setting (leave the flag "
+                                               "out to keep it)")
+
+
 @pytest.mark.parametrize("variant", [dict(advantage="rloo", beta=0.0, loss_aggregation="token-mean", clip_high=0.28,
                                           engine="hf"),
                                      dict(advantage="dr_grpo", loss_aggregation="seq-mean-token-sum-norm",

@@ -128,9 +128,13 @@ def check_fixed_settings(cfg, saved_config: dict) -> None:
     for name in cfg.RESUME_FIXED:
         if name in data_flags(cfg):
             continue  # compared by content (check_data), not by how the path is spelled
-        now, then = getattr(cfg, name, None), saved_config.get(name)
+        if name not in saved_config:  # a config from before the setting existed
+            continue
+        now, then = getattr(cfg, name, None), saved_config[name]
         now = json.loads(json.dumps(now, default=describe))
-        if then is not None and now != then and not same_path(name, now, then, saved_config):
+        # a setting left out when the run was made (None) is fixed too: --rewards given to a run made without it
+        # swapped its reward in silence
+        if now != then and not same_path(name, now, then, saved_config):
             def shown(value):
                 return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
@@ -138,8 +142,9 @@ def check_fixed_settings(cfg, saved_config: dict) -> None:
             where = f" ({place})" if place else ""
             flag_name = f"--{name.replace('_', '-')}"
             # a list flag left empty reads "made with --env-kwargs , not N=4" as a value
-            made = f"without {flag_name}" if then == [] else f"with {flag_name} {shown(then)}{where}"
-            given = f"{flag_name} {shown(now)}" if then == [] else "none" if now == [] else shown(now)
+            made = f"without {flag_name}" if then in ([], None) else f"with {flag_name} {shown(then)}{where}"
+            given = (f"{flag_name} {shown(now)}" if then in ([], None) else "none" if now in ([], None)
+                     else shown(now))
             raise OmnigymError(f"{cfg.resume} was made {made}, not {given}; its checkpoint only fits its own setting "
                                "(leave the flag out to keep it)")
 

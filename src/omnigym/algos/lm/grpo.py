@@ -117,9 +117,11 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
     length gaming, reward up and held-out accuracy down, code the sandbox blocked); the hacking/...
     metrics are logged either way (docs/hacking.md)"""
 
+    # --rewards too: a resume with another reward swapped what the run optimizes and what its held-out accuracy
+    # counts as correct ("0.000 -> 1.000" for a length reward), in silence
     RESUME_FIXED = LanguageModelConfig.RESUME_FIXED + ("task", "env", "env_args", "eval_size", "digits", "terms",
                                                        "operations", "runtime", "max_staleness", "num_generators",
-                                                       "rollouts", "agent", "opponent", "snapshot_every")
+                                                       "rollouts", "agent", "opponent", "snapshot_every", "rewards")
     BUDGET = ("steps", "step")
     FINAL_MODEL = True
 
