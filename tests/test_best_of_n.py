@@ -163,6 +163,7 @@ def snapshot(root):
     (["sample", "tiny", "--temperature", "0"], "--temperature must be positive, got 0"),
     (["sample", "tiny", "--curve", "--prompts", "600"], "--prompts 600 is more than the 500 held-out problems"),
     (["sample", "tiny", "--curve", "--min-reward", "1"], "--min-reward drops dataset rows"),
+    (["sample", "tiny", "--min-reward", "nan"], "--min-reward must be a finite number, got nan"),  # kept nothing
     (["sample", "/nonexistent/model"], "/nonexistent/model: no such folder"),
     (["sample", "./ppo-run"], "a ppo run writes no model folder"),  # a control policy, not a language model
     (["sample", "tiny", "--out", "taken.jsonl"], "taken.jsonl already exists; give another --out, or --overwrite"),

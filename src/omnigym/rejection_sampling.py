@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,8 @@ def sampling_config(args) -> SampleConfig:
 
     require(args.n >= 1, f"--n must be at least 1, got {args.n}")
     require(args.prompts >= 1, f"--prompts must be at least 1, got {args.prompts}")
+    require(args.min_reward is None or math.isfinite(args.min_reward),  # nan kept nothing and said "0 below nan"
+            f"--min-reward must be a finite number, got {args.min_reward}")
     require(not (args.curve and args.min_reward is not None),
             "--min-reward drops dataset rows; --curve scores every held-out prompt: give one of them")
     cfg = SampleConfig(model=args.model, task=args.task, digits=args.digits, terms=args.terms,
