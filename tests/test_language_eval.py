@@ -58,6 +58,14 @@ def test_maj_at_k_hand_case():
     assert answer_key("1,000") == answer_key("1000.0") and answer_key("  ") is None
 
 
+def test_maj_at_1_is_pass_at_1_when_no_reply_gives_an_answer():
+    """A reward that scores replies without an answer (--rewards length) made the one reply right for pass@1 and,
+    having no vote, wrong for maj@1: 'pass@1 1.000 maj@1 0.000' on the same sample."""
+    keys, correct = [None, None, answer_key("3")], [True, False, False]
+    assert maj_at_k(keys, correct, 1) == pytest.approx(pass_at_k(3, 1, 1)) == pytest.approx(1 / 3)
+    assert maj_at_k(keys, correct, 2) == pytest.approx(1 / 3)  # {-,-}: the first, right; {-,3} {-,3}: 3, wrong
+
+
 def test_maj_at_k_a_wrong_majority_loses():
     keys = ["a", "b", "b", "b"]
     assert maj_at_k(keys, [True, False, False, False], 4) == 0.0

@@ -6,7 +6,7 @@ and maj@k, with a decontamination report against the run's own training prompts.
   (no factorials, so no overflow or cancellation at large ``n``); the mean over prompts.
 - **maj@k**: among ``k`` replies, the answer most of them extract (``rewards.text.extract_answer``,
   numbers compared as numbers); a tie goes to the answer met first; replies with no answer do not
-  vote, and a prompt with no vote counts as wrong. The expectation over every ``k``-subset of the
+  vote, and where none votes the first reply is submitted as it is (so maj@1 is pass@1). The expectation over every ``k``-subset of the
   ``n`` replies when there are at most ``MAJ_SUBSETS`` of them, else the mean over that many
   subsets drawn with the eval's seed. Code tasks (HumanEval) and tasks without a reference answer
   (ifeval) have no answer to vote on: n/a.
@@ -71,8 +71,8 @@ def majority_correct(keys: Sequence[str | None], correct: Sequence[bool]) -> boo
     """Whether the answer most of these replies give is right (a tie: the one met first; a reply
     with that answer carries its verdict)."""
     votes = Counter(key for key in keys if key is not None)
-    if not votes:
-        return False
+    if not votes:  # no reply gives an answer: the first is submitted as it is, so maj@1 is pass@1 (a reward that
+        return bool(correct[0])  # scores replies without an answer made the one reply right for one and wrong for the other)
     winner = max(votes, key=lambda key: (votes[key], -keys.index(key)))
     return bool(correct[keys.index(winner)])
 
