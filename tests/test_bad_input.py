@@ -95,6 +95,8 @@ CASES = [
       "toy_text:failing_reward:1.0"], "reward toy_text:failing_reward raised KeyError: 'missing' (at "),
     (["train", "grpo", "--task", "LATIN1"], "latin1.jsonl is not UTF-8 JSON lines text (UnicodeDecodeError)"),
     # "\ud800" parses as JSON and reached the tokenizer: a TypeError traceback (sft, rm, dpo, grpo, eval)
+    (["train", "sft", "--data", "EMPTY"], "--data empty.jsonl has no examples"),  # "use --eval-size below 0"
+    (["train", "grpo", "--prompts-per-step", "0"], "--prompts-per-step must be positive, got 0"),  # --num-generators
     (["train", "sft", "--data", "SURROGATE"], "surrogate.jsonl:1: a string holds an unpaired surrogate escape"),
     # trained on and scored as the prompt "None"
     (["train", "grpo", "--task", "NULLQ", "--sft-steps", "0"], "nullq.jsonl: row 1: question must be a non-empty "

@@ -88,7 +88,9 @@ def test_a_left_out_pair_never_refuses_the_file_whatever_the_seed(tmp_path, toke
     ({"prompt": "q", "chosen": "same", "rejected": "same"}, "r:7: chosen and rejected are the same reply"),
     ({"prompt": "q", "chosen": "  ", "rejected": "b"}, "r:7: the chosen reply is empty"),
     ({"prompt": "q", "chosen": "a", "rejected": ["b"]}, "r:7: prompt, chosen and rejected must all be strings"),
-    ({"prompt": "q", "chosen": "a", "rejected": "b", "margin": "big"}, "r:7: margin must be a number"),
+    ({"prompt": "q", "chosen": "a", "rejected": "b", "margin": "big"}, "r:7: margin must be a finite number"),
+    # made the loss inf, blamed on "the env's observations"
+    ({"prompt": "q", "chosen": "a", "rejected": "b", "margin": float("inf")}, "r:7: margin must be a finite number"),
     ({"chosen": [{"role": "user", "content": "x"}], "rejected": [{"role": "user", "content": "y"}]},
      "r:7: chosen and rejected do not end in different assistant replies"),
 ])

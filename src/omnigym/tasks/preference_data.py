@@ -17,6 +17,7 @@ is left out and counted, with one line naming the first; a set of nothing else i
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -150,8 +151,9 @@ def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, whi
             dropped += 1
             continue
         margin = row.get("margin", 0.0)
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin != margin:
-            raise OmnigymError(f"{where}: margin must be a number, got {margin!r}")
+        # Infinity passed, and made the loss inf: "loss became inf ... check the env's observations"
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+            raise OmnigymError(f"{where}: margin must be a finite number, got {margin!r}")
         pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, float(margin), prompt))
     if unusable and not pairs:
         raise unusable[0]

@@ -137,11 +137,12 @@ class GRPOConfig(TextTaskConfig, AgentConfig, EpisodeScheduleConfig, RolloutRunt
                 "--micro-batch-size with --training-backend deepspeed: DeepSpeed accumulates by its config's "
                 "gradient_accumulation_steps; leave --micro-batch-size out")
         super().check()
+        # first: --prompts-per-step 0 was said to be fewer prompts than --num-generators
+        require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_grad_norm", "ppo_epochs",
+                         "sft_eval_every", "sft_batch_size", "sft_learning_rate", "eval_every")
         self.check_runtime(self.prompts_per_step, training_backend=self.training_backend)
         self.check_episodes(self.prompts_per_step, multi_turn=self.env != "single-turn")
         self.check_task()
-        require_positive(self, "steps", "prompts_per_step", "learning_rate", "max_grad_norm", "ppo_epochs",
-                         "sft_eval_every", "sft_batch_size", "sft_learning_rate", "eval_every")
         require_non_negative(self, "beta", "clip_low", "clip_high", "sft_steps", "checkpoint_every")
         require_fraction(self, "gamma", "lam")
         require(self.group_size >= 2, f"--group-size must be at least 2 (advantages compare a group), got {self.group_size}")

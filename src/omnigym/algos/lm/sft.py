@@ -120,6 +120,8 @@ def train(cfg: SFTConfig) -> dict:
 def shuffled_rows(cfg: SFTConfig) -> list[dict]:
     """--data's rows in a seeded order; too few to hold --eval-size out is one line."""
     rows = read_sft_rows(cfg.data, cfg.split, cfg.seed)
+    if not rows:  # it read "use --eval-size below 0"
+        raise OmnigymError(f"--data {cfg.data} has no examples")
     if len(rows) <= cfg.eval_size:
         raise OmnigymError(f"--data {cfg.data} has {len(rows)} examples and --eval-size {cfg.eval_size} holds out "
                            f"that many or more; use --eval-size below {len(rows)}")
