@@ -267,7 +267,11 @@ def test_a_folder_that_is_not_a_run_is_refused(tmp_path, capsys):
 def test_language_flags_on_a_control_run_are_refused(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
     assert main(["eval", str(tmp_path), "--n", "4"]) == 2
-    assert "--n is for language runs" in capsys.readouterr().err
+    assert f"--n is for language runs scored by pass@k; {tmp_path} is a ppo run" in capsys.readouterr().err
+    # text_reinforce's runs were called control runs
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "text_reinforce", "model": "lstm"}))
+    assert main(["eval", str(tmp_path), "--n", "4"]) == 2
+    assert f"{tmp_path} is a text_reinforce run" in capsys.readouterr().err
 
 
 def test_lm_eval_without_the_extra_is_one_line(lm_run, capsys, monkeypatch):

@@ -287,9 +287,13 @@ def language_run(args) -> bool:
     given = [f for f in LANGUAGE_FLAGS if getattr(args, f) is not None]
     if not given and not (Path(args.run_dir) / CONFIG_NAME).is_file():
         return False  # not a run: the control path checks its flags first, then says so
-    is_language = "training_backend" in load_config_dict(args.run_dir)
-    if not is_language and given:
-        raise OmnigymError(f"--{given[0].replace('_', '-')} is for language runs; {args.run_dir} is a control run")
+    saved = load_config_dict(args.run_dir)
+    is_language = "training_backend" in saved
+    if not is_language and given:  # text_reinforce's runs too: it read "is a control run"
+        from omnigym.errors import a_run
+
+        raise OmnigymError(f"--{given[0].replace('_', '-')} is for language runs scored by pass@k; {args.run_dir} is "
+                           f"{a_run(saved.get('algo', 'unknown'))}")
     control = [f for f in ("episodes", "video", "video_dir", "randomize", "command", "greedy")
                if getattr(args, f) not in (None, False)]
     if is_language and control:
