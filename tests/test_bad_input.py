@@ -625,3 +625,20 @@ def test_a_run_past_a_smaller_budget_is_refused_even_with_its_model_unsaved(tmp_
     assert snapshot(run) == before
     assert main(["train", "sft", "--resume", str(run)]) == 0  # its own budget: the model is written again
     assert (run / "model").is_dir()
+
+
+def test_a_run_that_crashes_after_a_checkpoint_says_how_to_go_on(tmp_path, monkeypatch, capsys):
+    """A bug in the env's own code is a traceback (exit 1); the run keeps its checkpoint, and nothing said so or how
+    to continue once the bug is fixed."""
+    import toy_envs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(toy_envs.RaisesLateEnv, "steps", 0)
+    assert main(["train", "ppo", "--env-id", "toy_envs:RaisesLateEnv", "--num-envs", "1", "--num-steps", "32",
+                 "--checkpoint-every", "32", "--total-timesteps", "1024", "--run-dir", "run", "--no-plot",
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "RuntimeError: late boom" in err[-2] and "Traceback" in "\n".join(err)
+    assert err[-1].startswith("omnigym: the run stopped on the error above, and keeps its last checkpoint; once it "
+                              "is fixed, continue with: omnigym train ppo --resume run")
+    assert (tmp_path / "run" / "checkpoint.pt").exists()

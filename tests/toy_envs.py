@@ -274,3 +274,16 @@ class SizedEnv(NaNEnv):
     def step(self, action):
         self.t += 1
         return np.zeros(self.size, np.float32), 1.0, False, self.t >= EPISODE, {}
+
+
+class RaisesLateEnv(NaNEnv):
+    """Its own code raises on its 100th step (a bug in a user's env, found after the run's first checkpoint)."""
+
+    steps = 0
+
+    def step(self, action):
+        RaisesLateEnv.steps += 1
+        if RaisesLateEnv.steps >= 100:
+            raise RuntimeError("late boom")
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, False, self.t >= EPISODE, {}

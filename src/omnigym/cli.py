@@ -552,13 +552,34 @@ def run_command(argv: list[str]) -> int:
         print(f"omnigym: error: {name_too_long(exc.filename or '')}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, RuntimeError) as exc:
-        exc = the_signal(exc)
+        try:
+            exc = the_signal(exc)
+        except RuntimeError:
+            return crashed(command, call)
         # before the run began, a demo's finished stages may be all it wrote: its line names them
         if command != "train":  # eval, sample, serve, ...: no run to say anything about
             return interrupted(exc, None, about_a_run=False)
         return interrupted(exc, (call.run or (call.started if stopped_with_stages(call) else None) or call.finished)
                            if call else None)
+    except Exception:
+        return crashed(command, call)
     return 0
+
+
+def crashed(command: str, call) -> int:
+    """Inside ``except``: a training run that ended on an error that is no user's mistake (a bug in
+    omnigym, or in the env's or reward's own code while it runs) keeps its last checkpoint; after
+    the traceback, one line says how to go on once the error is fixed (nothing said so). Any
+    other crash is raised again as it is."""
+    run = call.run if call else None
+    if command != "train" or run is None or run.last_checkpoint is None:
+        raise
+    import traceback
+
+    traceback.print_exc()
+    print(f"omnigym: the run stopped on the error above, and keeps its last checkpoint; once it is fixed, "
+          f"{run.state_line()}", file=sys.stderr)
+    return 1
 
 
 def handlers(call) -> dict:
