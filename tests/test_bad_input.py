@@ -228,6 +228,8 @@ def run_copy(finished_run, tmp_path):
     (["train", "text_reinforce", "--run-dir", "RUN"], "RUN already holds a run; choose a new --run-dir, or replace "
                                                        "it with --overwrite"),
     (["train", "ppo", "--resume", "RUN", "--overwrite"], "--resume continues a run and --overwrite replaces it"),
+    # its files sat among the other run's as if they were its own
+    (["train", "ppo", "--run-dir", "RUN/inner"], "--run-dir RUN/inner is inside the run "),
     (["train", "ppo", "--resume", "RUN", "--seed", "5"], "RUN was made with --seed 1, not 5"),
     # it read "RUN was made with --env-kwargs , not foo=1"
     (["train", "ppo", "--resume", "RUN", "--env-kwargs", "foo=1"], "RUN was made without --env-kwargs, not "
@@ -239,7 +241,8 @@ def run_copy(finished_run, tmp_path):
      "loss became "),
 ])
 def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, argv, message):
-    argv = [str(run_copy) if a == "RUN" else str(run_copy.parent / "other") if a == "OTHER" else a for a in argv]
+    argv = [str(run_copy) if a == "RUN" else str(run_copy.parent / "other") if a == "OTHER" else
+            a.replace("RUN/", f"{run_copy}/") for a in argv]
     before = snapshot(run_copy.parent)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -43,6 +43,7 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         if run_dir.exists() and not run_dir.is_dir():
             raise OmnigymError(f"--run-dir {run_dir} is a file; choose a directory")
         refuse_what_a_killed_start_set_aside(run_dir)
+        refuse_a_run_inside_another(run_dir)
         if run_dir.is_dir() and is_run_dir(run_dir) and not cfg.overwrite:
             keep = f"continue it with --resume {run_dir}, or " if cfg.RESUMABLE else "choose a new --run-dir, or "
             raise OmnigymError(f"{run_dir} already holds a run; {keep}replace it with --overwrite")
@@ -53,6 +54,16 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
             raise OmnigymError(f"{run_dir} is not empty and holds no omnigym run; choose a new or empty --run-dir")
         check_writable(run_dir)
     return run_dir, saved
+
+
+def refuse_a_run_inside_another(run_dir: Path) -> None:
+    """A new run is not made inside another run's directory (``--run-dir runs/walk/inner``): its
+    files would sit among that run's as if they were its own. A pipeline's stages are the
+    exception: ``RUN/stages/NAME`` are the finished runs of ``RUN``'s demo."""
+    folder = run_dir.absolute()
+    owner = next((p for p in folder.parents if is_run_dir(p)), None)
+    if owner is not None and folder.relative_to(owner).parts[0] != STAGES_FOLDER:
+        raise OmnigymError(f"--run-dir {run_dir} is inside the run {owner}; choose a --run-dir outside it")
 
 
 def refuse_what_a_killed_start_set_aside(run_dir: Path) -> None:
