@@ -83,6 +83,7 @@ PRIVATE_ACCESS = {
     "config.py:torch._dynamo": "as torch._inductor: the same failure, wrapped as dynamo's BackendCompilerFailed",
     "rewards/sandbox.py:os._exit": "the standard library's documented exit of a forked child (no cleanup)",
     "rewards/judge_harness.py:os._exit": "as sandbox.py: the judge's forked children",
+    "envs/games/__init__.py:os._exit": "as sandbox.py: the forked child that tries OpenSpiel game parameters",
 }
 """``file:expression`` of each private member read outside its own object, with the reason."""
 
