@@ -181,20 +181,10 @@ def read_pairs(source: str, split: str, seed: int, eval_size: int, tokenizer, ma
     random.Random(seed).shuffle(rows)
     heldout = tokenize_pairs(rows[:eval_size], tokenizer, max_length, "held-out ")
     training = tokenize_pairs(rows[eval_size:], tokenizer, max_length, "training ")
-    conversational = isinstance(first_usable(rows)[0], list)
+    # from a pair that was kept: the shuffled first row could be one left out (chosen the same as rejected), whose
+    # split refused the whole file for some seeds and not others
+    conversational = isinstance(training.pairs[0].source_prompt, list)
     return rows, heldout, training, conversational
-
-
-def first_usable(rows: list[tuple[str, dict]]):
-    """The first row that is a pair, split (``split_row``). The shuffled first row could be one
-    the tokenizing left out (chosen the same as rejected), which then refused the whole file for
-    some seeds and not others."""
-    for where, row in rows:
-        try:
-            return split_row(where, row)
-        except UnusablePair:
-            continue
-    raise AssertionError("tokenize_pairs raised first: no row is usable")
 
 
 def longest_pair(pairs: list[Pair]) -> int:
