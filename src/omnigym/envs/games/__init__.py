@@ -138,7 +138,7 @@ PROBE_FAULTS = ((3, "has no legal move in a position before its end"), (4, "give
 
 def check_openspiel_settings(env_id: str, game, kwargs: dict) -> None:
     """One line for game parameters OpenSpiel loads but cannot play. Its C++ checks few of them:
-    connect four with ``rows=0`` loads, then crashes the process (SIGSEGV) at the first state,
+    connect four with ``rows=0`` loads, then crashes the process (SIGSEGV or SIGABRT, by build) at the first state,
     with no word and a run directory left behind; hex with ``board_size=0`` has no legal move.
     So a forked child plays one random game of them to its end first, and the parent reads how
     it ended. Python errors are left to the parent's own use of the game (they are one line)."""
