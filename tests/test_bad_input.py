@@ -250,6 +250,21 @@ def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, a
     assert snapshot(run_copy.parent) == before
 
 
+def test_a_path_with_dot_dot_parts_makes_no_stray_folder_and_names_its_owner_plainly(tmp_path, monkeypatch, capsys):
+    """``new/../run``: making the run's folders made a stray ``new``, as did ``plot --out``; and a run inside
+    another named its owner ``run/../run``."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo", "--total-timesteps", "256", "--run-dir", "new/../run", "--no-plot", "--no-progress"]) == 0
+    assert main(["plot", "run", "--out", "other/../plots/curve.png"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plots", "run"]
+    capsys.readouterr()
+    assert main(["train", "ppo", "--run-dir", "run/../run/inner"]) == 2
+    err = capsys.readouterr().err.strip()
+    where = tmp_path.resolve()  # the path is resolved, as the kernel reads it
+    assert err.endswith(f"--run-dir {where / 'run' / 'inner'} is inside the run {where / 'run'}; choose a --run-dir "
+                        "outside it"), err
+
+
 def test_an_env_that_needs_its_env_kwargs_is_checked_with_them(tmp_path, monkeypatch, capsys):
     """The check made your env without --env-kwargs: an env that needs an argument could not be trained at all."""
     monkeypatch.chdir(tmp_path)

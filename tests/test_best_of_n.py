@@ -158,7 +158,8 @@ def snapshot(root):
 @pytest.mark.parametrize("argv, message", [
     (["sample", "tiny", "--rewards", "nope:1.0"], "unknown reward 'nope'"),
     (["sample", "tiny", "--accuracy-reward", "nope"], "unknown reward 'nope'"),
-    (["sample", "tiny", "--n", "0"], "--n must be at least 1, got 0"),
+    (["sample", "tiny", "--n", "0"], "--n must be 1 to 1,024 replies a prompt, got 0"),
+    (["sample", "tiny", "--n", "100000000"], "--n must be 1 to 1,024 replies a prompt, got 100000000"),  # ran until killed
     (["sample", "tiny", "--prompts", "0"], "--prompts must be at least 1, got 0"),
     (["sample", "tiny", "--temperature", "0"], "--temperature must be positive, got 0"),
     (["sample", "tiny", "--curve", "--prompts", "600"], "--prompts 600 is more than the 500 held-out problems"),

@@ -35,9 +35,18 @@ def a_run(algorithm) -> str:
 def path_name(value: str) -> str:
     """An argparse ``type`` for a file or folder argument: an empty or blank one is refused.
     ``""`` is ``Path(".")``: commands read the working directory as the run named, or wrote
-    their output there, as if it had been given."""
+    their output there, as if it had been given. ``..`` parts are resolved (``without_dots``)."""
     if not value.strip():
         import argparse
 
         raise argparse.ArgumentTypeError("is empty; give a file or folder")
-    return value
+    return str(without_dots(value))
+
+
+def without_dots(path):
+    """``path`` with its ``..`` parts resolved as the kernel would, those under a folder that does
+    not exist yet dropped with it: making ``new/../runs/x``'s folders made a stray ``new``, and
+    ``runs/a/../a/inner`` named its owner ``runs/a/..``. Any other path is returned as given."""
+    from pathlib import Path
+
+    return Path(path).resolve() if ".." in Path(path).parts else Path(path)

@@ -37,8 +37,12 @@ from omnigym.errors import OmnigymError, path_name, require
 from omnigym.generators.text_tasks import DEFAULT_REWARDS, TextTaskConfig
 from omnigym.runtime.episodes import EpisodeScheduleConfig
 
-PROMPTS_PER_CALL = 64
-"""prompts sampled per engine call (n replies each): the progress line moves between calls"""
+PROMPTS_PER_CALL, REPLIES_PER_CALL = 64, 1024
+"""prompts sampled per engine call, fewer where their replies would pass ``REPLIES_PER_CALL``
+(above --n 16): the progress line moves between calls, and one call's memory is bounded"""
+MAX_N = 1024
+"""the most replies a prompt: one call holds at least one prompt's (``--n 100000000`` sampled
+until killed)"""
 
 
 @dataclass
@@ -59,7 +63,7 @@ def add_flags(parser) -> None:
     add("model", type=path_name,
         help="a finished run's directory (sft, dpo, rlhf: its model/), a GRPO run's stages/warmup, a model "
              "folder, a hub id available offline, or tiny")
-    add("--n", type=int, default=8, help="replies sampled per prompt (default 8)")
+    add("--n", type=int, default=8, help=f"replies sampled per prompt (default 8, at most {MAX_N})")
     add("--rewards", help=f"the reranker, weighted rewards name:weight,... as train grpo reads them (default: the "
                           f"task env's own reward, else {DEFAULT_REWARDS})")
     add("--accuracy-reward", help="the reward that decides correctness (a reply is correct when it scores >= 1); "
@@ -134,7 +138,7 @@ def sampling_config(args) -> SampleConfig:
     them; the rewards are looked up now, before anything loads."""
     from omnigym.rewards import get_reward, parse_weights
 
-    require(args.n >= 1, f"--n must be at least 1, got {args.n}")
+    require(1 <= args.n <= MAX_N, f"--n must be 1 to {MAX_N:,} replies a prompt, got {args.n}")
     require(args.prompts >= 1, f"--prompts must be at least 1, got {args.prompts}")
     require(args.min_reward is None or math.isfinite(args.min_reward),  # nan kept nothing and said "0 below nan"
             f"--min-reward must be a finite number, got {args.min_reward}")
@@ -160,8 +164,9 @@ def sample_groups(generator, tokenizer, correct, examples: list[dict], n: int, p
 
     bar = ProgressBar(len(examples), "sample", enabled=progress)
     groups = []
-    for begin in range(0, len(examples), PROMPTS_PER_CALL):
-        batch = examples[begin:begin + PROMPTS_PER_CALL]
+    prompts_per_call = min(PROMPTS_PER_CALL, max(1, REPLIES_PER_CALL // n))
+    for begin in range(0, len(examples), prompts_per_call):
+        batch = examples[begin:begin + prompts_per_call]
         items = generator.generate(batch, n).items
         texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in items]
         right, _ = scored_with_parts(correct, texts, [t.example for t in items])  # checked: one float per reply

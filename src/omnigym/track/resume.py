@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from omnigym.errors import OmnigymError, a_run
+from omnigym.errors import OmnigymError, a_run, without_dots
 from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
 from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
@@ -39,7 +39,7 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         saved = Checkpointer(run_dir).load()
         check_saved_state(cfg, run_dir, saved)
     else:
-        run_dir, saved = Path(cfg.run_dir or decided or default_run_dir(algo, label, cfg.seed)), None
+        run_dir, saved = without_dots(cfg.run_dir or decided or default_run_dir(algo, label, cfg.seed)), None
         if run_dir.exists() and not run_dir.is_dir():
             raise OmnigymError(f"--run-dir {run_dir} is a file; choose a directory")
         refuse_what_a_killed_start_set_aside(run_dir)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omnigym.distributed import broadcast, is_main_process, launched_by_torchrun
-from omnigym.errors import OmnigymError, show_flag
+from omnigym.errors import OmnigymError, show_flag, without_dots
 from omnigym.track import stopping
 from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, load_config_dict, write_atomically
@@ -89,7 +89,7 @@ class TrainCall:
         """The directory this call's run writes to, deciding (and keeping) a new name when the
         user gave neither ``--resume`` nor ``--run-dir``."""
         if cfg.resume or cfg.run_dir:
-            return cfg.resume or cfg.run_dir
+            return str(without_dots(cfg.resume or cfg.run_dir))
         if self.run_dir is None:
             self.run_dir = default_run_dir(algo, label, cfg.seed)
         return self.run_dir
