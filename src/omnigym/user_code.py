@@ -56,6 +56,17 @@ def where(exc: BaseException) -> str:
     return f"{frame.filename}:{frame.lineno}"
 
 
+def at(exc: BaseException) -> str:
+    """`` (at file:line)`` of your code that raised ``exc``: the innermost frame outside omnigym's
+    own files. Where there is none, the call itself failed (a TypeError for an argument your env
+    lacks or does not take), and omnigym's line that made the call would only mislead."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {where(exc)})"
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    yours = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(package)]
+    return f" (at {yours[-1].filename}:{yours[-1].lineno})" if yours else " (in the call itself, with the arguments given)"
+
+
 def call_user_code(what: str, fn, *args):
     """``fn(*args)``; an exception in it becomes one line naming ``what``, the error and where."""
     try:
@@ -63,7 +74,7 @@ def call_user_code(what: str, fn, *args):
     except OmnigymError:
         raise
     except (Exception, SystemExit) as exc:  # sys.exit() in your code ends a call of it, not the run, silently
-        raise OmnigymError(f"{what} raised {type(exc).__name__}: {exc} (at {where(exc)})") from None
+        raise OmnigymError(f"{what} raised {type(exc).__name__}: {exc}{at(exc)}") from None
 
 
 def import_object(spec: str, what: str):

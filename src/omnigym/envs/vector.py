@@ -29,7 +29,7 @@ from omnigym.envs.cursor import LearningSignal
 from omnigym.envs.envpool import EnvPoolVectorEnv
 from omnigym.envs.episode_stats import RecordEpisodeStatistics
 from omnigym.errors import OmnigymError, missing_extra, require
-from omnigym.user_code import import_object, import_reference, is_reference, where
+from omnigym.user_code import import_object, import_reference, is_reference, at
 
 BACKENDS = ("auto", "sync", "async", "native", "envpool", "ale", "mjlab")
 
@@ -225,7 +225,7 @@ def check_user_env(factory, who: str = "your env") -> None:
     except OmnigymError:  # omnigym's own env (a game, the locomotion task) said what is wrong
         raise
     except Exception as exc:
-        raise OmnigymError(f"{who} could not be made: {type(exc).__name__}: {exc} (at {where(exc)})") from None
+        raise OmnigymError(f"{who} could not be made: {type(exc).__name__}: {exc}{at(exc)}") from None
     if not isinstance(env, gym.Env):
         raise OmnigymError(f"your env factory returned {type(env).__name__}, not a gymnasium.Env")
     try:
@@ -245,7 +245,7 @@ def check_user_env(factory, who: str = "your env") -> None:
     except OmnigymError:
         raise
     except Exception as exc:  # the env's own code raised (in reset, step or close)
-        raise OmnigymError(f"{who} raised {type(exc).__name__}: {exc} (at {where(exc)})") from None
+        raise OmnigymError(f"{who} raised {type(exc).__name__}: {exc}{at(exc)}") from None
 
 
 def _check_obs(env, obs, where_from: str) -> None:

@@ -105,11 +105,11 @@ def preflight(env, spec: str, example: dict) -> None:
         try:
             pool.submit(asyncio.run, play()).result()
         except Exception as exc:  # verifiers keeps the model's failures (vf.Error) in the state; this is the env's
-            from omnigym.user_code import where
+            from omnigym.user_code import at
 
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise OmnigymError(f"--env vf:{spec}: a rollout with the reply 'ok' raised {type(exc).__name__}: {first} "
-                               f"(at {where(exc)}); the env's own code fails before any model is involved") from None
+            raise OmnigymError(f"--env vf:{spec}: a rollout with the reply 'ok' raised {type(exc).__name__}: {first}"
+                               f"{at(exc)}; the env's own code fails before any model is involved") from None
         finally:
             logging.getLogger("verifiers").removeHandler(quiet)
 
