@@ -107,6 +107,9 @@ CASES = [
     (["train", "grpo", "--chat-template", "missing.jinja"], "--chat-template missing.jinja: no such file, and not a "
                                                             "Jinja template"),
     (["train", "grpo", "--chat-template", "BROKEN{{"], "--chat-template does not compile: "),
+    # every prompt became "hello": GRPO trained on it in silence, SFT blamed --max-length
+    (["train", "grpo", "--chat-template", "{{ 'hello' }}"], "--chat-template renders the same text whatever the "),
+    (["train", "sft", "--chat-template", "{{ 'hello' }}"], "--chat-template renders the same text whatever the "),
     (["train", "grpo", "--kl-estimator", "k9"], "unknown --kl-estimator 'k9'; choose k1, k2 or k3"),
     (["train", "grpo", "--loss-aggregation", "foo"], "unknown --loss-aggregation 'foo'"),
     (["train", "ppo", "--num-steps", "abc"], "Error parsing --num-steps: invalid literal for int() with base 10: 'abc'; "

@@ -74,6 +74,20 @@ def read_chat_template(given: str) -> str:
     return given
 
 
+def check_template_writes_the_messages(tokenizer) -> None:
+    """A ``--chat-template`` that never writes the messages' content (``{{ 'hello' }}``) made every
+    prompt the same text: GRPO trained on it in silence, and SFT blamed --max-length."""
+    try:
+        first, second = (tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                       add_generation_prompt=True) for text in ("2 + 2", "3 + 5"))
+    except Exception:  # a template that refuses a lone user turn is judged on the data's own rows
+        return
+    if first == second:
+        raise OmnigymError("--chat-template renders the same text whatever the messages say (it never writes "
+                           "their content); give a template that writes each message, e.g. with "
+                           "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+
+
 def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_chat_template: bool = True):
     """Tokenizer with left padding (for batched generation) and a chat template.
 
@@ -91,6 +105,7 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_cha
         raise LoadFailed(f"cannot load a tokenizer from {name_or_path}: {first_line(exc)}") from None
     if chat_template:
         tokenizer.chat_template = read_chat_template(chat_template)
+        check_template_writes_the_messages(tokenizer)
     if need_chat_template and not getattr(tokenizer, "chat_template", None):
         raise OmnigymError(f"{name_or_path} has no chat template; give one with --chat-template "
                            "(a Jinja string or a file that holds one)")
