@@ -55,6 +55,16 @@ def test_bad_flags_one_line_nothing_created(argv, text, base, tmp_path, capsys, 
     assert text in line, line
 
 
+@pytest.mark.parametrize("store, text", [("afile/sub", "Not a directory"), ("/proc/omnigym-store", "No such file")])
+def test_a_store_that_cannot_be_made_is_one_line(store, text, tmp_path, capsys, monkeypatch):
+    """It was a NotADirectoryError (or FileNotFoundError) traceback."""
+    from serve_helpers import free_port
+
+    (tmp_path / "afile").write_text("x")
+    line = one_line(capsys, ["--base-model", "tiny", "--store", store, "--port", str(free_port())], tmp_path, monkeypatch)
+    assert f"--store {store} cannot be made or written here: {text}" in line, line
+
+
 def test_port_in_use_one_line(base, tmp_path, capsys, monkeypatch):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -96,7 +106,7 @@ def test_a_run_directory_is_its_model(tmp_path, base):
     assert resolve_base(str(base)) == base
 
 
-def test_serve_command_answers_the_sdk(tmp_path):
+def test_serve_command_answers_the_sdk_and_is_alone_on_its_store(tmp_path, capsys, monkeypatch):
     pytest.importorskip("omnigym.serve.hub", reason="serve/hub.py is not on this branch yet (h-hub)")
     tinker = pytest.importorskip("tinker")
     from serve_helpers import free_port
@@ -136,6 +146,12 @@ def test_serve_command_answers_the_sdk(tmp_path):
         reference = build_tiny_model(tmp_path / "reference", max_positions=2048, seed=0)
         assert (built / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
         sc.close("success").result(timeout=10)  # its heartbeats would outlive the server
+        # a second server on the store marked the first one's pending requests failed as it opened it
+        before = sorted(p.name for p in (tmp_path / "store").iterdir())
+        line = one_line(capsys, ["--base-model", "tiny", "--port", str(free_port()), "--store", str(tmp_path / "store")],
+                        tmp_path, monkeypatch)
+        assert f"--store {tmp_path / 'store'} is in use by another omnigym process (pid {proc.pid}: " in line, line
+        assert sorted(p.name for p in (tmp_path / "store").iterdir()) == before
     finally:
         proc.terminate()
         proc.wait(timeout=30)

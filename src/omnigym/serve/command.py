@@ -148,21 +148,44 @@ def serve(argv: list[str]) -> None:
     from omnigym.serve.app import make_app
     from omnigym.serve.store import Store
 
-    args.store.mkdir(parents=True, exist_ok=True)
-    if args.base_model == args.store / "tiny" and not (args.base_model / "config.json").is_file():
-        from omnigym.models.lm import build_tiny_model
-
-        # 2048 positions: a multi-turn cookbook episode (guess_number) passes the default 256
-        build_tiny_model(args.base_model, max_positions=2048, seed=0)
-    hub = ModelHub(str(args.base_model), args.store / "hub")
-    app = make_app(hub, Store(args.store / "serve.db"), api_key=args.api_keys or None, limits=args.limits)
-    print(f"omnigym serve: {args.base_model} on http://{args.host}:{args.port} "
-          f"(store {args.store}; {'API key required' if args.api_keys else 'loopback only'})", flush=True)
+    lock = hold_the_store(args.store)
     try:
-        serve_in_main_thread(app, args.host, args.port)
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py): the stop line says how to go on
-        exc.where = (f"the store ({args.store}) keeps every run and checkpoint: go on with "
-                     f"omnigym serve {shlex.join(argv)} (a request that had not finished is answered 'send it again')")
-        raise
+        if args.base_model == args.store / "tiny" and not (args.base_model / "config.json").is_file():
+            from omnigym.models.lm import build_tiny_model
+
+            # 2048 positions: a multi-turn cookbook episode (guess_number) passes the default 256
+            build_tiny_model(args.base_model, max_positions=2048, seed=0)
+        hub = ModelHub(str(args.base_model), args.store / "hub")
+        app = make_app(hub, Store(args.store / "serve.db"), api_key=args.api_keys or None, limits=args.limits)
+        print(f"omnigym serve: {args.base_model} on http://{args.host}:{args.port} "
+              f"(store {args.store}; {'API key required' if args.api_keys else 'loopback only'})", flush=True)
+        try:
+            serve_in_main_thread(app, args.host, args.port)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py): the stop line says how to go on
+            exc.where = (f"the store ({args.store}) keeps every run and checkpoint: go on with omnigym serve "
+                         f"{shlex.join(argv)} (a request that had not finished is answered 'send it again')")
+            raise
+        finally:
+            app.state.worker.stop()
     finally:
-        app.state.worker.stop()
+        lock.release()
+
+
+def hold_the_store(store: Path):
+    """One server per store: opening the store marks every pending request failed ("the server
+    stopped before this request finished"), so a second server on it failed the first one's
+    requests while that one still ran them, and a client that sent them again trained twice.
+    The lock is track's run lock (flock: a killed server never leaves it stuck). A store that
+    cannot be made or written is one line (it was a NotADirectoryError traceback)."""
+    from omnigym.track.lock import RunLock
+
+    lock = RunLock(store, ".omnigym-serve.lock", f"--store {store}")
+    if not lock.acquire(create=True):
+        try:
+            store.mkdir(parents=True, exist_ok=True)
+            if not os.access(store, os.W_OK | os.X_OK):
+                raise PermissionError(13, "permission denied")
+        except OSError as exc:
+            raise OmnigymError(f"--store {store} cannot be made or written here: "
+                               f"{exc.strerror or exc}; name a folder you can write") from None
+    return lock
