@@ -359,6 +359,39 @@ def test_refused_requests_say_why_and_change_nothing(hub):
     assert hub.forward_backward("a", good, "cross_entropy").metrics["loss:sum"] > 0
 
 
+def test_inputs_that_overflow_and_steps_that_overflow_leave_the_run_as_it_was(hub):
+    """Finite inputs passed the NaN check: weights of 1e38 made the loss inf and its NaN gradients went into the
+    next optim_step, whose metrics the SDK could not parse (JSON NaN), and every later sample came from NaN
+    weights. A learning rate of 1e39 overflowed the weights in one step."""
+    hub.create_model("a", 4, seed=1)
+    good = batch(1)
+    hub.forward_backward("a", good, "cross_entropy")
+    gathered = [p.grad.clone() for p in hub._runs["a"].params]
+    weights = snapshot(hub, "a")
+    tokens = good[0].tokens
+    n = len(tokens)
+    overflowing = [  # each after a datum that is fine
+        ([*good, sl_datum(tokens, [1e38] * n)], "cross_entropy"),
+        ([rl_datum(tokens, [-1.0] * n, [1.0] * n), rl_datum(tokens, [-1e30] * n, [1.0] * n)], "importance_sampling"),
+    ]
+    for data, loss in overflowing:
+        for forward_only in (False, True):
+            with pytest.raises(RequestError, match="the loss or its gradients are not finite"):
+                hub.forward_backward("a", data, loss, forward_only=forward_only)
+            assert all(torch.equal(p.grad, g) for p, g in zip(hub._runs["a"].params, gathered))  # as before the call
+    with pytest.raises(RequestError, match="learning_rate 1e[+]?39 made the weights overflow float32: the step was undone"):
+        hub.optim_step("a", AdamStep(learning_rate=1e39))
+    assert all(torch.equal(x, y) for x, y in zip(weights, snapshot(hub, "a"))) and hub._runs["a"].steps == 0
+    # what was kept trains on: finite metrics, and the same step as a run that never met the bad requests
+    hub.forward_backward("a", good, "cross_entropy")
+    metrics = hub.optim_step("a", AdamStep(learning_rate=1e-2))
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics["step:max"] == 1
+    hub.create_model("b", 4, seed=1)
+    hub.forward_backward("b", good, "cross_entropy")
+    hub.optim_step("b", AdamStep(learning_rate=1e-2))
+    assert all(torch.equal(x, y) for x, y in zip(snapshot(hub, "a"), snapshot(hub, "b")))
+
+
 def test_save_state_and_load_resume_exactly(hub):
     hub.create_model("a", 4, seed=1)
     train(hub, "a", 2)

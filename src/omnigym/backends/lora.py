@@ -175,6 +175,22 @@ class AdapterBackend:
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": norm}
 
+    def gradients(self) -> list:
+        """A copy of the gradients gathered since the last step (None where there are none yet):
+        what ``put_gradients`` returns to when a pass must leave no trace."""
+        return [None if p.grad is None else p.grad.clone() for p in self.params]
+
+    def put_gradients(self, grads: list) -> None:
+        for p, grad in zip(self.params, grads):
+            p.grad = grad
+
+    def all_finite(self, what: str) -> bool:
+        """Are the adapter's weights (``what="weights"``) or gathered gradients all finite? Their norm
+        overflowing counts as not: a clipped step divides by it."""
+        tensors = [p.detach() for p in self.params] if what == "weights" else [p.grad for p in self.params
+                                                                               if p.grad is not None]
+        return not tensors or bool(torch.isfinite(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))))
+
     def state_dict(self) -> dict:
         """The adapter's tensors by name and its optimizer's state."""
         return {"model": {n: p.detach().cpu().contiguous() for n, p in zip(self.names, self.params)},

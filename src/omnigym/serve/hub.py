@@ -17,6 +17,7 @@ renamed into place, so a crash leaves the old checkpoint or the new one, never h
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -225,7 +226,24 @@ class ModelHub:
         if not data:
             raise RequestError("no data: forward_backward needs at least one datum")
         prepared = [self._prepare(i, d, spec) for i, d in enumerate(data)]
-        outputs: list[dict] = [{} for _ in data]
+        kept = None if forward_only else run.backend.gradients()  # a refused request leaves no gradient
+        try:
+            outputs, metrics = self._passes(run, prepared, spec, config, forward_only)
+            if not math.isfinite(metrics["loss:sum"]) or not (forward_only or run.backend.all_finite("gradients")):
+                # finite inputs can still overflow (weights of 1e38): the loss went into the gradients
+                # the next optim_step would take, and its NaN into JSON the SDK cannot read
+                raise RequestError(f"the loss or its gradients are not finite (loss:sum {metrics['loss:sum']}): "
+                                   "nothing of this request was kept; inputs this large overflow float32 (weights, "
+                                   "advantages or logprobs near 1e38)")
+        except BaseException:
+            if kept is not None:
+                run.backend.put_gradients(kept)
+            raise
+        return ForwardResult(outputs, metrics)
+
+    def _passes(self, run, prepared, spec, config, forward_only: bool) -> tuple[list[dict], dict]:
+        """Each micro-batch's forward (and backward) of the prepared data; its outputs and metrics."""
+        outputs: list[dict] = [{} for _ in prepared]
         total, sums, means = 0.0, {}, {}
         for micro in token_budget_batches([len(p[0]) for p in prepared], self.max_batch_tokens):
             batch = make_sequence_batch([(prepared[i][0].tolist(), [0] * len(prepared[i][0])) for i in micro], 0,
@@ -244,7 +262,7 @@ class ModelHub:
         metrics = {"loss:sum": total}
         metrics |= {k: float(sum(v)) for k, v in sums.items()}
         metrics |= {k: float(sum(v) / len(v)) for k, v in means.items()}
-        return ForwardResult(outputs, metrics)
+        return outputs, metrics
 
     # -- optimizer -------------------------------------------------------------------------------
 
@@ -263,7 +281,14 @@ class ModelHub:
             group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
                          weight_decay=adam.weight_decay)
         run.backend.max_grad_norm = adam.grad_clip_norm  # 0: not clipped
+        # Adam moves a weight by about the learning rate a step (decay by lr * weight_decay of it):
+        # only a step larger than 1 can overflow finite weights, so only then is it undoable
+        kept = copy.deepcopy(run.backend.state_dict()) if adam.learning_rate * max(1.0, adam.weight_decay) > 1 else None
         stats = run.backend.optim_step()
+        if kept is not None and not run.backend.all_finite("weights"):
+            run.backend.load_state_dict(kept)
+            raise RequestError(f"learning_rate {adam.learning_rate} made the weights overflow float32: the step was "
+                               "undone and its gradients dropped; send them again with a smaller learning_rate")
         run.steps += 1
         return {"grad_norm:mean": float(stats["grad_norm"]), "step:max": float(run.steps)}
 
