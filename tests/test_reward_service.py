@@ -244,6 +244,7 @@ def test_a_reply_without_one_score_per_completion_is_one_line():
     (b'{"completions": ["a"], "prompts": [3]}', "bad /score request: prompts.0"),
     (b'{"completions": ["a", "b"], "prompts": ["q"]}', "2 completions but 1 prompts"),
     (b'{"completions": ["a"], "prompts": [[{"role": "user"}]]}', "bad /score request: prompts.0"),
+    (b'{"completions": ["a"], "prompts": [[]]}', "bad /score request: prompts.0"),  # was a 500
     (b'{"completions": ["a"], "prompts": ["/etc/passwd"], "path": "/etc/passwd"}', None),  # text, never a file
 ])
 def test_bad_requests_are_400_with_a_line_and_never_name_a_file(reward_dir, body, message):

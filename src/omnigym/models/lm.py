@@ -43,10 +43,12 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool, wh
     variable it does not have) is one line naming the row (``where``): it was a jinja2 traceback."""
     import jinja2
 
+    place = f"{where}: " if where else ""
+    if not messages:  # transformers' ValueError, a 500 from serve-rm
+        raise OmnigymError(f"{place}the conversation has no messages; give at least one")
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
     except jinja2.TemplateError as exc:
-        place = f"{where}: " if where else ""
         raise OmnigymError(f"{place}the chat template refused these messages ({type(exc).__name__}: {exc}); give a "
                            "template that renders them (--chat-template), or data it accepts") from None
 

@@ -22,7 +22,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Annotated, Union
 
 from omnigym.errors import OmnigymError, missing_extra, path_name
 from omnigym.serve.http import serve_in_main_thread
@@ -113,7 +113,8 @@ def make_reward_app(scorer, batch_size: int = 32, max_queue: int = 64, api_keys:
 
     class ScoreRequest(BaseModel):
         completions: list[str] = Field(max_length=MAX_ROWS)
-        prompts: list[Union[str, list[Message]]] = Field(max_length=MAX_ROWS)
+        # an empty conversation was transformers' ValueError, a 500
+        prompts: list[Union[str, Annotated[list[Message], Field(min_length=1)]]] = Field(max_length=MAX_ROWS)
 
     def score_rows(completions: list, prompts: list) -> list:
         return scorer(completions, [{"prompt": prompt} for prompt in prompts]).tolist()
