@@ -141,6 +141,17 @@ def test_a_reward_too_large_for_float32_is_a_bad_return(result):
         reward_of(result)
 
 
+def test_each_type_of_bad_return_is_its_own_kind_said_once():
+    """All bad returns were one kind, said once: a nan said first hid the dicts of text that followed."""
+    kinds = []
+    for result in (float("nan"), {"a": "x"}, 1e300, "fine", None):
+        with pytest.raises(BadReturn) as caught:
+            reward_of(result)
+        kinds.append(caught.value.args[0])
+        assert caught.value.args[1].startswith(f"the agent returned {result!r}"[:30])
+    assert kinds == ["returned float", "returned dict", "returned float", "returned str", "returned NoneType"]
+
+
 def test_large_but_representable_rewards_still_count():
     assert reward_of(1e15) == (1e15, {})
     assert reward_of({"a": -5e14, "b": 2.0}) == (-5e14 + 2.0, {"a": -5e14, "b": 2.0})

@@ -39,7 +39,8 @@ from omnigym.user_code import import_object, is_reference, where
 
 
 class BadReturn(Exception):
-    """The agent returned something that is not a reward."""
+    """The agent returned something that is not a reward: ``(kind, message)``, the kind its type
+    (said once per kind: a nan said first hid the dicts of text that came after)."""
 
 
 def load_agent(spec: str):
@@ -79,7 +80,7 @@ def reward_of(result) -> tuple[float, dict]:
         parts = {k: float(v) for k, v in result.items()}
         return sum(parts.values()), parts
     shown = repr(result)
-    raise BadReturn(f"the agent returned {shown[:80] + '...' if len(shown) > 80 else shown} "
+    raise BadReturn(f"returned {type(result).__name__}", f"the agent returned {shown[:80] + '...' if len(shown) > 80 else shown} "
                     f"({type(result).__name__}): return a finite number, or a dict of them (reward parts, summed), "
                     f"at most {MAX_REWARD:g} in size")
 
@@ -141,7 +142,7 @@ class AgentEpisodes:
                 error = f"the agent raised {type(value).__name__}: {_first_line(value)} (at {where(value)})"
                 kind += f"{type(value).__name__} {where(value)}"  # said once per exception type and place
         except BadReturn as exc:
-            error, kind = str(exc), "returned"
+            kind, error = exc.args
         finally:
             server.close_episode(record.episode_id)  # a request still on its way gets 404
         if record.fatal:
