@@ -126,6 +126,9 @@ def test_text_content_parts_are_rendered_as_their_text(endpoint, tokenizer):
         with pytest.raises(openai.BadRequestError, match="content parts other than"):
             await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}])
+        for content in (5, {"text": "2+3?"}):  # they reached the model as their Python repr
+            with pytest.raises(openai.BadRequestError, match="message content must be text, a list of text parts"):
+                await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}])
 
     asyncio.run(ask())
     expected = tokenizer.apply_chat_template([{"role": "user", "content": "2+3?"}], add_generation_prompt=True,

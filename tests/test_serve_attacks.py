@@ -70,6 +70,12 @@ def test_bad_values_are_4xx_at_the_door_not_server_faults(tmp_path):
             ("/api/v1/asample", {"json": sample(top_p=0.0)}, "top_p must be in"),
             ("/api/v1/optim_step", {"json": {"model_id": tc.model_id, "seq_id": 90,
                                              "adam_params": {"eps": 0.0}}}, "eps must be in"),
+            # a seq_id that is not a whole number went unchecked (and so never matched a retry)
+            *[("/api/v1/optim_step", {"json": {"model_id": tc.model_id, "seq_id": seq, "adam_params": {}}},
+               "seq_id must be a whole number") for seq in ("abc", [1], 2**70, True)],
+            # "must be in [1e-30, None]"
+            ("/api/v1/optim_step", {"json": {"model_id": tc.model_id, "seq_id": 91,
+                                             "adam_params": {"grad_clip_norm": -1.0}}}, "must be at least 0.0, got"),
         ]
         for path, kw, text in cases:
             r = post(url, path, **kw)
@@ -78,6 +84,11 @@ def test_bad_values_are_4xx_at_the_door_not_server_faults(tmp_path):
         r = post(url, "/api/v1/forward_backward", content=body, headers={"Content-Type": "application/x-protobuf"})
         assert r.status_code == 400 and "at most 64 characters" in r.text and len(r.text) < 300, r.text[:200]
         assert len(hub.calls) == calls  # nothing reached the hub
+        for query in ("limit=-1", "offset=-5", "limit=0", "limit=5000"):  # the negative cursor was echoed back
+            r = httpx.get(f"{url}/api/v1/training_runs?{query}", headers={"X-API-Key": KEY}, timeout=30)
+            assert r.status_code == 400 and "limit must be 1 to 1000 and offset 0 or more" in r.text, (query, r.text)
+        assert len(httpx.get(f"{url}/api/v1/training_runs?limit=1", headers={"X-API-Key": KEY},
+                             timeout=30).json()["training_runs"]) == 1
         # the server is up and the same client goes on
         out = tc.forward_backward([datum([1, 2], [2, 3])], "cross_entropy").result()
         assert out.metrics["loss:sum"] > 0

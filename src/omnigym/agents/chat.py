@@ -42,6 +42,10 @@ def template_messages(messages: list[dict]) -> list[dict]:
             message = {**message, "tool_calls": [_with_dict_arguments(call) for call in calls]}
         if isinstance(message, dict) and isinstance(message.get("content"), list):
             message = {**message, "content": _text_of_parts(message["content"])}
+        elif isinstance(message, dict) and not isinstance(message.get("content"), (str, type(None))):
+            # a number or an object reached the model as its Python repr
+            raise OmnigymError(f"message content must be text, a list of text parts or null; got "
+                               f"{type(message['content']).__name__}")
         out.append(message)
     return out
 

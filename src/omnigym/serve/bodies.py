@@ -41,7 +41,9 @@ def get(body: dict, name: str, kind, default=..., *, low=None, high=None):
     if isinstance(value, float) and not math.isfinite(value):
         raise RequestError(f"{name} must be finite, got {value}")
     if low is not None and value < low or high is not None and value > high:
-        raise RequestError(f"{name} must be in [{low}, {high}], got {value}")
+        within = (f"in [{low}, {high}]" if low is not None and high is not None else
+                  f"at least {low}" if low is not None else f"at most {high}")  # "[-1, None]" read as a range
+        raise RequestError(f"{name} must be {within}, got {value}")
     if isinstance(value, str) and len(value) > 512:
         raise RequestError(f"{name} is too long ({len(value)} characters)")
     return value

@@ -121,6 +121,9 @@ class ServeContext:
         client's mistake, a raw call beside the SDK's) runs as itself, and does not get the
         first one's result in silence. A ``sampling`` job runs beside the training queue, after
         run ``after``'s jobs queued so far."""
+        if seq_id is not None and (isinstance(seq_id, bool) or not isinstance(seq_id, int)
+                                   or not -1 <= seq_id < bodies.INT64):  # "abc" or 2**70 went unchecked
+            raise RequestError(f"seq_id must be a whole number from -1 to 2**63 - 1, got {str(seq_id)[:40]!r}")
         seq_key = None
         if model_id is not None and isinstance(seq_id, int):
             digest = hashlib.sha256(request if isinstance(request, bytes) else as_json(request)).hexdigest()[:32]

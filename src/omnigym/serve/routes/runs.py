@@ -7,6 +7,7 @@ import datetime
 from fastapi import APIRouter, Request
 
 from omnigym.serve import wire
+from omnigym.serve.contract import RequestError
 from omnigym.serve.routes.context import served
 
 router = APIRouter()
@@ -14,9 +15,11 @@ router = APIRouter()
 
 @router.get("/api/v1/training_runs")
 async def training_runs(request: Request, limit: int = 20, offset: int = 0):
+    if not (1 <= limit <= 1000 and offset >= 0):  # a negative cursor was echoed back as if it were one
+        raise RequestError(f"limit must be 1 to 1000 and offset 0 or more, got limit {limit} and offset {offset}")
     serve = served(request)
     runs = serve.store.models(request.state.owner)
-    page = runs[max(offset, 0):max(offset, 0) + max(min(limit, 1000), 0)]
+    page = runs[offset:offset + limit]
     return {"training_runs": [run_json(serve.store, r) for r in page],
             "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)}}
 
