@@ -16,6 +16,7 @@ minari = pytest.importorskip("minari")
 import test_bad_input  # noqa: E402
 from omnigym.algos import bc, iql, td3_bc  # noqa: E402
 from omnigym.cli import main  # noqa: E402
+from omnigym.errors import OmnigymError  # noqa: E402
 from omnigym.models.continuous import GaussianActor  # noqa: E402
 from omnigym.offline.datasets import load_offline_data, normalized_score  # noqa: E402
 from omnigym.runs import collect, evaluate_run  # noqa: E402
@@ -219,12 +220,20 @@ def test_eval_and_collect_replay_an_offline_run(tmp_path, capsys):
     train("td3_bc", run_dir)
     returns = evaluate_run(str(run_dir), episodes=2)
     assert len(returns) == 2 and all(-2000 < r <= 0 for r in returns)
-    done = collect([str(run_dir), "random"], 1, "pendulum/mixed-v0", expert=str(run_dir), reference_episodes=2)
+    # this short run plays worse than random (-1033 against -882): the reference's bottom is given below it
+    done = collect([str(run_dir), "random"], 1, "pendulum/mixed-v0", expert=str(run_dir), ref_min_score=-2000.0,
+                   reference_episodes=2)
     assert done["episodes"] == 2 and set(done["returns"]) == {str(run_dir), "random"}
     dataset = minari.load_dataset("pendulum/mixed-v0")
     assert dataset.storage.metadata["algorithm_name"] == "omnigym/td3_bc + omnigym/random"
     assert dataset.storage.metadata["ref_max_score"] == done["ref_max_score"]
     minari.delete_dataset("pendulum/mixed-v0")
+    # an expert not above the bottom turned the normalized score upside down (-600 scored -549, -1500 +275)
+    with pytest.raises(OmnigymError, match=rf"--expert {run_dir} returns -[0-9.]+ a greedy episode, not above "
+                                           r"--ref-min-score's 0.0: the normalized score would fall"):
+        collect(["random"], 1, "pendulum/upside-down-v0", env_id="Pendulum-v1", expert=str(run_dir),
+                ref_min_score=0.0, reference_episodes=2)
+    assert "pendulum/upside-down-v0" not in minari.list_local_datasets()
 
 
 def test_collect_refuses_to_overwrite_and_leaves_nothing_when_it_fails(datasets, monkeypatch, capsys):

@@ -145,10 +145,16 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
             f"--expert {expert} plays {expert_source.env_id if expert_source else ''}, not {env_id}")
     if ref_max_score is None and expert_source is not None:
         ref_max_score = mean_return(env_id, expert_source.act, reference_episodes, seed)
+    low_given = ref_min_score is not None
     if ref_min_score is None and ref_max_score is not None:
         ref_min_score = mean_return(env_id, None, reference_episodes, seed)
     if expert is None:  # a --ref-max-score given alone, against random play's measured return
         check_reference_scores(ref_min_score, ref_max_score)
+    else:  # an expert below the bottom turned the normalized score upside down (-600 scored -549, -1500 +275)
+        require(ref_min_score < ref_max_score,
+                f"--expert {expert} returns {ref_max_score:.1f} a greedy episode, not above "
+                f"{'--ref-min-score' if low_given else 'random play'}'s {ref_min_score:.1f}: the normalized score "
+                "would fall as the return rises; give a better trained --expert, or --ref-max-score")
 
     root.mkdir(parents=True, exist_ok=True)
     # one collect per dataset id: two into one new id both said "wrote", and the later replaced the other
@@ -255,7 +261,7 @@ def check_reference_scores(low: float | None, high: float | None) -> None:
     if low is None or high is None:
         return
     require(low < high, f"--ref-min-score ({low}) must be below --ref-max-score ({high}): the normalized score "
-                        "divides by their difference")  # (an --expert that scores below random play is its own)
+                        "divides by their difference")
 
 
 def replace_into(new: Path, target: Path, staging: Path) -> None:
