@@ -14,6 +14,7 @@ minari = pytest.importorskip("minari")
 
 import test_bad_input  # noqa: E402
 from omnigym.algos import bc, cql, iql, td3_bc  # noqa: E402
+from omnigym.cli import main  # noqa: E402
 from omnigym.offline.datasets import load_offline_data  # noqa: E402
 from omnigym.offline.online import mixed_batch  # noqa: E402
 from omnigym.rl.replay import ReplayBuffer  # noqa: E402
@@ -312,6 +313,15 @@ def test_bad_input_gets_one_line_and_writes_nothing(sources, datasets, tmp_path,
     test_bad_input.test_bad_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv,
                                                                    message.replace("SRC", str(sources)))
     assert (test_bad_input.snapshot(sources), test_bad_input.snapshot(datasets)) == before
+
+
+def test_collect_from_replay_writes_an_online_runs_own_steps(sources, tmp_path, monkeypatch):
+    """An offline run gone online keeps its online steps in a buffer of its own: collect --from-replay read the
+    buffer size from the config as a SAC run's (AttributeError: 'CQLConfig' object has no attribute 'buffer_size')."""
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    assert main(["collect", str(sources / "cql-online"), "--from-replay", "--dataset", "pendulum/online-steps-v0"]) == 0
+    dataset = minari.load_dataset("pendulum/online-steps-v0")
+    assert dataset.total_steps == 10 and dataset.storage.metadata["algorithm_name"] == "omnigym/cql replay buffer"
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ def replay_episodes(run_dir: str, load_run: Callable[[str, str], LoadedRun]) -> 
     ``load_run``: ``omnigym.runs.load_run``, passed down (see offline/collect.py's ``collect``)."""
     import gymnasium as gym
 
+    from omnigym.offline.online import online_capacity
     from omnigym.rl.replay import ReplayBuffer
 
     require(Path(run_dir).is_dir(), f"collect --from-replay: {run_dir!r} is not a run directory")
@@ -50,8 +51,10 @@ def replay_episodes(run_dir: str, load_run: Callable[[str, str], LoadedRun]) -> 
     require(isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1,
             f"collect --from-replay: {cfg.env_id} has {obs_space} observations; collect writes vector ones")
     state = replay["buffer"]
-    buffer = ReplayBuffer(cfg.buffer_size, obs_space.shape, action_space.shape, obs_dtype=state["frames"].dtype,
-                          action_dtype=state["actions"].dtype, num_envs=cfg.num_envs)
+    # an offline run gone online (--resume-online) keeps its online steps in a buffer of its own size, one env
+    capacity, num_envs = ((cfg.buffer_size, cfg.num_envs) if hasattr(cfg, "buffer_size") else (online_capacity(cfg), 1))
+    buffer = ReplayBuffer(capacity, obs_space.shape, action_space.shape, obs_dtype=state["frames"].dtype,
+                          action_dtype=state["actions"].dtype, num_envs=num_envs)
     buffer.load_state_dict(state)
     episodes = []
     for observations, actions, rewards, terminated, _ended in buffer.episodes():

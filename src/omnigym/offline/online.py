@@ -166,6 +166,12 @@ def load_offline_state(components: dict, state: dict) -> None:
                 group["lr"] = lr
 
 
+def online_capacity(cfg) -> int:
+    """The online replay buffer's size: twice the steps, room for every frame even if each episode
+    lasted one step (an episode start stores two). ``collect --from-replay`` reads it back with it."""
+    return 2 * cfg.online_steps
+
+
 def train_online(cfg, algo: str, run: Run, data: OfflineData, evaluator: Evaluator, components: dict,
                  update: Callable[[dict, int], dict], act: Callable, explore: Callable, source: dict | None,
                  reward: Callable = lambda r: r, on_step: Callable | None = None) -> dict:
@@ -182,8 +188,7 @@ def train_online(cfg, algo: str, run: Run, data: OfflineData, evaluator: Evaluat
     except BaseException:
         evaluator.close()
         raise
-    # twice the steps: room for every frame even if each episode lasted one step (an episode start stores two)
-    online = ReplayBuffer(2 * cfg.online_steps, data.observation_space.shape, data.action_space.shape,
+    online = ReplayBuffer(online_capacity(cfg), data.observation_space.shape, data.action_space.shape,
                           action_dtype=np.float32)
     replay = Replay(online, cfg.seed, save_buffer=True)  # the online steps are the run's own: checkpointed
     to_network = network_view(envs.single_observation_space)[1]  # a goal env's Dicts: observation ++ goal
