@@ -285,6 +285,9 @@ BAD = [
     (["collect", "nowhere", "--episodes", "1", "--dataset", "x-v0"], "'nowhere' is neither 'random' nor a run"),
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "0", "--dataset", "x-v0"],
      "--episodes must be positive"),
+    *[(["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--seed", seed],
+       f"--seed must be between 0 and 2**32 - 1 with room for its episodes (seed + i), got {seed}")
+      for seed in ("-1", str(2**32 - 50))],  # gymnasium's traceback
     # the reference returns were written as given, and every evaluation's normalized score was inf or NaN
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "x-v0", "--ref-min-score", "-10",
       "--ref-max-score", "-10"], "--ref-min-score (-10.0) must be below --ref-max-score (-10.0)"),

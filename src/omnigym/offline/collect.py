@@ -110,6 +110,9 @@ def collect(sources: list[str], episodes: int | None, dataset_id: str, env_id: s
     require(from_replay or episodes is not None, "--episodes is required (episodes from each source)")
     require(from_replay or episodes > 0, f"--episodes must be positive, got {episodes}")
     require(reference_episodes > 0, f"--reference-episodes must be positive, got {reference_episodes}")
+    # episode i is reset with seed + i: gymnasium's traceback for a seed outside [0, 2**32)
+    require(0 <= seed and seed + max(episodes or 0, reference_episodes) <= 2**32,
+            f"--seed must be between 0 and 2**32 - 1 with room for its episodes (seed + i), got {seed}")
     require(sources, "collect: name a source: random, or a control run's directory")
     require(not (expert and ref_max_score is not None), "give --expert RUN or --ref-max-score, not both")
     try:
