@@ -138,6 +138,41 @@ def test_a_resumed_run_logs_what_an_uninterrupted_one_does(tmp_path):
     assert rows(tmp_path / "whole")[0]["global_step"] == 0  # the evaluation before training
 
 
+@pytest.mark.parametrize("stopped_evaluation", [1, 3], ids=["before-training", "after-iteration-2"])
+def test_an_evaluation_a_stop_cut_short_is_played_on_resume(tmp_path, monkeypatch, stopped_evaluation):
+    """A SIGTERM during an evaluation makes it give way to the checkpoint (its games could outlast the stop's
+    grace); the resumed run went on from the next iteration, and that evaluation's row was lost for good. Here the
+    stop is as the CLI's: the evaluation returns nothing, the checkpoint is written, and the process stops."""
+    from omnigym.track.run import Run
+
+    az.train(small(tmp_path, "whole"))
+    real_evaluation, real_save, calls = az.evaluate_against_baselines, Run.save, {"n": 0, "stopping": False}
+
+    def giving_way(*args):
+        calls["n"] += 1
+        if calls["n"] == stopped_evaluation:
+            calls["stopping"] = True
+            return {}
+        return real_evaluation(*args)
+
+    def save_then_stop(self, components, **counters):
+        real_save(self, components, **counters)
+        if calls["stopping"]:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(az, "evaluate_against_baselines", giving_way)
+    monkeypatch.setattr(Run, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        az.train(small(tmp_path, "cut"))
+    monkeypatch.undo()
+    az.train(small(tmp_path, "cut", resume=str(tmp_path / "cut"), run_dir=None))
+
+    def comparable(run):
+        return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows(tmp_path / run)]
+
+    assert comparable("cut") == comparable("whole") and len(rows(tmp_path / "whole")) == 4
+
+
 @pytest.mark.parametrize("env_id, message", [
     ("openspiel/tic_tac_tow", "unknown OpenSpiel game 'tic_tac_tow' in --env-id openspiel/tic_tac_tow"),
     ("openspiel/kuhn_poker", "kuhn_poker has chance events, hidden information"),

@@ -197,6 +197,8 @@ class League:
         self.search = Search(cfg.search_depth or default_search_depth(cfg.env_id))
         self.rng = np.random.default_rng(cfg.seed)
         self.snapshots_taken = 0
+        self.owed = False
+        """an evaluation a stop cut short: the resumed run plays it first (evaluate again)"""
         self.started, self.eval_seconds = time.perf_counter(), 0.0
         self.trained_before = 0.0
         """training seconds of the run before this process resumed it (its checkpoint's)"""
@@ -249,11 +251,13 @@ class League:
         the checkpoint the stop waits for comes right after, and an evaluation can outlast the
         stop's grace (hundreds of games against a search), which then lost the run's work since
         its last checkpoint (all of it, in a run whose only checkpoint is its last update's)."""
-        began = time.perf_counter()
+        began, rng_before = time.perf_counter(), self.rng.bit_generator.state
         learner = policy_move(self.agent, greedy=True)
         vs_random = self.play(learner, random_move, self.cfg.eval_games)
         vs_search = self.play(learner, self.search, self.cfg.eval_games) if self.game.perfect_information else []
-        if stopping.stop_requested():
+        self.owed = stopping.stop_requested()
+        if self.owed:  # the random stream as before it: the resumed run's evaluation plays the same games
+            self.rng.bit_generator.state = rng_before
             self.eval_seconds += time.perf_counter() - began
             return {}
         metrics = {"eval/vs_random/win_rate": float(np.mean(np.asarray(vs_random) == 1.0))}
@@ -285,10 +289,12 @@ class League:
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"rating": self.rating, "snapshots_taken": self.snapshots_taken, "rng": self.rng.bit_generator.state,
+                "owed": self.owed,
                 "members": [m.state() for m in self.members], "train_seconds": self.train_seconds()}
 
     def load_state_dict(self, state: dict) -> None:
         self.rating, self.snapshots_taken = state["rating"], state["snapshots_taken"]
+        self.owed = state.get("owed", False)
         # the clock goes on from the checkpoint's (a checkpoint from before it was saved: from 0)
         self.trained_before = state.get("train_seconds", 0.0)
         self.started, self.eval_seconds = time.perf_counter(), 0.0

@@ -387,7 +387,15 @@ def train(cfg: AlphaZeroConfig) -> dict:
     last_eval = {}
     if first == 0:  # before any training: the untrained network's search
         last_eval = evaluate_against_baselines(game, evaluate, cfg, [cfg.seed, 0])
+        if not last_eval:  # a stop cut it short: the resumed run starts here again
+            run.save(components, games=0, iteration=0, trained_seconds=0.0)
         run.log(0, {**last_eval, "perf/trained_seconds": 0.0})
+    unlogged = counters.get("unlogged")
+    if unlogged is not None:  # the row of an iteration whose evaluation a stop cut short: played now, then logged
+        last_eval = evaluate_against_baselines(game, evaluate, cfg, [cfg.seed, first])
+        if not last_eval:  # stopped again
+            run.save(components, games=games, iteration=first, trained_seconds=trained_seconds, unlogged=unlogged)
+        run.log(games, {**unlogged, **last_eval})
     for iteration in range(first, cfg.iterations):
         # Each iteration draws from its own generator: a resumed run plays the games an uninterrupted one would.
         rng = np.random.default_rng([cfg.seed, iteration + 1])
@@ -432,6 +440,9 @@ def train(cfg: AlphaZeroConfig) -> dict:
         }
         if (iteration + 1) % cfg.eval_every == 0 or last:
             last_eval = evaluate_against_baselines(game, evaluate, cfg, [cfg.seed, iteration + 1])
+            if not last_eval:  # a stop cut it short: the resumed run plays it and logs this row (it was lost)
+                run.save(components, games=games, iteration=iteration + 1, trained_seconds=trained_seconds,
+                         unlogged=metrics)
             metrics.update(last_eval)
         run.log(games, metrics)
         progress.update(games, vs_mcts=last_eval.get("eval/vs_mcts/score"))

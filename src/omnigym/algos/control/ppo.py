@@ -198,6 +198,11 @@ def train(cfg: PPOConfig) -> dict:
         progress = ProgressBar(num_updates * batch_size, "ppo", start=global_step, enabled=cfg.progress)
         clock = Clock(global_step)
         rollouts.update_weights(agent.named_parameters(), version=first_update)  # the rollout workers start from the learner's policy
+        if counters.get("unlogged") is not None:  # the row of an update whose evaluation a stop cut short
+            row = {**counters["unlogged"], **league.evaluate()}
+            if league.owed:  # stopped again
+                run.save(components, global_step=global_step, update=first_update, unlogged=counters["unlogged"])
+            run.log(global_step, row)
         for update in range(first_update, num_updates):
             if cfg.anneal_lr and cfg.desired_kl is None:
                 optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
@@ -249,7 +254,7 @@ def train(cfg: PPOConfig) -> dict:
             # 4. Log, show, checkpoint.
             variance = b_returns.var()
             explained_variance = float("nan") if variance == 0 else (1 - (b_returns - b_values).var() / variance).item()
-            run.log(global_step, {
+            row = {
                 **stats.drain(),
                 "losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
                 "losses/entropy": entropy_loss.item(), "losses/approx_kl": pg_stats["approx_kl"].item(),
@@ -258,7 +263,10 @@ def train(cfg: PPOConfig) -> dict:
                 "charts/learning_rate": optimizer.param_groups[0]["lr"], "perf/sps": clock.sps(global_step),
                 **rollouts.metrics(),
                 **(league.after_update(update + 1, last=update == num_updates - 1) if league else {}),
-            })
+            }
+            if league and league.owed:  # a stop cut the evaluation short: the resumed run plays it, then logs this row
+                run.save(components, global_step=global_step, update=update + 1, unlogged=row)
+            run.log(global_step, row)
             if update == num_updates - 1 or checkpoint_due(global_step, global_step - batch_size, cfg.checkpoint_every):
                 run.save(components, global_step=global_step, update=update + 1)
         progress.close()
