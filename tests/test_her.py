@@ -249,6 +249,9 @@ BAD = [
     (["train", "sac", "--her", "--her-k", "0"], "--her-k must be positive (relabelled transitions per real one), got 0"),
     (["train", "td3", "--her-k", "-2"], "--her-k must be positive"),
     (["train", "dqn", "--her-strategy", "past"], "unknown --her-strategy 'past'; choose future, final, episode"),
+    # they did nothing without --her, in silence
+    (["train", "sac", "--her-k", "8"], "--her-k and --her-strategy are for --her (hindsight replay)"),
+    (["train", "td3", "--her-strategy", "final"], "--her-k and --her-strategy are for --her (hindsight replay)"),
     (["train", "sac", "--env-id", "omnigym/BitFlip-v0", "--her"], "SAC needs a continuous (Box) action space"),
     # found attacking: a Dict without the three keys heard "wrap the env in FlattenObservation" under --her
     (["train", "td3", "--her", "--env-id", "test_her:DictWithoutGoals"], "--her needs a goal env (Dict observations with "

@@ -276,6 +276,10 @@ BAD = [
     (["train", "bc", "--dataset", "./no/such/folder"], "--dataset ./no/such/folder: no such folder"),
     (["train", "bc", "--dataset", "pendulum/random-v0", "--top-fraction", "0"], "--top-fraction must be in (0, 1]"),
     (["train", "iql", "--dataset", "pendulum/random-v0", "--expectile", "1.5"], "--expectile must be between 0 and 1"),
+    # trained on in silence
+    *[(["train", algo, "--dataset", "pendulum/random-v0", "--gamma", "2"], "--gamma must be between 0 and 1, got 2")
+      for algo in ("iql", "td3_bc", "cql", "bc")],
+    (["train", "iql", "--dataset", "pendulum/random-v0", "--beta", "-3"], "--beta must be 0 or more"),
     (["collect", "random", "--episodes", "1", "--dataset", "pendulum/r-v0"], "a random policy needs the env"),
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "no version"],
      "a Minari id is NAME-vN"),

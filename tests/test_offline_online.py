@@ -296,6 +296,9 @@ BAD = [
      "was trained with --hidden 32 32, not 64 64"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--run-dir", "SRC/cql"], "the online run is a new run"),
     (["--resume-online", "SRC/cql"], "--resume-online needs --online-steps N"),
+    # it was dropped in silence
+    (["--resume-online", "SRC/cql", "--online-steps", "10", "--total-timesteps", "100"],
+     "an online run's length is its --online-steps (10): --total-timesteps 100 does not apply to it"),
     (["--dataset", "pendulum/random-v0", "--online-steps", "10"], "--online-steps is for --resume-online RUN_DIR"),
     (["--dataset", "pendulum/random-v0", "--warmup-steps", "10"], "--warmup-steps is for --resume-online RUN_DIR"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--warmup-steps", "10"],

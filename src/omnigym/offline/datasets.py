@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from omnigym.config import ControlConfig, require_positive
+from omnigym.config import ControlConfig, require_fraction, require_positive
 from omnigym.envs.goal import network_view
 from omnigym.errors import OmnigymError, missing_extra, require
 from omnigym.models.continuous import check_spaces
@@ -76,6 +76,7 @@ class OfflineConfig(ControlConfig):
         require(bool(self.dataset) or bool(getattr(self, "resume_online", None)), "--dataset is required: a Minari dataset id or folder (omnigym collect "
                                     "writes one; docs/offline.md)")
         require_positive(self, "batch_size", "eval_every", "eval_episodes", "log_every", "hidden")
+        require_fraction(self, "gamma")  # --gamma 2 trained on in silence
         require(not self.pixels and not self.capture_video, "--pixels and --capture-video are online flags; an "
                                                             "offline run learns from the dataset's observations")
         require(self.num_envs == 1, "--num-envs: offline runs train from the dataset and evaluate in one env at a "

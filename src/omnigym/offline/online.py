@@ -140,6 +140,9 @@ def online_settings(cfg, algo: str):
             raise OmnigymError(f"{label} was trained with --{name.replace('_', '-')} {shown(getattr(offline, name))}, "
                                f"not {shown(getattr(cfg, name))}; the online run continues its networks on its data "
                                "(leave the flag out)")
+    require("total_timesteps" not in given or cfg.total_timesteps == cfg.online_steps,  # it was dropped in silence
+            f"an online run's length is its --online-steps ({cfg.online_steps}): --total-timesteps "
+            f"{cfg.total_timesteps} does not apply to it; leave it out")
     inherited = {f.name: getattr(offline, f.name) for f in dataclasses.fields(cfg)
                  if f.name not in given and f.name not in OWN_SETTINGS}
     return dataclasses.replace(cfg, **inherited, total_timesteps=cfg.online_steps), state

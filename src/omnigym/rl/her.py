@@ -53,6 +53,8 @@ class HindsightFlags:
         require(self.her_strategy in STRATEGIES,
                 f"unknown --her-strategy {self.her_strategy!r}; choose {', '.join(STRATEGIES)}")
         require(self.her_k > 0, f"--her-k must be positive (relabelled transitions per real one), got {self.her_k}")
+        require(self.her or (self.her_k, self.her_strategy) == (HindsightFlags.her_k, HindsightFlags.her_strategy),
+                "--her-k and --her-strategy are for --her (hindsight replay); add --her, or leave them out")
 
 
 class HindsightRelabelling:
