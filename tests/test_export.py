@@ -171,13 +171,26 @@ def test_cli_writes_into_the_run_and_refuses_to_overwrite(tmp_path, capsys):
                           (["--out", f"{run_dir}/checkpoint.pt"], "is one of the run's own files"),
                           (["--out", f"{tmp_path}/no/such/policy.pt"], "no such folder"),
                           (["--out", str(tmp_path)], "is a directory; name the file to write"),
-                          (["--out", f"{tmp_path}/new-folder/"], "names a folder; name the file to write")]:
+                          (["--out", f"{tmp_path}/new-folder/"], "names a folder; name the file to write"),
+                          # a PPO policy under another run's own export name
+                          (["--out", f"{other}/policy.onnx"], f"--out {other}/policy.onnx is inside the run {other}, "
+                                                              "which this export is not of")]:
         assert main(["export", run_dir, "--format", "torchscript", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("omnigym: error: ") and message in err[0], err
         assert test_bad_input.snapshot(tmp_path) == before
     assert main(["export", run_dir, "--format", "torchscript", "--force"]) == 0  # replaced, atomically
     assert sorted(p.name for p in tmp_path.joinpath("ppo-discrete").iterdir() if p.name.startswith(".")) == []
+    # into its own run while another process writes it (a training run, a second export): not past its lock
+    from omnigym.track.lock import RunLock
+
+    held = RunLock(Path(run_dir))
+    assert held.acquire()
+    try:
+        assert main(["export", run_dir, "--format", "torchscript", "--force"]) == 2
+        assert f"{run_dir} is in use by another omnigym process" in capsys.readouterr().err
+    finally:
+        held.release()
 
 
 BAD = [

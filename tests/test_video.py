@@ -151,3 +151,16 @@ def test_without_moviepy_video_is_refused_naming_the_extra(tmp_path, monkeypatch
         err = capsys.readouterr().err.strip().splitlines()
         assert err == ["omnigym: error: moviepy is not installed; install it with: pip install 'omnigym[video]'"]
     assert snapshot(tmp_path) == before
+
+
+def test_videos_are_not_written_into_another_run(tmp_path, monkeypatch, capsys, video_run):
+    """--video-dir OTHER_RUN/videos put this run's episodes among another run's files (plot and export refuse it)."""
+    other = tmp_path / "other-run"
+    other.mkdir()
+    (other / "config.json").write_text('{"algo": "sac"}')
+    before = snapshot(tmp_path)
+    assert main(["eval", str(video_run), "--episodes", "1", "--video-dir", str(other / "videos")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"omnigym: error: --video-dir {other / 'videos'} is inside the run {other}, which this evaluation is "
+                   "not of (a run's folder holds its own files); write the videos elsewhere, e.g. videos/eval"], err
+    assert snapshot(tmp_path) == before

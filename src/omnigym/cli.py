@@ -233,6 +233,11 @@ def evaluate(argv: list[str]) -> None:
     from omnigym.track.lock import RunLock
 
     video_dir = args.video_dir or (str(Path(args.run_dir) / VIDEO_FOLDER / "eval") if args.video else None)
+    if video_dir:
+        from omnigym.track.run_dir import check_out_of_other_runs
+
+        check_out_of_other_runs(Path(video_dir), [args.run_dir], "--video-dir", "which this evaluation is not of",
+                                "the videos", "videos/eval", folder=True)
     before = set(Path(video_dir).glob("*.mp4")) if video_dir else set()
     # Videos written into the run directory make eval one of its writers: not while it trains.
     lock = RunLock(Path(args.run_dir))

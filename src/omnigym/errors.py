@@ -40,7 +40,8 @@ def path_name(value: str) -> str:
         import argparse
 
         raise argparse.ArgumentTypeError("is empty; give a file or folder")
-    return str(without_dots(value))
+    resolved = str(without_dots(value))  # (Path drops a trailing slash, which says "a folder": kept)
+    return resolved + "/" if value.endswith("/") and not resolved.endswith("/") else resolved
 
 
 def without_dots(path):

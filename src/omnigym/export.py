@@ -38,7 +38,8 @@ from torch import nn
 
 from omnigym.errors import OmnigymError, missing_extra
 from omnigym.models.goal_view import GoalLayout
-from omnigym.track.run_dir import EXPORTED_POLICIES
+from omnigym.track.lock import RunLock
+from omnigym.track.run_dir import EXPORTED_POLICIES, check_out_of_other_runs
 
 ONNX_FILE, TORCHSCRIPT_FILE = EXPORTED_POLICIES
 FORMATS = MappingProxyType({"onnx": ONNX_FILE, "torchscript": TORCHSCRIPT_FILE})
@@ -253,6 +254,7 @@ def check_out(run_dir: str | os.PathLike, out: Path, force: bool) -> None:
             raise OmnigymError(f"{out} exists; pass --force to replace it")
     if not out.resolve().parent.is_dir():
         raise OmnigymError(f"--out {out}: no such folder {out.parent}")
+    check_out_of_other_runs(out, [run_dir], "--out", "which this export is not of", "the policy", "policy.onnx")
 
 
 def exportable(run_dir: str | os.PathLike) -> str:
@@ -484,6 +486,10 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
     # Beside --out itself, not beside what a symlink there points to: os.replace replaces the
     # link, and a link to another file system (or into the run) must not put the temporary there.
     tmp = Path(os.path.abspath(out)).with_name(f".{out.name}.{os.getpid()}.tmp")
+    # written into its own run, export is one of the run's writers: not while the run trains
+    lock = RunLock(Path(run_dir))
+    if Path(run_dir).resolve() in tmp.resolve().parents:
+        lock.acquire()
     try:
         with warnings.catch_warnings(), torch.no_grad(), write_fault(out):
             warnings.simplefilter("ignore")  # the exporters' deprecation and tracer chatter
@@ -496,4 +502,5 @@ def export_run(run_dir: str | os.PathLike, fmt: str = "onnx", out: str | os.Path
         place(tmp, out, force)
     finally:
         tmp.unlink(missing_ok=True)
+        lock.release()
     return {"path": str(out), "bytes": out.stat().st_size, "probes": len(inputs), **metadata}

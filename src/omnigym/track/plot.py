@@ -17,7 +17,7 @@ import numpy as np
 
 from omnigym.errors import OmnigymError
 from omnigym.track.files import METRICS_NAME, as_disk_fault, load_config_dict, read_metrics
-from omnigym.track.run_dir import STAGES_FOLDER, is_run_dir
+from omnigym.track.run_dir import STAGES_FOLDER, check_out_of_other_runs, is_run_dir
 
 # Each algorithm's headline metric: what its own curve.png draws (the first of these it logged).
 # The algorithms sit above track/, so they are named here, not imported (tests/test_plot_groups.py
@@ -219,7 +219,7 @@ def plot_runs(run_dirs, out, metric: str | tuple[str, ...] | list[str] | None = 
     out = Path(out)
     if not str(out) or out.is_dir() or not out.suffix:
         raise OmnigymError(f"--out {str(out)!r} must name an image file, e.g. runs/plot.png")
-    check_out_of_other_runs(out, run_dirs)
+    check_out_of_other_runs(out, run_dirs, "--out", "which this plot does not draw", "the plot", "runs/plot.png")
     fig = figure(run_dirs, metric, say)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -229,16 +229,6 @@ def plot_runs(run_dirs, out, metric: str | tuple[str, ...] | list[str] | None = 
             raise as_disk_fault(exc, out) from None
         raise OmnigymError(f"cannot write the plot to {out}: {getattr(exc, 'strerror', None) or exc}") from None
     return out
-
-
-def check_out_of_other_runs(out: Path, run_dirs) -> None:
-    """A plot is not written into the folder of a run it does not draw: ``--out runs/sac/curve.png``
-    replaced that SAC run's own curve with another run's. Its own folder is the drawn run's to use."""
-    folder = out.absolute().parent
-    owner = next((p for p in [folder, *folder.parents] if is_run_dir(p)), None)
-    if owner is not None and owner.resolve() not in {Path(r).resolve() for r in run_dirs}:
-        raise OmnigymError(f"--out {out} is inside the run {owner}, which this plot does not draw (a run's folder holds "
-                           "its own files); write the plot elsewhere, e.g. runs/plot.png")
 
 
 def read_runs(run_dirs, say) -> tuple[dict[Path, dict], dict[Path, list[dict]]]:

@@ -144,6 +144,19 @@ def is_run_dir(path: Path) -> bool:
     return any((path / name).exists() for name in (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME))
 
 
+def check_out_of_other_runs(out: Path, run_dirs, flag: str, unrelated: str, what: str, example: str,
+                            folder: bool = False) -> None:
+    """What a command writes (``out``: a file, or a ``folder``) is not put in the folder of a run it
+    is not about: ``plot --out runs/sac/curve.png`` replaced that SAC run's own curve, and ``export
+    --out runs/sac/policy.onnx`` put a PPO policy under the SAC run's own export name. The runs it
+    is about (``run_dirs``) may hold it. ``unrelated``: how the line says the run is not one of them."""
+    start = out.absolute() if folder else out.absolute().parent
+    owner = next((p for p in [start, *start.parents] if is_run_dir(p)), None)
+    if owner is not None and owner.resolve() not in {Path(r).resolve() for r in run_dirs}:
+        raise OmnigymError(f"{flag} {out} is inside the run {owner}, {unrelated} (a run's folder holds its own "
+                           f"files); write {what} elsewhere, e.g. {example}")
+
+
 def set_aside_run_files(path: Path) -> Path:
     """Move a run's files into a hidden folder of its directory (``--overwrite``), from which
     ``RunDirectory.roll_back`` can bring them back."""
