@@ -288,8 +288,18 @@ BAD = [
     (["--resume-online", "SRC/unfinished", "--online-steps", "10"], "has not finished (gradient step 40 of 60)"),
     (["--resume-online", "SRC/cql-online", "--online-steps", "10"], "is an online run already; continue it with"),
     # --total-timesteps was dropped in silence, and the run went on for its --online-steps
-    (["--resume", "SRC/cql-online", "--total-timesteps", "5"], "an online run's length is its --online-steps (10), "
-                                                               "fixed for the run: --total-timesteps 5 does not apply"),
+    (["--resume", "SRC/cql-online", "--total-timesteps", "5"], "--total-timesteps 5 does not apply to an online run: its "
+                                                               "length is its --online-steps (10), fixed for the run; "
+                                                               "to train online for longer, start another online run "
+                                                               "from the offline one: omnigym train cql --resume-online "
+                                                               "SRC/cql --online-steps N"),
+    # "made with --online-steps 0", which did not say that --resume-online is the way online
+    (["--resume", "SRC/cql", "--online-steps", "5"], "--resume continues SRC/cql as it was made; an offline run goes "
+                                                     "online as a new run: give --resume-online SRC/cql --online-steps 5 "
+                                                     "in place of --resume"),
+    # "give a larger --total-timesteps", which the line above refuses
+    (["--resume", "SRC/cql-online"], "SRC/cql-online has run all its --online-steps (10), which are fixed for an online "
+                                     "run; to train online for longer, start another online run from the offline one"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--env-id", "MountainCarContinuous-v0"],
      "was trained with --env-id Pendulum-v1, not MountainCarContinuous-v0"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--hidden", "64", "64"],
@@ -298,7 +308,7 @@ BAD = [
     (["--resume-online", "SRC/cql"], "--resume-online needs --online-steps N"),
     # it was dropped in silence
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--total-timesteps", "100"],
-     "an online run's length is its --online-steps (10): --total-timesteps 100 does not apply to it"),
+     "--total-timesteps 100 does not apply to an online run: its length is its --online-steps (10); leave it out"),
     (["--dataset", "pendulum/random-v0", "--online-steps", "10"], "--online-steps is for --resume-online RUN_DIR"),
     (["--dataset", "pendulum/random-v0", "--warmup-steps", "10"], "--warmup-steps is for --resume-online RUN_DIR"),
     (["--resume-online", "SRC/cql", "--online-steps", "10", "--warmup-steps", "10"],
@@ -316,6 +326,26 @@ def test_bad_input_gets_one_line_and_writes_nothing(sources, datasets, tmp_path,
     test_bad_input.test_bad_input_gets_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, argv,
                                                                    message.replace("SRC", str(sources)))
     assert (test_bad_input.snapshot(sources), test_bad_input.snapshot(datasets)) == before
+
+
+def test_going_online_from_a_run_that_is_training_says_so(sources, tmp_path, monkeypatch, capsys):
+    """It advised --resume, which the training run's lock refuses."""
+    import os
+
+    from omnigym.track.lock import RunLock
+
+    before = test_bad_input.snapshot(sources)
+    held = RunLock(sources / "unfinished")
+    assert held.acquire()
+    try:
+        assert main(["train", "cql", "--resume-online", str(sources / "unfinished"), "--online-steps", "10",
+                     "--run-dir", str(tmp_path / "on")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "has not finished (gradient step 40 of 60) and is training now (pid " \
+            f"{os.getpid()}" in err[0] and err[0].endswith("wait for it to end, then run this again"), err
+    finally:
+        held.release()
+    assert test_bad_input.snapshot(sources) == before and not (tmp_path / "on").exists()
 
 
 def test_collect_from_replay_writes_an_online_runs_own_steps(sources, tmp_path, monkeypatch):

@@ -67,7 +67,24 @@ class OnlineFlags:
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = ("resume_online", "online_steps", "warmup_steps")
 
+    def spent_budget(self, run_dir, algo: str) -> str | None:
+        """An online run that ran all its steps cannot be made longer (they are fixed for the run):
+        "give a larger --total-timesteps" was refused when followed."""
+        if not self.resume_online:
+            return None
+        return (f"{run_dir} has run all its --online-steps ({self.online_steps}), which are fixed for an online run; "
+                f"{longer_online(algo, self.resume_online)}")
+
+    def resume_refusal(self) -> str | None:
+        """``--resume OFFLINE_RUN --online-steps N``: the way online is --resume-online, which the
+        line "made with --online-steps 0" did not say (track/resume.py asks before its own lines)."""
+        if self.resume and self.online_steps and not self.resume_online:
+            return (f"--resume continues {self.resume} as it was made; an offline run goes online as a new run: give "
+                    f"--resume-online {self.resume} --online-steps {self.online_steps} in place of --resume")
+        return None
+
     def check_online(self) -> None:
+        require(not self.resume_refusal(), str(self.resume_refusal()))
         require(self.online_steps >= 0, f"--online-steps must be positive, got {self.online_steps}")
         require(0 <= self.mixing_ratio < 1, f"--mixing-ratio must be in [0, 1) (the dataset's share of each batch), "
                                             f"got {self.mixing_ratio}")
@@ -94,8 +111,8 @@ def online_settings(cfg, algo: str):
         # default is what a config made in Python without it holds)
         default = next(f.default for f in dataclasses.fields(cfg) if f.name == "total_timesteps")
         require(cfg.total_timesteps in (cfg.online_steps, default),
-                f"an online run's length is its --online-steps ({cfg.online_steps}), fixed for the run: "
-                f"--total-timesteps {cfg.total_timesteps} does not apply to it; resume with --resume {cfg.resume} alone")
+                f"--total-timesteps {cfg.total_timesteps} does not apply to an online run: its length is its "
+                f"--online-steps ({cfg.online_steps}), fixed for the run; {longer_online(algo, cfg.resume_online)}")
         return dataclasses.replace(cfg, total_timesteps=cfg.online_steps), None
     from omnigym.config import config_from_dict
     from omnigym.track.checkpoint import Checkpointer
@@ -128,9 +145,19 @@ def online_settings(cfg, algo: str):
     require(checkpoint.exists(), f"{label} has no checkpoint; finish it first: omnigym train {algo} --resume {source}")
     state = checkpoint.load()
     done = state["counters"].get("global_step", 0)
-    require(done >= offline.total_timesteps, f"{label} has not finished (gradient step {done} of "
-                                             f"{offline.total_timesteps}); finish it first: omnigym train {algo} "
-                                             f"--resume {source}")
+    if done < offline.total_timesteps:
+        from omnigym.track.lock import RunLock, holder_of
+
+        unfinished = f"{label} has not finished (gradient step {done} of {offline.total_timesteps})"
+        probe = RunLock(source)
+        try:  # a run training now: --resume, the advice below, would be refused by its lock
+            probe.acquire()
+        except OmnigymError:
+            raise OmnigymError(f"{unfinished} and is training now ({holder_of(probe.path)}); wait for it to end, "
+                               "then run this again") from None
+        finally:
+            probe.release()
+        raise OmnigymError(f"{unfinished}; finish it first: omnigym train {algo} --resume {source}")
     given = current_call().given_flags
     if given is None:  # from Python: the fields away from their defaults count as given
         given = {f.name for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING
@@ -141,8 +168,8 @@ def online_settings(cfg, algo: str):
                                f"not {shown(getattr(cfg, name))}; the online run continues its networks on its data "
                                "(leave the flag out)")
     require("total_timesteps" not in given or cfg.total_timesteps == cfg.online_steps,  # it was dropped in silence
-            f"an online run's length is its --online-steps ({cfg.online_steps}): --total-timesteps "
-            f"{cfg.total_timesteps} does not apply to it; leave it out")
+            f"--total-timesteps {cfg.total_timesteps} does not apply to an online run: its length is its "
+            f"--online-steps ({cfg.online_steps}); leave it out")
     inherited = {f.name: getattr(offline, f.name) for f in dataclasses.fields(cfg)
                  if f.name not in given and f.name not in OWN_SETTINGS}
     return dataclasses.replace(cfg, **inherited, total_timesteps=cfg.online_steps), state
@@ -167,6 +194,11 @@ def load_offline_state(components: dict, state: dict) -> None:
             component.load_state_dict(state["components"][name])
             for group, lr in zip(component.param_groups if keep_rate else (), configured):
                 group["lr"] = lr
+
+
+def longer_online(algo: str, offline_run) -> str:
+    return (f"to train online for longer, start another online run from the offline one: omnigym train {algo} "
+            f"--resume-online {offline_run} --online-steps N")
 
 
 def online_capacity(cfg) -> int:

@@ -37,7 +37,7 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         if restarts(run_dir):
             return run_dir, None
         saved = Checkpointer(run_dir).load()
-        check_saved_state(cfg, run_dir, saved)
+        check_saved_state(cfg, run_dir, saved, algo)
     else:
         run_dir, saved = without_dots(cfg.run_dir or decided or default_run_dir(algo, label, cfg.seed)), None
         if run_dir.exists() and not run_dir.is_dir():
@@ -101,14 +101,18 @@ def restarts(run_dir: Path) -> bool:
     return not Checkpointer(run_dir).exists() and not (run_dir / MODEL_FOLDER).exists()
 
 
-def check_saved_state(cfg, run_dir: Path, saved: dict) -> None:
-    """The run has steps left, and its log still reaches the checkpoint (it is cut back to it)."""
+def check_saved_state(cfg, run_dir: Path, saved: dict, algo: str) -> None:
+    """The run has steps left, and its log still reaches the checkpoint (it is cut back to it). A
+    config whose budget cannot grow says what to do instead (``spent_budget(run_dir, algo)``)."""
     if cfg.BUDGET:
         flag_name, counter = cfg.BUDGET
         done, goal = saved["counters"].get(counter, 0), getattr(cfg, flag_name)
         # a model left unsaved is saved again only where the run ended exactly there: a run stopped at step 55 of
         # 200 and resumed with --steps 5 went on to write its model and "steps: 5"
         if done > goal or (done == goal and not unsaved_model(cfg, run_dir)):
+            fixed = getattr(cfg, "spent_budget", lambda *_: None)(run_dir, algo)
+            if fixed:
+                raise OmnigymError(fixed)
             raise OmnigymError(f"{run_dir} is already at {counter} {done} of --{flag_name.replace('_', '-')} {goal}; "
                                f"give a larger --{flag_name.replace('_', '-')} to continue it")
     log, offset = run_dir / METRICS_NAME, saved["components"]["metrics"]["offset"]
@@ -135,7 +139,11 @@ def check_resumable(cfg, algo: str, saved_config: dict) -> None:
 
 
 def check_fixed_settings(cfg, saved_config: dict) -> None:
-    """The settings of ``cfg.RESUME_FIXED`` other than data files, as the run was made with them."""
+    """The settings of ``cfg.RESUME_FIXED`` other than data files, as the run was made with them. A
+    config may first say what a change means for it (``resume_refusal()``: a line, or None)."""
+    refusal = getattr(cfg, "resume_refusal", lambda: None)()
+    if refusal:
+        raise OmnigymError(refusal)
     for name in cfg.RESUME_FIXED:
         if name in data_flags(cfg):
             continue  # compared by content (check_data), not by how the path is spelled
