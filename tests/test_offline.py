@@ -215,6 +215,25 @@ def test_progress_and_the_final_line_name_the_evaluation_figure(tmp_path, capsys
     assert err[-3].startswith("bc: 60/60 (100%) sps ") and f"  {figure} {value:.4g}  [" in err[-3], err
     assert err[-1] == f"{final}: {value:.1f}", err
 
+def test_a_run_on_a_relative_dataset_folder_resumes_from_anywhere(datasets, tmp_path, monkeypatch):
+    """config.json kept the folder as typed: from another folder the resume read it as a Minari id, and the
+    absolute path was refused as another dataset. Now the folder is recorded where it is."""
+    shutil.copytree(datasets / "pendulum" / "random-v0", tmp_path / "mine")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "bc", "--dataset", "mine/data", "--total-timesteps", "20", "--run-dir", "run", "--no-plot",
+                 "--no-progress", "--hidden", "32", "32", "--batch-size", "32", "--eval-every", "30", "--eval-episodes", "2",
+                 "--checkpoint-every", "20"]) == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["dataset"] == str((tmp_path / "mine" / "data").resolve())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["train", "bc", "--resume", str(tmp_path / "run"), "--total-timesteps", "40", "--no-plot",
+                 "--no-progress"]) == 0
+    monkeypatch.chdir(tmp_path)  # the folder as first typed names the same data
+    assert main(["train", "bc", "--resume", "run", "--total-timesteps", "60", "--dataset", "mine/data", "--no-plot",
+                 "--no-progress"]) == 0
+
+
 def test_eval_and_collect_replay_an_offline_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
     train("td3_bc", run_dir)
@@ -274,6 +293,8 @@ BAD = [
     (["train", "iql", "--dataset", "pendulum/nothing-v0"], "--dataset pendulum/nothing-v0: not a local Minari dataset"),
     (["train", "iql"], "--dataset is required"),
     (["train", "bc", "--dataset", "./no/such/folder"], "--dataset ./no/such/folder: no such folder"),
+    # it advised "omnigym collect ... --dataset no/such/data", not an id collect takes
+    (["train", "bc", "--dataset", "no/such/data"], "--dataset no/such/data: no such folder here, and not a Minari id"),
     (["train", "bc", "--dataset", "pendulum/random-v0", "--top-fraction", "0"], "--top-fraction must be in (0, 1]"),
     (["train", "iql", "--dataset", "pendulum/random-v0", "--expectile", "1.5"], "--expectile must be between 0 and 1"),
     # trained on in silence

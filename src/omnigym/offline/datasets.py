@@ -113,6 +113,13 @@ def open_dataset(name: str):
             raise OmnigymError(f"--dataset {name}: not a Minari dataset folder ({first_line(exc)})") from None
     if name.startswith(("/", ".", "~")) or path.exists():
         raise OmnigymError(f"--dataset {name}: no such folder; give a Minari dataset folder or id")
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    try:
+        parse_dataset_id(name)
+    except (ValueError, TypeError):  # a folder that is not here (it advised "collect ... --dataset FOLDER/data")
+        raise OmnigymError(f"--dataset {name}: no such folder here, and not a Minari id (NAME-vN or "
+                           "NAMESPACE/NAME-vN); give a dataset folder or id") from None
     if (datasets_root() / name / "data").is_dir():
         try:
             return minari.load_dataset(name)

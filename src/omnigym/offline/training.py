@@ -11,7 +11,9 @@ the checkpoint); ``--dataset`` is fixed for a run.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -68,6 +70,8 @@ def start_offline_run(cfg: OfflineConfig, algo: str, top_fraction: float = 1.0) 
     refusal (a dataset for another env, no actions, ...) leaves nothing written."""
     data = load_offline_data(cfg, algo, top_fraction)
     cfg.env_id = data.env_id  # config.json records the env the run was evaluated in
+    if Path(cfg.dataset).expanduser().is_dir():  # and a folder where it is: a resume from elsewhere found none
+        cfg.dataset = os.path.abspath(Path(cfg.dataset).expanduser())
     evaluator = Evaluator(cfg, data)
     try:
         run = start_run(cfg, algo, cfg.env_id)

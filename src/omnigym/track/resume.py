@@ -409,7 +409,7 @@ def same_path(name: str, now, then, saved_config: dict) -> bool:
     known = recorded_place(saved_config, name, then)
     there = known or then
     try:
-        if name not in PATH_FLAGS or not isinstance(now, str) or not isinstance(there, str) or \
+        if name not in (*PATH_FLAGS, "dataset") or not isinstance(now, str) or not isinstance(there, str) or \
                 not Path(now).expanduser().exists():
             return False
         if not Path(there).expanduser().exists():
