@@ -64,7 +64,9 @@ def at(exc: BaseException) -> str:
         return f" (at {where(exc)})"
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     yours = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(package)]
-    return f" (at {yours[-1].filename}:{yours[-1].lineno})" if yours else " (in the call itself, with the arguments given)"
+    if not yours:
+        return " (in the call itself, with the arguments given)"
+    return f" (at {yours[-1].filename}:{yours[-1].lineno})"
 
 
 def call_user_code(what: str, fn, *args):

@@ -80,7 +80,8 @@ def reward_of(result) -> tuple[float, dict]:
         parts = {k: float(v) for k, v in result.items()}
         return sum(parts.values()), parts
     shown = repr(result)
-    raise BadReturn(f"returned {type(result).__name__}", f"the agent returned {shown[:80] + '...' if len(shown) > 80 else shown} "
+    raise BadReturn(f"returned {type(result).__name__}",
+                    f"the agent returned {shown[:80] + '...' if len(shown) > 80 else shown} "
                     f"({type(result).__name__}): return a finite number, or a dict of them (reward parts, summed), "
                     f"at most {MAX_REWARD:g} in size")
 

@@ -29,7 +29,7 @@ from omnigym.envs.cursor import LearningSignal
 from omnigym.envs.envpool import EnvPoolVectorEnv
 from omnigym.envs.episode_stats import RecordEpisodeStatistics
 from omnigym.errors import OmnigymError, missing_extra, require
-from omnigym.user_code import import_object, import_reference, is_reference, at
+from omnigym.user_code import at, import_object, import_reference, is_reference
 
 BACKENDS = ("auto", "sync", "async", "native", "envpool", "ale", "mjlab")
 

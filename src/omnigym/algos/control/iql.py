@@ -62,7 +62,8 @@ class IQLConfig(UpdateFlags, OnlineFlags, OfflineConfig):
         require_fraction(self, "expectile")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
         # a negative inverse temperature weights the worst actions most (--beta -3 trained in silence)
-        require(self.beta >= 0, f"--beta must be 0 or more (the advantage weights' inverse temperature), got {self.beta}")
+        require(self.beta >= 0,
+                f"--beta must be 0 or more (the advantage weights' inverse temperature), got {self.beta}")
 
 
 CONFIG = IQLConfig
