@@ -237,7 +237,12 @@ def run_copy(finished_run, tmp_path):
     # it read "RUN was made with --env-kwargs , not foo=1"
     (["train", "ppo", "--resume", "RUN", "--env-kwargs", "foo=1"], "RUN was made without --env-kwargs, not "
                                                                    "--env-kwargs foo=1; its checkpoint only fits"),
-    (["train", "ppo", "--resume", "RUN", "--total-timesteps", "256"], "RUN is already at global_step "),
+    (["train", "ppo", "--resume", "RUN", "--total-timesteps", "256"], "RUN is already at update 2 of the 1 rollouts "
+                                                                      "--total-timesteps 256 makes"),
+    # a finished on-policy run stands below its --total-timesteps (autoreset steps are not counted): its resume
+    # re-closed it and rewrote its config.json and curve
+    (["train", "ppo", "--resume", "RUN"], "RUN is already at update 2 of the 2 rollouts --total-timesteps 512 makes; "
+                                          "give a larger --total-timesteps to continue it"),
     (["train", "ppo", "--run-dir", "RUN", "--overwrite", "--env-id", "toy_envs:NaNEnv"],
      "the env returned a non-finite observation"),
     (["train", "ppo", "--resume", "RUN", "--learning-rate", "1e30", "--total-timesteps", "4096"],
@@ -326,7 +331,7 @@ def test_a_checkpoint_made_with_other_settings_is_refused_before_anything_is_wri
     config = json.loads((run_copy / "config.json").read_text())
     (run_copy / "config.json").write_text(json.dumps({**config, "hidden": [32, 32]}))
     before = snapshot(run_copy)
-    assert main(["train", "ppo", "--resume", str(run_copy)]) == 2
+    assert main(["train", "ppo", "--resume", str(run_copy), "--total-timesteps", "1024"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit this run's settings" in err[0], err
     assert snapshot(run_copy) == before

@@ -17,6 +17,7 @@ from omnigym.errors import OmnigymError, a_run, without_dots
 from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
 from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
+from omnigym.track.progress import whole_rollouts
 from omnigym.track.lock import LOCK_NAME
 from omnigym.track.run_dir import (MODEL_FOLDER, REPLACED_RUN, STAGES_FOLDER, check_name_lengths, check_writable,
                                    default_run_dir, is_run_dir, left_set_aside)
@@ -107,13 +108,20 @@ def check_saved_state(cfg, run_dir: Path, saved: dict, algo: str) -> None:
     if cfg.BUDGET:
         flag_name, counter = cfg.BUDGET
         done, goal = saved["counters"].get(counter, 0), getattr(cfg, flag_name)
+        if "update" in saved["counters"] and hasattr(cfg, "num_steps"):
+            # on-policy: the budget is whole rollouts, and autoreset steps are not counted, so a finished run
+            # stands below its --total-timesteps: its resume re-closed it and rewrote its files
+            counter, done = "update", saved["counters"]["update"]
+            goal = whole_rollouts(goal, cfg.num_envs, cfg.num_steps)
         # a model left unsaved is saved again only where the run ended exactly there: a run stopped at step 55 of
         # 200 and resumed with --steps 5 went on to write its model and "steps: 5"
         if done > goal or (done == goal and not unsaved_model(cfg, run_dir)):
             fixed = getattr(cfg, "spent_budget", lambda *_: None)(run_dir, algo)
             if fixed:
                 raise OmnigymError(fixed)
-            raise OmnigymError(f"{run_dir} is already at {counter} {done} of --{flag_name.replace('_', '-')} {goal}; "
+            budget = (f"the {goal} rollouts --{flag_name.replace('_', '-')} {getattr(cfg, flag_name)} makes"
+                      if counter == "update" else f"--{flag_name.replace('_', '-')} {goal}")
+            raise OmnigymError(f"{run_dir} is already at {counter} {done} of {budget}; "
                                f"give a larger --{flag_name.replace('_', '-')} to continue it")
     log, offset = run_dir / METRICS_NAME, saved["components"]["metrics"]["offset"]
     if not log.is_file() or log.stat().st_size < offset:
