@@ -133,3 +133,20 @@ def test_an_interrupted_eval_says_only_that_it_stopped(tmp_path, capsys, monkeyp
     capsys.readouterr()
     assert main(["eval", run_dir, "--episodes", "1"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["omnigym: interrupted"]
+
+
+def test_eval_says_when_the_run_has_not_finished(tmp_path, capsys, monkeypatch):
+    """A run stopped part-way was evaluated as if it were the finished policy, with no word of it; a finished
+    on-policy run stands below its --total-timesteps (autoreset steps are not counted) and gets no such line."""
+    from interrupts import interrupt_at_log
+
+    config = PPOConfig(env_id="CartPole-v1", total_timesteps=2048, num_envs=4, num_steps=32, checkpoint_every=256,
+                       run_dir=str(tmp_path / "cut"), progress=False, plot=False, tensorboard=False)
+    interrupt_at_log(monkeypatch, lambda: train(config), 6)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "cut"), "--episodes", "1"]) == 0
+    assert "the run has not finished: its last checkpoint is at update 5 of 16" in capsys.readouterr().out
+    train(PPOConfig(**{**config.__dict__, "run_dir": None, "resume": str(tmp_path / "cut")}))
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "cut"), "--episodes", "1"]) == 0
+    assert "not finished" not in capsys.readouterr().out

@@ -245,9 +245,10 @@ def evaluate(argv: list[str]) -> None:
     if writes_in_run and Path(args.run_dir).is_dir():
         lock.acquire()
     successes: list[float] = []  # goal envs: info["is_success"] at each episode's end
+    unfinished: list[str] = []
     try:
         returns = evaluate_run(args.run_dir, args.episodes, greedy=args.greedy, seed=args.seed, video_dir=video_dir,
-                               successes=successes)
+                               successes=successes, unfinished=unfinished)
     finally:
         lock.release()
     import numpy as np
@@ -256,6 +257,8 @@ def evaluate(argv: list[str]) -> None:
           f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
     if successes:
         print(f"success rate: {np.mean(successes):.2f} ({int(np.sum(successes))} of {len(successes)} episodes)")
+    for line in unfinished:
+        print(line)
     if video_dir:
         written = sorted(set(Path(video_dir).glob("*.mp4")) - before)
         print(f"videos: {len(written)} in {video_dir}" + (f" ({written[0].name} ...)" if written else ""))

@@ -47,12 +47,20 @@ def load_policy(run_dir: str | os.PathLike, greedy: bool = True, env=None) -> Ru
 
 
 def evaluate_run(run_dir: str | os.PathLike, episodes: int = 10, greedy: bool = False, seed: int = 12345, env=None,
-                 video_dir: str | None = None, successes: list | None = None) -> list[float]:
+                 video_dir: str | None = None, successes: list | None = None,
+                 unfinished: list | None = None) -> list[float]:
     """``omnigym eval``: returns of ``episodes`` episodes of the run's env (the arguments:
-    ``evaluation.control.play_episodes``). The flags are checked before the run is loaded."""
+    ``evaluation.control.play_episodes``). The flags are checked before the run is loaded.
+    ``unfinished``: a list that gets a line where the checkpoint is short of the run's budget."""
+    from omnigym.track.resume import budget_reached
+
     check_episodes(episodes, seed)
-    return play_episodes(load_run(run_dir), episodes, greedy=greedy, seed=seed, env=env, video_dir=video_dir,
-                         successes=successes)
+    run = load_run(run_dir)
+    if unfinished is not None and getattr(run.cfg, "BUDGET", None):
+        counter, done, goal = budget_reached(run.cfg, run.saved["counters"])
+        if done < goal:  # a stopped run's policy is not the finished one
+            unfinished.append(f"the run has not finished: its last checkpoint is at {counter} {done:,} of {goal:,}")
+    return play_episodes(run, episodes, greedy=greedy, seed=seed, env=env, video_dir=video_dir, successes=successes)
 
 
 def evaluate_tracking(run_dir: str | os.PathLike, episodes: int = 10, randomize: bool = False,

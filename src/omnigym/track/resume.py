@@ -106,13 +106,8 @@ def check_saved_state(cfg, run_dir: Path, saved: dict, algo: str) -> None:
     """The run has steps left, and its log still reaches the checkpoint (it is cut back to it). A
     config whose budget cannot grow says what to do instead (``spent_budget(run_dir, algo)``)."""
     if cfg.BUDGET:
-        flag_name, counter = cfg.BUDGET
-        done, goal = saved["counters"].get(counter, 0), getattr(cfg, flag_name)
-        if "update" in saved["counters"] and hasattr(cfg, "num_steps"):
-            # on-policy: the budget is whole rollouts, and autoreset steps are not counted, so a finished run
-            # stands below its --total-timesteps: its resume re-closed it and rewrote its files
-            counter, done = "update", saved["counters"]["update"]
-            goal = whole_rollouts(goal, cfg.num_envs, cfg.num_steps)
+        flag_name = cfg.BUDGET[0]
+        counter, done, goal = budget_reached(cfg, saved["counters"])
         # a model left unsaved is saved again only where the run ended exactly there: a run stopped at step 55 of
         # 200 and resumed with --steps 5 went on to write its model and "steps: 5"
         if done > goal or (done == goal and not unsaved_model(cfg, run_dir)):
@@ -127,6 +122,16 @@ def check_saved_state(cfg, run_dir: Path, saved: dict, algo: str) -> None:
     if not log.is_file() or log.stat().st_size < offset:
         raise OmnigymError(f"{log} is missing or shorter than when the checkpoint was written; put it back "
                            "(a resumed run's log continues it), or start a new run")
+
+
+def budget_reached(cfg, counters: dict) -> tuple[str, int, int]:
+    """``(counter, done, goal)``: how far a checkpoint (its ``counters``) is along ``cfg.BUDGET``.
+    On-policy runs count whole rollouts: autoreset steps are not counted, so a finished run stands
+    below its --total-timesteps (its resume re-closed it and rewrote its files)."""
+    flag_name, counter = cfg.BUDGET
+    if "update" in counters and hasattr(cfg, "num_steps"):
+        return "update", counters["update"], whole_rollouts(getattr(cfg, flag_name), cfg.num_envs, cfg.num_steps)
+    return counter, counters.get(counter, 0), getattr(cfg, flag_name)
 
 
 def unsaved_model(cfg, run_dir: Path) -> bool:
