@@ -106,3 +106,15 @@ def test_a_refused_run_says_one_line_and_no_preset(tmp_path, monkeypatch, capsys
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip() == "omnigym: error: --frame-skip must be positive, got 0"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kwargs", [["foo=1"], ["frameskip=5"], ["repeat_action_probability=0.5"]])
+def test_env_kwargs_on_an_atari_id_are_one_line(tmp_path, monkeypatch, capsys, kwargs):
+    """They were dropped in silence (the run trained on the flags' preprocessing, whatever was asked)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo", "--env-id", "ALE/Pong-v5", "--env-kwargs", *kwargs, "--total-timesteps", "100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["omnigym: error: --env-kwargs does not apply to Atari ids (ALE/Pong-v5): its options are flags of "
+                   "their own, --frame-skip, --frame-stack, --noop-max, --sticky-actions, --episodic-life, --fire-reset, "
+                   "--clip-rewards (docs/atari.md)"], err
+    assert list(tmp_path.iterdir()) == []

@@ -199,7 +199,11 @@ def resolve_env(env, env_kwargs: dict | None = None):
         return factory
     if isinstance(env, str):
         _spec(env)
-        if env_kwargs and not is_atari(env):  # Atari's options are flags of their own (envs/atari.py)
+        if env_kwargs and is_atari(env):  # they were dropped in silence: Atari's options are flags of their own
+            raise OmnigymError(f"--env-kwargs does not apply to Atari ids ({env}): its options are flags of their "
+                               "own, --frame-skip, --frame-stack, --noop-max, --sticky-actions, --episodic-life, "
+                               "--fire-reset, --clip-rewards (docs/atari.md)")
+        if env_kwargs:
             settings = " ".join(f"{key}={value!r}" for key, value in env_kwargs.items())
             check_user_env(lambda: gym.make(env, **env_kwargs), who=f"{env} with --env-kwargs {settings}")
         return env
