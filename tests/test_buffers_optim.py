@@ -294,3 +294,17 @@ def test_a_run_on_several_threads_leaves_the_flush_alone():
     finally:
         torch.set_num_threads(threads)
     assert (tiny * 1.0).item() != 0.0
+
+
+def test_a_replay_memory_the_machine_cannot_map_is_one_line():
+    """numpy's _ArrayMemoryError was a traceback (--buffer-size 3000000 of pixels: 73.9 GiB). 10**12 frames of
+    84 x 84 bytes are past any address space, whatever the kernel's overcommit."""
+    import numpy as np
+    import pytest
+
+    from omnigym.errors import OmnigymError
+    from omnigym.rl.replay import ReplayBuffer
+
+    with pytest.raises(OmnigymError, match=r"--buffer-size 1,000,000,000,000: its observations alone \(.* GiB\) cannot "
+                                           "be allocated on this machine; give a smaller --buffer-size"):
+        ReplayBuffer(10**12, (84, 84), (), obs_dtype=np.uint8)

@@ -36,6 +36,8 @@ import sys
 import numpy as np
 import torch
 
+from omnigym.errors import OmnigymError
+
 
 class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape: tuple, action_shape: tuple, obs_dtype=np.float32,
@@ -51,7 +53,12 @@ class ReplayBuffer:
         frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
         self.env_capacity = math.ceil(capacity / num_envs)
         self.frame_capacity = self.env_capacity + self.env_capacity // 4 + 2 * frame_stack + 2
-        self.frames = np.zeros((num_envs, self.frame_capacity, *frame_shape), dtype=obs_dtype)
+        try:
+            self.frames = np.zeros((num_envs, self.frame_capacity, *frame_shape), dtype=obs_dtype)
+        except MemoryError:  # more than the machine can map, even unwritten: numpy's traceback
+            size = num_envs * self.frame_capacity * math.prod(frame_shape) * np.dtype(obs_dtype).itemsize
+            raise OmnigymError(f"--buffer-size {capacity:,}: its observations alone ({size / 2**30:.1f} GiB) cannot be "
+                               "allocated on this machine; give a smaller --buffer-size") from None
         self.frames_pushed = np.zeros(num_envs, dtype=np.int64)
         self.obs_frame = np.zeros((num_envs, self.env_capacity), dtype=np.int64)   # absolute frame indices
         self.next_frame = np.zeros((num_envs, self.env_capacity), dtype=np.int64)
