@@ -670,3 +670,15 @@ def test_a_run_that_crashes_after_a_checkpoint_says_how_to_go_on(tmp_path, monke
     assert err[-1].startswith("omnigym: the run stopped on the error above, and keeps its last checkpoint; once it "
                               "is fixed, continue with: omnigym train ppo --resume run")
     assert (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_resume_says_which_settings_it_changes(run_copy, capsys):
+    """Flags given to --resume win over the run's config.json, which then records them: a changed learning rate
+    passed in silence, and the value the run began with was lost from its config."""
+    assert main(["train", "ppo", "--resume", str(run_copy), "--total-timesteps", "1024", "--learning-rate", "0.01",
+                 "--no-progress", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming {run_copy} with changed settings: --learning-rate 0.002 -> 0.01 (config.json records the new " \
+           "values)" in out, out
+    assert main(["train", "ppo", "--resume", str(run_copy), "--total-timesteps", "1536", "--no-progress"]) == 0
+    assert "changed settings" not in capsys.readouterr().out  # a longer budget is what a resume is for

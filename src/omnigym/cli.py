@@ -13,7 +13,7 @@ import math
 import os
 import sys
 
-from omnigym.errors import OmnigymError, a_run, path_name
+from omnigym.errors import OmnigymError, a_run, flag, path_name
 
 COMMANDS = ("train", "eval", "sample", "collect", "export", "plot", "list", "import-gguf", "serve", "serve-rm")
 """the subcommands, in the order help lists them; ``handlers`` runs each"""
@@ -58,7 +58,36 @@ def train(argv: list[str], call) -> dict:
     if argv[0].startswith("-"):
         raise OmnigymError("name an algorithm first: omnigym train {" + ",".join(ALGORITHMS) + "} [flags]")
     module, cfg, call.given_flags = train_config(argv)
+    if cfg.resume:
+        call.resume_line = changed_on_resume(cfg, given_flags(argv[1:], cfg))
     return module.train(cfg, call=call)
+
+
+SHOWN_ONLY = ("resume", "run_dir", "overwrite", "progress", "plot", "tensorboard")
+"""flags a resume gives that change nothing of what the run learns"""
+
+
+def changed_on_resume(cfg, typed: set[str]) -> str | None:
+    """The line a resume prints of the settings it changes (``--learning-rate 0.002 -> 0.1``), its
+    budget aside: flags given now win over the run's config.json, which then records them, and a
+    changed learning rate passed in silence (the settings a checkpoint fixes are refused instead)."""
+    import json
+
+    from omnigym.track.files import describe, load_config_dict
+
+    saved = load_config_dict(cfg.resume)
+    budget = (getattr(cfg, "BUDGET", None) or ("",))[0]
+    changed = []
+    for name in sorted(typed - set(SHOWN_ONLY) - {budget}):
+        now = json.loads(json.dumps(getattr(cfg, name, None), default=describe))
+        if name in saved and saved[name] != now:
+            changed.append(f"{flag(name)} {show(saved[name])} -> {show(now)}")
+    return (f"resuming {cfg.resume} with changed settings: {', '.join(changed)} (config.json records the new values)"
+            if changed else None)
+
+
+def show(value) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def train_config(argv: list[str]):

@@ -64,6 +64,8 @@ class TrainCall:
     None from Python: the fields away from their defaults count as given"""
     preset_line: str | None = None
     """what the control preset filled in, printed when the run starts (set by ``scoped_run``)"""
+    resume_line: str | None = None
+    """the settings a resume changes (the CLI's), printed when the run starts: they passed in silence"""
     run_dir: str | None = None
     """the directory the run writes to: set by ``start_run``, or before it for a run whose user
     named none (``--capture-video``'s folder, ``--ray-trainer``'s interrupted-run message)"""
@@ -437,5 +439,7 @@ def start_run(cfg, algo: str, label) -> Run:
     call.run_dir = broadcast({"run_dir": str(run_dir), "resumed": saved is not None})["run_dir"]
     if call.preset_line:  # the control preset applied (config.py's apply_preset)
         print(call.preset_line, flush=True)
+    if call.resume_line:
+        print(call.resume_line, flush=True)
     return Run(run_dir, algo, cfg, saved, replace=(cfg.overwrite or restart) and is_run_dir(run_dir), call=call,
                lock=call.lock)
