@@ -682,3 +682,23 @@ def test_a_resume_says_which_settings_it_changes(run_copy, capsys):
            "values)" in out, out
     assert main(["train", "ppo", "--resume", str(run_copy), "--total-timesteps", "1536", "--no-progress"]) == 0
     assert "changed settings" not in capsys.readouterr().out  # a longer budget is what a resume is for
+
+
+def test_resuming_a_run_still_making_its_stages_names_the_process(tmp_path, capsys):
+    """Before its first checkpoint a demo has only its stages: --resume said "start that run again with --run-dir",
+    which the running process's lock then refused."""
+    from omnigym.track.lock import RunLock
+
+    run = tmp_path / "run"
+    (run / "stages" / "warmup").mkdir(parents=True)
+    held = RunLock(run)
+    assert held.acquire()
+    try:
+        assert main(["train", "grpo", "--resume", str(run), "--steps", "3"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{run} is in use by another omnigym process (pid {os.getpid()}" in err[0], err
+    finally:
+        held.release()
+    assert main(["train", "grpo", "--resume", str(run), "--steps", "3"]) == 2  # alone, as before
+    assert "start that run again with --run-dir" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["stages"]

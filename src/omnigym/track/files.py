@@ -108,6 +108,14 @@ def load_config_dict(run_dir: str | os.PathLike) -> dict:
     path = Path(run_dir) / CONFIG_NAME
     if not path.exists():
         if (Path(run_dir) / "stages").is_dir():  # run_dir.STAGES_FOLDER, which imports this module
+            from omnigym.track.lock import RunLock
+
+            # a run still making its stages: "start that run again" was advice its lock then refused
+            probe = RunLock(Path(run_dir))
+            try:
+                probe.acquire()  # raises, naming the holder, where a process holds it
+            finally:
+                probe.release()
             raise OmnigymError(f"{run_dir} is not a run directory (no {CONFIG_NAME}): it holds only the finished "
                                "stages of a run stopped before its first checkpoint; start that run again with "
                                f"--run-dir {run_dir} (not --resume), which reuses them")
