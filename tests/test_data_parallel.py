@@ -206,6 +206,22 @@ def test_torchrun_with_the_local_backend_is_refused(tmp_path, capsys, monkeypatc
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("argv", [["dpo"], ["rm"], ["rlhf"], ["online_dpo"]])
+def test_the_demo_under_torchrun_is_one_line(tmp_path, capsys, monkeypatch, argv):
+    """The demo's SFT stage met the launcher with the local backend: "--training-backend is local" was said to a
+    user who had given fsdp2 (docs/scale_out.md's own command)."""
+    from omnigym.cli import main
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["train", *argv, "--training-backend", "fsdp2", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["omnigym: error: the demo's stages (no data of your own given) are made in one process, not under "
+                   "--training-backend fsdp2: give your own data (--data PAIRS.jsonl; rlhf and online_dpo: "
+                   "--reward-model or --rewards), or run the demo without torchrun"], err
+    assert not (tmp_path / "run").exists()
+
+
 # -- DeepSpeed ZeRO (the [deepspeed] extra; not in [dev]: it builds from source against torch) --
 
 needs_deepspeed = pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is None,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from omnigym.errors import OmnigymError
 from omnigym.pipelines.stages import go_on_from_random_state, keep_random_state, run_again, undo_stages
 from omnigym.track.files import DiskFault, load_config_dict, write_atomically
 from omnigym.track.run import MODEL_FOLDER, STAGES_FOLDER, Run
@@ -114,6 +115,16 @@ def given_gold_reward(cfg):
     if not cfg.gold_reward:
         return None
     return parse_weights(cfg.gold_reward, places=reward_places(cfg, "gold_reward"), flag="--gold-reward")
+
+
+def check_demo_in_one_process(cfg, demo: bool) -> None:
+    """The demo's stages (an SFT model, its sampled pairs, a reward model) are made in one process:
+    under torchrun the SFT stage met the launcher with the local backend, and the line said
+    "--training-backend is local" to a user who had given fsdp2."""
+    if demo and cfg.data_parallel():
+        raise OmnigymError(f"the demo's stages (no data of your own given) are made in one process, not under "
+                           f"--training-backend {cfg.training_backend}: give your own data (--data PAIRS.jsonl; "
+                           "rlhf and online_dpo: --reward-model or --rewards), or run the demo without torchrun")
 
 
 def demo_models(cfg, run: Run, sft: ModuleType, rm: ModuleType) -> DemoModels:

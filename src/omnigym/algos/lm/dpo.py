@@ -88,6 +88,9 @@ class DPOConfig(LanguageModelConfig):
         require(self.label_smoothing < 0.5, f"--label-smoothing must be below 0.5, got {self.label_smoothing}")
         require(self.loss in PREFERENCE_LOSSES, f"unknown --loss {self.loss!r}; choose one of "
                                                 f"{', '.join(PREFERENCE_LOSSES)}")
+        from omnigym.pipelines.rlhf_demo import check_demo_in_one_process
+
+        check_demo_in_one_process(self, demo=self.data == "gold")
         require(not (self.precompute_ref and self.loss == "simpo"), "--precompute-ref: simpo has no reference")
         require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
 

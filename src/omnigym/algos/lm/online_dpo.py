@@ -106,6 +106,9 @@ class OnlineDPOConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig
                          "max_grad_norm", "eval_prompts", "eval_every", "max_prompt_length")
         require_non_negative(self, "missing_eos_penalty", "checkpoint_every", "simpo_gamma")
         require_fraction(self, "label_smoothing")
+        from omnigym.pipelines.rlhf_demo import check_demo_in_one_process
+
+        check_demo_in_one_process(self, demo=self.rewards is None and self.pairwise_judge is None)
         require(self.label_smoothing < 0.5, f"--label-smoothing must be below 0.5, got {self.label_smoothing}")
         require(self.samples_per_prompt >= 2,
                 f"--samples-per-prompt must be at least 2 (a pair is two replies), got {self.samples_per_prompt}")

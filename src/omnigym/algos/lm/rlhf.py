@@ -116,6 +116,9 @@ class RLHFConfig(PromptSetConfig, RolloutRuntimeConfig, LanguageModelConfig):
                          "max_grad_norm", "eval_prompts", "eval_every", "max_prompt_length")
         require_non_negative(self, "beta", "missing_eos_penalty", "checkpoint_every")
         require_fraction(self, "gamma", "lam")
+        from omnigym.pipelines.rlhf_demo import check_demo_in_one_process
+
+        check_demo_in_one_process(self, demo=self.reward_model is None)
         require(self.value_init in ("reward", "policy"), f"--value-init must be reward or policy, got {self.value_init!r}")
         require(self.target_kl is None or self.target_kl > 0, f"--target-kl must be positive, got {self.target_kl}")
         require(self.minibatches <= self.prompts_per_step,

@@ -68,6 +68,9 @@ class RMConfig(LanguageModelConfig):
                          "eval_every")
         require_non_negative(self, "center_coef", "checkpoint_every")
         require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
+        from omnigym.pipelines.rlhf_demo import check_demo_in_one_process
+
+        check_demo_in_one_process(self, demo=self.data == "gold")
 
 
 CONFIG = RMConfig
