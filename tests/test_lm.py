@@ -168,3 +168,21 @@ def test_a_long_chat_template_given_inline_is_read_as_a_template(tmp_path):
     unreadable.write_bytes(b"\xff\xfe{{ oops")
     with pytest.raises(OmnigymError, match="cannot be read"):
         read_chat_template(str(unreadable))
+
+
+def test_a_reward_model_is_not_taken_for_a_language_model(tmp_path):
+    """A train rm/prm run loaded as a policy, teacher or judge with its score head left out, in silence (distill
+    logged a meaningless KL, a judge parsed nothing, eval wrote pass@k into the reward model's own run)."""
+    import pytest
+
+    from omnigym.errors import OmnigymError
+    from omnigym.models.lm import build_tiny_model, resolve_model
+    from omnigym.models.scalar_head import MARKER
+
+    folder = build_tiny_model(tmp_path / "run" / "model")
+    assert resolve_model(str(tmp_path / "run")) == str(folder)  # a language model's run
+    (folder / MARKER).write_text("{}")
+    with pytest.raises(OmnigymError, match=r"--teacher .*: .*model is a reward model \(a score head, no language-model "
+                                           r"head\); give a language model: .* finished sft, grpo, dpo, online_dpo, "
+                                           r"rlhf or distill run"):
+        resolve_model(str(tmp_path / "run"), f"--teacher {tmp_path / 'run'}")

@@ -356,7 +356,7 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     for flag in ("temperature", "max_new_tokens"):
         value = getattr(args, flag)
         require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
-    resolve_model(run_dir)  # a run that has not finished its model/ is refused here, in one line
+    resolve_model(run_dir, str(run_dir))  # a run that has not finished its model/ is refused here, in one line
     train_texts, trained_on = training_prompts(values, run_dir)
     cfg = run_config(values, run_dir)
     if args.temperature is not None:

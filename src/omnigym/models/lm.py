@@ -164,12 +164,12 @@ is the student of ``omnigym train distill``'s demo, whose teacher is a "tiny" mo
 
 
 @contextmanager
-def model_folder(name_or_path: str, seed: int = 0, lstm_hidden: int = 128):
+def model_folder(name_or_path: str, seed: int = 0, lstm_hidden: int = 128, score_head: bool = False):
     """The folder (or hub id) ``--model`` names, for as long as the ``with`` block loads from it:
     "tiny" is built offline into a temporary folder (the same weights for the same seed), the
     run directory of an earlier omnigym run is its ``model/`` folder; a path that is not a
-    model is refused in one line. "lstm" is an LSTM LM of ``lstm_hidden`` units built offline
-    the same way (``models/lstm_lm.py``)."""
+    model is refused in one line (a reward model too, unless it is loaded with a ``score_head``).
+    "lstm" is an LSTM LM of ``lstm_hidden`` units built offline the same way (``models/lstm_lm.py``)."""
     if name_or_path == "lstm":
         with lstm_model_folder(seed, lstm_hidden) as folder:
             yield folder
@@ -187,7 +187,7 @@ def model_folder(name_or_path: str, seed: int = 0, lstm_hidden: int = 128):
             yield shared
             barrier()  # the folder goes once every process has loaded it
         return
-    yield resolve_model(name_or_path)
+    yield resolve_model(name_or_path, score_head=score_head)
 
 
 def model_path(name_or_path: str) -> Path:
@@ -230,9 +230,10 @@ def tiny_template(template: str) -> bool:
     return template.removesuffix("\n") == CHAT_TEMPLATE
 
 
-def resolve_model(name_or_path: str, label: str | None = None) -> str:
+def resolve_model(name_or_path: str, label: str | None = None, score_head: bool = False) -> str:
     """``name_or_path``'s model folder (a run directory's ``model/``), or the hub id as given;
-    ``label`` names it in the one-line refusals (default ``--model NAME``)."""
+    ``label`` names it in the one-line refusals (default ``--model NAME``). A reward model is
+    refused unless it is to be loaded with a ``score_head`` (train rm/prm's base, RLHF's critic)."""
     label = label or f"--model {name_or_path}"
     if not name_or_path.strip():  # "" is Path("."): the current directory was read as the model folder
         raise OmnigymError(f"{label.strip()} is empty; give a folder saved with save_pretrained, or a hub id")
@@ -254,6 +255,12 @@ def resolve_model(name_or_path: str, label: str | None = None) -> str:
                            "or the directory of a finished omnigym run")
     if looks_like_path:
         check_model_folder(label, path)
+        from omnigym.models.scalar_head import MARKER  # (it imports this module)
+
+        if not score_head and (path / MARKER).is_file():  # it loaded as a language model, its score head left out, in silence
+            raise OmnigymError(f"{label}: {path} is a reward model (a score head, no language-model head); give a "
+                               f"language model: a model folder, a hub id, or a finished "
+                               f"{MODEL_RUNS.replace('rm, prm, ', '')} run")
         return str(path)
     check_hub_id(label, name_or_path)
     return name_or_path

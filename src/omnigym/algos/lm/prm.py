@@ -134,7 +134,7 @@ def train(cfg: PRMConfig) -> dict:
 
     train_set, heldout_set = step_examples(cfg)
     run = start_run(cfg, "prm", cfg.model)
-    with model_folder(cfg.model, cfg.seed) as folder:
+    with model_folder(cfg.model, cfg.seed, score_head=True) as folder:
         tokenizer = load_tokenizer(folder, cfg.chat_template)
         model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
     heldout = labelled(heldout_set, random.Random(cfg.seed + 10_000), cfg.wrong_per_problem, tokenizer,

@@ -213,7 +213,7 @@ def train(cfg: RLHFConfig) -> dict:
 def load_value_model(cfg: RLHFConfig, models: Models, scorer, tokenizer):
     """The critic: the reward model with its head, or the policy with a new zero head."""
     source = str(scorer.folder) if cfg.value_init == "reward" else models.policy
-    with model_folder(source, cfg.seed) as folder:
+    with model_folder(source, cfg.seed, score_head=True) as folder:
         if cfg.value_init == "reward" and load_tokenizer(folder, need_chat_template=False).get_vocab() != tokenizer.get_vocab():
             raise OmnigymError("the reward model's tokenizer is not the policy's, so the value model cannot start from "
                                "it; use --value-init policy")

@@ -89,7 +89,7 @@ def train(cfg: RMConfig) -> dict:
 
         demo = use_demo_pairs(cfg, run, get_algorithm("sft"))  # the SFT stage's trainer, by name
         data, base_model = demo.pairs, demo.model
-    with model_folder(base_model, cfg.seed) as folder:
+    with model_folder(base_model, cfg.seed, score_head=True) as folder:
         tokenizer = load_tokenizer(folder, cfg.chat_template, need_chat_template=False)
         rows, heldout, training, conversational = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer,
                                                              cfg.max_length)
