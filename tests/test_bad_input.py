@@ -83,8 +83,10 @@ CASES = [
     (["train", "ppo", "--env-id", "toy_envs:OldGymEnv"], "your env's reset() must return (observation, info dict), got ndarray"),
     # each was a traceback (exit 1), or a line blaming the env for omnigym's own check
     (["train", "ppo", "--env-id", "toy_envs:TupleObsEnv"], "the networks take Box observations"),
+    # "got tuple" named the tuple, not the list in it that was wrong
     (["train", "ppo", "--env-id", "toy_envs:InfoListEnv"], "your env's step() must return (observation, reward, "
-                                                           "terminated, truncated, info dict)"),
+                                                           "terminated, truncated, info dict), got a tuple of 5 whose "
+                                                           "last is list"),
     (["train", "ppo", "--env-id", "toy_envs:CloseRaisesEnv"], "your env raised RuntimeError: close boom (at "),
     (["train", "ppo", "--env-id", "Pendulum-v1", "--env-kwargs", "g=abc"],
      "Pendulum-v1 with --env-kwargs g='abc' raised TypeError: unsupported operand type(s) for /: 'str' and 'float'"),

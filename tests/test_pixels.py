@@ -286,6 +286,9 @@ BAD = [
     (["train", "sac", "--env-id", DM_CARTPOLE, "--pixels"], "sac learns from state vectors; for continuous control "
                                                             "from pixels run omnigym train drq"),
     (["train", "drq", "--no-pixels"], "drq learns from pixels; give --pixels"),
+    # it came from the network, and advised resizing what --image-size sets
+    (["train", "ppo", "--env-id", DM_CARTPOLE, "--pixels", "--image-size", "20"],
+     "--image-size 20: ppo's Nature CNN reads squares of 36 pixels or more; give --image-size 36 or more"),
     (["train", "drq", "--image-pad", "-1"], "--image-pad must be 0 or more, got -1"),
     (["train", "ppo", "--env-id", "InvertedPendulum-v5", "--pixels", "--normalize-obs"],
      "--normalize-obs normalizes state vectors"),

@@ -91,6 +91,10 @@ def make_run_envs(cfg, algo: str) -> tuple[gym.vector.VectorEnv, LearningSignal]
         require(algo not in ("sac", "td3", "dqn"), f"{algo} learns from state vectors; for continuous control from "
                                                    "pixels run omnigym train drq (SAC with a shared CNN encoder) or ppo")
         require(not cfg.capture_video, "--capture-video records a state-based run; with --pixels it is not supported yet")
+        # the refusal came later, from the network, and advised resizing what --image-size itself sets
+        require(algo != "ppo" or cfg.image_size >= 36, f"--image-size {cfg.image_size}: ppo's Nature CNN reads squares "
+                                                      "of 36 pixels or more; give --image-size 36 or more (drq's "
+                                                      "encoder takes 16)")
         check_renderable(cfg.env_id, family)
         check_renderer()
     check_envs(cfg, family)  # before thousands of envs are made, not after
@@ -236,11 +240,12 @@ def check_user_env(factory, who: str = "your env") -> None:
         try:
             reset = env.reset(seed=0)
             require(isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict),
-                    f"{who}'s reset() must return (observation, info dict), got {type(reset).__name__}")
+                    f"{who}'s reset() must return (observation, info dict), got {shape_of(reset)}")
             _check_obs(env, reset[0], f"{who}'s reset()")
             step = env.step(env.action_space.sample())
             require(isinstance(step, tuple) and len(step) == 5 and isinstance(step[4], dict),
-                    f"{who}'s step() must return (observation, reward, terminated, truncated, info dict)")
+                    f"{who}'s step() must return (observation, reward, terminated, truncated, info dict), got "
+                    f"{shape_of(step)}")
             _check_obs(env, step[0], f"{who}'s step()")
             require(np.ndim(step[1]) == 0 and np.issubdtype(np.asarray(step[1]).dtype, np.number),
                     f"{who}'s step() returned a reward of {step[1]!r}; a reward is a number")
@@ -250,6 +255,14 @@ def check_user_env(factory, who: str = "your env") -> None:
         raise
     except Exception as exc:  # the env's own code raised (in reset, step or close)
         raise OmnigymError(f"{who} raised {type(exc).__name__}: {exc}{at(exc)}") from None
+
+
+def shape_of(returned) -> str:
+    """What reset() or step() gave, as its refusal says it: ``a tuple of 4``, ``(..., list)`` where the
+    info is not a dict ("got tuple" named the tuple, not the list in it that was wrong)."""
+    if not isinstance(returned, tuple):
+        return type(returned).__name__
+    return f"a tuple of {len(returned)} whose last is {type(returned[-1]).__name__}" if returned else "an empty tuple"
 
 
 def _check_obs(env, obs, where_from: str) -> None:
