@@ -255,9 +255,7 @@ def resolve_model(name_or_path: str, label: str | None = None, score_head: bool 
                            "or the directory of a finished omnigym run")
     if looks_like_path:
         check_model_folder(label, path)
-        from omnigym.models.scalar_head import MARKER  # (it imports this module)
-
-        if not score_head and (path / MARKER).is_file():  # it loaded as a language model, its score head left out, in silence
+        if not score_head and (path / REWARD_MODEL_MARKER).is_file():  # it loaded as a language model, its score head left out, in silence
             raise OmnigymError(f"{label}: {path} is a reward model (a score head, no language-model head); give a "
                                f"language model: a model folder, a hub id, or a finished "
                                f"{MODEL_RUNS.replace('rm, prm, ', '')} run")
@@ -312,6 +310,9 @@ def refuse_run_directory(label: str, config_file: Path, config: dict) -> None:
     raise OmnigymError(f"{label}: {config_file} is {a_run(algo)}'s config, and {a_run(algo)} writes no model folder; "
                        f"give a model folder, a hub id, or the directory of a finished {MODEL_RUNS} run")
 
+
+REWARD_MODEL_MARKER = "omnigym_reward.json"
+"""the file a reward model's folder holds beside its weights (models/scalar_head.py writes it)"""
 
 # the algorithms whose runs end with a model/ folder (tests/test_architecture.py checks it
 # against the registry, which sits above this layer)

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from omnigym.errors import OmnigymError, missing_extra
-from omnigym.models.lm import LOAD_ERRORS, check_model_folder, first_line
+from omnigym.models.lm import LOAD_ERRORS, REWARD_MODEL_MARKER, check_model_folder, first_line
 from omnigym.models.tokens import make_completion_batch, make_sequence_batch, shared_prefix_forward
 
-MARKER = "omnigym_reward.json"
+MARKER = REWARD_MODEL_MARKER
 
 
 def load_scalar_model(name_or_path: str, pad_token_id: int, lora_r: int = 0, device: str = "cpu",
