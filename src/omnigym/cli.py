@@ -13,7 +13,7 @@ import math
 import os
 import sys
 
-from omnigym.errors import OmnigymError, a_run, flag, path_name
+from omnigym.errors import OmnigymError, a_run, flag, path_name, shown_value
 
 COMMANDS = ("train", "eval", "sample", "collect", "export", "plot", "list", "import-gguf", "serve", "serve-rm")
 """the subcommands, in the order help lists them; ``handlers`` runs each"""
@@ -81,13 +81,9 @@ def changed_on_resume(cfg, typed: set[str]) -> str | None:
     for name in sorted(typed - set(SHOWN_ONLY) - {budget}):
         now = json.loads(json.dumps(getattr(cfg, name, None), default=describe))
         if name in saved and saved[name] != now:
-            changed.append(f"{flag(name)} {show(saved[name])} -> {show(now)}")
+            changed.append(f"{flag(name)} {shown_value(saved[name])} -> {shown_value(now)}")
     return (f"resuming {cfg.resume} with changed settings: {', '.join(changed)} (config.json records the new values)"
             if changed else None)
-
-
-def show(value) -> str:
-    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def train_config(argv: list[str]):

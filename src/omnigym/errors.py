@@ -26,6 +26,11 @@ def show_flag(name: str, value) -> str:
     return f"{flag(name)} {' '.join(map(str, value)) if isinstance(value, tuple) else value}"
 
 
+def shown_value(value) -> str:
+    """A flag's value as it is typed: a list or tuple space-separated (``64 64``), the rest as text."""
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
 def a_run(algorithm) -> str:
     """"a ppo run", "an alphazero run", "an sft run": the article as the name is read aloud."""
     spoken_with_a_vowel = str(algorithm)[:1] in "aeiou" or str(algorithm) in ("sft", "rm", "rlhf")

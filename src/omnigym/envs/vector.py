@@ -258,8 +258,8 @@ def check_user_env(factory, who: str = "your env") -> None:
 
 
 def shape_of(returned) -> str:
-    """What reset() or step() gave, as its refusal says it: ``a tuple of 4``, ``(..., list)`` where the
-    info is not a dict ("got tuple" named the tuple, not the list in it that was wrong)."""
+    """What reset() or step() gave, as its refusal says it: ``a tuple of 5 whose last is list`` where
+    the info is not a dict ("got tuple" named the tuple, not the list in it that was wrong)."""
     if not isinstance(returned, tuple):
         return type(returned).__name__
     return f"a tuple of {len(returned)} whose last is {type(returned[-1]).__name__}" if returned else "an empty tuple"

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from omnigym.envs.goal import network_view
-from omnigym.errors import OmnigymError, a_run, require
+from omnigym.errors import OmnigymError, a_run, require, shown_value
 from omnigym.offline.datasets import Evaluator, OfflineData
 from omnigym.offline.training import finish_offline_run
 from omnigym.rl.losses import check_finite
@@ -84,7 +84,8 @@ class OnlineFlags:
         return None
 
     def check_online(self) -> None:
-        require(not self.resume_refusal(), str(self.resume_refusal()))
+        refusal = self.resume_refusal()
+        require(refusal is None, str(refusal))
         require(self.online_steps >= 0, f"--online-steps must be positive, got {self.online_steps}")
         require(0 <= self.mixing_ratio < 1, f"--mixing-ratio must be in [0, 1) (the dataset's share of each batch), "
                                             f"got {self.mixing_ratio}")
@@ -164,8 +165,8 @@ def online_settings(cfg, algo: str):
                  and getattr(cfg, f.name) != f.default}
     for name in cfg.RESUME_FIXED:
         if name in given and name not in OWN_SETTINGS and getattr(cfg, name) != getattr(offline, name):
-            raise OmnigymError(f"{label} was trained with --{name.replace('_', '-')} {shown(getattr(offline, name))}, "
-                               f"not {shown(getattr(cfg, name))}; the online run continues its networks on its data "
+            raise OmnigymError(f"{label} was trained with --{name.replace('_', '-')} {shown_value(getattr(offline, name))}, "
+                               f"not {shown_value(getattr(cfg, name))}; the online run continues its networks on its data "
                                "(leave the flag out)")
     require("total_timesteps" not in given or cfg.total_timesteps == cfg.online_steps,  # it was dropped in silence
             f"--total-timesteps {cfg.total_timesteps} does not apply to an online run: its length is its "
@@ -173,10 +174,6 @@ def online_settings(cfg, algo: str):
     inherited = {f.name: getattr(offline, f.name) for f in dataclasses.fields(cfg)
                  if f.name not in given and f.name not in OWN_SETTINGS}
     return dataclasses.replace(cfg, **inherited, total_timesteps=cfg.online_steps), state
-
-
-def shown(value) -> str:
-    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def load_offline_state(components: dict, state: dict) -> None:

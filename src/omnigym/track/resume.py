@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from omnigym.errors import OmnigymError, a_run, without_dots
+from omnigym.errors import OmnigymError, a_run, shown_value, without_dots
 from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
 from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict
 from omnigym.track.model_folder import complete_model
@@ -167,16 +167,13 @@ def check_fixed_settings(cfg, saved_config: dict) -> None:
         # a setting left out when the run was made (None) is fixed too: --rewards given to a run made without it
         # swapped its reward in silence
         if now != then and not same_path(name, now, then, saved_config):
-            def shown(value):
-                return " ".join(map(str, value)) if isinstance(value, list) else str(value)
-
             place = recorded_place(saved_config, name, then)
             where = f" ({place})" if place else ""
             flag_name = f"--{name.replace('_', '-')}"
             # a list flag left empty reads "made with --env-kwargs , not N=4" as a value
-            made = f"without {flag_name}" if then in ([], None) else f"with {flag_name} {shown(then)}{where}"
-            given = (f"{flag_name} {shown(now)}" if then in ([], None) else "none" if now in ([], None)
-                     else shown(now))
+            made = f"without {flag_name}" if then in ([], None) else f"with {flag_name} {shown_value(then)}{where}"
+            given = (f"{flag_name} {shown_value(now)}" if then in ([], None) else "none" if now in ([], None)
+                     else shown_value(now))
             raise OmnigymError(f"{cfg.resume} was made {made}, not {given}; its checkpoint only fits its own setting "
                                "(leave the flag out to keep it)")
 
