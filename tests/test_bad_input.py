@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from omnigym.cli import main
+from omnigym.errors import OmnigymError
 
 CASES = [
     (["train", "grpo", "--precision", "fp16"], "unknown --precision 'fp16'; choose fp32 or bf16"),
@@ -88,6 +89,15 @@ CASES = [
                                                            "terminated, truncated, info dict), got a tuple of 5 whose "
                                                            "last is list"),
     (["train", "ppo", "--env-id", "toy_envs:CloseRaisesEnv"], "your env raised RuntimeError: close boom (at "),
+    # an array terminated and a complex reward were tracebacks in the vector env; None trained on
+    # an episode that never ended (it reads False), as did a string
+    (["train", "ppo", "--env-id", "toy_envs:ArrayTerminatedEnv"],
+     "your env's step() returned terminated=array([False, False]); it must be a bool"),
+    (["train", "dqn", "--env-id", "toy_envs:NoneTruncatedEnv"], "your env's step() returned truncated=None; it must be a bool"),
+    (["train", "ppo", "--env-id", "toy_envs:StringTerminatedEnv"],
+     "your env's step() returned terminated='yes'; it must be a bool"),
+    (["train", "ppo", "--env-id", "toy_envs:ComplexRewardEnv"],
+     "your env's step() returned a reward of (1+1j); a reward is a real number"),
     (["train", "ppo", "--env-id", "Pendulum-v1", "--env-kwargs", "g=abc"],
      "Pendulum-v1 with --env-kwargs g='abc' raised TypeError: unsupported operand type(s) for /: 'str' and 'float'"),
     (["train", "dqn", "--env-id", "toy_envs:ImageLastEnv"], "image observations must be channels-first C x 84 x 84"),
@@ -523,7 +533,6 @@ def test_a_name_that_is_no_folder_is_fetched_only_if_it_can_be(tmp_path, monkeyp
     each reason the hub cannot give it; a hub id in the Hugging Face cache still loads offline."""
     from huggingface_hub import constants
 
-    from omnigym.errors import OmnigymError
     from omnigym.models.lm import check_hub_id
 
     monkeypatch.chdir(tmp_path)
@@ -704,3 +713,15 @@ def test_resuming_a_run_still_making_its_stages_names_the_process(tmp_path, caps
     assert main(["train", "grpo", "--resume", str(run), "--steps", "3"]) == 2  # alone, as before
     assert "start that run again with --run-dir" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == ["stages"]
+
+
+def test_integer_flags_and_numpy_scalar_rewards_pass_the_env_check():
+    """The check refuses what the vector env cannot store, not what it can: 0/1 flags and numpy
+    scalars (a refused run would be a false alarm)."""
+    import toy_envs
+
+    from omnigym.envs.vector import check_user_env
+
+    check_user_env(toy_envs.IntFlagsEnv)  # raises OmnigymError on a refusal
+    with pytest.raises(OmnigymError, match="terminated='yes'; it must be a bool"):
+        check_user_env(toy_envs.StringTerminatedEnv)

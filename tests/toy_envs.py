@@ -252,6 +252,40 @@ class InfoListEnv(NaNEnv):
         return np.zeros(2, np.float32), 1.0, False, False, []
 
 
+class StepReturnsEnv(NaNEnv):
+    """step returns ``STEP_RETURNS``' values where gymnasium wants a real reward and bool flags:
+    an array ``terminated`` was a traceback in the vector env, ``None`` an episode that never
+    ended (it reads False), a complex reward a traceback."""
+
+    STEP_RETURNS: dict = {}
+
+    def step(self, action):
+        values = {"reward": 1.0, "terminated": False, "truncated": False, **self.STEP_RETURNS}
+        return np.zeros(2, np.float32), values["reward"], values["terminated"], values["truncated"], {}
+
+
+class ArrayTerminatedEnv(StepReturnsEnv):
+    STEP_RETURNS = {"terminated": np.array([False, False])}
+
+
+class NoneTruncatedEnv(StepReturnsEnv):
+    STEP_RETURNS = {"truncated": None}
+
+
+class StringTerminatedEnv(StepReturnsEnv):
+    STEP_RETURNS = {"terminated": "yes"}
+
+
+class ComplexRewardEnv(StepReturnsEnv):
+    STEP_RETURNS = {"reward": complex(1.0, 1.0)}
+
+
+class IntFlagsEnv(StepReturnsEnv):
+    """0/1 integers and numpy scalars for the flags and reward: allowed, as gymnasium's vector env takes them."""
+
+    STEP_RETURNS = {"reward": np.int64(1), "terminated": np.bool_(False), "truncated": 0}
+
+
 class CloseRaisesEnv(NaNEnv):
     """close raises: it escaped the check, a traceback."""
 

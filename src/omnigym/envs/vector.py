@@ -247,14 +247,34 @@ def check_user_env(factory, who: str = "your env") -> None:
                     f"{who}'s step() must return (observation, reward, terminated, truncated, info dict), got "
                     f"{shape_of(step)}")
             _check_obs(env, step[0], f"{who}'s step()")
-            require(np.ndim(step[1]) == 0 and np.issubdtype(np.asarray(step[1]).dtype, np.number),
-                    f"{who}'s step() returned a reward of {step[1]!r}; a reward is a number")
+            require(np.ndim(step[1]) == 0 and _is_real(step[1], np.integer, np.floating),
+                    f"{who}'s step() returned a reward of {shown(step[1])}; a reward is a real number")
+            for name, flag in (("terminated", step[2]), ("truncated", step[3])):
+                # The vector env stores these in a bool array: None and "" would read False (an
+                # episode that never ends), an array would be a traceback there.
+                require(np.ndim(flag) == 0 and _is_real(flag, np.bool_, np.integer),
+                        f"{who}'s step() returned {name}={shown(flag)}; it must be a bool")
         finally:
             env.close()
     except OmnigymError:
         raise
     except Exception as exc:  # the env's own code raised (in reset, step or close)
         raise OmnigymError(f"{who} raised {type(exc).__name__}: {exc}{at(exc)}") from None
+
+
+def _is_real(value, *kinds) -> bool:
+    """``value``'s numpy dtype is one of ``kinds`` (complex, strings and objects are not)."""
+    try:
+        dtype = np.asarray(value).dtype
+    except Exception:  # noqa: BLE001 - what numpy cannot read is no number
+        return False
+    return any(np.issubdtype(dtype, kind) for kind in kinds)
+
+
+def shown(value) -> str:
+    """A value as a refusal names it: its repr, cut short (an env may return a huge array)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def shape_of(returned) -> str:
