@@ -45,14 +45,20 @@ def one_line(capsys, argv, tmp_path, monkeypatch):
     (["--base-model", "{base}", "--max-data", "0"], "--max-data 0: must be at least 1"),
     (["--base-model", "{base}", "--store", "afile"], "--store afile is a file"),
     (["--base-model", "{base}", "--wat"], "unrecognized arguments: --wat"),
+    # it was made there, and a --overwrite of the run would have moved the server's records aside
+    (["--base-model", "{base}", "--store", "runs/ppo/store"], "--store runs/ppo/store is inside the run "),
 ])
 def test_bad_flags_one_line_nothing_created(argv, text, base, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OMNIGYM_TEST_BAD_KEY", "hunter2")
     monkeypatch.delenv("OMNIGYM_TEST_NO_SUCH_VAR", raising=False)
     if "afile" in argv:
         (tmp_path / "afile").write_text("x")
+    if "runs/ppo/store" in argv:
+        (tmp_path / "runs" / "ppo").mkdir(parents=True)
+        (tmp_path / "runs" / "ppo" / "metrics.jsonl").write_text("")
     line = one_line(capsys, [a.replace("{base}", str(base)) for a in argv], tmp_path, monkeypatch)
     assert text in line, line
+    assert not (tmp_path / "runs" / "ppo" / "store").exists()
 
 
 @pytest.mark.parametrize("store, text", [("afile/sub", "Not a directory"), ("/proc/omnigym-store", "No such file")])

@@ -122,6 +122,11 @@ def check(argv: list[str]) -> ServeArgs:
             raise OmnigymError(f"{flag} {value}: must be at least {low}")
     if store.exists() and not store.is_dir():
         raise OmnigymError(f"--store {args.store} is a file; name a folder")
+    from omnigym.track.run_dir import check_out_of_other_runs
+
+    # a store inside a training run's folder would be moved aside with it by --overwrite
+    check_out_of_other_runs(store, [], "--store", "which a server's store is not part of", "the store",
+                            "serve_store", folder=True)
     check_can_listen(args.host, args.port)
     if args.base_model != "tiny":
         from omnigym.models.lm import check_model_folder
