@@ -131,6 +131,38 @@ def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, models, monkey
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
 
 
+def test_a_teacher_retrained_in_place_is_refused_on_resume(tmp_path, models, monkeypatch, capsys):
+    """The path was the same, so the resume went on in silence with another teacher under the run's
+    numbers. Its weights are recorded when the run starts (a sampled fingerprint); the resume with the
+    teacher put back goes on."""
+    import shutil
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(models["teacher"], teacher)
+    original, calls = Run.log, {"n": 0}
+
+    def interrupting_log(self, step, values):
+        original(self, step, values)
+        calls["n"] += 1
+        if calls["n"] == 3:  # step 3, after the checkpoint at step 2
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Run, "log", interrupting_log)
+    with pytest.raises(KeyboardInterrupt):
+        distill.train(config(tmp_path / "cut", {**models, "teacher": teacher}))
+    monkeypatch.setattr(Run, "log", original)
+    kept = teacher / "model.safetensors.kept"
+    shutil.move(teacher / "model.safetensors", kept)
+    shutil.copy(models["student"] / "model.safetensors", teacher / "model.safetensors")  # "retrained"
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "cut").rglob("*")}
+    assert main(["train", "distill", "--resume", str(tmp_path / "cut")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--teacher {teacher} holds other weights than when" in err[0], err
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "cut").rglob("*")} == before
+    shutil.move(kept, teacher / "model.safetensors")
+    assert main(["train", "distill", "--resume", str(tmp_path / "cut")]) == 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "{other}"], "--model {other} does not share the demo teacher's tokenizer"),
     (["--teacher", "{tmp}/no_such_model"], "--teacher {tmp}/no_such_model: no such folder"),

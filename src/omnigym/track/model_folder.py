@@ -67,3 +67,33 @@ def sync_folder(folder: Path) -> None:
 def complete_model(folder: Path) -> bool:
     """``folder`` is a model this module wrote whole (or a folder saved by hand with its config)."""
     return (Path(folder) / "config.json").is_file()
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+SAMPLES, SAMPLE_BYTES = 16, 1 << 16
+
+
+def weights_fingerprint(folder: Path) -> str | None:
+    """What identifies the weights a model folder holds (its own, or a run directory's ``model/``),
+    wherever it lies: each weight file's name and size, and a SHA-256 of its bytes, sampled at
+    ``SAMPLES`` places in a large file (training changes nearly every byte of a tensor, so a
+    retrained model differs at the samples; a 14 GB model is not read whole at each start).
+    None when the folder holds no weights (a hub id, a built-in model)."""
+    import hashlib
+
+    files = [file for place in (folder, folder / "model") if place.is_dir()
+             for file in sorted(place.iterdir()) if file.suffix in WEIGHT_SUFFIXES and file.is_file()]
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.relative_to(folder)}\0{size}\0".encode())
+        with open(file, "rb") as handle:
+            if size <= SAMPLES * SAMPLE_BYTES:
+                digest.update(handle.read())
+                continue
+            for k in range(SAMPLES):  # the first and last bytes among them
+                handle.seek((size - SAMPLE_BYTES) * k // (SAMPLES - 1))
+                digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()

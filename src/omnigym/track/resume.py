@@ -16,7 +16,7 @@ from pathlib import Path
 from omnigym.errors import OmnigymError, a_run, shown_value, without_dots
 from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
 from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict
-from omnigym.track.model_folder import complete_model
+from omnigym.track.model_folder import complete_model, weights_fingerprint
 from omnigym.track.progress import whole_rollouts
 from omnigym.track.lock import LOCK_NAME
 from omnigym.track.run_dir import (MODEL_FOLDER, REPLACED_RUN, STAGES_FOLDER, check_name_lengths, check_writable,
@@ -149,6 +149,7 @@ def check_resumable(cfg, algo: str, saved_config: dict) -> None:
                            f"omnigym train {made_by} --resume {cfg.resume}")
     check_data(cfg, saved_config)
     check_fixed_settings(cfg, saved_config)
+    check_weights(cfg, saved_config)
 
 
 def check_fixed_settings(cfg, saved_config: dict) -> None:
@@ -250,6 +251,45 @@ def resolve_data(cfg, saved_config: dict) -> dict:
         raise OmnigymError(f"{cfg.resume} was made with {shown} {then}, not {now}; its checkpoint only fits its own "
                            "data (leave the flag out to keep it)")
     return found
+
+
+WEIGHTS_KEY = "model_weights"
+"""config.json's record of the weights each model folder a run reads (``WEIGHT_FLAGS``) held when
+it started (``weights_fingerprint``): a teacher retrained in place since, or a base model folder
+replaced, would go on under the run's numbers as if nothing had changed"""
+WEIGHT_FLAGS = ("model", "teacher", "reward_model")
+
+
+def recorded_weights(cfg) -> dict:
+    """{flag: fingerprint} for each of ``WEIGHT_FLAGS`` that names a folder holding weights."""
+    built_in = getattr(cfg, "BUILT_IN_MODELS", ())
+    found = {}
+    for name in WEIGHT_FLAGS:
+        value = getattr(cfg, name, None)
+        if not isinstance(value, str) or not value.strip() or value in built_in:
+            continue
+        try:
+            folder = Path(value).expanduser()
+            weights = weights_fingerprint(folder) if folder.is_dir() else None
+        except OSError:  # unreadable or gone: the model's loader says so in its own line
+            continue
+        if weights is not None:
+            found[name] = weights
+    return found
+
+
+def check_weights(cfg, saved_config: dict) -> None:
+    """A resumed run reads the weights it started with (runs from before the record are not checked)."""
+    recorded = saved_config.get(WEIGHTS_KEY)
+    if not isinstance(recorded, dict):
+        return
+    now = recorded_weights(cfg)
+    for name, then in recorded.items():
+        if name in now and now[name] != then:
+            flag = f"--{name.replace('_', '-')}"
+            raise OmnigymError(f"{flag} {getattr(cfg, name)} holds other weights than when {cfg.resume} started "
+                               "(retrained or replaced since), so the run cannot go on where it stopped; put back "
+                               "the model it started with, or start a new run")
 
 
 PATHS_KEY = "paths"

@@ -46,8 +46,8 @@ from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe,
 from omnigym.track.lock import RunLock
 from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import save_model_folder
-from omnigym.track.resume import (DATA_FILES_KEY, PATHS_KEY, checked_run_dir, recorded_data, recorded_paths,
-                                  same_path)
+from omnigym.track.resume import (DATA_FILES_KEY, PATHS_KEY, WEIGHTS_KEY, checked_run_dir, recorded_data,
+                                  recorded_paths, recorded_weights, same_path)
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
 
 __all__ = ["MODEL_FOLDER", "STAGES_FOLDER", "Run", "TrainCall", "current_call", "decided_run_dir", "start_run",
@@ -159,6 +159,8 @@ class Run:
         extra = {DATA_FILES_KEY: data_files} if data_files else {}
         paths = recorded_paths(self.cfg)  # where relative --model, --teacher, ... were (track/resume.py)
         extra.update({PATHS_KEY: paths} if paths else {})
+        weights = recorded_weights(self.cfg)  # what those model folders held, checked on resume
+        extra.update({WEIGHTS_KEY: weights} if weights else {})
         return {"algo": self.algo, **self.kept_settings, **values, **extra}
 
     def begin(self, components: dict) -> dict:
