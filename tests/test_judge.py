@@ -188,6 +188,19 @@ def test_a_judge_url_that_does_not_answer_is_one_line():
     assert "\n" not in str(info.value)
 
 
+def test_a_pairwise_judge_is_named_by_its_flag():
+    """It was named judge:URL, a reward spec the user never wrote, and told to write judge:..."""
+    from omnigym.rewards.judge import PairwiseJudge
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(OmnigymError, match=f"^--pairwise-judge http://127.0.0.1:{port}/v1: the judge endpoint failed"):
+        PairwiseJudge(f"http://127.0.0.1:{port}/v1")
+    with pytest.raises(OmnigymError, match="^--pairwise-judge ftp://x/v1: .*; write --pairwise-judge http://HOST"):
+        PairwiseJudge("ftp://x/v1")
+
+
 @pytest.mark.parametrize("spec, message", [
     ("judge::1.0", "names no judge"),
     ("judge:1.0", "names no judge"),

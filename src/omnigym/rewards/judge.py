@@ -146,8 +146,9 @@ def is_url(given: str) -> bool:
     return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", given))
 
 
-def checked_target(given: str) -> str:
-    """What follows ``judge:``: a model folder, ``tiny``, or an http(s) URL; anything else is one line."""
+def checked_target(given: str, label: str, written: str = "judge:") -> str:
+    """What follows ``judge:`` (or ``--pairwise-judge``): a model folder, ``tiny``, or an http(s) URL;
+    anything else is one line, naming it as ``label`` and saying it is ``written`` so."""
     if not given:
         raise OmnigymError("--rewards judge: names no judge; write judge:MODEL_FOLDER:1.0 or "
                            "judge:http://HOST:PORT/v1:1.0")
@@ -158,20 +159,23 @@ def checked_target(given: str) -> str:
             parts = urlsplit(given)
             parts.port  # noqa: B018  (reads the port: a non-number raises here)
         except ValueError as exc:
-            raise OmnigymError(f"judge:{given} is not a URL ({exc}); write judge:http://HOST:PORT/v1") from None
+            raise OmnigymError(f"{label} is not a URL ({exc}); write {written}http://HOST:PORT/v1") from None
         if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-            raise OmnigymError(f"judge:{given}: a judge endpoint is http:// or https://; write "
-                               "judge:http://HOST:PORT/v1")
+            raise OmnigymError(f"{label}: a judge endpoint is http:// or https://; write "
+                               f"{written}http://HOST:PORT/v1")
     return given
 
 
 class JudgeReward(Reward):
     """The verdicts of a judge model on each (question, reply, reference)."""
 
+    WRITTEN = PREFIX
+    """how the judge is named where it is given (``judge:`` in a reward spec)"""
+
     def __init__(self, given: str, rubric: str | None = None, max_new_tokens: int = 256, device: str = "cpu",
                  timeout_s: float = 120.0, workers: int = 8):
-        self.target = checked_target(given)
-        self.label = PREFIX + given
+        self.label = self.WRITTEN + given
+        self.target = checked_target(given, self.label, self.WRITTEN)
         self.rubric = checked_rubric(rubric, "the rubric") if rubric is not None else DEFAULT_RUBRIC
         self.max_new_tokens, self.device, self.timeout_s, self.workers = max_new_tokens, device, timeout_s, workers
         self.cache: OrderedDict[str, float | None] = OrderedDict()
@@ -335,6 +339,8 @@ class PairwiseJudge(JudgeReward):
     """A judge shown two replies to one question, for online DPO's pairs (``--pairwise-judge``).
     Each pair is asked in both orders; a reply wins only when the judge prefers it both times
     (a judge that always says "A" decides nothing), so position bias makes ties, not pairs."""
+
+    WRITTEN = "--pairwise-judge "  # its failures named "judge:URL", a reward spec the user never wrote
 
     def __init__(self, given: str, **settings):
         super().__init__(given, None, **settings)
