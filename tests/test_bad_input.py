@@ -725,3 +725,14 @@ def test_integer_flags_and_numpy_scalar_rewards_pass_the_env_check():
     check_user_env(toy_envs.IntFlagsEnv)  # raises OmnigymError on a refusal
     with pytest.raises(OmnigymError, match="terminated='yes'; it must be a bool"):
         check_user_env(toy_envs.StringTerminatedEnv)
+
+
+def test_env_kwargs_read_literals_and_the_special_floats():
+    """inf and nan are not Python literals: g=inf reached the env as the string "inf"."""
+    import math
+
+    from omnigym.envs.vector import parse_env_kwargs
+
+    read = parse_env_kwargs(["g=inf", "h=-Infinity", "k=nan", "n=3", "s=abc", "t=None"])
+    assert read["g"] == math.inf and read["h"] == -math.inf and math.isnan(read["k"])
+    assert (read["n"], read["s"], read["t"]) == (3, "abc", None)

@@ -139,7 +139,9 @@ def parse_env_kwargs(pairs) -> dict:
         try:
             kwargs[key.strip()] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            kwargs[key.strip()] = value
+            # inf and nan are floats to Python's float(), not literals: g=inf reached the env as "inf"
+            special = value.strip().lower().lstrip("+-") in ("inf", "infinity", "nan")
+            kwargs[key.strip()] = float(value) if special else value
     return kwargs
 
 
