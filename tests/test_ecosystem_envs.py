@@ -401,7 +401,7 @@ def test_the_vf_task_holds_out_eval_size_rows():
     task, agent = vf_task(GRPOConfig(env="vf:eco_vf_toys", eval_size=5), "eco_vf_toys")
     assert len(task.train) == 35 and len(task.heldout) == 5 and agent.weights == (("correct", 1.0), ("brief", 0.2))
     assert {"prompt", "answer", "question", "example_id"} <= set(task.train[0])
-    with pytest.raises(OmnigymError, match="has 40 examples and no eval dataset"):
+    with pytest.raises(OmnigymError, match="\\(no eval dataset\\) has 40 examples and --eval-size"):
         vf_task(GRPOConfig(env="vf:eco_vf_toys", eval_size=40), "eco_vf_toys")
 
 

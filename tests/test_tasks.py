@@ -118,3 +118,24 @@ def test_humaneval_rows_work_in_a_text_env(tmp_path):
     assert task.env.step(f"```python\n{body}```")[1] == 1.0      # the body only, fenced
     task.env.reset(options={"example": example})
     assert task.env.step(example["prompt"] + "    return 0\n")[1] == 0.0
+
+
+def test_an_instruction_row_may_leave_its_answer_empty_or_out(tmp_path):
+    """docs/instructions.md says so: such rows were refused ("answer must be a non-empty string"),
+    while a plain row with an empty answer still is."""
+    import json
+
+    from omnigym.errors import OmnigymError
+    from omnigym.tasks.datasets import load_prompt_answer
+
+    rows = [{"question": "Say hi in capitals.", "answer": "", "instruction_id_list": ["change_case:english_capital"]},
+            {"question": "Say bye in capitals.", "instruction_id_list": ["change_case:english_capital"]}]
+    path = tmp_path / "if.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["answer"] for r in load_prompt_answer(str(path), "question", "answer")] == ["", ""]
+    path.write_text(json.dumps({"question": "What is 1 + 1?", "answer": ""}) + "\n")
+    with pytest.raises(OmnigymError, match="row 1: answer must be a non-empty string or number, got ''"):
+        load_prompt_answer(str(path), "question", "answer")
+    path.write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
+    with pytest.raises(OmnigymError, match="if.jsonl:1: missing field\\(s\\) answer"):
+        load_prompt_answer(str(path), "question", "answer")

@@ -12,6 +12,7 @@ from pathlib import Path
 from omnigym.envs.text import TEXT_ENVS, TextEnv, make_text_env
 from omnigym.errors import OmnigymError
 from omnigym.tasks import Task
+from omnigym.tasks.datasets import INSTRUCTIONS_FIELD, check_example, check_held_out, load_prompt_answer
 
 __all__ = ["Task", "load_task"]
 
@@ -61,8 +62,6 @@ def load_task(spec: str, seed: int, eval_size: int, digits: int = 2, terms: int 
         env = make_text_env(spec)
         rows = env.examples
     elif Path(spec).exists():
-        from omnigym.tasks.datasets import load_prompt_answer
-
         if not spec.endswith((".jsonl", ".jsonl.gz")):
             raise OmnigymError(f"--task {spec}: a task file must be JSON lines (.jsonl) with question and answer fields")
         rows = load_prompt_answer(spec, "question", "answer")
@@ -83,8 +82,6 @@ def load_task(spec: str, seed: int, eval_size: int, digits: int = 2, terms: int 
 
 def _hub_dataset(spec: str) -> list[dict]:
     import difflib
-
-    from omnigym.tasks.datasets import load_prompt_answer
 
     close = difflib.get_close_matches(spec, ["arithmetic", "chain", "ifeval", *TEXT_ENVS], n=3, cutoff=0.6)
     if close:
@@ -108,9 +105,11 @@ def _split(spec: str, rows, env, seed: int, eval_size: int) -> Task:
                            f"{', '.join(missing) or 'no fields'}")
     if not rows:
         raise OmnigymError(f"--task {spec} has no examples")
-    if len(rows) <= eval_size:
-        raise OmnigymError(f"--task {spec} has {len(rows)} examples, and --eval-size {eval_size} holds out that many "
-                           f"or more; use --eval-size below {len(rows)}")
+    if env is None:  # a task function's rows get the checks a task file's do
+        for i, row in enumerate(rows):
+            answer = "-" if INSTRUCTIONS_FIELD in row and row["answer"] == "" else row["answer"]  # IFEval's may be empty
+            check_example(f"--task {spec}: example {i}", row["question"], answer)
+    check_held_out(f"--task {spec}", len(rows), "examples", eval_size)
     rows = list(rows)
     random.Random(seed).shuffle(rows)
     return Task(rows[eval_size:], rows[:eval_size], env)

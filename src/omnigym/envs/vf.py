@@ -34,6 +34,7 @@ import logging
 import random
 
 from omnigym.errors import OmnigymError
+from omnigym.tasks.datasets import check_held_out
 
 
 def verifiers():
@@ -189,9 +190,7 @@ def vf_task(cfg, spec: str):
         evaluated = env.eval_dataset is not None or getattr(env, "eval_dataset_source", None) is not None
         heldout = rows(env.get_eval_dataset())[:cfg.eval_size] if evaluated else None
     if not evaluated:
-        if len(train) <= cfg.eval_size:
-            raise OmnigymError(f"--env vf:{spec} has {len(train)} examples and no eval dataset, and --eval-size "
-                               f"{cfg.eval_size} holds out that many or more; use --eval-size below {len(train)}")
+        check_held_out(f"--env vf:{spec} (no eval dataset)", len(train), "examples", cfg.eval_size)
         random.Random(cfg.seed).shuffle(train)
         train, heldout = train[cfg.eval_size:], train[:cfg.eval_size]
     preflight(env, spec, train[0])

@@ -24,7 +24,7 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     rows = []
     try:
-        f = opener(path, "rt", encoding="utf-8")
+        f = opener(path, "rt", encoding="utf-8-sig")  # a byte-order mark (Windows' editors) is not text
     except OSError as exc:  # no permission, a broken link
         raise OmnigymError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
     with f:
@@ -80,11 +80,47 @@ def load_humaneval(path: str | Path) -> list[dict]:
              "answer": row.get("canonical_solution", "")} for row in rows]
 
 
+def check_example(where: str, question, answer, question_field: str = "question", answer_field: str = "answer"):
+    """A question is a non-empty string, an answer a non-empty string or number: null, "" or []
+    were trained on and scored as the prompt "None" (and an answer "None")."""
+    if not isinstance(question, str) or not question.strip():
+        raise OmnigymError(f"{where}: {question_field} must be a non-empty string, got {question!r:.80}")
+    if answer is None or isinstance(answer, (dict, list, tuple, bool)) or not str(answer).strip():
+        raise OmnigymError(f"{where}: {answer_field} must be a non-empty string or number, got {answer!r:.80}")
+
+
+def check_messages(where: str, messages, name: str, empty_ok: bool = False) -> None:
+    """Chat messages as a chat template reads them: a list of dicts, each with a string ``role`` and
+    string ``content``. A message that was a list was a transformers TypeError; content that was a
+    list of parts, None or a number reached the model as its Python repr ("[{'type': ...") or "None"."""
+    if not isinstance(messages, list) or not (messages or empty_ok):
+        raise OmnigymError(f"{where}: {name} must be a list of {{'role', 'content'}} messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise OmnigymError(f"{where}: {name}[{i}] is not a {{'role', 'content'}} message (got {message!r:.60})")
+        content = message.get("content")
+        if not isinstance(content, str):
+            parts = " (a list of content parts is not read: give its text as one string)" if isinstance(content, list) else ""
+            raise OmnigymError(f"{where}: {name}[{i}]'s content must be text, got {type(content).__name__}{parts}")
+
+
+def check_held_out(label: str, count: int, noun: str, eval_size: int, flag: str = "--eval-size") -> None:
+    """``label`` (``--data FILE``) has more than ``eval_size`` ``noun``s, so that some are left to train
+    on; too few is one line with a size that would do (none does below two: "below 0" and "below 1"
+    named sizes the flag refuses)."""
+    if count <= eval_size:
+        fix = f"use {flag} below {count}" if count >= 2 else f"give at least 2 {noun} (one held out, one to train on)"
+        raise OmnigymError(f"{label} has {count} {noun} and {flag} {eval_size} holds out that many or more; {fix}")
+
+
 def load_prompt_answer(source: str, prompt_field: str = "prompt", answer_field: str = "answer",
                        split: str = "train", **load_kwargs) -> list[dict]:
     """A jsonl file, or anything ``datasets.load_dataset`` loads, as ``{"question", "answer"}``."""
     if source.endswith((".jsonl", ".jsonl.gz")):
-        rows = read_jsonl(source, (prompt_field, answer_field))
+        rows = read_jsonl(source, (prompt_field,))
+        for number, row in enumerate(rows, 1):
+            if answer_field not in row and INSTRUCTIONS_FIELD not in row:
+                raise OmnigymError(f"{source}:{number}: missing field(s) {answer_field}; the row has {', '.join(row)}")
     else:
         try:
             from datasets import load_dataset
@@ -97,14 +133,51 @@ def load_prompt_answer(source: str, prompt_field: str = "prompt", answer_field: 
                                f"{', '.join(data.column_names)} (choose them with prompt_field/answer_field)")
         rows = list(data)
     for number, row in enumerate(rows, 1):
-        # null, "" or [] were trained on and scored as the prompt "None" (and an answer "None")
-        question, answer = row[prompt_field], row[answer_field]
-        if not isinstance(question, str) or not question.strip():
-            raise OmnigymError(f"{source}: row {number}: {prompt_field} must be a non-empty string, got {question!r}")
-        if answer is None or isinstance(answer, (dict, list)) or not str(answer).strip():
-            raise OmnigymError(f"{source}: row {number}: {answer_field} must be a non-empty string or number, got "
-                               f"{answer!r}")
+        answer = row.get(answer_field)
+        if INSTRUCTIONS_FIELD in row and answer in (None, ""):  # the instruction rewards never read it
+            row[answer_field] = answer = ""
+            check_example(f"{source}: row {number}", row[prompt_field], "-", prompt_field, answer_field)
+        else:
+            check_example(f"{source}: row {number}", row[prompt_field], answer, prompt_field, answer_field)
     return [{**row, "question": row[prompt_field], "answer": str(row[answer_field])} for row in rows]
+
+
+INSTRUCTIONS_FIELD = "instruction_id_list"
+"""an IFEval row's instructions: its reward checks the reply against them, and its answer may be
+empty or left out (docs/instructions.md)"""
+
+
+FILE_BUILDERS = {".csv": "csv", ".parquet": "parquet"}
+"""the data files besides JSON that ``datasets`` reads, by suffix, with its builder's name"""
+
+
+def read_json_file(source: str, path: Path) -> list[tuple[str, dict]]:
+    """A ``.json`` file: one array of objects, or JSON lines (read as ``read_jsonl`` reads them).
+    Through ``datasets``' json builder, bytes that were not UTF-8 were a pyarrow traceback and a
+    syntax error was named nowhere."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows' editors) is not text
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OmnigymError(f"--data {source} is not UTF-8 JSON text ({type(exc).__name__})") from None
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if text.lstrip().startswith("["):  # an array with a mistake in it: where the whole parse stopped
+            raise OmnigymError(f"{source}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        return [(f"{source}:{i}", row) for i, row in enumerate(read_jsonl(path), 1)]  # JSON lines, or the error
+    if not isinstance(whole, list):
+        kind = {"dict": "object", "str": "string", "int": "number", "float": "number"}.get(type(whole).__name__, "value")
+        raise OmnigymError(f"--data {source} holds one JSON {kind}; a .json file holds an array of rows (objects) or "
+                           "JSON lines")
+    for i, row in enumerate(whole):
+        if not isinstance(row, dict):
+            raise OmnigymError(f"--data {source}[{i}]: expected a JSON object, got {type(row).__name__}")
+        try:
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise OmnigymError(f"--data {source}[{i}]: a string holds an unpaired surrogate escape (such as \\ud800), "
+                               "which is not text") from None
+    return [(f"{source}[{i}]", row) for i, row in enumerate(whole)]
 
 
 def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
@@ -114,16 +187,28 @@ def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
     if source.endswith((".jsonl", ".jsonl.gz")):
         return [(f"{source}:{i}", row) for i, row in enumerate(read_jsonl(source), 1)]
     path = Path(source).expanduser()
-    if not path.exists() and (source.startswith((".", "/", "~")) or source.count("/") != 1):
+    try:
+        is_file, exists = path.is_file(), path.exists()
+    except OSError as exc:  # a symlink loop (ELOOP) was read as a hub id: "couldn't reach ... on the Hub"
+        raise OmnigymError(f"--data {source}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if not exists and path.is_symlink():
+        raise OmnigymError(f"--data {source}: a link to nothing (or a loop of links)")
+    if not exists and (source.startswith((".", "/", "~")) or source.count("/") != 1):
         raise OmnigymError(f"--data {source}: no such file or folder (a hub dataset id looks like org/name)")
+    if is_file and path.suffix == ".json":
+        return read_json_file(source, path)
+    if is_file and path.suffix not in FILE_BUILDERS:
+        raise OmnigymError(f"--data {source}: give a .jsonl, .json, .csv or .parquet file, a dataset folder or "
+                           "an offline hub id")
     try:
         import datasets
     except ImportError:
         raise missing_extra("datasets", "llm") from None
     datasets.disable_progress_bars()  # one line per error, none per split it generates
+    datasets.logging.set_verbosity_error()  # its "Failed to load ..." lines came before ours
     try:
-        if path.is_file():  # a .json file: JSON lines or one array, as datasets' json builder reads it
-            data = datasets.load_dataset("json", data_files=str(path), split="train")
+        if is_file:
+            data = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
         else:
             data = datasets.load_dataset(source, split=split)
     except Exception as exc:  # offline hub misses and unreadable folders raise many types

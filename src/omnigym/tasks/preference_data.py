@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 
 from omnigym.errors import OmnigymError
+from omnigym.tasks.datasets import check_held_out, check_messages, read_rows
 from omnigym.tasks.sft_data import to_sequence
 
 HH_TURN = re.compile(r"\n\n(Human|Assistant): ?")
@@ -77,6 +78,10 @@ def row_parts(where: str, row: dict) -> tuple[str | list, str | list, str | list
         prompt, chosen, rejected = shared_prefix(where, chosen, rejected)
     if type(prompt) is not type(chosen) or type(chosen) is not type(rejected) or not isinstance(chosen, (str, list)):
         raise OmnigymError(f"{where}: prompt, chosen and rejected must all be strings or all lists of messages")
+    if isinstance(chosen, list):
+        check_messages(where, prompt, "prompt", empty_ok=True)  # a split conversation may share nothing before
+        for name, reply in (("chosen", chosen), ("rejected", rejected)):
+            check_messages(where, reply, name)
     return prompt, chosen, rejected
 
 
@@ -172,12 +177,10 @@ def read_pairs(source: str, split: str, seed: int, eval_size: int, tokenizer, ma
     ``eval_size`` held out. ``conversational`` says the pairs were rendered as chat."""
     import random
 
-    from omnigym.tasks.datasets import read_rows
-
     rows = read_rows(source, split)
-    if len(rows) <= eval_size:
-        raise OmnigymError(f"--data {source} has {len(rows)} pairs and --eval-size {eval_size} holds out that many "
-                           f"or more; use --eval-size below {len(rows)}")
+    if not rows:  # it read "use --eval-size below 0"
+        raise OmnigymError(f"--data {source} has no pairs")
+    check_held_out(f"--data {source}", len(rows), "pairs", eval_size)
     random.Random(seed).shuffle(rows)
     heldout = tokenize_pairs(rows[:eval_size], tokenizer, max_length, "held-out ")
     training = tokenize_pairs(rows[eval_size:], tokenizer, max_length, "training ")
@@ -204,8 +207,6 @@ def read_prompts(source: str, split: str, seed: int) -> list[tuple[str, str | li
     """(where, prompt) for RL on prompts alone: a row's ``prompt``, the shared prompt of a
     preference pair, a conversation up to its last assistant turn, or a ``question``;
     ``words`` is the offline demo's built-in prompts."""
-    from omnigym.tasks.datasets import read_rows
-
     if source == "words":
         from omnigym.tasks.gold_world import prompts
 
@@ -224,6 +225,8 @@ def read_prompts(source: str, split: str, seed: int) -> list[tuple[str, str | li
         else:
             raise OmnigymError(f"{where}: a prompt row needs prompt, question, messages, or chosen and rejected; "
                                f"it has {', '.join(row) or 'no fields'}")
+        if isinstance(prompt, list):
+            check_messages(where, prompt, "the prompt")
         if not isinstance(prompt, (str, list)) or not prompt_text(prompt).strip():
             raise OmnigymError(f"{where}: the prompt is empty or neither text nor a list of messages")
         out.append((where, prompt))

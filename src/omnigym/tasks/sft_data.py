@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from omnigym.errors import OmnigymError
 from omnigym.models.lm import render_chat
-from omnigym.tasks.datasets import read_rows
+from omnigym.tasks.datasets import check_messages, read_rows
 
 
 @dataclass
@@ -83,6 +83,8 @@ def to_sequence(where: str, row: dict, tokenizer, completion_only: bool) -> tupl
     if "prompt" in row and "completion" in row:
         prompt, completion = row["prompt"], row["completion"]
         if isinstance(prompt, list) and isinstance(completion, list):  # conversational prompt/completion
+            check_messages(where, prompt, "prompt")
+            check_messages(where, completion, "completion")
             prompt_ids = _encode(tokenizer, _render(where, tokenizer, prompt, True))
             completion = "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
         elif isinstance(prompt, str) and isinstance(completion, str):
@@ -108,11 +110,13 @@ def _conversation(where, messages, tokenizer, completion_only):
     """Render the conversation once per assistant turn: the text before each turn (with the
     template's generation prompt) and the text through it. The turn's tokens are trained,
     the rest (system, user, tool turns and the template's markup) are not."""
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-        raise OmnigymError(f"{where}: 'messages' must be a list of {{'role', 'content'}} dicts")
+    check_messages(where, messages, "messages")
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise OmnigymError(f"{where}: the conversation has no assistant turn to learn from")
+    empty = next((i for i in turns if not messages[i]["content"].strip()), None)
+    if empty is not None:  # only the template's markup around it was trained on
+        raise OmnigymError(f"{where}: messages[{empty}], an assistant turn, is empty")
     ids, trained, rendered = [], [], ""
     for turn in turns:
         before = _render(where, tokenizer, messages[:turn], True)

@@ -26,6 +26,7 @@ from omnigym.models.tokens import batch_logprobs, local_batch, make_trained_batc
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite, nll_loss
+from omnigym.tasks.datasets import check_held_out
 from omnigym.tasks.sft_data import pack, read_sft_rows, tokenize_rows
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due
@@ -122,9 +123,7 @@ def shuffled_rows(cfg: SFTConfig) -> list[dict]:
     rows = read_sft_rows(cfg.data, cfg.split, cfg.seed)
     if not rows:  # it read "use --eval-size below 0"
         raise OmnigymError(f"--data {cfg.data} has no examples")
-    if len(rows) <= cfg.eval_size:
-        raise OmnigymError(f"--data {cfg.data} has {len(rows)} examples and --eval-size {cfg.eval_size} holds out "
-                           f"that many or more; use --eval-size below {len(rows)}")
+    check_held_out(f"--data {cfg.data}", len(rows), "examples", cfg.eval_size)
     random.Random(cfg.seed).shuffle(rows)
     return rows
 
