@@ -230,7 +230,8 @@ def whole_reply_model(tmp_path_factory):
     (["train", "grpo", "--env", "tools", "--step-rewards", "prm:{tmp}:1.0"], "--step-rewards reads the steps of one "
                                                                               "reply"),
     (["train", "prm", "--task", "arithmetic"], "--task arithmetic has no steps to label"),
-    (["train", "prm", "--wrong-per-problem", "-1"], "--wrong-per-problem must be 0 or more, got -1"),
+    (["train", "prm", "--wrong-per-problem", "-1"], "--wrong-per-problem must be at least 1 (with none"),
+    (["train", "prm", "--wrong-per-problem", "0"], "nothing to learn to tell apart), got 0"),
     (["train", "grpo", "--advantage", "procss"], "unknown advantage estimator 'procss'"),
 ])
 def test_bad_input_is_one_line_and_no_run_dir(tmp_path, capsys, whole_reply_model, argv, message):

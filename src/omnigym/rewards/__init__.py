@@ -26,7 +26,8 @@ from typing import Sequence
 import torch
 
 from omnigym.errors import OmnigymError
-from omnigym.rewards.base import REWARDS, CallableReward, Reward, as_reward, checked, per_sample, register_reward
+from omnigym.rewards.base import (MAX_REWARD, REWARDS, CallableReward, Reward, as_reward, checked, per_sample,
+                                  register_reward, usable_totals)
 from omnigym.user_code import call_user_code, import_object, import_reference, is_reference
 
 __all__ = ["REWARDS", "CallableReward", "Reward", "WeightedSum", "as_reward", "builtin_rewards", "checked", "get_reward", "leading_part", "parse_weights", "per_sample",
@@ -133,6 +134,10 @@ class WeightedSum(Reward):
         out = torch.zeros_like(values[0][1])
         for name, value in values:
             out = out + self.weights[name] * value
+        if not usable_totals(out):  # each part finite, the weighted sum past float32's range: inf advantages
+            spec = ", ".join(f"{name}:{self.weights[name]:g}" for name, _ in values)
+            raise OmnigymError(f"the weighted reward ({spec}) came to {out[out.abs().argmax()].item():g}, past "
+                               f"{MAX_REWARD:g}; give the rewards smaller weights")
         return out
 
     def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:

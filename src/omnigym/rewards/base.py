@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 import math
@@ -102,7 +103,14 @@ class per_sample(Reward):
     def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> torch.Tensor:
         if len(completions) != len(examples):
             raise OmnigymError(f"{len(completions)} completions but {len(examples)} examples")
-        return torch.tensor([float(self.fn(c, e)) for c, e in zip(completions, examples)], dtype=torch.float64)
+        return torch.tensor([self.number(self.fn(c, e)) for c, e in zip(completions, examples)], dtype=torch.float64)
+
+    def number(self, value) -> float:
+        """One completion's reward as a float: "1.0" was read as 1.0 (and trained on), None raised in
+        float() as if the reward's own code had."""
+        if isinstance(value, (numbers.Real, np.bool_)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+            return float(value)
+        raise OmnigymError(f"reward {self.label} returned {value!r:.60} for a completion; a reward is a number")
 
     def score_notes(self, completions, examples):
         """A function with ``with_notes(completion, example) -> (float, {name: number})`` (the code
@@ -129,4 +137,12 @@ def checked(name: str, values, n: int) -> torch.Tensor:
                            "one float per completion (wrap a per-example function with per_sample)")
     if not torch.isfinite(values).all():
         raise OmnigymError(f"reward {name} returned a non-finite value ({values[~torch.isfinite(values)][0].item()})")
+    if not usable_totals(values):  # finite in float64, inf once the trainer takes it as float32
+        raise OmnigymError(f"reward {name} returned {values[values.abs().argmax()].item():g}; a reward is at most "
+                           f"{MAX_REWARD:g} in size")
     return values
+
+
+def usable_totals(values: torch.Tensor) -> bool:
+    """Every value finite and at most ``MAX_REWARD`` in size."""
+    return bool(torch.isfinite(values).all() and (values.abs() <= MAX_REWARD).all())

@@ -74,7 +74,10 @@ class PRMConfig(LanguageModelConfig):
         super().check()
         require_positive(self, "steps", "batch_size", "learning_rate", "max_grad_norm", "eval_size", "max_length",
                          "eval_every")
-        require_non_negative(self, "wrong_per_problem", "checkpoint_every")
+        require_non_negative(self, "checkpoint_every")
+        # with none, every step is labelled right: nothing to tell apart, and a ranking metric of 1.0
+        require(self.wrong_per_problem >= 1, "--wrong-per-problem must be at least 1 (with none every step is right, "
+                f"and there is nothing to learn to tell apart), got {self.wrong_per_problem}")
         require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
 
 
