@@ -4,6 +4,7 @@ log-prob of another distribution is not one). Checked against a hand computation
 Hugging Face's own logits warpers, and on both in-process engines end to end."""
 
 import math
+import re
 
 import pytest
 
@@ -125,3 +126,25 @@ def test_engines_record_the_distribution_they_drew_from(policies, engine, temper
     if top_k or top_p < 1:  # the cut distribution is not the full one: the old record differs
         full = [recomputed(model, s, SamplingParams(temperature=temperature)) for s in samples]
         assert max((torch.tensor(s.logprobs) - f).abs().max().item() for s, f in zip(samples, full)) > 1e-3
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"temperature": 0.0}, "temperature must be a finite number above 0"),
+    ({"temperature": float("nan")}, "temperature must be a finite number above 0"),
+    ({"temperature": -1.0}, "temperature must be a finite number above 0"),
+    ({"top_k": -5}, "top_k must be a whole number"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"max_new_tokens": -1}, "max_new_tokens must be a whole number"),
+])
+def test_sampling_params_refuse_what_no_engine_can_draw_from(settings, message):
+    """The kv engine drew token 0 with NaN log-probs at temperature 0 or nan, and took the rest in silence."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SamplingParams(**settings)
+    SamplingParams(temperature=0.0, greedy=True)  # greedy ignores the temperature
+
+
+def test_a_negative_sample_count_is_refused():
+    from omnigym.inference.engine import check_samples_asked
+
+    with pytest.raises(ValueError, match="n \\(samples per prompt\\) must be a whole number, 1 or more, got -1"):
+        check_samples_asked(-1)

@@ -18,6 +18,7 @@ interface and get theirs from ``omnigym.inference.make_engine``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from typing import Iterable, Protocol
 
 import torch
@@ -32,6 +33,26 @@ class SamplingParams:
     greedy: bool = False
     stop_ids: tuple[int, ...] = ()
     """token ids that end a sample as the end-of-sequence token does (kept in the sample)"""
+
+    def __post_init__(self):
+        # The commands check their flags; this is for Python callers: the kv engine drew token 0
+        # with NaN log-probs at temperature 0 or nan, and took a negative top_k in silence.
+        # (ValueError, as transformers' generate raises for the same values.)
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0):
+            raise ValueError(f"max_new_tokens must be a whole number, 0 or more, got {self.max_new_tokens!r}")
+        if not self.greedy and not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number above 0 (greedy=True for greedy decoding), got "
+                             f"{self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise ValueError(f"top_k must be a whole number, 0 (no cut) or more, got {self.top_k!r}")
+
+
+def check_samples_asked(n: int) -> None:
+    """``generate``'s ``n``: a negative one gave an empty group (hf) or was taken in silence (kv)."""
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"n (samples per prompt) must be a whole number, 1 or more, got {n!r}")
 
 
 @dataclass
@@ -156,6 +177,7 @@ class BatchedEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
+        check_samples_asked(n)
         flat = [p for p in prompts for _ in range(n)]
         samples: list[Sample] = []
         was_training = self.model.training

@@ -28,7 +28,7 @@ from typing import Iterable
 import torch
 
 from omnigym.errors import OmnigymError
-from omnigym.inference.engine import Sample, SamplingParams
+from omnigym.inference.engine import Sample, SamplingParams, check_samples_asked
 from omnigym.scoped_env import environment
 
 MISSING = "the vllm engine needs the [vllm] extra: pip install 'omnigym[vllm]' (a CUDA GPU; see docs/vllm.md)"
@@ -237,6 +237,7 @@ class VLLMEngine:
         return engine
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
+        check_samples_asked(n)
         if not prompts:
             return []
         vllm = self._vllm
