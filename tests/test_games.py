@@ -2,6 +2,7 @@
 (rl/league.py): the wrapper, the masks, the search opponent, PFSP sampling, Elo against a
 hand computation, bad input in one line, and one learning run on tic-tac-toe."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -198,6 +199,11 @@ def test_a_search_member_takes_its_wins_is_rated_and_outlives_the_snapshots_in_a
     assert [m.name for m in restored.members] == [m.name for m in league.members]
     assert isinstance(restored.members[1].move, Search) and restored.members[1].rating == search.rating
     assert restored.members[0].move is random_move
+    # resumed with a smaller --league-size, the league is cut to it at once, its oldest snapshots first (it kept
+    # them all, one dropped per one taken, while config.json said the smaller size)
+    smaller = League(dataclasses.replace(cfg, league_size=1), make_run_envs(cfg, "ppo")[0], agent)
+    smaller.load_state_dict(league.state_dict())
+    assert [m.name for m in smaller.members] == ["random", "search_1", "snapshot_3"]
     envs.close()
 
 
@@ -220,6 +226,12 @@ def _one_line(tmp_path, monkeypatch, capsys, argv, message):
     (["--env-id", "pettingzoo/tictactoe_v3", "--eval-games", "0"], "--eval-games must be positive, got 0"),
     (["--env-id", "pettingzoo/connect_four_v3", "--league-search-depth", "-1"],
      "--league-search-depth must be 0 (no search member) or more, got -1"),
+    # the parameters OpenSpiel lists on the lines after the first: the line ended "Available parameters are:"
+    (["--env-id", "openspiel/tic_tac_toe", "--env-kwargs", "foo=1"], "Unknown parameter 'foo'. Available parameters "
+                                                                     "are: none"),
+    # it was taken in silence: the game has no search opponent to set
+    (["--env-id", "openspiel/kuhn_poker", "--search-depth", "2"],
+     "--search-depth sets the evaluation's search opponent, which plays games with nothing hidden"),
     (["--env-id", "openspiel/kuhn_poker", "--league-search-depth", "1"],
      "--league-search-depth adds a search player, which plays games with nothing hidden and no chance; "
      "openspiel/kuhn_poker is not one"),

@@ -40,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from omnigym.envs.games import default_search_depth, is_game_id
+from omnigym.envs.games import default_search_depth, game_family, is_game_id
 from omnigym.envs.games.opponents import Search, check_search_depth, random_move
 from omnigym.envs.games.turn_env import TurnEnv, score
 from omnigym.errors import OmnigymError, require
@@ -242,9 +242,15 @@ class League:
         net = copy.deepcopy(self.agent).requires_grad_(False).eval()
         self.snapshots_taken += 1
         self.members.append(Member(f"snapshot_{self.snapshots_taken}", net, self.rating))
+        self.keep_league_size()
+
+    def keep_league_size(self) -> None:
+        """At most ``--league-size`` snapshots, the oldest dropped first; the fixed members stay.
+        All that are past it go at once: a run resumed with a smaller --league-size kept its old
+        league whole, one dropped per one taken, while its config said the smaller size."""
         snapshots = [i for i, member in enumerate(self.members) if member.net is not None]
-        if len(snapshots) > self.cfg.league_size:
-            del self.members[snapshots[0]]  # the oldest snapshot; the fixed members stay
+        for index in reversed(snapshots[:max(0, len(snapshots) - self.cfg.league_size)]):
+            del self.members[index]
 
     def evaluate(self) -> dict:
         """The evaluation's metrics; none when a stop (SIGTERM) is requested before or during it:
@@ -308,6 +314,7 @@ class League:
             member = Member(saved["name"], net, saved["rating"], move=self.fixed.get(saved["name"], random_move))
             member.learner_score, member.games = saved["learner_score"], saved["games"]
             self.members.append(member)
+        self.keep_league_size()  # resumed with a smaller --league-size
 
 
 def check_games_envs(envs, cfg: SelfPlayConfig) -> None:
@@ -317,8 +324,13 @@ def check_games_envs(envs, cfg: SelfPlayConfig) -> None:
         require(not cfg.league_search_depth or game.perfect_information,
                 f"--league-search-depth adds a search player, which plays games with nothing hidden and no chance; "
                 f"{cfg.env_id} is not one: leave --league-search-depth out")
-        if cfg.search_depth and cfg.search_depth != default_search_depth(cfg.env_id):
-            check_search_depth(game, cfg.search_depth, "--search-depth ")
+        # the evaluation's search opponent, a depth given for a game without one was taken in silence
+        require(not cfg.search_depth or game.perfect_information,
+                f"--search-depth sets the evaluation's search opponent, which plays games with nothing hidden and no "
+                f"chance; {cfg.env_id} is not one (it is evaluated against random play alone): leave it out")
+        if cfg.search_depth not in (0, default_search_depth(cfg.env_id)) or game_family(cfg.env_id) is None:
+            # the default depth too, where no one measured it (chess): its evaluation never finished
+            check_search_depth(game, cfg.search_depth or default_search_depth(cfg.env_id), "--search-depth ")
         if cfg.league_search_depth:
             check_search_depth(game, cfg.league_search_depth, "--league-search-depth ")
     except OmnigymError:

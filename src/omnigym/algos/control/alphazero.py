@@ -96,9 +96,10 @@ class AlphaZeroConfig(RunConfig):
 
     def check(self) -> None:
         super().check()
+        # train_steps 0 played its games and trained nothing, and exited 0
         require_positive(self, "iterations", "games_per_iteration", "simulations", "replay_size", "batch_size",
-                         "learning_rate", "hidden", "eval_every", "dirichlet_alpha")
-        require_non_negative(self, "c_puct", "temperature_moves", "train_steps", "weight_decay", "eval_games",
+                         "learning_rate", "hidden", "eval_every", "dirichlet_alpha", "train_steps")
+        require_non_negative(self, "c_puct", "temperature_moves", "weight_decay", "eval_games",
                              "eval_random_games", "mcts_uct_c", "checkpoint_every")
         require_fraction(self, "dirichlet_epsilon")
         load_game(self.env_id)  # an unknown or unfit game: one line, before the run directory exists

@@ -213,7 +213,9 @@ def make_game(env_id: str, **kwargs) -> Game:
     except OmnigymError:
         raise
     except Exception as exc:  # the library refused the settings (an unknown kwarg, a bad parameter)
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        # OpenSpiel lists a game's parameters on the lines after "Available parameters are:"
+        detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300]
+        detail += " none" if detail.endswith(":") else ""
         raise OmnigymError(f"{env_id} could not be made: {type(exc).__name__}: {detail}") from None
 
 
