@@ -54,7 +54,7 @@ CASES = [
     (["train", "grpo", "--model", "not-a-run/misspelt"], "--model not-a-run/misspelt: no such folder"),
     (["train", "grpo", "--task", "EMPTY"], "has no examples"),
     (["train", "grpo", "--task", "ifeval"], "--task ifeval has examples without a reference answer, which the warm-up"),
-    (["train", "grpo", "--task", "SMALL"], "has 3 examples, and --eval-size 500 holds out that many or more"),
+    (["train", "grpo", "--task", "SMALL"], "has 3 examples and --eval-size 500 holds out that many or more"),
     (["train", "grpo", "--task", "arithmetic-tool-v0"], "unknown --task 'arithmetic-tool-v0'; closest known: "
                                                         "arithmetic-tools-v0"),
     (["train", "grpo", "--task", "my_org/no-such-dataset"], "--task my_org/no-such-dataset is not a built-in task"),
@@ -146,6 +146,7 @@ CASES = [
     (["train", "ppo", "--env-id", "HalfCheetah-v5", "--preset", "atari"],
      "--preset atari is for atari envs; HalfCheetah-v5 is in the mujoco family (--preset auto picks its preset)"),
     (["train", "ppo", "--env-id", "toy_envs:AllInvalidMaskEnv"], "the env's action mask allows no action at env step"),
+    (["train", "ppo", "--env-id", "toy_envs:FractionMaskEnv"], "the env's action mask holds 0.5; it must be booleans"),
     (["train", "ppo", "--backend", "ale"], "--backend ale runs Atari games (ale-py's vector env); CartPole-v1 is not one"),
     (["train", "grpo", "--sync-timeout", "30"], "--sync-timeout: read by --runtime ray only"),
     (["train", "ppo", "--sync-timeout", "30"], "--sync-timeout: read by --runtime ray only"),
@@ -164,6 +165,32 @@ CASES = [
     (["train", "grpo", "--model", "LONG"], "no such folder"),
     (["eval", "LONG"], "a name in this path is longer than the"),
     (["plot", "LONG"], "a name in this path is longer than the"),
+    # a helper's pass on the data a user feeds the language trainers: each was a traceback, or trained
+    (["train", "sft", "--eval-size", "1", "--data", "PARTS"], "messages[1]'s content must be text, got list (a list of "
+                                          "content parts is not read"),
+    (["train", "sft", "--eval-size", "1", "--data", "NONDICT"], "prompt[0] is not a {'role', 'content'} message"),
+    (["train", "sft", "--eval-size", "1", "--data", "EMPTYTURN"], "messages[1], an assistant turn, is empty"),
+    (["train", "rm", "--eval-size", "1", "--data", "NONEREPLY"], "chosen[0]'s content must be text, got NoneType"),
+    (["train", "dpo", "--data", "EMPTY"], "--data empty.jsonl has no pairs"),  # "use --eval-size below 0"
+    (["train", "rm", "--data", "ONEPAIR"], "give at least 2 pairs (one held out, one to train on)"),
+    (["train", "sft", "--data", "BADUTF8"], "--data badutf8.json is not UTF-8 JSON text (UnicodeDecodeError)"),
+    (["train", "sft", "--data", "OBJECT"], "--data object.json holds one JSON object; a .json file holds an array"),
+    (["train", "sft", "--data", "BROKENARRAY"], "brokenarray.json:4: not valid JSON (Expecting ',' delimiter)"),
+    (["train", "sft", "--data", "TEXTFILE"], "--data notes.txt: give a .jsonl, .json, .csv or .parquet file"),
+    (["train", "sft", "--data", "LOOP"], "--data loop: a link to nothing (or a loop of links)"),
+    (["train", "grpo", "--task", "toy_text:list_question_task"],
+     "--task toy_text:list_question_task: example 0: question must be a non-empty string, got ['Say', '0']"),
+    (["train", "grpo", "--task", "toy_text:none_answer_task"],
+     "--task toy_text:none_answer_task: example 0: answer must be a non-empty string or number, got None"),
+    (["train", "grpo", "--task", "toy_text:short_questions", "--eval-size", "8", "--sft-steps", "0", "--rewards",
+      "toy_text:huge_reward:1.0"], "reward toy_text:huge_reward returned 1e+300; a reward is at most 1e+15 in size"),
+    (["train", "grpo", "--task", "toy_text:short_questions", "--eval-size", "8", "--sft-steps", "0", "--rewards",
+      "toy_text:anything:1e300,format:1e300"], "came to 1e+300, past 1e+15; give the rewards smaller weights"),
+    (["train", "prm", "--wrong-per-problem", "0"], "--wrong-per-problem must be at least 1"),
+    # it played its games, trained nothing and exited 0
+    (["train", "alphazero", "--env-id", "openspiel/tic_tac_toe", "--train-steps", "0"], "--train-steps must be positive"),
+    (["train", "grpo", "--task", "toy_text:short_questions", "--eval-size", "8", "--sft-steps", "0", "--rewards",
+      "toy_text:string_reward:1.0"], "reward _string_score returned '1.0' for a completion; a reward is a number"),
 ]
 
 
@@ -195,7 +222,25 @@ def prepare(tmp_path, argv):
     (tmp_path / "nullq.jsonl").write_text('{"question": null, "answer": "1"}\n' * 30)
     (tmp_path / "surrogate.jsonl").write_text('{"prompt": "\\ud800", "completion": "b"}\n' * 5)
     (tmp_path / "latin1.jsonl").write_bytes('{"question": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
-    names = {"NULLQ": "nullq.jsonl", "CHATS": "chats.jsonl", "NOSYS": "nosys.jinja", "SURROGATE": "surrogate.jsonl", "LATIN1": "latin1.jsonl", "EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
+    user, reply = {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}
+    rows = {"parts.jsonl": {"messages": [user, {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]},
+            "nondict.jsonl": {"prompt": ["hi"], "completion": ["yo"]},
+            "emptyturn.jsonl": {"messages": [user, {"role": "assistant", "content": " "}]},
+            "nonereply.jsonl": {"prompt": [user], "chosen": [{"role": "assistant", "content": None}],
+                                "rejected": [reply]}}
+    for name, row in rows.items():
+        (tmp_path / name).write_text((json.dumps(row) + "\n") * 4)
+    (tmp_path / "onepair.jsonl").write_text(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}) + "\n")
+    (tmp_path / "badutf8.json").write_bytes(b'[{"text": "\xff\xfe"}]')
+    (tmp_path / "object.json").write_text('{"text": "a"}')
+    (tmp_path / "brokenarray.json").write_text('[\n{"text": "a"},\n{"text": "b"\n]')
+    (tmp_path / "notes.txt").write_text("hello")
+    if not (tmp_path / "loop").is_symlink():
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    names = {"PARTS": "parts.jsonl", "NONDICT": "nondict.jsonl", "EMPTYTURN": "emptyturn.jsonl",
+             "NONEREPLY": "nonereply.jsonl", "ONEPAIR": "onepair.jsonl", "BADUTF8": "badutf8.json",
+             "OBJECT": "object.json", "BROKENARRAY": "brokenarray.json", "TEXTFILE": "notes.txt", "LOOP": "loop",
+             "NULLQ": "nullq.jsonl", "CHATS": "chats.jsonl", "NOSYS": "nosys.jinja", "SURROGATE": "surrogate.jsonl", "LATIN1": "latin1.jsonl", "EMPTY": "empty.jsonl", "SMALL": "small.jsonl", "NOT_A_RUN": "not-a-run", "BAD_CONFIG": "bad-config",
              "RUN_LOG": "log", "RUN_LOG/metrics.jsonl/x.png": "log/metrics.jsonl/x.png", "LONG": "x" * 300,
              "sub/LONG": "sub/" + "x" * 300}
     return [names.get(a, a) for a in argv]
@@ -249,16 +294,20 @@ def run_copy(finished_run, tmp_path):
     # it read "RUN was made with --env-kwargs , not foo=1"
     (["train", "ppo", "--resume", "RUN", "--env-kwargs", "foo=1"], "RUN was made without --env-kwargs, not "
                                                                    "--env-kwargs foo=1; its checkpoint only fits"),
-    (["train", "ppo", "--resume", "RUN", "--total-timesteps", "256"], "RUN is already at update 2 of the 1 rollouts "
-                                                                      "--total-timesteps 256 makes"),
+    (["train", "ppo", "--resume", "RUN", "--total-timesteps", "256"], "RUN is already at update 2 (512 env steps of "
+                                                                      "256 a rollout), and --total-timesteps 256 makes 1 rollouts"),
     # a finished on-policy run stands below its --total-timesteps (autoreset steps are not counted): its resume
     # re-closed it and rewrote its config.json and curve
-    (["train", "ppo", "--resume", "RUN"], "RUN is already at update 2 of the 2 rollouts --total-timesteps 512 makes; "
-                                          "give a larger --total-timesteps to continue it"),
+    (["train", "ppo", "--resume", "RUN"], "RUN is already at update 2 (512 env steps of 256 a rollout), and "
+                                          "--total-timesteps 512 makes 2 rollouts; give --total-timesteps 768 or more to "
+                                          "continue it"),
     (["train", "ppo", "--run-dir", "RUN", "--overwrite", "--env-id", "toy_envs:NaNEnv"],
      "the env returned a non-finite observation"),
     (["train", "ppo", "--resume", "RUN", "--learning-rate", "1e30", "--total-timesteps", "4096"],
      "loss became "),
+    # a file there was read as the env failing: "env CartPole-v1 could not be made: FileExistsError"
+    (["eval", "RUN", "--video", "--video-dir", "RUN/config.json"], "--video-dir RUN/config.json is a file; name a "
+                                                                    "folder for the videos"),
 ])
 def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, argv, message):
     argv = [str(run_copy) if a == "RUN" else str(run_copy.parent / "other") if a == "OTHER" else

@@ -50,6 +50,14 @@ def test_mask_from_an_action_masks_method(tmp_path):
     assert min(evaluate_run(str(tmp_path / "r"), episodes=5)) >= 0
 
 
+def test_mask_as_a_python_list_in_the_info(tmp_path):
+    """It was refused as "shape ()": the vector env holds one list per env as an object array."""
+    ppo.train(ppo.PPOConfig(env_id="toy_envs:ListMaskEnv", total_timesteps=3000, run_dir=str(tmp_path / "r"),
+                            progress=False, plot=False, tensorboard=False, seed=2))
+    got = returns(tmp_path / "r")
+    assert len(got) > 5 and min(got) >= 0  # no invalid action taken: the list was read as the mask
+
+
 def test_reinforce_learns_with_the_mask_and_dqn_evaluates_with_it(tmp_path):
     from omnigym.algos import dqn, reinforce
 

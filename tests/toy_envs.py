@@ -142,6 +142,25 @@ class AllInvalidMaskEnv(MaskedChoiceEnv):
         return obs, info
 
 
+class ListMaskEnv(MaskedChoiceEnv):
+    """The mask as a Python list in the info: it was refused as "shape ()" (the vector env holds
+    one list per env as an object array), where the same list from action_masks() trained."""
+
+    def _draw(self):
+        obs, info = super()._draw()
+        info["action_mask"] = [bool(x) for x in info["action_mask"]]
+        return obs, info
+
+
+class FractionMaskEnv(MaskedChoiceEnv):
+    """A mask of probabilities, not booleans: 0.5 was read as allowed."""
+
+    def _draw(self):
+        obs, info = super()._draw()
+        info["action_mask"] = info["action_mask"] * 0.5
+        return obs, info
+
+
 class NaNEnv(gym.Env):
     """Returns a NaN observation on its third step (a broken env)."""
 

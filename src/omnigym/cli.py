@@ -263,6 +263,8 @@ def evaluate(argv: list[str]) -> None:
 
         check_out_of_other_runs(Path(video_dir), [args.run_dir], "--video-dir", "which this evaluation is not of",
                                 "the videos", "videos/eval", folder=True)
+        if Path(video_dir).exists() and not Path(video_dir).is_dir():  # read as the env failing (FileExistsError)
+            raise OmnigymError(f"--video-dir {video_dir} is a file; name a folder for the videos")
     before = set(Path(video_dir).glob("*.mp4")) if video_dir else set()
     # Videos written into the run directory make eval one of its writers: not while it trains.
     lock = RunLock(Path(args.run_dir))

@@ -269,7 +269,10 @@ class ControlConfig(RunConfig):
 
     RESUME_FIXED: ClassVar[tuple[str, ...]] = RunConfig.RESUME_FIXED + ("env_id", "num_envs", "backend", "hidden",
                                                                        "frame_stack", "pixels", "image_size",
-                                                                       "action_repeat", "env_kwargs")
+                                                                       "action_repeat", "env_kwargs",
+                                                                       # a resume applies no preset again: another
+                                                                       # one was written to config.json, unapplied
+                                                                       "preset")
     SAVED_REQUIRED = ("env_id",)
     BUDGET = ("total_timesteps", "global_step")
     PRESETS: ClassVar[dict[str, tuple[str, dict]]] = {}

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnigym.errors import OmnigymError, missing_extra
+from omnigym.errors import OmnigymError, a_run, missing_extra
 from omnigym.models.goal_view import GoalLayout
 from omnigym.track.lock import RunLock
 from omnigym.track.run_dir import EXPORTED_POLICIES, check_out_of_other_runs
@@ -264,8 +264,9 @@ def exportable(run_dir: str | os.PathLike) -> str:
 
     algo = load_config_dict(run_dir)["algo"]
     if algo not in ACTORS:
-        kind = "a language-model" if ALGORITHMS.get(algo, "").startswith("omnigym.algos.lm.") else "an"
-        raise OmnigymError(f"{run_dir} is {kind} {algo} run; omnigym export writes the control policies of "
+        # "an ppo_lstm run": the article fits the algorithm's name (a_run)
+        kind = f"a language-model {algo} run" if ALGORITHMS.get(algo, "").startswith("omnigym.algos.lm.") else a_run(algo)
+        raise OmnigymError(f"{run_dir} is {kind}; omnigym export writes the control policies of "
                            f"{', '.join(ACTORS)} runs")
     return algo
 

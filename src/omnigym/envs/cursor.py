@@ -181,7 +181,17 @@ class ActionMasks:
             raw = info["action_mask"]
         else:
             raw = np.stack(envs.unwrapped.call("action_masks"))
-        masks = np.asarray(raw).astype(bool)
+        raw = np.asarray(raw)
+        if raw.dtype == object:  # a list per env: the vector env's info holds them as objects
+            try:
+                raw = np.stack([np.asarray(each) for each in raw])
+            except ValueError:
+                pass  # lists of different lengths: the shape check below names it
+        if raw.dtype != object and not np.isin(raw, (0, 1)).all():  # 0.5 and nan were read as allowed
+            odd = raw[~np.isin(raw, (0, 1))].flat[0].item()
+            raise OmnigymError(f"the env's action mask holds {odd!r}; it must be booleans (or 0 and 1): True where an "
+                               "action is allowed")
+        masks = raw.astype(bool)
         if masks.shape != (envs.num_envs, self.n_actions):
             raise OmnigymError(f"the env's action mask has shape {masks.shape[1:]}; it must have one entry per action "
                                f"({self.n_actions})")

@@ -114,10 +114,14 @@ def check_saved_state(cfg, run_dir: Path, saved: dict, algo: str) -> None:
             fixed = getattr(cfg, "spent_budget", lambda *_: None)(run_dir, algo)
             if fixed:
                 raise OmnigymError(fixed)
-            budget = (f"the {goal} rollouts --{flag_name.replace('_', '-')} {getattr(cfg, flag_name)} makes"
-                      if counter == "update" else f"--{flag_name.replace('_', '-')} {goal}")
-            raise OmnigymError(f"{run_dir} is already at {counter} {done} of {budget}; "
-                               f"give a larger --{flag_name.replace('_', '-')} to continue it")
+            flag = f"--{flag_name.replace('_', '-')}"
+            if counter == "update":  # whole rollouts: the env steps they take, autoresets counted, are what to pass
+                rollout = cfg.num_envs * cfg.num_steps
+                raise OmnigymError(f"{run_dir} is already at update {done} ({done * rollout} env steps of {rollout} a "
+                                   f"rollout), and {flag} {getattr(cfg, flag_name)} makes {goal} rollouts; give {flag} "
+                                   f"{(done + 1) * rollout} or more to continue it")
+            raise OmnigymError(f"{run_dir} is already at {counter} {done} of {flag} {goal}; give a larger {flag} to "
+                               "continue it")
     log, offset = run_dir / METRICS_NAME, saved["components"]["metrics"]["offset"]
     if not log.is_file() or log.stat().st_size < offset:
         raise OmnigymError(f"{log} is missing or shorter than when the checkpoint was written; put it back "
