@@ -307,3 +307,31 @@ def test_an_empty_pairwise_judge_is_one_line_not_the_demo():
 
     with pytest.raises(OmnigymError, match="--pairwise-judge is empty"):
         OnlineDPOConfig(pairwise_judge="").check()
+
+
+def test_an_endpoint_that_answers_a_web_page_is_named_so():
+    """The SDK's parse of an HTML page was reported as "AttributeError: 'str' object has no attribute
+    '_set_private_attributes'"."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = b"<html><body>a login page</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(OmnigymError, match="answered something that is not the OpenAI API's JSON") as info:
+            JudgeReward(f"http://127.0.0.1:{server.server_port}/v1")
+        assert "AttributeError" not in str(info.value)
+    finally:
+        server.shutdown()

@@ -281,9 +281,12 @@ class JudgeReward(Reward):
         return self._client
 
     def _failure(self, exc: Exception) -> OmnigymError:
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        return OmnigymError(f"{self.label}: the judge endpoint failed ({type(exc).__name__}: {detail}); is an "
-                            "OpenAI-compatible server answering there (its /models and /chat/completions)?")
+        if isinstance(exc, (AttributeError, TypeError, KeyError)):  # the SDK parsing a page that is not its JSON
+            detail = "it answered something that is not the OpenAI API's JSON (a web page?)"
+        else:
+            detail = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}"
+        return OmnigymError(f"{self.label}: the judge endpoint failed ({detail}); is an OpenAI-compatible server "
+                            "answering there (its /models and /chat/completions)?")
 
     def _first_model(self) -> str:
         try:
