@@ -52,9 +52,9 @@ def test_unknown_env_id_names_the_closest_ids():
         make_vec("CartPole-v7", 1)
 
 
-@pytest.mark.parametrize("n", [0, -3])
+@pytest.mark.parametrize("n", [0, -3, 2.5, True])  # True was gymnasium's TypeError
 def test_num_envs_must_be_positive(n):
-    with pytest.raises(OmnigymError, match="--num-envs must be positive"):
+    with pytest.raises(OmnigymError, match="--num-envs must be a positive whole number"):
         make_vec("CartPole-v1", n)
 
 

@@ -322,8 +322,8 @@ def make_vec(
     Atari ids get ``atari``'s preprocessing (envs/atari.py; its defaults when None); MuJoCo
     ids are rendered, repeated and stacked with ``pixels`` (envs/pixels.py) when it is enabled.
     """
-    if not isinstance(num_envs, int) or num_envs <= 0:
-        raise OmnigymError(f"--num-envs must be positive, got {num_envs!r}")
+    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs <= 0:  # True was gymnasium's TypeError
+        raise OmnigymError(f"--num-envs must be a positive whole number, got {num_envs!r}")
     if backend not in BACKENDS:
         raise OmnigymError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "mjlab":  # its own task ids, on the GPU (envs/mjlab_backend.py)
