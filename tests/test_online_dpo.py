@@ -131,3 +131,13 @@ def test_offline_demo_raises_the_gold_reward(tmp_path, rlhf_demo_run, capsys):
     # that says the policy moved and did not run off, not a figure
     assert summary["score_after"] > summary["score_before"] + 1.0 and 0 < summary["kl"] < 30
     assert "reward hacking?" not in capsys.readouterr().err  # test_hacking_trainers.py plants a judge that hacks
+
+
+def test_a_run_whose_judge_never_makes_a_pair_says_so(tmp_path, reward_model, pairs_file, capsys):
+    """Every reply scored alike: no step trained, and the run exited 0 with an unchanged policy, unsaid."""
+    reward_dir, _ = reward_model
+    online_dpo.train(online_dpo.OnlineDPOConfig(**quiet(tmp_path / "run"), **cfg(
+        reward_dir, pairs_file, rewards="toy_text:anything:1.0", steps=2, missing_eos_penalty=0.0)))
+    assert all(r["pairs/kept_fraction"] == 0.0 for r in metrics(tmp_path / "run") if "pairs/kept_fraction" in r)
+    assert "omnigym: note: none of the 2 steps had a pair to train on (each prompt's replies all scored alike)" \
+        in capsys.readouterr().err

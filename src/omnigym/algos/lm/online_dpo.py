@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -175,6 +177,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
         progress = ProgressBar(cfg.steps, "online_dpo", start=step, enabled=cfg.progress)
         clock = Clock(step)
         rollouts.update_weights(policy.named_parameters(), version=step)  # the generators start from this policy
+        steps_here, trained_here = step, 0
         while step < cfg.steps:
             # 1. k replies a prompt (ray: sampled up to --max-staleness versions ago).
             items = rollouts.trajectories(step).items
@@ -193,6 +196,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
                     if cfg.loss != "simpo" else None
                 stats = trainer.forward_backward((mine, ref, step), loss_fn, share)
                 trainer.optim_step()
+                trained_here += 1
             rollouts.update_weights(policy.named_parameters() if pairs else (), version=step + 1)
 
             step += 1
@@ -209,6 +213,10 @@ def train(cfg: OnlineDPOConfig) -> dict:
             if step == cfg.steps or checkpoint_due(step, step - 1, cfg.checkpoint_every):
                 run.save(components, step=step)
         progress.close()
+        if step > steps_here and not trained_here:  # it ran and exited 0 with an unchanged policy, unsaid
+            print(f"omnigym: note: none of the {step - steps_here} steps had a pair to train on (each prompt's replies "
+                  f"{'had no reply preferred in both orders' if pairwise is not None else 'all scored alike'}), so the "
+                  "policy did not change; see pairs/kept_fraction (docs/online_dpo.md)", file=sys.stderr, flush=True)
         return finish_sampled_run(run, cfg, trainer.full_model(), tokenizer, gold is not None, "judge_score",
                                   "judge's score")
 
