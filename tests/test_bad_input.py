@@ -176,7 +176,7 @@ CASES = [
     (["train", "sft", "--data", "BADUTF8"], "--data badutf8.json is not UTF-8 JSON text (UnicodeDecodeError)"),
     (["train", "sft", "--data", "OBJECT"], "--data object.json holds one JSON object; a .json file holds an array"),
     (["train", "sft", "--data", "BROKENARRAY"], "brokenarray.json:4: not valid JSON (Expecting ',' delimiter)"),
-    (["train", "sft", "--data", "TEXTFILE"], "--data notes.txt: give a .jsonl, .json, .csv or .parquet file"),
+    (["train", "sft", "--data", "TEXTFILE"], "--data notes.txt: give a .jsonl, .json (or either .gz), .csv or .parquet file"),
     (["train", "sft", "--data", "LOOP"], "--data loop: a link to nothing (or a loop of links)"),
     (["train", "grpo", "--task", "toy_text:list_question_task"],
      "--task toy_text:list_question_task: example 0: question must be a non-empty string, got ['Say', '0']"),

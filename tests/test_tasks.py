@@ -139,3 +139,27 @@ def test_an_instruction_row_may_leave_its_answer_empty_or_out(tmp_path):
     path.write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
     with pytest.raises(OmnigymError, match="if.jsonl:1: missing field\\(s\\) answer"):
         load_prompt_answer(str(path), "question", "answer")
+
+
+def test_data_files_in_each_format_read_as_the_same_rows(tmp_path):
+    """.json (an array, or JSON lines, or gzipped), .csv and .parquet give the same rows; .json went
+    through datasets' json builder, whose bad UTF-8 was a pyarrow traceback."""
+    import gzip
+    import json
+
+    pytest.importorskip("datasets")
+    import datasets
+
+    from omnigym.tasks.datasets import read_rows
+
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(3)]
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    (tmp_path / "l.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with gzip.open(tmp_path / "g.json.gz", "wt") as f:
+        json.dump(rows, f)
+    (tmp_path / "bom.json").write_text("\ufeff" + json.dumps(rows))
+    table = datasets.Dataset.from_list(rows)
+    table.to_csv(str(tmp_path / "t.csv"), index=False)
+    table.to_parquet(str(tmp_path / "t.parquet"))
+    for name in ("a.json", "l.json", "g.json.gz", "bom.json", "t.csv", "t.parquet"):
+        assert [row for _, row in read_rows(str(tmp_path / name))] == rows, name

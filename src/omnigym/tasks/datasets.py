@@ -155,9 +155,11 @@ def read_json_file(source: str, path: Path) -> list[tuple[str, dict]]:
     """A ``.json`` file: one array of objects, or JSON lines (read as ``read_jsonl`` reads them).
     Through ``datasets``' json builder, bytes that were not UTF-8 were a pyarrow traceback and a
     syntax error was named nowhere."""
+    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows' editors) is not text
-    except (OSError, UnicodeDecodeError) as exc:
+        with opener(path, "rt", encoding="utf-8-sig") as f:  # a byte-order mark (Windows' editors) is not text
+            text = f.read()
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise OmnigymError(f"--data {source} is not UTF-8 JSON text ({type(exc).__name__})") from None
     try:
         whole = json.loads(text)
@@ -195,11 +197,11 @@ def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
         raise OmnigymError(f"--data {source}: a link to nothing (or a loop of links)")
     if not exists and (source.startswith((".", "/", "~")) or source.count("/") != 1):
         raise OmnigymError(f"--data {source}: no such file or folder (a hub dataset id looks like org/name)")
-    if is_file and path.suffix == ".json":
+    if is_file and path.name.endswith((".json", ".json.gz")):
         return read_json_file(source, path)
     if is_file and path.suffix not in FILE_BUILDERS:
-        raise OmnigymError(f"--data {source}: give a .jsonl, .json, .csv or .parquet file, a dataset folder or "
-                           "an offline hub id")
+        raise OmnigymError(f"--data {source}: give a .jsonl, .json (or either .gz), .csv or .parquet file, a "
+                           "dataset folder or an offline hub id")
     try:
         import datasets
     except ImportError:
