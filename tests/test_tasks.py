@@ -1,4 +1,5 @@
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,16 @@ def test_data_files_in_each_format_read_as_the_same_rows(tmp_path):
     table.to_parquet(str(tmp_path / "t.parquet"))
     for name in ("a.json", "l.json", "g.json.gz", "bom.json", "t.csv", "t.parquet"):
         assert [row for _, row in read_rows(str(tmp_path / name))] == rows, name
+
+
+def test_chat_messages_are_checked_but_a_tool_call_turn_passes():
+    from omnigym.errors import OmnigymError
+    from omnigym.tasks.datasets import check_messages
+
+    call = {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
+    check_messages("x:1", [{"role": "user", "content": "hi"}, call, {"role": "tool", "content": "3"}], "messages")
+    for bad, said in (([{"role": "user", "content": None}], "messages[0]'s content must be text, got NoneType"),
+                      ([{"content": "hi"}], "messages[0] is not a {'role', 'content'} message"),
+                      ([], "messages must be a list of")):
+        with pytest.raises(OmnigymError, match=re.escape(said)):
+            check_messages("x:1", bad, "messages")

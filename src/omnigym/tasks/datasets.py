@@ -99,6 +99,8 @@ def check_messages(where: str, messages, name: str, empty_ok: bool = False) -> N
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise OmnigymError(f"{where}: {name}[{i}] is not a {{'role', 'content'}} message (got {message!r:.60})")
         content = message.get("content")
+        if content is None and message.get("tool_calls"):  # an assistant turn that only calls tools (OpenAI's form)
+            continue
         if not isinstance(content, str):
             parts = " (a list of content parts is not read: give its text as one string)" if isinstance(content, list) else ""
             raise OmnigymError(f"{where}: {name}[{i}]'s content must be text, got {type(content).__name__}{parts}")

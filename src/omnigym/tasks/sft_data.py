@@ -114,7 +114,8 @@ def _conversation(where, messages, tokenizer, completion_only):
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise OmnigymError(f"{where}: the conversation has no assistant turn to learn from")
-    empty = next((i for i in turns if not messages[i]["content"].strip()), None)
+    empty = next((i for i in turns if not (messages[i]["content"] or "").strip() and not messages[i].get("tool_calls")),
+                 None)
     if empty is not None:  # only the template's markup around it was trained on
         raise OmnigymError(f"{where}: messages[{empty}], an assistant turn, is empty")
     ids, trained, rendered = [], [], ""
