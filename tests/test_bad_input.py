@@ -306,8 +306,10 @@ def run_copy(finished_run, tmp_path):
     (["train", "ppo", "--resume", "RUN", "--learning-rate", "1e30", "--total-timesteps", "4096"],
      "loss became "),
     # a file there was read as the env failing: "env CartPole-v1 could not be made: FileExistsError"
-    (["eval", "RUN", "--video", "--video-dir", "RUN/config.json"], "--video-dir RUN/config.json is a file; name a "
-                                                                    "folder for the videos"),
+    (["eval", "RUN", "--video", "--video-dir", "RUN/config.json"], "--video-dir RUN/config.json: RUN/config.json is "
+                                                                    "a file; name a folder for the videos"),
+    (["eval", "RUN", "--video", "--video-dir", "RUN/config.json/sub"], "--video-dir RUN/config.json/sub: "
+                                                                        "RUN/config.json is a file"),
 ])
 def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, argv, message):
     argv = [str(run_copy) if a == "RUN" else str(run_copy.parent / "other") if a == "OTHER" else
@@ -785,3 +787,15 @@ def test_env_kwargs_read_literals_and_the_special_floats():
     read = parse_env_kwargs(["g=inf", "h=-Infinity", "k=nan", "n=3", "s=abc", "t=None"])
     assert read["g"] == math.inf and read["h"] == -math.inf and math.isnan(read["k"])
     assert (read["n"], read["s"], read["t"]) == (3, "abc", None)
+
+
+def test_a_preset_given_again_on_resume_is_the_runs_own(tmp_path, monkeypatch, capsys):
+    """--preset auto resolves by env id, which a resume keeps: the same command again with --resume was
+    refused ("made with --preset none, not auto"); another preset is refused (it was written, unapplied)."""
+    monkeypatch.chdir(tmp_path)
+    flags = ["train", "ppo", "--preset", "auto", "--run-dir", "run", "--no-progress", "--no-plot"]
+    assert main([*flags, "--total-timesteps", "256"]) == 0
+    assert main([*flags[:-4], "--resume", "run", "--total-timesteps", "512", "--no-progress", "--no-plot"]) == 0
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", "run", "--preset", "mujoco", "--total-timesteps", "1024"]) == 2
+    assert "run was made with --preset none, not mujoco" in capsys.readouterr().err

@@ -136,3 +136,15 @@ def test_every_reward_answers_the_declared_members_and_a_plain_callable_becomes_
     summed = WeightedSum({"math": 1.0})
     summed.parts["math"] = held
     assert summed.to("meta") is summed and held.device == "meta"
+
+
+def test_a_per_sample_reward_may_return_numpy_scalars_but_not_text():
+    """np.where(ok, 1.0, 0.0) is a 0-d array: it was refused by the check that now refuses "1.0" (read as 1.0)."""
+    import numpy as np
+    import torch
+
+    for value in (np.where(True, 1.0, 0.0), np.bool_(True), np.int64(1), np.float32(1.0), torch.tensor(1.0)):
+        assert per_sample(lambda c, e, v=value: v)(["a"], [{}]).tolist() == [1.0]
+    for value in ("1.0", None, np.array("x"), [1.0]):
+        with pytest.raises(OmnigymError, match="for a completion; a reward is a number"):
+            per_sample(lambda c, e, v=value: v)(["a"], [{}])

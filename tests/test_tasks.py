@@ -164,6 +164,10 @@ def test_data_files_in_each_format_read_as_the_same_rows(tmp_path):
     table.to_parquet(str(tmp_path / "t.parquet"))
     for name in ("a.json", "l.json", "g.json.gz", "bom.json", "t.csv", "t.parquet"):
         assert [row for _, row in read_rows(str(tmp_path / name))] == rows, name
+    # a CSV column of numbers stays text (datasets typed it int: a reply of "4" was refused as not a string)
+    (tmp_path / "N.CSV").write_text("prompt,completion\nWhat is 2 + 2?,4\n")
+    assert read_rows(str(tmp_path / "N.CSV")) == [(str(tmp_path / "N.CSV") + ":2", {"prompt": "What is 2 + 2?",
+                                                                                     "completion": "4"})]
 
 
 def test_chat_messages_are_checked_but_a_tool_call_turn_passes():
@@ -177,3 +181,25 @@ def test_chat_messages_are_checked_but_a_tool_call_turn_passes():
                       ([], "messages must be a list of")):
         with pytest.raises(OmnigymError, match=re.escape(said)):
             check_messages("x:1", bad, "messages")
+
+
+def test_a_completion_with_tool_calls_is_refused_as_prompt_completion():
+    """Its text was the contents joined: "None4It is 4." was trained on."""
+    from omnigym.errors import OmnigymError
+    from omnigym.tasks.sft_data import to_sequence
+
+    row = {"prompt": [{"role": "user", "content": "2 + 2?"}],
+           "completion": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "add"}}]},
+                          {"role": "tool", "content": "4"}, {"role": "assistant", "content": "It is 4."}]}
+    with pytest.raises(OmnigymError, match="x:1: a completion with tool calls is not read as prompt/completion"):
+        to_sequence("x:1", row, tokenizer=type("Tokenizer", (), {"eos_token_id": 0})(), completion_only=True)
+
+
+def test_a_task_functions_instruction_rows_may_leave_the_answer_out():
+    """A task file's IFEval rows could; a task function's were refused ("every example needs 'answer'")."""
+    from omnigym.envs.task_spec import _split
+
+    rows = [{"question": f"Say {i} in capitals.", "instruction_id_list": ["change_case:english_capital"],
+             **({"answer": None} if i % 2 else {})} for i in range(6)]
+    task = _split("mine:rows", rows, None, seed=0, eval_size=2)
+    assert len(task.train) == 4 and all(r["answer"] == "" for r in task.train + task.heldout)

@@ -110,6 +110,10 @@ def train_config(argv: list[str]):
 
         saved = load_config_dict(cfg.resume)
         cfg = dataclasses.replace(cfg, **resolve_data(cfg, saved), **moved_paths(cfg, saved))
+        if getattr(cfg, "preset", None) == "auto" and isinstance(saved.get("preset"), str):
+            # auto picks by env id, fixed on resume: it is the family the run recorded (the same
+            # command again with --resume was refused as "made with --preset none, not auto")
+            cfg = dataclasses.replace(cfg, preset=saved["preset"])
         # a setting the checkpoint fixes, changed now, is named before the config's own checks
         # meet its consequences (--opponent changed on a run whose --snapshot-every is saved)
         check_fixed_settings(cfg, saved)
@@ -263,8 +267,10 @@ def evaluate(argv: list[str]) -> None:
 
         check_out_of_other_runs(Path(video_dir), [args.run_dir], "--video-dir", "which this evaluation is not of",
                                 "the videos", "videos/eval", folder=True)
-        if Path(video_dir).exists() and not Path(video_dir).is_dir():  # read as the env failing (FileExistsError)
-            raise OmnigymError(f"--video-dir {video_dir} is a file; name a folder for the videos")
+        # a file there, or above it, read as the env failing (FileExistsError, NotADirectoryError)
+        blocking = next((p for p in (Path(video_dir), *Path(video_dir).parents) if p.exists()), None)
+        if blocking is not None and not blocking.is_dir():
+            raise OmnigymError(f"--video-dir {video_dir}: {blocking} is a file; name a folder for the videos")
     before = set(Path(video_dir).glob("*.mp4")) if video_dir else set()
     # Videos written into the run directory make eval one of its writers: not while it trains.
     lock = RunLock(Path(args.run_dir))

@@ -99,6 +99,8 @@ def _hub_dataset(spec: str) -> list[dict]:
 def _split(spec: str, rows, env, seed: int, eval_size: int) -> Task:
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise OmnigymError(f"--task {spec} must give a list of dicts (examples), got {type(rows).__name__}")
+    # an IFEval row's answer may be empty or left out, as in a task file (the instruction rewards never read it)
+    rows = [{**r, "answer": ""} if INSTRUCTIONS_FIELD in r and r.get("answer") in (None, "") else r for r in rows]
     missing = next((r for r in rows if "question" not in r or "answer" not in r), None)
     if missing is not None:
         raise OmnigymError(f"--task {spec}: every example needs 'question' and 'answer'; one has "
@@ -107,7 +109,7 @@ def _split(spec: str, rows, env, seed: int, eval_size: int) -> Task:
         raise OmnigymError(f"--task {spec} has no examples")
     if env is None:  # a task function's rows get the checks a task file's do
         for i, row in enumerate(rows):
-            answer = "-" if INSTRUCTIONS_FIELD in row and row["answer"] == "" else row["answer"]  # IFEval's may be empty
+            answer = "-" if INSTRUCTIONS_FIELD in row and row["answer"] == "" else row["answer"]
             check_example(f"--task {spec}: example {i}", row["question"], answer)
     check_held_out(f"--task {spec}", len(rows), "examples", eval_size)
     rows = list(rows)

@@ -17,10 +17,12 @@ interface and get theirs from ``omnigym.inference.make_engine``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
+import numbers
+from dataclasses import dataclass
 from typing import Iterable, Protocol
 
+import numpy as np
 import torch
 
 
@@ -38,20 +40,25 @@ class SamplingParams:
         # The commands check their flags; this is for Python callers: the kv engine drew token 0
         # with NaN log-probs at temperature 0 or nan, and took a negative top_k in silence.
         # (ValueError, as transformers' generate raises for the same values.)
-        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0):
+        if not (whole(self.max_new_tokens) and self.max_new_tokens >= 0):
             raise ValueError(f"max_new_tokens must be a whole number, 0 or more, got {self.max_new_tokens!r}")
         if not self.greedy and not (self.temperature > 0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number above 0 (greedy=True for greedy decoding), got "
                              f"{self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+        if not (whole(self.top_k) and self.top_k >= 0):
             raise ValueError(f"top_k must be a whole number, 0 (no cut) or more, got {self.top_k!r}")
+
+
+def whole(value) -> bool:
+    """An integer of any kind (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def check_samples_asked(n: int) -> None:
     """``generate``'s ``n``: a negative one gave an empty group (hf) or was taken in silence (kv)."""
-    if not (isinstance(n, int) and n >= 1):
+    if not (whole(n) and n >= 1):
         raise ValueError(f"n (samples per prompt) must be a whole number, 1 or more, got {n!r}")
 
 

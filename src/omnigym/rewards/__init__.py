@@ -136,7 +136,7 @@ class WeightedSum(Reward):
             out = out + self.weights[name] * value
         if not usable_totals(out):  # each part finite, the weighted sum past float32's range: inf advantages
             spec = ", ".join(f"{name}:{self.weights[name]:g}" for name, _ in values)
-            raise OmnigymError(f"the weighted reward ({spec}) came to {out[out.abs().argmax()].item():g}, past "
+            raise OmnigymError(f"the weighted reward ({spec}) came to {out[out.abs().argmax()].item()!r}, past "
                                f"{MAX_REWARD:g}; give the rewards smaller weights")
         return out
 

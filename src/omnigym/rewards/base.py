@@ -110,6 +110,8 @@ class per_sample(Reward):
         float() as if the reward's own code had."""
         if isinstance(value, (numbers.Real, np.bool_)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
             return float(value)
+        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":  # np.where(ok, 1.0, 0.0)
+            return float(value)
         raise OmnigymError(f"reward {self.label} returned {value!r:.60} for a completion; a reward is a number")
 
     def score_notes(self, completions, examples):
@@ -138,8 +140,8 @@ def checked(name: str, values, n: int) -> torch.Tensor:
     if not torch.isfinite(values).all():
         raise OmnigymError(f"reward {name} returned a non-finite value ({values[~torch.isfinite(values)][0].item()})")
     if not usable_totals(values):  # finite in float64, inf once the trainer takes it as float32
-        raise OmnigymError(f"reward {name} returned {values[values.abs().argmax()].item():g}; a reward is at most "
-                           f"{MAX_REWARD:g} in size")
+        raise OmnigymError(f"reward {name} returned {values[values.abs().argmax()].item()!r}; a reward is at most "
+                           f"{MAX_REWARD:g} in size")  # (:g showed 1.0000001e15 as 1e+15, the limit itself)
     return values
 
 

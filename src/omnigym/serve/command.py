@@ -126,7 +126,7 @@ def check(argv: list[str]) -> ServeArgs:
 
     # a store inside a training run's folder would be moved aside with it by --overwrite
     check_out_of_other_runs(store, [], "--store", "which a server's store is not part of", "the store",
-                            "serve_store", folder=True)
+                            "--store ~/serve_store", folder=True)  # (the default, ./serve_store, when run in one)
     check_can_listen(args.host, args.port)
     if args.base_model != "tiny":
         from omnigym.models.lm import check_model_folder

@@ -149,8 +149,21 @@ INSTRUCTIONS_FIELD = "instruction_id_list"
 empty or left out (docs/instructions.md)"""
 
 
-FILE_BUILDERS = {".csv": "csv", ".parquet": "parquet"}
-"""the data files besides JSON that ``datasets`` reads, by suffix, with its builder's name"""
+FILE_BUILDERS = {".parquet": "parquet"}
+"""the data files besides JSON and CSV that ``datasets`` reads, by suffix, with its builder's name"""
+
+
+def read_csv_file(source: str, path: Path) -> list[tuple[str, dict]]:
+    """A ``.csv`` file with a header row, every cell as text: ``datasets`` typed a column of numbers
+    as int, and a reply of "4" was refused as not a string (an empty cell is "", not NaN)."""
+    import pandas
+
+    try:
+        table = pandas.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # pandas' ParserError is a ValueError
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise OmnigymError(f"--data {source} cannot be read as CSV ({type(exc).__name__}: {detail})") from None
+    return [(f"{source}:{i + 2}", row) for i, row in enumerate(table.to_dict("records"))]  # line 1 is the header
 
 
 def read_json_file(source: str, path: Path) -> list[tuple[str, dict]]:
@@ -188,7 +201,7 @@ def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
     """The rows of a ``.jsonl``/``.jsonl.gz`` file, a ``.json`` file, a dataset folder or an
     offline hub id, as (where, row) pairs: ``where`` names the file and line (or dataset and
     index) for errors. A path that is not there fails at once (no hub retries)."""
-    if source.endswith((".jsonl", ".jsonl.gz")):
+    if source.lower().endswith((".jsonl", ".jsonl.gz")):  # d.JSONL was read before the suffixes were looked at
         return [(f"{source}:{i}", row) for i, row in enumerate(read_jsonl(source), 1)]
     path = Path(source).expanduser()
     try:
@@ -199,9 +212,12 @@ def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
         raise OmnigymError(f"--data {source}: a link to nothing (or a loop of links)")
     if not exists and (source.startswith((".", "/", "~")) or source.count("/") != 1):
         raise OmnigymError(f"--data {source}: no such file or folder (a hub dataset id looks like org/name)")
-    if is_file and path.name.endswith((".json", ".json.gz")):
+    name = path.name.lower()
+    if is_file and name.endswith((".json", ".json.gz")):
         return read_json_file(source, path)
-    if is_file and path.suffix not in FILE_BUILDERS:
+    if is_file and name.endswith(".csv"):
+        return read_csv_file(source, path)
+    if is_file and path.suffix.lower() not in FILE_BUILDERS:
         raise OmnigymError(f"--data {source}: give a .jsonl, .json (or either .gz), .csv or .parquet file, a "
                            "dataset folder or an offline hub id")
     try:
@@ -212,7 +228,7 @@ def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
     datasets.logging.set_verbosity_error()  # its "Failed to load ..." lines came before ours
     try:
         if is_file:
-            data = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
+            data = datasets.load_dataset(FILE_BUILDERS[path.suffix.lower()], data_files=str(path), split="train")
         else:
             data = datasets.load_dataset(source, split=split)
     except Exception as exc:  # offline hub misses and unreadable folders raise many types

@@ -82,6 +82,9 @@ def row_parts(where: str, row: dict) -> tuple[str | list, str | list, str | list
         check_messages(where, prompt, "prompt", empty_ok=True)  # a split conversation may share nothing before
         for name, reply in (("chosen", chosen), ("rejected", rejected)):
             check_messages(where, reply, name)
+            if any(m.get("tool_calls") for m in reply):  # a reply is read as its messages' contents ("None")
+                raise OmnigymError(f"{where}: the {name} reply has tool calls, which a preference pair's reply "
+                                   "cannot hold (it is read as its messages' text)")
     return prompt, chosen, rejected
 
 

@@ -85,8 +85,11 @@ def to_sequence(where: str, row: dict, tokenizer, completion_only: bool) -> tupl
         if isinstance(prompt, list) and isinstance(completion, list):  # conversational prompt/completion
             check_messages(where, prompt, "prompt")
             check_messages(where, completion, "completion")
+            if any(m.get("tool_calls") for m in completion):  # its text would be the contents alone ("None")
+                raise OmnigymError(f"{where}: a completion with tool calls is not read as prompt/completion; give the "
+                                   "conversation as messages (the chat template renders its tool calls)")
             prompt_ids = _encode(tokenizer, _render(where, tokenizer, prompt, True))
-            completion = "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+            completion = "".join(m["content"] for m in completion)
         elif isinstance(prompt, str) and isinstance(completion, str):
             prompt_ids = _encode(tokenizer, prompt)
         else:

@@ -124,7 +124,8 @@ def train(cfg: DistillConfig) -> dict:
     task, _ = text_task(cfg)
     if len(task.train) < cfg.prompts_per_step:
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
-                           "held out; that is fewer than --prompts-per-step")
+                           f"held out; that is fewer than --prompts-per-step {cfg.prompts_per_step} asks: give a smaller "
+                           "one, a smaller --eval-size, or more examples")
     env, correct = task_env(cfg, task)
     teacher_dir = teacher_folder(cfg) if cfg.teacher is not None else None
     # both models load before the run directory is made: a teacher that cannot teach this student writes nothing

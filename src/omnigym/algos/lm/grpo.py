@@ -179,9 +179,12 @@ def train(cfg: GRPOConfig) -> dict:
     agent = load_agent(cfg.agent) if cfg.agent else None  # checked (async, (client, example)) before the run starts
     task, env_agent = text_task(cfg)
     agent = agent or env_agent  # --env vf:MODULE: the verifiers env's rollout, played as an agent
-    if len(task.train) < max(cfg.prompts_per_step, cfg.sft_batch_size if cfg.sft_steps else 0):
+    needed = {"--prompts-per-step": cfg.prompts_per_step, "--sft-batch-size": cfg.sft_batch_size if cfg.sft_steps else 0}
+    if len(task.train) < max(needed.values()):  # it named both flags, neither with its value
+        short = ", ".join(f"{flag} {value}" for flag, value in needed.items() if value > len(task.train))
         raise OmnigymError(f"--task {cfg.task} leaves {len(task.train)} training examples after the {cfg.eval_size} "
-                           "held out; that is fewer than --prompts-per-step or --sft-batch-size")
+                           f"held out; that is fewer than {short} asks: give smaller values, a smaller --eval-size, "
+                           "or more examples")
     env, correct = task_env(cfg, task)
     if cfg.sft_steps and not hasattr(env, "demonstration") and not all(str(e.get("answer", "")).strip()
                                                                         for e in task.train):
