@@ -178,6 +178,18 @@ def test_a_full_disk_at_start_leaves_nothing(disk, capsys, monkeypatch):
     assert f"cannot write {run / 'config.json'}: " in line and not run.exists()
 
 
+@pytest.mark.parametrize("algorithm", [["ppo", *PPO], ["alphazero", "--env-id", "openspiel/tic_tac_toe"]])
+def test_a_disk_full_before_the_run_takes_its_lock_leaves_nothing(disk, capsys, algorithm):
+    """The lock's pid line was the first write: an OSError traceback, an empty lock file and the run's
+    folder left behind."""
+    if algorithm[0] == "alphazero":
+        pytest.importorskip("pyspiel", reason="needs the [games] extra")
+    run = disk.root / "run"
+    disk.fill()
+    line = the_line(capsys, disk, ["train", algorithm[0], "--run-dir", str(run), *algorithm[1:]])
+    assert f"cannot write {run / '.omnigym.lock'}: " in line and not run.exists()
+
+
 def test_a_full_disk_when_a_resume_starts_leaves_the_run_as_it_was(tmp_path, disk, capsys, monkeypatch):
     from omnigym.track.run import Run
 

@@ -555,5 +555,5 @@ def renamed_keys(cls, values: dict) -> dict:
 def unknown_settings(cls, values: dict) -> dict:
     """The keys of a saved config.json that ``cls`` has no field for (a newer version's
     settings, or another algorithm's), besides ``algo``."""
-    names = {f.name for f in dataclasses.fields(cls)} | {"algo", "data_files", "paths"}  # track/resume.py
+    names = {f.name for f in dataclasses.fields(cls)} | {"algo", "data_files", "paths", "model_weights"}  # track/resume.py
     return {k: v for k, v in renamed_keys(cls, values).items() if k not in names}

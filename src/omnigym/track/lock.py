@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from omnigym.errors import OmnigymError
+from omnigym.track.files import as_disk_fault
 
 LOCK_NAME = ".omnigym.lock"
 """hidden, and not one of a run's files: it never makes a directory look like a run"""
@@ -110,13 +111,20 @@ class RunLock:
             if same:
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n{this_command()}\n".encode())
         self._fd = fd
         try:
             self._found = found and (*found, os.stat(self.run_dir).st_mtime_ns)
         except OSError:
             self._found = None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n{this_command()}\n".encode())
+        except OSError as exc:  # a full disk: it was a traceback, and left the lock file and the folder made
+            self.release()
+            fault = as_disk_fault(exc, self.path)
+            if fault is None:
+                raise
+            raise fault from None
         return True
 
     def _look(self) -> tuple | None:
