@@ -145,3 +145,34 @@ def test_packing_keeps_whole_examples_and_held_out_trouble_says_so(tokenizer):
     assert sum(len(ids) for ids, _ in blocks) == 3 * 201  # every token of every example, in blocks of 64
     with pytest.raises(OmnigymError, match="no held-out example has a token left"):
         tokenize_rows([("p", {"prompt": "x" * 30, "completion": "y"})], tokenizer, 10, which="held-out ")
+
+
+def test_a_resumed_run_stopped_early_does_not_pass_its_old_model_off_as_finished(tmp_path, monkeypatch, capsys):
+    """A finished run resumed for more steps kept its old model/ while it trained: stopped early, it looked
+    finished, and eval and --model RUN used the model of its earlier end in silence. Finishing writes
+    model/ anew."""
+    from omnigym.backends.local import LocalBackend
+    from omnigym.cli import main
+
+    sft(tmp_path, "run", steps=10)
+    original, count = LocalBackend.optim_step, {"n": 0}
+
+    def stopping_step(self):
+        count["n"] += 1
+        if count["n"] == 5:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(LocalBackend, "optim_step", stopping_step)
+    with pytest.raises(KeyboardInterrupt):
+        sft(tmp_path, "run", steps=30, resume=True)
+    monkeypatch.setattr(LocalBackend, "optim_step", original)
+    run = tmp_path / "run"
+    for argv in (["eval", str(run)], ["train", "sft", "--model", str(run), "--run-dir", str(tmp_path / "next")]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "the run was resumed and has not finished: its model/ is from its earlier end" in \
+            err[0] and f"finish it with: omnigym train sft --resume {run}" in err[0], err
+    sft(tmp_path, "run", steps=30, resume=True)
+    assert not (run / "model" / "omnigym_resumed.txt").exists()

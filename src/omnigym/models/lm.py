@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from omnigym.errors import OmnigymError, a_run, missing_extra
+from omnigym.track.model_folder import resumed_line
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -253,6 +254,8 @@ def resolve_model(name_or_path: str, label: str | None = None, score_head: bool 
     if looks_like_path and not (path / "config.json").exists():
         raise OmnigymError(f"{label} has no config.json; give a folder saved with save_pretrained, "
                            "or the directory of a finished omnigym run")
+    if looks_like_path and resumed_line(path) is not None:  # a resumed run's model/ from before the resume
+        raise OmnigymError(f"{label}: {resumed_line(path)}")
     if looks_like_path:
         check_model_folder(label, path)
         if not score_head and (path / REWARD_MODEL_MARKER).is_file():  # it loaded as a language model, its score head left out, in silence

@@ -64,6 +64,28 @@ def sync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+RESUMED_MARKER = "omnigym_resumed.txt"
+"""in a finished run's ``model/`` once the run is resumed to train on: the model is from the run's
+earlier end, not from where it now stands (a resume stopped early left it looking finished, and
+``eval`` and ``--model RUN`` used it in silence). The final save replaces the folder, marker and all."""
+
+
+def mark_resumed(folder: Path, algo: str, run_dir: Path) -> None:
+    """``folder`` (a resumed run's ``model/``) is from before the resume; the line says what to do."""
+    if complete_model(folder):
+        (Path(folder) / RESUMED_MARKER).write_text(
+            f"the run was resumed and has not finished: its model/ is from its earlier end, not from its last "
+            f"checkpoint; finish it with: omnigym train {algo} --resume {run_dir}\n")
+
+
+def resumed_line(folder: Path) -> str | None:
+    """What a resumed, unfinished run's ``model/`` says of itself (``mark_resumed``), or None."""
+    try:
+        return (Path(folder) / RESUMED_MARKER).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def complete_model(folder: Path) -> bool:
     """``folder`` is a model this module wrote whole (or a folder saved by hand with its config)."""
     return (Path(folder) / "config.json").is_file()

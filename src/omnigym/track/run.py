@@ -45,7 +45,7 @@ from omnigym.track.checkpoint import Checkpointer
 from omnigym.track.files import CONFIG_NAME, DiskFault, as_disk_fault, describe, load_config_dict, write_atomically
 from omnigym.track.lock import RunLock
 from omnigym.track.metrics import MetricsLog
-from omnigym.track.model_folder import save_model_folder
+from omnigym.track.model_folder import mark_resumed, save_model_folder
 from omnigym.track.resume import (DATA_FILES_KEY, PATHS_KEY, WEIGHTS_KEY, checked_run_dir, recorded_data,
                                   recorded_paths, recorded_weights, same_path)
 from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
@@ -183,6 +183,8 @@ class Run:
                                           tensorboard=self.cfg.tensorboard, wandb=self.cfg.wandb)
                 if self.saved:
                     self.metrics.load_state_dict(self.saved["components"]["metrics"])
+                    if self.cfg.FINAL_MODEL:  # its model/, if any, is from before this resume until the end
+                        mark_resumed(self.dir / MODEL_FOLDER, self.algo, self.dir)
             if self.kept_settings:
                 print(f"omnigym: note: {self.dir / CONFIG_NAME} has settings this version does not know, kept as "
                       f"they are and not used: {', '.join(self.kept_settings)}", file=sys.stderr)
