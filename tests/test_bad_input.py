@@ -799,3 +799,16 @@ def test_a_preset_given_again_on_resume_is_the_runs_own(tmp_path, monkeypatch, c
     capsys.readouterr()
     assert main(["train", "ppo", "--resume", "run", "--preset", "mujoco", "--total-timesteps", "1024"]) == 2
     assert "run was made with --preset none, not mujoco" in capsys.readouterr().err
+
+
+def test_a_resume_without_the_replay_buffer_says_it_refills_it(tmp_path, monkeypatch, capsys):
+    """It waited out --learning-starts again in silence: the resumed run's numbers left an
+    uninterrupted run's, which docs/tracking.md promised (it holds only with --save-buffer)."""
+    monkeypatch.chdir(tmp_path)
+    flags = ["--learning-starts", "200", "--train-frequency", "50", "--gradient-steps", "1", "--hidden", "16",
+             "--no-progress", "--no-plot"]
+    assert main(["train", "dqn", "--total-timesteps", "400", "--run-dir", "run", *flags]) == 0
+    capsys.readouterr()
+    assert main(["train", "dqn", "--resume", "run", "--total-timesteps", "800", "--no-progress", "--no-plot"]) == 0
+    assert "the checkpoint holds no replay buffer (--save-buffer was off), so the resumed run fills it again for " \
+           "200 steps" in capsys.readouterr().err

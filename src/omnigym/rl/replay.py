@@ -280,8 +280,14 @@ class Replay:
 
     def learning_starts(self, learning_starts: int, global_step: int) -> int:
         """The step after which updates (re)start: ``learning_starts`` more steps after a resume
-        that did not get its buffer back."""
-        return learning_starts if global_step == 0 or self.restored else global_step + learning_starts
+        that did not get its buffer back (said in a note: the run then differs from one never
+        stopped, which docs/tracking.md promises only with the buffer saved)."""
+        if global_step == 0 or self.restored:
+            return learning_starts
+        print(f"omnigym: note: the checkpoint holds no replay buffer (--save-buffer was off), so the resumed run "
+              f"fills it again for {learning_starts:,} steps before it updates, and will not repeat an uninterrupted "
+              "run's numbers; give --save-buffer to a new run to resume exactly", file=sys.stderr, flush=True)
+        return global_step + learning_starts
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "buffer": self.buffer.state_dict() if self.save_buffer else None}
