@@ -334,3 +334,27 @@ def test_training_prompts_of_builtin_sft_and_dpo_data_are_read_not_opened_as_fil
     (tmp_path / "stages" / "pairs.jsonl").write_text('{"prompt": "What is 2 + 2?", "chosen": "4", "rejected": "5"}\n')
     texts, what = training_prompts({"data": "gold", "split": "train", "seed": 1}, str(tmp_path))
     assert texts == ["What is 2 + 2?"] and what == "--data gold"
+
+
+def test_a_run_training_now_is_named_as_in_use(lm_run, tmp_path, capsys):
+    """A first run still training has no model/: eval said "finish it with: omnigym train grpo --resume
+    RUN", which the run's lock then refused."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+    shutil.rmtree(run / "model")  # as a first run looks while it trains
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from omnigym.track.lock import RunLock; lock = RunLock(Path(sys.argv[1])); "
+                               "lock.acquire(); print('held', flush=True); time.sleep(60)", str(run)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["eval", str(run)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{run} is in use by another omnigym process (pid {holder.pid}" in err[0], err
+    finally:
+        holder.kill()
+        holder.wait()

@@ -356,6 +356,11 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     for flag in ("temperature", "max_new_tokens"):
         value = getattr(args, flag)
         require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
+    # a run training now is named as in use first: its unfinished model/ said "finish it with --resume",
+    # which the lock then refused (the lock is taken again below, for the evaluation itself)
+    probe = RunLock(Path(run_dir))
+    probe.acquire()
+    probe.release()
     resolve_model(run_dir, str(run_dir))  # a run that has not finished its model/ is refused here, in one line
     train_texts, trained_on = training_prompts(values, run_dir)
     cfg = run_config(values, run_dir)
