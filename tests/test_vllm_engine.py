@@ -65,7 +65,6 @@ def test_sampling_passes_temperature_top_p_top_k_and_no_per_request_seed():
 
 
 @pytest.mark.parametrize("params, n, message", [
-    (SamplingParams(temperature=0.0), 1, "temperature must be positive"),
     (SamplingParams(max_new_tokens=0), 1, "max_new_tokens must be at least 1"),
     (SamplingParams(), 0, "n must be at least 1"),
 ])

@@ -94,9 +94,7 @@ def sampling_kwargs(params: SamplingParams, n: int, eos_id: int | None) -> dict:
                   stop_token_ids=([] if eos_id is None else [eos_id]) + list(params.stop_ids))
     if params.greedy:
         return {**kwargs, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
-    if params.temperature <= 0:
-        raise OmnigymError(f"temperature must be positive when sampling, got {params.temperature}; "
-                           "use greedy for temperature 0")
+    # (a temperature of 0 without greedy is refused by SamplingParams itself)
     # top_k 0 is "no top-k" in omnigym and in vLLM (0 or -1 since 0.8)
     return {**kwargs, "temperature": float(params.temperature), "top_p": float(params.top_p),
             "top_k": max(int(params.top_k), 0)}

@@ -149,8 +149,8 @@ INSTRUCTIONS_FIELD = "instruction_id_list"
 empty or left out (docs/instructions.md)"""
 
 
-FILE_BUILDERS = {".parquet": "parquet"}
-"""the data files besides JSON and CSV that ``datasets`` reads, by suffix, with its builder's name"""
+PARQUET = ".parquet"
+"""the data file besides JSON and CSV that ``datasets`` reads (its ``parquet`` builder)"""
 
 
 def read_csv_file(source: str, path: Path) -> list[tuple[str, dict]]:
@@ -217,7 +217,7 @@ def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
         return read_json_file(source, path)
     if is_file and name.endswith(".csv"):
         return read_csv_file(source, path)
-    if is_file and path.suffix.lower() not in FILE_BUILDERS:
+    if is_file and path.suffix.lower() != PARQUET:
         raise OmnigymError(f"--data {source}: give a .jsonl, .json (or either .gz), .csv or .parquet file, a "
                            "dataset folder or an offline hub id")
     try:
@@ -228,7 +228,7 @@ def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
     datasets.logging.set_verbosity_error()  # its "Failed to load ..." lines came before ours
     try:
         if is_file:
-            data = datasets.load_dataset(FILE_BUILDERS[path.suffix.lower()], data_files=str(path), split="train")
+            data = datasets.load_dataset("parquet", data_files=str(path), split="train")
         else:
             data = datasets.load_dataset(source, split=split)
     except Exception as exc:  # offline hub misses and unreadable folders raise many types

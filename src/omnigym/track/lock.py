@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from omnigym.errors import OmnigymError
-from omnigym.track.files import as_disk_fault
+from omnigym.track.disk import as_disk_fault
 
 LOCK_NAME = ".omnigym.lock"
 """hidden, and not one of a run's files: it never makes a directory look like a run"""
