@@ -107,9 +107,7 @@ def final_line(stats: EpisodeStats, global_step: int, num_envs: int) -> str:
     if not stats.recent:
         envs = f"{num_envs} envs x {global_step // num_envs:,} steps" if num_envs > 1 else "1 env"
         return (f"no episode finished in {global_step:,} env steps ({envs}), so there is no return to report; "
-                "train for more steps (--total-timesteps) to finish one, or, for an env of your own, check that its "
-                "step() returns terminated or truncated True (None or \"\" read as False) and that it has a time "
-                "limit")
+                "train for more steps (--total-timesteps) to finish one")
     if stats.goal_env and stats.recent_successes:
         return (f"final success rate (last {episodes(len(stats.recent_successes))}): {stats.success_recent:.2f}  "
                 f"(mean return {stats.mean_recent:.2f})")
