@@ -113,20 +113,25 @@ def test_ppo_clip_and_a_reward_term_train_too(tmp_path, models):
     assert len(rows) == 2 and all(0.0 <= r["losses/clip_fraction"] <= 1.0 for r in rows)
 
 
-def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, models, monkeypatch):
-    distill.train(config(tmp_path / "whole", models))
+def cut_at_step_3(monkeypatch, cfg) -> None:
+    """Train ``cfg`` until a Ctrl-C at step 3's log, after the checkpoint at step 2."""
     original, calls = Run.log, {"n": 0}
 
     def interrupting_log(self, step, values):
         original(self, step, values)
         calls["n"] += 1
-        if calls["n"] == 3:  # step 3, after the checkpoint at step 2
+        if calls["n"] == 3:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(Run, "log", interrupting_log)
     with pytest.raises(KeyboardInterrupt):
-        distill.train(config(tmp_path / "cut", models))
+        distill.train(cfg)
     monkeypatch.setattr(Run, "log", original)
+
+
+def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, models, monkeypatch):
+    distill.train(config(tmp_path / "whole", models))
+    cut_at_step_3(monkeypatch, config(tmp_path / "cut", models))
     distill.train(config(tmp_path / "cut", models, resume=str(tmp_path / "cut")))
     assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
 
@@ -139,18 +144,7 @@ def test_a_teacher_retrained_in_place_is_refused_on_resume(tmp_path, models, mon
 
     teacher = tmp_path / "teacher"
     shutil.copytree(models["teacher"], teacher)
-    original, calls = Run.log, {"n": 0}
-
-    def interrupting_log(self, step, values):
-        original(self, step, values)
-        calls["n"] += 1
-        if calls["n"] == 3:  # step 3, after the checkpoint at step 2
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Run, "log", interrupting_log)
-    with pytest.raises(KeyboardInterrupt):
-        distill.train(config(tmp_path / "cut", {**models, "teacher": teacher}))
-    monkeypatch.setattr(Run, "log", original)
+    cut_at_step_3(monkeypatch, config(tmp_path / "cut", {**models, "teacher": teacher}))
     kept = teacher / "model.safetensors.kept"
     shutil.move(teacher / "model.safetensors", kept)
     shutil.copy(models["student"] / "model.safetensors", teacher / "model.safetensors")  # "retrained"

@@ -109,8 +109,8 @@ def _split(spec: str, rows, env, seed: int, eval_size: int) -> Task:
         raise OmnigymError(f"--task {spec} has no examples")
     if env is None:  # a task function's rows get the checks a task file's do
         for i, row in enumerate(rows):
-            answer = "-" if INSTRUCTIONS_FIELD in row and row["answer"] == "" else row["answer"]
-            check_example(f"--task {spec}: example {i}", row["question"], answer)
+            check_example(f"--task {spec}: example {i}", row["question"], row["answer"],
+                          answer_optional=INSTRUCTIONS_FIELD in row)
     check_held_out(f"--task {spec}", len(rows), "examples", eval_size)
     rows = list(rows)
     random.Random(seed).shuffle(rows)

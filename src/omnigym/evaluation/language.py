@@ -356,33 +356,30 @@ def evaluate_language_run(run_dir: str, values: dict, args) -> dict:
     for flag in ("temperature", "max_new_tokens"):
         value = getattr(args, flag)
         require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
-    # a run training now is named as in use first: its unfinished model/ said "finish it with --resume",
-    # which the lock then refused (the lock is taken again below, for the evaluation itself)
-    probe = RunLock(Path(run_dir))
-    probe.acquire()
-    probe.release()
-    resolve_model(run_dir, str(run_dir))  # a run that has not finished its model/ is refused here, in one line
-    train_texts, trained_on = training_prompts(values, run_dir)
-    cfg = run_config(values, run_dir)
-    if args.temperature is not None:
-        cfg.temperature = args.temperature
-    if args.max_new_tokens is not None:
-        cfg.max_new_tokens = args.max_new_tokens
-    # the split with the run's own seed: a task shuffled by seed (a file, tictactoe-v0) held out other
-    # items under --seed, most of them trained on
-    examples, task = eval_task(cfg, args.task, args.data_dir, args.prompts)
-    cfg.seed = args.seed  # the sampling's
-    examples = examples[:args.prompts] if args.prompts else examples
-    own = values.get("task") or cfg.task  # an sft or dpo run names no --task: its config's default is held out
-    label = args.task or f"{own} held-out"
-    if args.task == IMPOSSIBLE:  # impossible variants of the run's own held-out split
-        label = f"{IMPOSSIBLE}{own} held-out"
-    report = contamination(train_texts, [prompt_text(e) for e in examples], args.ngram)
-    for line in contamination_lines(report, trained_on):
-        print(line)
+    # not while the run trains: its own process writes there. Taken before the model is looked at: a
+    # first run still training has no model/, which said "finish it with --resume", refused by the lock
     lock = RunLock(Path(run_dir))
-    lock.acquire()  # not while the run trains: its own process writes there
+    lock.acquire()
     try:
+        resolve_model(run_dir, str(run_dir))  # a run that has not finished its model/ is refused here, in one line
+        train_texts, trained_on = training_prompts(values, run_dir)
+        cfg = run_config(values, run_dir)
+        if args.temperature is not None:
+            cfg.temperature = args.temperature
+        if args.max_new_tokens is not None:
+            cfg.max_new_tokens = args.max_new_tokens
+        # the split with the run's own seed: a task shuffled by seed (a file, tictactoe-v0) held out other
+        # items under --seed, most of them trained on
+        examples, task = eval_task(cfg, args.task, args.data_dir, args.prompts)
+        cfg.seed = args.seed  # the sampling's
+        examples = examples[:args.prompts] if args.prompts else examples
+        own = values.get("task") or cfg.task  # an sft or dpo run names no --task: its config's default is held out
+        label = args.task or f"{own} held-out"
+        if args.task == IMPOSSIBLE:  # impossible variants of the run's own held-out split
+            label = f"{IMPOSSIBLE}{own} held-out"
+        report = contamination(train_texts, [prompt_text(e) for e in examples], args.ngram)
+        for line in contamination_lines(report, trained_on):
+            print(line)
         with run_scope(cfg.seed, cfg.torch_threads):
             policy, tokenizer = load_policy_and_tokenizer(run_dir, cfg.seed, cfg.chat_template, LoraSettings(),
                                                           cfg.device)

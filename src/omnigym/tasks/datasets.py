@@ -80,11 +80,15 @@ def load_humaneval(path: str | Path) -> list[dict]:
              "answer": row.get("canonical_solution", "")} for row in rows]
 
 
-def check_example(where: str, question, answer, question_field: str = "question", answer_field: str = "answer"):
+def check_example(where: str, question, answer, question_field: str = "question", answer_field: str = "answer",
+                  answer_optional: bool = False):
     """A question is a non-empty string, an answer a non-empty string or number: null, "" or []
-    were trained on and scored as the prompt "None" (and an answer "None")."""
+    were trained on and scored as the prompt "None" (and an answer "None"). ``answer_optional``:
+    an IFEval row's, which its rewards never read, may be "" (``INSTRUCTIONS_FIELD``)."""
     if not isinstance(question, str) or not question.strip():
         raise OmnigymError(f"{where}: {question_field} must be a non-empty string, got {question!r:.80}")
+    if answer_optional and answer == "":
+        return
     if answer is None or isinstance(answer, (dict, list, tuple, bool)) or not str(answer).strip():
         raise OmnigymError(f"{where}: {answer_field} must be a non-empty string or number, got {answer!r:.80}")
 
@@ -135,12 +139,11 @@ def load_prompt_answer(source: str, prompt_field: str = "prompt", answer_field: 
                                f"{', '.join(data.column_names)} (choose them with prompt_field/answer_field)")
         rows = list(data)
     for number, row in enumerate(rows, 1):
-        answer = row.get(answer_field)
-        if INSTRUCTIONS_FIELD in row and answer in (None, ""):  # the instruction rewards never read it
-            row[answer_field] = answer = ""
-            check_example(f"{source}: row {number}", row[prompt_field], "-", prompt_field, answer_field)
-        else:
-            check_example(f"{source}: row {number}", row[prompt_field], answer, prompt_field, answer_field)
+        optional = INSTRUCTIONS_FIELD in row
+        if optional and row.get(answer_field) is None:  # left out or null: the instruction rewards never read it
+            row[answer_field] = ""
+        check_example(f"{source}: row {number}", row[prompt_field], row[answer_field], prompt_field, answer_field,
+                      optional)
     return [{**row, "question": row[prompt_field], "answer": str(row[answer_field])} for row in rows]
 
 
