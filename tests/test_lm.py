@@ -56,6 +56,29 @@ def test_engine_returns_n_samples_with_logprobs_and_lora_wraps(tiny):
         assert len(sample.logprobs) == len(sample.completion_ids) and all(lp <= 0 for lp in sample.logprobs)
 
 
+def test_sampling_past_learned_positions_is_one_line_and_a_rotary_model_runs_on(tiny):
+    """GPT-2's positions are a learned table: a prompt and its new tokens past its end were an
+    IndexError inside the model; a rotary Llama computes any position and has no such limit."""
+    import transformers
+
+    from omnigym.inference import make_engine
+    from omnigym.inference.engine import learned_position_limit
+    from omnigym.models.lm import build_tiny_tokenizer
+
+    tokenizer, vocab = build_tiny_tokenizer()
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(vocab), n_positions=24, n_embd=16, n_layer=1, n_head=2, pad_token_id=vocab["<pad>"],
+        eos_token_id=vocab["<|end|>"]))
+    assert learned_position_limit(gpt2) == 24 and learned_position_limit(load_model(tiny)) is None
+    engine = make_engine(gpt2, tokenizer)
+    assert len(engine.generate([[5] * 16], 2, SamplingParams(max_new_tokens=8))[0]) == 2  # 24 positions: fits
+    with pytest.raises(OmnigymError, match="a prompt of 17 tokens and up to 8 new ones need more than the "
+                                           "model's 24 positions"):
+        engine.generate([[5] * 4, [5] * 17], 1, SamplingParams(max_new_tokens=8))
+    rotary = make_engine(load_model(tiny), load_tokenizer(tiny))
+    assert rotary.generate([[5] * 300], 1, SamplingParams(max_new_tokens=2))[0][0].completion_ids  # past its 256
+
+
 def test_multi_turn_rollout_masks_tool_tokens(tiny):
     from omnigym.envs.text import ToolEnv
     from omnigym.generators.text_env import TextEnvGenerator

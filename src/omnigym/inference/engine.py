@@ -25,6 +25,8 @@ from typing import Iterable, Protocol
 import numpy as np
 import torch
 
+from omnigym.errors import OmnigymError
+
 
 @dataclass
 class SamplingParams:
@@ -60,6 +62,31 @@ def check_samples_asked(n: int) -> None:
     """``generate``'s ``n``: a negative one gave an empty group (hf) or was taken in silence (kv)."""
     if not (whole(n) and n >= 1):
         raise ValueError(f"n (samples per prompt) must be a whole number, 1 or more, got {n!r}")
+
+
+def learned_position_limit(model) -> int | None:
+    """The positions a model cannot go past: ``max_position_embeddings`` where a table of learned
+    position embeddings of that size holds them (GPT-2's ``wpe``; OPT's keeps 2 more rows), else
+    None. A rotary (Llama-family) model computes any position and runs on past its context,
+    degraded; a learned table has no row there, and sampling past it was an ``IndexError``."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return None
+    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module is not tokens and module.num_embeddings in (limit, limit + 2):
+            return limit
+    return None
+
+
+def check_positions(prompts: list[list[int]], params: "SamplingParams", limit: int | None) -> None:
+    """One line, not an ``IndexError`` deep in the model, when the longest prompt and its new
+    tokens need positions a learned table does not have (``learned_position_limit``)."""
+    longest = max((len(p) for p in prompts), default=0)
+    if limit is not None and longest + params.max_new_tokens > limit:
+        raise OmnigymError(f"a prompt of {longest} tokens and up to {params.max_new_tokens} new ones need more "
+                           f"than the model's {limit} positions (its position embeddings are learned and end "
+                           "there): give shorter prompts, fewer --max-new-tokens or a model with a longer context")
 
 
 @dataclass
@@ -171,6 +198,7 @@ class BatchedEngine:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.version = 0
+        self.position_limit = learned_position_limit(model)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -185,6 +213,7 @@ class BatchedEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
         check_samples_asked(n)
+        check_positions(prompts, params, self.position_limit)
         flat = [p for p in prompts for _ in range(n)]
         samples: list[Sample] = []
         was_training = self.model.training
