@@ -56,14 +56,13 @@ def test_engine_returns_n_samples_with_logprobs_and_lora_wraps(tiny):
         assert len(sample.logprobs) == len(sample.completion_ids) and all(lp <= 0 for lp in sample.logprobs)
 
 
-def test_sampling_past_learned_positions_is_one_line_and_a_rotary_model_runs_on(tiny):
+def test_past_learned_positions_is_one_line_and_a_rotary_model_runs_on(tiny):
     """GPT-2's positions are a learned table: a prompt and its new tokens past its end were an
     IndexError inside the model; a rotary Llama computes any position and has no such limit."""
     import transformers
 
     from omnigym.inference import make_engine
-    from omnigym.inference.engine import learned_position_limit
-    from omnigym.models.lm import build_tiny_tokenizer
+    from omnigym.models.lm import build_tiny_tokenizer, check_max_length, learned_position_limit
 
     tokenizer, vocab = build_tiny_tokenizer()
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -75,6 +74,10 @@ def test_sampling_past_learned_positions_is_one_line_and_a_rotary_model_runs_on(
     with pytest.raises(OmnigymError, match="a prompt of 17 tokens and up to 8 new ones need more than the "
                                            "model's 24 positions"):
         engine.generate([[5] * 4, [5] * 17], 1, SamplingParams(max_new_tokens=8))
+    check_max_length(gpt2, 24)
+    with pytest.raises(OmnigymError, match="--max-length 25 is more than the model's 24 positions"):
+        check_max_length(gpt2, 25)  # SFT, DPO and the reward models' first forward pass was that IndexError
+    check_max_length(load_model(tiny), 4096)
     rotary = make_engine(load_model(tiny), load_tokenizer(tiny))
     assert rotary.generate([[5] * 300], 1, SamplingParams(max_new_tokens=2))[0][0].completion_ids  # past its 256
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from omnigym.errors import OmnigymError
+from omnigym.models.lm import learned_position_limit
 
 
 @dataclass
@@ -62,21 +63,6 @@ def check_samples_asked(n: int) -> None:
     """``generate``'s ``n``: a negative one gave an empty group (hf) or was taken in silence (kv)."""
     if not (whole(n) and n >= 1):
         raise ValueError(f"n (samples per prompt) must be a whole number, 1 or more, got {n!r}")
-
-
-def learned_position_limit(model) -> int | None:
-    """The positions a model cannot go past: ``max_position_embeddings`` where a table of learned
-    position embeddings of that size holds them (GPT-2's ``wpe``; OPT's keeps 2 more rows), else
-    None. A rotary (Llama-family) model computes any position and runs on past its context,
-    degraded; a learned table has no row there, and sampling past it was an ``IndexError``."""
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        return None
-    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    for module in model.modules():
-        if isinstance(module, torch.nn.Embedding) and module is not tokens and module.num_embeddings in (limit, limit + 2):
-            return limit
-    return None
 
 
 def check_positions(prompts: list[list[int]], params: "SamplingParams", limit: int | None) -> None:

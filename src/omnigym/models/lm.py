@@ -381,6 +381,32 @@ def check_context(model, max_new_tokens: int) -> None:
                            "(prompt included); use fewer")
 
 
+def learned_position_limit(model) -> int | None:
+    """The positions a model cannot go past: ``max_position_embeddings`` where a table of learned
+    position embeddings of that size holds them (GPT-2's ``wpe``; OPT's keeps 2 more rows), else
+    None. A rotary (Llama-family) model computes any position and runs on past its context,
+    degraded; a learned table has no row there, and sampling past it was an ``IndexError``."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return None
+    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module is not tokens and module.num_embeddings in (limit, limit + 2):
+            return limit
+    return None
+
+
+def check_max_length(model, max_length: int) -> None:
+    """``--max-length`` within a learned position table (``learned_position_limit``), before the run
+    starts: longer sequences were an ``IndexError`` in the model's first forward pass."""
+    limit = learned_position_limit(model)
+    if limit is not None and max_length > limit:
+        raise OmnigymError(f"--max-length {max_length} is more than the model's {limit} positions (its position "
+                           f"embeddings are learned and end there): give --max-length {limit} or less")
+
+
 def stripped_special_tokens(tokenizer, ids: list[int], mask: list[int] | None = None) -> dict:
     """What ``decode(ids, skip_special_tokens=True)`` leaves out without a word: how many special
     tokens the model wrote (``mask`` 1; the end-of-sequence token that ends a reply not counted)

@@ -100,7 +100,7 @@ CONFIG = DPOConfig
 
 @scoped_run
 def train(cfg: DPOConfig) -> dict:
-    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+    from omnigym.models.lm import LoraSettings, check_max_length, load_policy_and_tokenizer
     from omnigym.pipelines.rlhf_demo import given_gold_reward, use_demo_pairs
 
     gold = given_gold_reward(cfg)  # a bad one: one line before the demo's stage runs
@@ -114,6 +114,7 @@ def train(cfg: DPOConfig) -> dict:
     gold = (gold or parse_weights(gold_reward)).to(cfg.device) if gold_reward else None
     policy, tokenizer = load_policy_and_tokenizer(start, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                   cfg.device, need_chat_template=False)
+    check_max_length(policy, cfg.max_length)
     _, heldout, training, _ = read_pairs(data, cfg.split, cfg.seed, cfg.eval_size, tokenizer, cfg.max_length)
     check_language_batch(f"--batch-size {cfg.batch_size}", 2 * min(cfg.batch_size, max(len(training.pairs), 1)),
                          longest_pair(training.pairs), policy.config)  # a pair's chosen and rejected replies

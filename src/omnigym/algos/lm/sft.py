@@ -74,12 +74,13 @@ CONFIG = SFTConfig
 
 @scoped_run
 def train(cfg: SFTConfig) -> dict:
-    from omnigym.models.lm import LoraSettings, load_policy_and_tokenizer
+    from omnigym.models.lm import LoraSettings, check_max_length, load_policy_and_tokenizer
 
     rows = shuffled_rows(cfg)
     run = start_run(cfg, "sft", cfg.model)
     model, tokenizer = load_policy_and_tokenizer(cfg.model, cfg.seed, cfg.chat_template, LoraSettings(r=cfg.lora_r),
                                                  cfg.device, need_chat_template=False)
+    check_max_length(model, cfg.max_length)
     heldout, training, examples = tokenized_examples(cfg, rows, tokenizer)
     check_language_batch(f"--batch-size {cfg.batch_size}", min(cfg.batch_size, max(len(examples), 1)),
                          max((len(ids) for ids, _ in examples), default=1), model.config)
