@@ -82,6 +82,30 @@ def test_past_learned_positions_is_one_line_and_a_rotary_model_runs_on(tiny):
     assert rotary.generate([[5] * 300], 1, SamplingParams(max_new_tokens=2))[0][0].completion_ids  # past its 256
 
 
+def test_max_length_past_learned_positions_refuses_the_run_in_one_line(tmp_path, capsys):
+    import json
+
+    import transformers
+
+    from omnigym.cli import main
+    from omnigym.models.lm import build_tiny_tokenizer
+
+    tokenizer, vocab = build_tiny_tokenizer()
+    model_dir = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=1, n_head=2, pad_token_id=vocab["<pad>"],
+        eos_token_id=vocab["<|end|>"])).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n" for i in range(20)))
+    run_dir = tmp_path / "run"
+    code = main(["train", "sft", "--model", str(model_dir), "--data", str(data), "--max-length", "64", "--steps", "1",
+                 "--eval-size", "2", "--run-dir", str(run_dir), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--max-length 64 is more than the model's 32 positions" in err and "Traceback" not in err
+    assert not run_dir.exists()
+
+
 def test_multi_turn_rollout_masks_tool_tokens(tiny):
     from omnigym.envs.text import ToolEnv
     from omnigym.generators.text_env import TextEnvGenerator
