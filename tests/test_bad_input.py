@@ -695,6 +695,15 @@ def test_a_damaged_log_names_its_line_and_a_torn_last_line_is_left_out(tmp_path,
     assert main(["plot", "run", "--out", "again.png"]) == 2
     assert capsys.readouterr().err.strip() == f"omnigym: error: {Path('run') / 'metrics.jsonl'} is damaged at line 3"
     assert not (tmp_path / "again.png").exists()
+    # valid JSON that is no row of metrics: a list was an AttributeError, a row without its step a KeyError
+    for line, bad in (("[1, 2]", 2), ('{"charts/episodic_return": 1.0}', 4), ('{"global_step": "7"}', 1)):
+        lines = rows.splitlines()
+        lines[bad - 1] = line
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        assert main(["plot", "run", "--out", "again.png"]) == 2
+        assert capsys.readouterr().err.strip() == (f"omnigym: error: {Path('run') / 'metrics.jsonl'} is damaged at "
+                                                   f"line {bad} (not a row of metrics with its global_step)")
+        assert not (tmp_path / "again.png").exists()
 
 
 def test_a_run_past_a_smaller_budget_is_refused_even_with_its_model_unsaved(tmp_path, capsys):

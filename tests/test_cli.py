@@ -45,6 +45,30 @@ def test_resume_without_checkpoint_starts_the_run_again(capsys, tmp_path):
     assert (tmp_path / "checkpoint.pt").exists() and len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 1
 
 
+def test_resume_of_a_run_whose_checkpoint_was_lost_is_refused_and_its_log_kept(capsys, tmp_path):
+    """A finished run whose checkpoint.pt was deleted was taken for a start killed before its first
+    checkpoint: --resume started it again from step 0 and replaced its log."""
+    run = tmp_path / "fin"
+    assert main(["train", "ppo", "--total-timesteps", "512", "--num-envs", "2", "--num-steps", "128", "--run-dir",
+                 str(run), "--no-progress", "--no-tensorboard"]) == 0
+    (run / "checkpoint.pt").unlink()
+    log = (run / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(run), "--total-timesteps", "1024", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run} has no checkpoint.pt, yet it finished (its curve.png is drawn at the end)" in err
+    assert (run / "metrics.jsonl").read_bytes() == log and not (run / "checkpoint.pt").exists()
+    # without a curve (--no-plot): a log past --checkpoint-every shows a checkpoint was written
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    (quiet / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1", "total_timesteps": 4096,
+                                                   "num_envs": 2, "num_steps": 128, "plot": False,
+                                                   "checkpoint_every": 1024}))
+    (quiet / "metrics.jsonl").write_text("".join(json.dumps({"global_step": s}) + "\n" for s in (512, 1024, 1536)))
+    assert main(["train", "ppo", "--resume", str(quiet), "--no-progress"]) == 2
+    assert "logged step 1536, past --checkpoint-every 1024" in capsys.readouterr().err
+
+
 def test_eval_on_corrupt_checkpoint(capsys, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
     (tmp_path / "checkpoint.pt").write_bytes(b"garbage")

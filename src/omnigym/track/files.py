@@ -94,9 +94,15 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):  # no newline after it: a write cut short (a killed run); the rows before stand
                 break
             raise OmnigymError(f"{path} is damaged at line {number}") from None
+        step = row.get("global_step") if isinstance(row, dict) else None
+        # every row omnigym writes is an object with its step: anything else was written by another hand (a
+        # list was an AttributeError in plot, a row without its step a KeyError)
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            raise OmnigymError(f"{path} is damaged at line {number} (not a row of metrics with its global_step)")
+        rows.append(row)
     return rows

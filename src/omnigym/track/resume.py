@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omnigym.errors import OmnigymError, a_run, shown_value, without_dots
 from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
-from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict
+from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict, read_metrics
 from omnigym.track.model_folder import complete_model, weights_fingerprint
 from omnigym.track.progress import whole_rollouts
 from omnigym.track.lock import LOCK_NAME
@@ -36,6 +36,7 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         refuse_what_a_killed_start_set_aside(run_dir)
         check_resumable(cfg, algo, load_config_dict(run_dir))
         if restarts(run_dir):
+            refuse_a_lost_checkpoint(run_dir, load_config_dict(run_dir))
             return run_dir, None
         saved = Checkpointer(run_dir).load()
         check_saved_state(cfg, run_dir, saved, algo)
@@ -100,6 +101,28 @@ def restarts(run_dir: Path) -> bool:
     ``--resume`` starts it again from step 0, with its own config (its files are set aside
     until the new start's first checkpoint, as ``--overwrite`` does)."""
     return not Checkpointer(run_dir).exists() and not (run_dir / MODEL_FOLDER).exists()
+
+
+def refuse_a_lost_checkpoint(run_dir: Path, config: dict) -> None:
+    """A run without a checkpoint that nonetheless shows one was written: it finished (its
+    curve.png is drawn at the end, after the last checkpoint) or logged past ``--checkpoint-every``.
+    Its checkpoint was deleted or lost, not never written, and starting it again from step 0 (as a
+    killed start is, ``restarts``) replaced a finished run's log with a new one."""
+    why = None
+    if (run_dir / "curve.png").exists():
+        why = "finished (its curve.png is drawn at the end)"
+    else:
+        every = config.get("checkpoint_every")
+        try:
+            last = max((row["global_step"] for row in read_metrics(run_dir)), default=0)
+        except OmnigymError:  # no log, or a damaged one: nothing shows a checkpoint was written
+            last = 0
+        if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= last:
+            why = f"logged step {last:g}, past --checkpoint-every {every} where its first checkpoint was written"
+    if why:
+        raise OmnigymError(f"{run_dir} has no {CHECKPOINT_NAME}, yet it {why}: the checkpoint was deleted or lost, "
+                           f"so the run cannot be resumed; put {CHECKPOINT_NAME} back, or start a new run in its place "
+                           f"with --run-dir {run_dir} --overwrite")
 
 
 def check_saved_state(cfg, run_dir: Path, saved: dict, algo: str) -> None:
