@@ -46,6 +46,13 @@ def datasets(tmp_path_factory):
         with h5py.File(root / "pendulum" / "noactions-v0" / "data" / "main_data.hdf5", "a") as file:
             for episode in file.values():
                 del episode["actions"]
+        # one reward nan, one observation inf: the first update's loss was nan, blamed on the learning rate
+        for name, field, value in (("nanreward-v0", "rewards", np.nan), ("infobs-v0", "observations", np.inf)):
+            shutil.copytree(root / "pendulum" / "random-v0", root / "pendulum" / name)
+            with h5py.File(root / "pendulum" / name / "data" / "main_data.hdf5", "a") as file:
+                values = file["episode_1"][field][()]
+                values[5] = value
+                file["episode_1"][field][...] = values
         import warnings
 
         with warnings.catch_warnings():
@@ -301,6 +308,14 @@ BAD = [
     *[(["train", algo, "--dataset", "pendulum/random-v0", "--gamma", "2"], "--gamma must be between 0 and 1, got 2")
       for algo in ("iql", "td3_bc", "cql", "bc")],
     (["train", "iql", "--dataset", "pendulum/random-v0", "--beta", "-3"], "--beta must be 0 or more"),
+    (["train", "td3_bc", "--dataset", "pendulum/nanreward-v0"],
+     "--dataset pendulum/nanreward-v0: episode 1 has a non-finite reward (nan) at step 5; offline RL cannot learn"),
+    (["train", "iql", "--dataset", "pendulum/infobs-v0"],
+     "--dataset pendulum/infobs-v0: episode 1 has a non-finite observation (inf) at step 5"),
+    # the evaluation's env was not checked as a training env is: a nan score, and exit 0
+    (["train", "iql", "--dataset", "pendulum/random-v0", "--env-kwargs", "g=nan", "--total-timesteps", "4",
+      "--eval-every", "2", "--eval-episodes", "1", "--batch-size", "8", "--no-progress"],
+     "the env returned a non-finite observation (nan) at env step 1"),
     (["collect", "random", "--episodes", "1", "--dataset", "pendulum/r-v0"], "a random policy needs the env"),
     (["collect", "random", "--env-id", "Pendulum-v1", "--episodes", "1", "--dataset", "no version"],
      "a Minari id is NAME-vN"),

@@ -40,6 +40,13 @@ def check_finite_obs(obs, step: int):
     return obs
 
 
+def check_finite_rewards(rewards: np.ndarray, step: int) -> None:
+    """A NaN or infinite reward would be a NaN loss later, blamed on the learning rate."""
+    if not np.isfinite(rewards).all():
+        raise OmnigymError(f"the env returned a non-finite reward ({rewards[~np.isfinite(rewards)][0]}) at env step "
+                           f"{step}; fix the env's reward, or clip it with a gymnasium wrapper")
+
+
 @dataclass(frozen=True)
 class LearningSignal:
     clip_rewards: bool = False
@@ -72,9 +79,7 @@ class EnvCursor:
         valid = ~self.autoreset
         self.steps += int(np.count_nonzero(valid))  # faster than valid.sum() on a bool array
         check_finite_obs(next_obs, self.steps)
-        if not np.isfinite(rewards).all():
-            raise OmnigymError(f"the env returned a non-finite reward ({rewards[~np.isfinite(rewards)][0]}) at env step "
-                               f"{self.steps}; fix the env's reward, or clip it with a gymnasium wrapper")
+        check_finite_rewards(rewards, self.steps)
         self.autoreset = terminated | truncated
         self.obs, self.info = self.prepare(next_obs), info
         if self.signal.life_loss_ends:

@@ -275,9 +275,16 @@ def read_episodes(dataset, label: str, obs_space, action_space, to_network=lambd
             require(observations.shape == (steps + 1, *obs_space.shape),
                     f"{label}: episode {episode.id} has observations of shape {observations.shape}, not "
                     f"({steps + 1}, {', '.join(map(str, obs_space.shape))})")
+            rewards = np.asarray(episode.rewards, dtype=np.float32)
+            for what, values in (("observation", observations), ("action", actions), ("reward", rewards)):
+                # nan or inf here was a NaN loss at the first update, blamed on the learning rate
+                if not np.isfinite(values).all():
+                    at = int(np.argwhere(~np.isfinite(values))[0][0])
+                    raise OmnigymError(f"{label}: episode {episode.id} has a non-finite {what} "
+                                       f"({values[~np.isfinite(values)][0]}) at step {at}; offline RL cannot learn "
+                                       "from it: fix that episode or collect the dataset again")
             if steps:
-                episodes.append((observations, actions, np.asarray(episode.rewards, dtype=np.float32),
-                                 np.asarray(episode.terminations, dtype=np.float32)))
+                episodes.append((observations, actions, rewards, np.asarray(episode.terminations, dtype=np.float32)))
     except OmnigymError:
         raise
     except KeyError as exc:  # HDF5/Arrow storage without a field (h5py names it inside its own sentence)
@@ -315,13 +322,19 @@ class Evaluator:
     @torch.no_grad()
     def __call__(self, act, step: int) -> dict:
         """``act(normalized obs tensor) -> actions tensor``; the metrics of the episodes it plays."""
+        from omnigym.envs.cursor import check_finite_obs, check_finite_rewards
+
         n = self.cfg.eval_episodes
         obs, _ = self.envs.reset(seed=self.cfg.seed + 7919 * step)  # a prime apart: no two evaluations share seeds
-        returns, done = np.zeros(n), np.zeros(n, dtype=bool)
+        check_finite_obs(obs, 0)  # as a training run's env is checked: a nan score otherwise, exit 0
+        returns, done, steps = np.zeros(n), np.zeros(n, dtype=bool), 0
         low, high = self.data.action_space.low, self.data.action_space.high
         while not done.all():
             actions = act(torch.as_tensor(self.data.obs_stats(self.to_network(obs)))).cpu().numpy().clip(low, high)
-            obs, _, _, _, info = self.envs.step(actions)
+            obs, rewards, _, _, info = self.envs.step(actions)
+            steps += n
+            check_finite_obs(obs, steps)
+            check_finite_rewards(np.asarray(rewards, dtype=np.float64), steps)
             if "episode" in info:
                 ended = info["_episode"] & ~done
                 returns[ended], done = info["episode"]["r"][ended], done | ended
