@@ -310,6 +310,9 @@ def run_copy(finished_run, tmp_path):
                                                                     "a file; name a folder for the videos"),
     (["eval", "RUN", "--video", "--video-dir", "RUN/config.json/sub"], "--video-dir RUN/config.json/sub: "
                                                                         "RUN/config.json is a file"),
+    # a folder the file system will not make read as "env CartPole-v1 could not be made: FileNotFoundError"
+    (["eval", "RUN", "--video", "--video-dir", "/proc/omnigym-videos/eval"], "--video-dir /proc/omnigym-videos/eval "
+                                                                             "cannot be made"),
 ])
 def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, argv, message):
     argv = [str(run_copy) if a == "RUN" else str(run_copy.parent / "other") if a == "OTHER" else
@@ -821,3 +824,17 @@ def test_a_resume_without_the_replay_buffer_says_it_refills_it(tmp_path, monkeyp
     assert main(["train", "dqn", "--resume", "run", "--total-timesteps", "800", "--no-progress", "--no-plot"]) == 0
     assert "the checkpoint holds no replay buffer (--save-buffer was off), so the resumed run fills it again for " \
            "200 steps" in capsys.readouterr().err
+
+
+def test_a_run_dir_through_a_broken_symbolic_link_is_one_line(tmp_path, monkeypatch, capsys):
+    """A dangling link or a link to itself as --run-dir said 'cannot write to run directory ...: File exists'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to("loop")
+    for run_dir, link, target in (("dangling", "dangling", tmp_path / "nowhere"), ("loop", "loop", "loop"),
+                                  ("dangling/sub", "dangling", tmp_path / "nowhere")):
+        assert main(["train", "ppo", "--run-dir", run_dir, "--total-timesteps", "256", "--no-progress"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"omnigym: error: --run-dir {run_dir}: {link} is a symbolic link to {target}, which does not exist or "
+            "leads back to itself; make its target, or choose another --run-dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "loop"] and not (tmp_path / "nowhere").exists()

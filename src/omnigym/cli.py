@@ -271,6 +271,7 @@ def evaluate(argv: list[str]) -> None:
         blocking = next((p for p in (Path(video_dir), *Path(video_dir).parents) if p.exists()), None)
         if blocking is not None and not blocking.is_dir():
             raise OmnigymError(f"--video-dir {video_dir}: {blocking} is a file; name a folder for the videos")
+        check_can_make(Path(video_dir))
     before = set(Path(video_dir).glob("*.mp4")) if video_dir else set()
     # Videos written into the run directory make eval one of its writers: not while it trains.
     lock = RunLock(Path(args.run_dir))
@@ -549,6 +550,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if "omnigym.distributed" in sys.modules:  # a torchrun process: its process group goes before exit
             sys.modules["omnigym.distributed"].leave_process_group()
+
+
+def check_can_make(folder: Path) -> None:
+    """``--video-dir`` can be made (made and removed again here): a folder under /proc, or one the
+    file system refuses, read as the env failing to be made (FileNotFoundError)."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OmnigymError(f"--video-dir {folder} cannot be made ({exc.strerror or exc}); name a folder you can "
+                           "write to") from None
+    for path in made:  # deepest first: nothing is left if the evaluation goes no further
+        path.rmdir()
 
 
 def run_command(argv: list[str]) -> int:

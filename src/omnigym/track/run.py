@@ -48,7 +48,8 @@ from omnigym.track.metrics import MetricsLog
 from omnigym.track.model_folder import mark_resumed, save_model_folder
 from omnigym.track.resume import (DATA_FILES_KEY, PATHS_KEY, WEIGHTS_KEY, checked_run_dir, recorded_data,
                                   recorded_paths, recorded_weights, same_path)
-from omnigym.track.run_dir import MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir
+from omnigym.track.run_dir import (MODEL_FOLDER, STAGES_FOLDER, RunDirectory, default_run_dir, is_run_dir,
+                                   refuse_a_broken_link)
 
 __all__ = ["MODEL_FOLDER", "STAGES_FOLDER", "Run", "TrainCall", "current_call", "decided_run_dir", "start_run",
            "within_call"]
@@ -423,6 +424,7 @@ def start_run(cfg, algo: str, label) -> Run:
     # refused as in use, not judged half-made) and before anything is written; a new directory
     # is made for it (removed again if the run does not start). GRPO's warm-up and the RLHF
     # demo's stages, written before ``begin``, are under it too.
+    refuse_a_broken_link(Path(call.run_dir_for(cfg, algo, label)), "--resume" if cfg.resume else "--run-dir")
     lock = RunLock(Path(call.run_dir_for(cfg, algo, label)))
     try:
         locked = lock.acquire(create=not cfg.resume)

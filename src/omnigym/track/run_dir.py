@@ -227,6 +227,15 @@ def name_too_long(path) -> str:
     return f"{shown}: a name in this path is longer than the {NAME_MAX} bytes a file system allows; give a shorter one"
 
 
+def refuse_a_broken_link(path: Path, flag: str) -> None:
+    """A symbolic link on the way to ``path`` that leads nowhere (a missing target, or a loop):
+    making the run's folder there said "File exists"."""
+    for link in (path, *path.parents):
+        if link.is_symlink() and not link.exists():
+            raise OmnigymError(f"{flag} {path}: {link} is a symbolic link to {os.readlink(link)}, which does not "
+                               f"exist or leads back to itself; make its target, or choose another {flag}")
+
+
 def check_writable(path: Path) -> None:
     """``path`` can be created: its nearest existing ancestor is a writable directory."""
     parent = path
