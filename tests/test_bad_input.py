@@ -838,3 +838,14 @@ def test_a_run_dir_through_a_broken_symbolic_link_is_one_line(tmp_path, monkeypa
             f"omnigym: error: --run-dir {run_dir}: {link} is a symbolic link to {target}, which does not exist or "
             "leads back to itself; make its target, or choose another --run-dir")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "loop"] and not (tmp_path / "nowhere").exists()
+
+
+def test_a_run_dir_with_a_runs_files_but_no_config_is_not_offered_to_resume(tmp_path, capsys):
+    """It said 'continue it with --resume', and that --resume said 'not a run directory'."""
+    (tmp_path / "nc").mkdir()
+    (tmp_path / "nc" / "checkpoint.pt").write_bytes(b"")
+    assert main(["train", "ppo", "--run-dir", str(tmp_path / "nc"), "--total-timesteps", "256"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"omnigym: error: {tmp_path / 'nc'} already holds a run's files without its config.json, so it cannot be "
+        "resumed; choose a new --run-dir, or replace it with --overwrite")
+    assert sorted(p.name for p in (tmp_path / "nc").iterdir()) == ["checkpoint.pt"]

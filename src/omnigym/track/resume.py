@@ -47,8 +47,12 @@ def checked_run_dir(cfg, algo: str, label, decided: str | None = None) -> tuple[
         refuse_what_a_killed_start_set_aside(run_dir)
         refuse_a_run_inside_another(run_dir)
         if run_dir.is_dir() and is_run_dir(run_dir) and not cfg.overwrite:
-            keep = f"continue it with --resume {run_dir}, or " if cfg.RESUMABLE else "choose a new --run-dir, or "
-            raise OmnigymError(f"{run_dir} already holds a run; {keep}replace it with --overwrite")
+            # without its config.json, --resume cannot read it ("not a run directory"): not a way on to offer
+            resumable = cfg.RESUMABLE and (run_dir / CONFIG_NAME).is_file()
+            keep = f"continue it with --resume {run_dir}, or " if resumable else "choose a new --run-dir, or "
+            what = "a run" if (run_dir / CONFIG_NAME).is_file() or not cfg.RESUMABLE else \
+                "a run's files without its config.json, so it cannot be resumed"
+            raise OmnigymError(f"{run_dir} already holds {what}; {keep}replace it with --overwrite")
         # a demo's start that stopped before its first checkpoint leaves its finished stages: a new
         # start there reuses them (the pipelines remake an unfinished one)
         if run_dir.is_dir() and not is_run_dir(run_dir) and any(
