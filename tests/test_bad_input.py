@@ -27,6 +27,19 @@ CASES = [
     (["train", "ppo", "--num-envs", "0"], "--num-envs must be positive, got 0"),
     (["train", "ppo", "--total-timesteps", "-5"], "--total-timesteps must be positive, got -5"),
     (["train", "dqn", "--buffer-size", "0"], "--buffer-size must be positive, got 0"),
+    # taken: every minibatch drew the one transition 64 times
+    (["train", "dqn", "--buffer-size", "1"], "--buffer-size 1 holds fewer transitions than one --batch-size 64 "
+                                             "minibatch; give --buffer-size 64 or more"),
+    (["train", "sac", "--buffer-size", "100"], "--buffer-size 100 holds fewer transitions than one --batch-size 256"),
+    # no widths trained a linear policy in silence
+    (["train", "ppo", "--hidden"], "--hidden needs one or more values, got none (e.g. --hidden 64 64)"),
+    (["train", "td3", "--hidden"], "--hidden needs one or more values, got none"),
+    # "" read as not given: a new run under runs/
+    (["train", "ppo", "--run-dir", ""], "--run-dir is empty; name a directory"),
+    # gymnasium refuses 0 but took -1: one-step episodes
+    (["train", "ppo", "--env-kwargs", "max_episode_steps=-1"], "--env-kwargs max_episode_steps must be a whole number "
+                                                               "of steps, 1 or more, got -1"),
+    (["train", "ppo", "--env-kwargs", "max_episode_steps=2.5"], "max_episode_steps must be a whole number"),
     (["train", "dqn", "--batch-size", "0"], "--batch-size must be positive, got 0"),
     (["train", "ppo", "--device", "cuda"], "--device cuda: torch sees no CUDA GPU here"),
     (["train", "ppo", "--device", "gpu0"], "unknown --device 'gpu0'; use cpu, cuda, cuda:N or mps"),
@@ -281,7 +294,7 @@ def run_copy(finished_run, tmp_path):
     (["train", "ppo", "--resume", "RUN", "--hidden", "32", "32"], "RUN was made with --hidden 64 64, not 32 32"),
     (["train", "ppo", "--resume", "RUN", "--env-id", "Acrobot-v1"], "RUN was made with --env-id CartPole-v1, not "
                                                                      "Acrobot-v1"),
-    (["train", "ppo", "--resume", "RUN", "--normalize-obs"], "RUN was made with --normalize-obs False, not True"),
+    (["train", "ppo", "--resume", "RUN", "--normalize-obs"], "RUN was made with --no-normalize-obs, not --normalize-obs"),
     (["train", "ppo", "--resume", "RUN", "--run-dir", "OTHER"], "give either --resume"),
     (["train", "reinforce", "--run-dir", "RUN"], "RUN already holds a run"),
     # text_reinforce keeps no checkpoint and refuses --resume: the line must not offer it

@@ -342,3 +342,17 @@ def test_sac_with_her_learns_fetch_reach(tmp_path):
     evaluate_run(str(tmp_path / "run"), episodes=20, greedy=True, successes=successes)
     assert np.mean(successes) >= 0.9
     assert success_rates(tmp_path / "run")[0] < 0.5
+
+
+def test_her_is_fixed_on_resume(tmp_path, capsys):
+    """--no-her on a HER run's resume was taken (a plain buffer went on from a goal run), and with a saved --her-k
+    refused as '--her-k and --her-strategy are for --her', flags the user never gave."""
+    run = tmp_path / "run"
+    assert main(["train", "dqn", "--env-id", "omnigym/BitFlip-v0", "--her", "--her-k", "8", "--total-timesteps", "200",
+                 "--learning-starts", "100", "--run-dir", str(run), "--no-progress", "--no-plot"]) == 0
+    before = test_bad_input.snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "dqn", "--resume", str(run), "--no-her", "--total-timesteps", "400"]) == 2
+    assert capsys.readouterr().err.strip() == (f"omnigym: error: {run} was made with --her, not --no-her; its "
+                                               "checkpoint only fits its own setting (leave the flag out to keep it)")
+    assert test_bad_input.snapshot(run) == before

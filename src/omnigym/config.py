@@ -23,8 +23,18 @@ def require_positive(cfg, *names: str) -> None:
     """Each named flag above 0 (each element of a tuple flag such as --hidden)."""
     for name in names:
         value = getattr(cfg, name)
+        # --hidden with no widths parsed as () and trained a linear policy in silence
+        require(value != (), f"{flag(name)} needs one or more values, got none (e.g. {flag(name)} 64 64)")
         ok = all(v > 0 for v in value) if isinstance(value, tuple) else value > 0
         require(ok, f"{flag(name)} must be positive, got {value}")
+
+
+def require_buffer_holds_a_batch(cfg) -> None:
+    """An off-policy replay memory holds at least one minibatch (``--buffer-size 1`` with a batch of 64
+    was taken, and every minibatch drew the same transition 64 times)."""
+    require(cfg.buffer_size >= cfg.batch_size, f"--buffer-size {cfg.buffer_size} holds fewer transitions than one "
+                                               f"--batch-size {cfg.batch_size} minibatch; give --buffer-size "
+                                               f"{cfg.batch_size} or more")
 
 
 def require_non_negative(cfg, *names: str) -> None:
@@ -189,6 +199,8 @@ class RunConfig:
                     "wandb is not installed; install it with: pip install 'omnigym[wandb]'")
         require(not (self.resume and self.overwrite), "--resume continues a run and --overwrite replaces it; "
                                                       "give one of them")
+        for name in ("run_dir", "resume"):  # "" read as not given: a new run under runs/, even for --resume ""
+            require(getattr(self, name) != "", f"{flag(name)} is empty; name a directory")
         check_device(self.device)
         check_named_folders(self)
 

@@ -142,6 +142,10 @@ def parse_env_kwargs(pairs) -> dict:
             # inf and nan are floats to Python's float(), not literals: g=inf reached the env as "inf"
             special = value.strip().lower().lstrip("+-") in ("inf", "infinity", "nan")
             kwargs[key.strip()] = float(value) if special else value
+    steps = kwargs.get("max_episode_steps")
+    # gymnasium refuses 0 but took -1, and every episode was one step long
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise OmnigymError(f"--env-kwargs max_episode_steps must be a whole number of steps, 1 or more, got {steps!r}")
     return kwargs
 
 

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from omnigym.errors import OmnigymError, a_run, shown_value, without_dots
+from omnigym.errors import OmnigymError, a_run, show_flag, shown_value, without_dots
 from omnigym.track.checkpoint import CHECKPOINT_NAME, Checkpointer
 from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, load_config_dict, read_metrics
 from omnigym.track.model_folder import complete_model, weights_fingerprint
@@ -206,6 +206,8 @@ def check_fixed_settings(cfg, saved_config: dict) -> None:
             made = f"without {flag_name}" if then in ([], None) else f"with {flag_name} {shown_value(then)}{where}"
             given = (f"{flag_name} {shown_value(now)}" if then in ([], None) else "none" if now in ([], None)
                      else shown_value(now))
+            if isinstance(then, bool) and isinstance(now, bool):  # "made with --her, not --no-her"
+                made, given = f"with {show_flag(name, then)}", show_flag(name, now)
             raise OmnigymError(f"{cfg.resume} was made {made}, not {given}; its checkpoint only fits its own setting "
                                "(leave the flag out to keep it)")
 

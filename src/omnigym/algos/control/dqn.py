@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
+from omnigym.config import (ControlConfig, require_buffer_holds_a_batch, require_fraction, require_non_negative,
+                            require_positive)
 from omnigym.envs.cursor import EnvCursor
 from omnigym.envs.goal import network_view
 from omnigym.envs.atari import is_atari
@@ -66,7 +67,7 @@ class DQNConfig(HindsightFlags, ControlConfig):
     save_buffer: bool = False
     """put the replay memory in checkpoints (exact resume; large on Atari)"""
 
-    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("buffer_size",)
+    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("buffer_size", "her")  # a HER replay buffer is not a plain one
     PRESETS = {
         "atari": ("CleanRL dqn_atari.py, the DQN Nature paper's settings", dict(
             total_timesteps=10_000_000, num_envs=1, learning_rate=1e-4, buffer_size=1_000_000, gamma=0.99, tau=1.0,
@@ -78,6 +79,7 @@ class DQNConfig(HindsightFlags, ControlConfig):
         super().check()
         require_positive(self, "learning_rate", "buffer_size", "batch_size", "train_frequency", "gradient_steps",
                          "target_network_frequency", "log_every")
+        require_buffer_holds_a_batch(self)
         require_non_negative(self, "learning_starts")
         require_fraction(self, "gamma", "start_e", "end_e", "exploration_fraction")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
@@ -98,7 +100,8 @@ def train(cfg: DQNConfig) -> dict:
     obs_space, network_input = network_view(envs.single_observation_space)  # goal envs: observation ++ goal
     try:  # before the run directory exists
         require(isinstance(envs.single_action_space, gym.spaces.Discrete),
-                f"DQN needs a discrete action space, but {cfg.env_id} has {envs.single_action_space}; use ppo")
+                f"DQN needs a discrete action space, but {cfg.env_id} has {envs.single_action_space}; use ppo (or "
+                "sac) for continuous actions")
         stacked = len(obs_space.shape) == 3 and is_atari(cfg.env_id)
         buffer = replay_buffer(cfg, envs, (), np.int64, obs_dtype=obs_space.dtype,
                                frame_stack=cfg.frame_stack if stacked else 1)  # --her relabels goal envs'

@@ -44,7 +44,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
+from omnigym.config import (ControlConfig, require_buffer_holds_a_batch, require_fraction, require_non_negative,
+                            require_positive)
 from omnigym.envs.cursor import EnvCursor
 from omnigym.envs.pixels import frames_per_step
 from omnigym.envs.vector import make_run_envs
@@ -107,6 +108,7 @@ class DrQConfig(ControlConfig):
         require_positive(self, "buffer_size", "batch_size", "learning_rate", "actor_update_frequency",
                          "target_update_frequency", "update_every", "init_temperature", "features", "log_every",
                          "hidden")
+        require_buffer_holds_a_batch(self)
         require_non_negative(self, "learning_starts", "image_pad")
         require_fraction(self, "gamma")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")

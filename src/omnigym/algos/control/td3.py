@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
+from omnigym.config import (ControlConfig, require_buffer_holds_a_batch, require_fraction, require_non_negative,
+                            require_positive)
 from omnigym.envs.cursor import EnvCursor
 from omnigym.envs.goal import network_view
 from omnigym.envs.vector import make_run_envs
@@ -68,11 +69,12 @@ class TD3Config(HindsightFlags, ControlConfig):
     log_every: int = 1000
     """env steps between metric lines"""
 
-    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("buffer_size",)
+    RESUME_FIXED = ControlConfig.RESUME_FIXED + ("buffer_size", "her")  # a HER replay buffer is not a plain one
 
     def check(self) -> None:
         super().check()
         require_positive(self, "learning_rate", "buffer_size", "batch_size", "policy_frequency", "log_every", "hidden")
+        require_buffer_holds_a_batch(self)
         require_non_negative(self, "learning_starts", "policy_noise", "noise_clip", "exploration_noise")
         require_fraction(self, "gamma")
         require(0 < self.tau <= 1, f"--tau must be in (0, 1], got {self.tau}")
