@@ -121,7 +121,8 @@ def refuse_a_lost_checkpoint(run_dir: Path, config: dict) -> None:
             last = max((row["global_step"] for row in read_metrics(run_dir)), default=0)
         except OmnigymError:  # no log, or a damaged one: nothing shows a checkpoint was written
             last = 0
-        if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= last:
+        # past it, not at it: a start killed between logging that step and writing its checkpoint restarts
+        if isinstance(every, int) and not isinstance(every, bool) and 0 < every < last:
             why = f"logged step {last:g}, past --checkpoint-every {every} where its first checkpoint was written"
     if why:
         raise OmnigymError(f"{run_dir} has no {CHECKPOINT_NAME}, yet it {why}: the checkpoint was deleted or lost, "
