@@ -143,3 +143,23 @@ def test_a_pair_with_an_empty_reply_still_gives_its_prompt(tmp_path):
     path = tmp_path / "hh.jsonl"
     path.write_text(json.dumps({"chosen": "\n\nHuman: hi\n\nAssistant: ", "rejected": "\n\nHuman: hi\n\nAssistant: go"}) + "\n")
     assert [p for _, p in read_prompts(str(path), "train", 1)] == [[{"role": "user", "content": "hi"}]]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_file_with_bad_rows_names_its_first_whatever_the_seed(tokenizer, tmp_path, seed):
+    """The rows are read in a seeded shuffle: the refusal named whichever bad row the seed put first (line 18 or
+    31 for some seeds), and after it was fixed, another. Now the first in the file (line 4), for any seed."""
+    from omnigym.algos.lm.sft import SFTConfig, shuffled_rows, tokenized_examples
+
+    pairs, sft = tmp_path / "pairs.jsonl", tmp_path / "sft.jsonl"
+    bad = {3, 17, 30}
+    pairs.write_text("".join(json.dumps({"prompt": "x", "chosen": "y"} if i in bad else
+                                        {"prompt": f"q{i}", "chosen": f"a{i}", "rejected": f"b{i}"}) + "\n"
+                             for i in range(40)))
+    with pytest.raises(OmnigymError, match=rf"^{pairs}:4: a preference row needs chosen and rejected"):
+        read_pairs(str(pairs), "train", seed, 4, tokenizer, 64)
+    sft.write_text("".join(json.dumps({"question": "x"} if i in bad else {"prompt": f"q{i}", "completion": f"a{i}"})
+                           + "\n" for i in range(40)))
+    cfg = SFTConfig(data=str(sft), seed=seed, eval_size=4)
+    with pytest.raises(OmnigymError, match=rf"^{sft}:4: an SFT row needs prompt and completion"):
+        tokenized_examples(cfg, shuffled_rows(cfg), tokenizer)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 from omnigym.errors import OmnigymError, missing_extra
@@ -239,3 +240,20 @@ def read_rows(source: str, split: str = "train") -> list[tuple[str, dict]]:
         raise OmnigymError(f"--data {source}: not a .jsonl file, a built-in set, or a dataset that loads offline "
                            f"({detail[:200]})") from None
     return [(f"{source}[{split}][{i}]", dict(row)) for i, row in enumerate(data)]
+
+
+def first_refusal(rows: list[tuple[str, dict]], check, refused: OmnigymError) -> OmnigymError:
+    """What to say when the rows, read in a seeded shuffle, were refused with ``refused``: the
+    refusal of the first row in file order that ``check(where, row)`` refuses (a file with many
+    bad rows named one chosen by the seed, and after it was fixed, another), else ``refused``
+    (a refusal of the set as a whole). Only on this error path are the rows read again."""
+    def place(item):
+        found = re.search(r"^(.*?)(?::|\s#)(\d+)$", item[0])  # "data.jsonl:12", "gsm8k #3"
+        return (found.group(1), int(found.group(2))) if found else (item[0], 0)
+
+    for where, row in sorted(rows, key=place):
+        try:
+            check(where, row)
+        except OmnigymError as exc:
+            return exc
+    return refused

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 
 from omnigym.errors import OmnigymError
-from omnigym.tasks.datasets import check_held_out, check_messages, read_rows
+from omnigym.tasks.datasets import check_held_out, check_messages, first_refusal, read_rows
 from omnigym.tasks.sft_data import to_sequence
 
 HH_TURN = re.compile(r"\n\n(Human|Assistant): ?")
@@ -131,6 +131,25 @@ def prompt_text(reply) -> str:
     return reply if isinstance(reply, str) else "".join(str(m.get("content", "")) for m in reply if isinstance(m, dict))
 
 
+def row_margin(where: str, row: dict) -> float:
+    margin = row.get("margin", 0.0)
+    # Infinity passed, and made the loss inf: "loss became inf ... check the env's observations"
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+        raise OmnigymError(f"{where}: margin must be a finite number, got {margin!r}")
+    return float(margin)
+
+
+def check_pair_row(where: str, row: dict, tokenizer) -> None:
+    """What ``tokenize_pairs`` refuses of one row (a row it leaves out is no refusal)."""
+    try:
+        prompt, chosen, rejected = split_row(where, row)
+    except UnusablePair:
+        return
+    for reply in (chosen, rejected):
+        to_sequence(where, {"prompt": prompt, "completion": reply}, tokenizer, completion_only=True)
+    row_margin(where, row)
+
+
 def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, which: str = "") -> PreferenceData:
     """Token pairs of ``rows``: prompt + reply is cut to ``max_length`` tokens (the reply's
     tail goes; the cut is counted). A pair is dropped when its prompt leaves no room for a
@@ -158,11 +177,7 @@ def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, whi
         if chosen_ids == rejected_ids:
             dropped += 1
             continue
-        margin = row.get("margin", 0.0)
-        # Infinity passed, and made the loss inf: "loss became inf ... check the env's observations"
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
-            raise OmnigymError(f"{where}: margin must be a finite number, got {margin!r}")
-        pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, float(margin), prompt))
+        pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, row_margin(where, row), prompt))
     if unusable and not pairs:
         raise unusable[0]
     if unusable:
@@ -185,8 +200,13 @@ def read_pairs(source: str, split: str, seed: int, eval_size: int, tokenizer, ma
         raise OmnigymError(f"--data {source} has no pairs")
     check_held_out(f"--data {source}", len(rows), "pairs", eval_size)
     random.Random(seed).shuffle(rows)
-    heldout = tokenize_pairs(rows[:eval_size], tokenizer, max_length, "held-out ")
-    training = tokenize_pairs(rows[eval_size:], tokenizer, max_length, "training ")
+    try:
+        heldout = tokenize_pairs(rows[:eval_size], tokenizer, max_length, "held-out ")
+        training = tokenize_pairs(rows[eval_size:], tokenizer, max_length, "training ")
+    except UnusablePair:  # the whole set: no row of it can teach a preference
+        raise
+    except OmnigymError as refused:
+        raise first_refusal(rows, lambda where, row: check_pair_row(where, row, tokenizer), refused) from None
     # from a pair that was kept: the shuffled first row could be one left out (chosen the same as rejected), whose
     # split refused the whole file for some seeds and not others
     conversational = isinstance(training.pairs[0].source_prompt, list)

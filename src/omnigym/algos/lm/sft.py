@@ -26,8 +26,8 @@ from omnigym.models.tokens import batch_logprobs, local_batch, make_trained_batc
 from omnigym.optim import adamw
 from omnigym.process import scoped_run
 from omnigym.rl.losses import check_finite, nll_loss
-from omnigym.tasks.datasets import check_held_out
-from omnigym.tasks.sft_data import pack, read_sft_rows, tokenize_rows
+from omnigym.tasks.datasets import check_held_out, first_refusal
+from omnigym.tasks.sft_data import pack, read_sft_rows, to_sequence, tokenize_rows
 from omnigym.track.progress import Clock, ProgressBar
 from omnigym.track.stopping import checkpoint_due
 from omnigym.resources import check_language_batch
@@ -132,10 +132,14 @@ def shuffled_rows(cfg: SFTConfig) -> list[dict]:
 def tokenized_examples(cfg: SFTConfig, rows: list[dict], tokenizer):
     """The held-out and the training examples tokenized, and what a step draws from: the
     training examples, or with --packing their blocks of --max-length tokens."""
-    heldout = tokenize_rows(rows[:cfg.eval_size], tokenizer, cfg.max_length, cfg.completion_only, "held-out ")
-    # Packing cuts the stream of whole examples into blocks; cutting each example first would lose its tail.
-    training = tokenize_rows(rows[cfg.eval_size:], tokenizer, None if cfg.packing else cfg.max_length,
-                             cfg.completion_only, "training ")
+    try:
+        heldout = tokenize_rows(rows[:cfg.eval_size], tokenizer, cfg.max_length, cfg.completion_only, "held-out ")
+        # Packing cuts the stream of whole examples into blocks; cutting each example first would lose its tail.
+        training = tokenize_rows(rows[cfg.eval_size:], tokenizer, None if cfg.packing else cfg.max_length,
+                                 cfg.completion_only, "training ")
+    except OmnigymError as refused:
+        raise first_refusal(rows, lambda where, row: to_sequence(where, row, tokenizer, cfg.completion_only),
+                            refused) from None
     examples = pack(training.sequences, cfg.max_length) if cfg.packing else training.sequences
     return heldout, training, examples
 
