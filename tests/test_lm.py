@@ -236,3 +236,36 @@ def test_a_reward_model_is_not_taken_for_a_language_model(tmp_path):
                                            r"head\); give a language model: .* finished sft, grpo, dpo, online_dpo, "
                                            r"rlhf or distill run"):
         resolve_model(str(tmp_path / "run"), f"--teacher {tmp_path / 'run'}")
+
+
+def test_models_omnigym_cannot_train_are_one_line_each(tmp_path):
+    """A tokenizer without an end-of-sequence token, a BERT loaded as a causal LM (its attention reads later
+    tokens: it trained and sampled in silence) and an embedding table shorter than the tokenizer were a
+    traceback or wrong results in the first batch."""
+    import transformers
+
+    from omnigym.models.lm import build_tiny_tokenizer, load_policy_and_tokenizer
+
+    def saved(name, model, tokenizer):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        return str(tmp_path / name)
+
+    tokenizer, vocab = build_tiny_tokenizer()
+    llama = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 pad_token_id=vocab["<pad>"], eos_token_id=vocab["<|end|>"])
+    short = saved("short", transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=len(vocab) - 20, **llama)),
+                  tokenizer)
+    with pytest.raises(OmnigymError, match=f"its tokenizer has {len(vocab)} tokens and its embedding table "
+                                           f"{len(vocab) - 20} rows"):
+        load_policy_and_tokenizer(short)
+    bert = saved("bert", transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        pad_token_id=vocab["<pad>"])), tokenizer)
+    with pytest.raises(OmnigymError, match="a bert model reads all of its input at once"):
+        load_policy_and_tokenizer(bert)
+    tokenizer.eos_token = None
+    no_end = saved("no-end", transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=len(vocab), **llama)),
+                   tokenizer)
+    with pytest.raises(OmnigymError, match="has no end-of-sequence token, which ends every reply"):
+        load_policy_and_tokenizer(no_end)

@@ -112,10 +112,10 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_cha
     if need_chat_template and not getattr(tokenizer, "chat_template", None):
         raise OmnigymError(f"{name_or_path} has no chat template; give one with --chat-template "
                            "(a Jinja string or a file that holds one)")
+    if tokenizer.eos_token is None:  # it ends every reply and sequence: without it, a traceback in the first batch
+        raise OmnigymError(f"the tokenizer of {name_or_path} has no end-of-sequence token, which ends every reply; "
+                           "set one (tokenizer.eos_token = ...) and save it again")
     if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise OmnigymError(f"the tokenizer of {name_or_path} has neither a pad token nor an end-of-sequence "
-                               "token; set one (tokenizer.pad_token = ...) and save it again")
         tokenizer.pad_token = tokenizer.eos_token  # safe: every batch carries an attention mask
     tokenizer.padding_side = "left"
     return tokenizer
@@ -130,6 +130,25 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
+ENCODER_ONLY = frozenset({"bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "electra", "ernie", "rembert",
+                          "roformer", "bert-generation", "data2vec-text", "xmod", "megatron-bert", "big_bird", "nezha",
+                          "qdqbert", "mra", "modernbert"})
+"""model types ``AutoModelForCausalLM`` loads whose attention is bidirectional unless ``is_decoder``"""
+
+
+def check_vocabulary(model, tokenizer, name: str) -> None:
+    """Every token the tokenizer writes has a row in the model's embedding table (a table cut shorter
+    than the tokenizer was an IndexError in the first forward pass)."""
+    try:
+        rows = model.get_input_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError):  # a model without a token table to compare (the LSTM's own)
+        return
+    if len(tokenizer) > rows:
+        raise OmnigymError(f"--model {name}: its tokenizer has {len(tokenizer)} tokens and its embedding table {rows} "
+                           f"rows, so token ids {rows} and up have no embedding; resize the model to its tokenizer "
+                           "(model.resize_token_embeddings(len(tokenizer))) and save it again")
+
+
 def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str = "float32", device: str = "cpu"):
     transformers = _transformers()
     import torch
@@ -142,6 +161,12 @@ def load_model(name_or_path: str, lora: LoraSettings | None = None, dtype: str =
         model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
     except LOAD_ERRORS as exc:
         raise LoadFailed(f"cannot load a model from {name_or_path}: {first_line(exc)}") from None
+    if model.config.model_type in ENCODER_ONLY and not getattr(model.config, "is_decoder", False):
+        # transformers loads them as causal LMs, with attention that reads later tokens: trained and sampled
+        # without a word, and wrong
+        raise LoadFailed(f"a {model.config.model_type} model reads all of its input at once (its config's is_decoder "
+                         "is false), so it cannot write text a token at a time; omnigym trains causal language models "
+                         "(Llama, Qwen2, GPT-2, ...)")
     model.to(device)
     if lora is not None and lora.r > 0:
         from omnigym.models.lstm_lm import MODEL_TYPE
@@ -367,9 +392,11 @@ def load_policy_and_tokenizer(name_or_path: str, seed: int = 0, chat_template: s
     with model_folder(name_or_path, seed, lstm_hidden) as source:
         try:
             tokenizer = load_tokenizer(source, chat_template, need_chat_template)  # first: the cheaper failure
-            return load_model(source, lora, device=device), tokenizer
+            model = load_model(source, lora, device=device)
         except LoadFailed as exc:
             raise OmnigymError(f"--model {name_or_path}: {exc}") from None
+    check_vocabulary(model, tokenizer, name_or_path)
+    return model, tokenizer
 
 
 def check_context(model, max_new_tokens: int) -> None:

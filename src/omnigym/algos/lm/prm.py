@@ -132,7 +132,7 @@ def step_examples(cfg: PRMConfig) -> tuple[list[dict], list[dict]]:
 
 @scoped_run
 def train(cfg: PRMConfig) -> dict:
-    from omnigym.models.lm import check_max_length, load_tokenizer, model_folder
+    from omnigym.models.lm import check_max_length, check_vocabulary, load_tokenizer, model_folder
     from omnigym.models.scalar_head import finish_reward_model, load_scalar_model
 
     train_set, heldout_set = step_examples(cfg)
@@ -141,6 +141,7 @@ def train(cfg: PRMConfig) -> dict:
         tokenizer = load_tokenizer(folder, cfg.chat_template)
         model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
     check_max_length(model, cfg.max_length)
+    check_vocabulary(model, tokenizer, cfg.model)
     heldout = labelled(heldout_set, random.Random(cfg.seed + 10_000), cfg.wrong_per_problem, tokenizer,
                        cfg.max_length)
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)

@@ -78,7 +78,7 @@ CONFIG = RMConfig
 
 @scoped_run
 def train(cfg: RMConfig) -> dict:
-    from omnigym.models.lm import check_max_length, load_tokenizer, model_folder
+    from omnigym.models.lm import check_max_length, check_vocabulary, load_tokenizer, model_folder
     from omnigym.models.scalar_head import finish_reward_model, load_scalar_model
 
     run = start_run(cfg, "rm", cfg.model)
@@ -95,6 +95,7 @@ def train(cfg: RMConfig) -> dict:
                                                              cfg.max_length)
         model = load_scalar_model(folder, tokenizer.pad_token_id, cfg.lora_r, cfg.device)
     check_max_length(model, cfg.max_length)
+    check_vocabulary(model, tokenizer, cfg.model)
     check_language_batch(f"--batch-size {cfg.batch_size}", 2 * min(cfg.batch_size, max(len(training.pairs), 1)),
                          longest_pair(training.pairs), model.config,  # a pair's chosen and rejected replies
                          logits=False)
