@@ -9,6 +9,7 @@ With vLLM and a CUDA GPU (skipped otherwise): greedy samples' log-probs against 
 Face model's, and ``update_weights`` changing what is sampled.
 """
 
+import importlib.util
 import json
 import sys
 from types import SimpleNamespace
@@ -184,7 +185,7 @@ def test_a_vllm_that_does_not_import_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(OmnigymError, match="vllm is installed but does not import") as info:
-        vllm_engine._import_vllm()
+        vllm_engine.import_vllm()
     assert "\n" not in str(info.value)
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
 
@@ -227,7 +228,7 @@ class FakeLLM:
 @pytest.fixture
 def fake_vllm(monkeypatch):
     fake = SimpleNamespace(LLM=FakeLLM, SamplingParams=dict, TokensPrompt=dict, __version__="0.33.0")
-    monkeypatch.setattr(vllm_engine, "_import_vllm", lambda: fake)
+    monkeypatch.setattr(vllm_engine, "import_vllm", lambda: fake)
     monkeypatch.setattr(vllm_engine, "_require_cuda", lambda: None)
     monkeypatch.delenv(vllm_engine.IN_PROCESS, raising=False)
     return fake
@@ -374,6 +375,7 @@ def test_grpo_hands_an_engine_with_its_own_weights_the_policy_before_every_sampl
     monkeypatch.setattr(VLLMEngine, "for_model",
                         classmethod(lambda cls, model, tokenizer: engines.append(OwnCopyEngine(model, tokenizer))
                                     or engines[-1]))
+    monkeypatch.setattr(vllm_engine, "import_vllm", lambda: None)  # the extra is asked for before the run
     assert main(["train", "grpo", "--engine", "vllm", "--sft-steps", "4", "--sft-eval-every", "2",
                  "--sft-batch-size", "8", "--sft-target-accuracy", "1.1", "--steps", "2", "--prompts-per-step", "2",
                  "--group-size", "4", "--eval-size", "8", "--eval-every", "1", "--rewards", "length:1.0,format:1.0",
@@ -458,3 +460,18 @@ def test_real_sleep_gives_memory_back(real_engine):
     engine.sleep()
     assert torch.cuda.mem_get_info()[0] > awake  # free memory grew
     greedy(engine, tokenizer)  # wakes by itself
+
+
+def test_grpo_without_the_vllm_extra_is_refused_before_its_warm_up(tmp_path, capsys):
+    """The missing extra was said when the engine was built: after the warm-up had run (1000 steps, minutes), with
+    its stage left in the run directory."""
+    from omnigym.cli import main
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here: nothing to refuse")
+    run = tmp_path / "run"
+    assert main(["train", "grpo", "--engine", "vllm", "--steps", "1", "--run-dir", str(run), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == f"omnigym: error: {vllm_engine.MISSING}"
+    assert not run.exists()
+    assert main(["train", "distill", "--engine", "vllm", "--run-dir", str(run), "--no-progress"]) == 2
+    assert not run.exists()

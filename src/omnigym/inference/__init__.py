@@ -34,6 +34,17 @@ def make_engine(model, tokenizer, kind: str = "auto", batch_size: int = 256):
     return LlamaFamilyEngine(model, tokenizer, batch_size)  # says why if it cannot run the model
 
 
+def check_engine_available(kind: str, lora_r: int = 0) -> None:
+    """Before a run starts: ``--engine vllm`` has its extra and full weights to load. Said when the
+    engine was built, it came after GRPO's warm-up had run (minutes) and left its stage behind."""
+    if kind == "vllm":
+        from omnigym.inference.vllm import LORA_REFUSED, import_vllm
+
+        import_vllm()
+        if lora_r:
+            raise OmnigymError(LORA_REFUSED)
+
+
 def engine_on_own_copy(engine):
     """An engine like ``engine`` on its own copy of the policy, so that it can sample in a thread
     while the trainer changes the original (``update_weights`` then copies the trainer's tensors

@@ -39,7 +39,11 @@ applies it (what TRL's GRPO moved to, huggingface/trl#4163)"""
 PEFT_PREFIX = "base_model.model."
 
 
-def _import_vllm():
+LORA_REFUSED = ("--engine vllm takes the model's full weights, not a LoRA adapter: train without --lora-r, or use "
+                "--engine hf")
+
+
+def import_vllm():
     """The ``vllm`` module, or one line saying how to get it."""
     try:
         import vllm
@@ -192,7 +196,7 @@ class VLLMEngine:
 
     def __init__(self, model_path_or_id: str, tokenizer, *, gpu_memory_utilization: float = 0.5,
                  enable_sleep_mode: bool = False, dtype: str = "auto", seed: int = 0, **llm_kwargs):
-        self._vllm = _import_vllm()
+        self._vllm = import_vllm()
         _require_version(self._vllm)
         _require_cuda()
         if not 0 < gpu_memory_utilization <= 1:
@@ -225,10 +229,9 @@ class VLLMEngine:
         """The engine ``make_engine(model, tokenizer, "vllm")`` builds: vLLM loads the
         checkpoint ``model`` came from (``model_source``), and from then on takes the
         trainer's weights through ``update_weights``."""
-        _import_vllm()  # the missing extra is the first thing to say
+        import_vllm()  # the missing extra is the first thing to say
         if hasattr(model, "peft_config"):
-            raise OmnigymError("--engine vllm takes the model's full weights, not a LoRA adapter: "
-                               "train without --lora-r, or use --engine hf")
+            raise OmnigymError(LORA_REFUSED)
         keep: list = []
         engine = cls(model_source(model, tokenizer, keep), tokenizer, **kwargs)
         engine._keep += keep

@@ -45,7 +45,7 @@ from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_tasks import ECOSYSTEM, GAMES, TextTaskConfig, make_generator, remote_generator, \
     task_env, text_task
-from omnigym.inference import make_engine
+from omnigym.inference import check_engine_available, make_engine
 from omnigym.models.lm import LoadFailed, LoraSettings, check_context, load_model, load_policy_and_tokenizer, \
     TINY_MODELS, load_tokenizer, model_folder, resolve_model
 from omnigym.models.precision import compute_in, store_frozen
@@ -135,6 +135,7 @@ def train(cfg: DistillConfig) -> dict:
     if teacher_dir is None:  # before the demo's teacher trains: a student it cannot teach waits for nothing
         check_demo_student(cfg, tokenizer, policy)
     teacher = load_teacher(cfg, teacher_dir, tokenizer, policy) if teacher_dir else None
+    check_engine_available(cfg.engine, cfg.lora_r)  # the extra it needs: before a warm-up of minutes
     run = start_run(cfg, "distill", cfg.model)
     grpo = get_algorithm("grpo")
     demo = teacher_stage(cfg, run, grpo) if teacher is None else None  # the demo's (pipelines/distill_demo.py)

@@ -40,7 +40,7 @@ from omnigym.errors import OmnigymError, require
 from omnigym.evaluation.text import accuracy, judged_env
 from omnigym.generators.text_tasks import GAMES, TextTaskConfig, make_generator, remote_generator, task_env, text_task
 from omnigym.generators.two_seat_episodes import Snapshot
-from omnigym.inference import make_engine
+from omnigym.inference import check_engine_available, make_engine
 from omnigym.models.lm import LoraSettings, check_context, load_policy_and_tokenizer
 from omnigym.models.tokens import completion_logprobs, make_completion_batch, padded
 from omnigym.optim import adamw
@@ -194,6 +194,7 @@ def train(cfg: GRPOConfig) -> dict:
                            f"(--sft-steps {cfg.sft_steps}) demonstrates: give --sft-steps 0")
     # not a PRM: one line, no run
     step_reward = step_scorer(cfg.step_rewards, reward_places(cfg, "step_rewards")) if cfg.step_rewards else None
+    check_engine_available(cfg.engine, cfg.lora_r)  # the extra it needs: before a warm-up of minutes
     run = start_run(cfg, "grpo", cfg.model)
     # The demo's model first learns the answer format from demonstrations: a stage of its own
     # (pipelines/grpo_warmup.py), whose model is GRPO's starting policy and reference.
