@@ -269,3 +269,37 @@ def test_models_omnigym_cannot_train_are_one_line_each(tmp_path):
                    tokenizer)
     with pytest.raises(OmnigymError, match="has no end-of-sequence token, which ends every reply"):
         load_policy_and_tokenizer(no_end)
+
+
+@pytest.mark.parametrize("algo", ["sft", "dpo"])
+def test_a_model_with_dropout_resumes_to_the_same_numbers(algo, tmp_path):
+    """A resumed run loaded its model in eval mode and trained without dropout until its next evaluation, where a
+    new run's first evaluation had left it in train mode: step 4's loss differed (Llama, without dropout, did not)."""
+    import json
+
+    import transformers
+
+    from omnigym.cli import main
+    from omnigym.models.lm import build_tiny_tokenizer
+
+    tokenizer, vocab = build_tiny_tokenizer()
+    model_dir = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(vocab), n_positions=64, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.3,
+        pad_token_id=vocab["<pad>"], eos_token_id=vocab["<|end|>"])).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)} if algo == "sft" else
+                                       {"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i + 2)}) + "\n"
+                            for i in range(30)))
+    flags = ["--model", str(model_dir), "--data", str(data), "--batch-size", "4", "--eval-size", "4", "--eval-every",
+             "3", "--checkpoint-every", "3", "--max-length", "32", "--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(["train", algo, *flags, "--steps", "6", "--run-dir", str(tmp_path / "whole")]) == 0
+    assert main(["train", algo, *flags, "--steps", "3", "--run-dir", str(tmp_path / "cut")]) == 0
+    assert main(["train", algo, "--resume", str(tmp_path / "cut"), "--steps", "6", "--no-progress"]) == 0
+
+    def rows(run):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("perf/")}
+                for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+
+    assert rows("cut") == rows("whole") and len(rows("whole")) >= 7

@@ -123,6 +123,7 @@ def train(cfg: DPOConfig) -> dict:
     trainer = make_backend(cfg, policy, lambda m: adamw(m, cfg.learning_rate), cfg.max_grad_norm)
     components = {"trainer": trainer}  # the reference is rebuilt from --model on resume, unchanged
     step = run.begin(components).get("step", 0)
+    policy.train()  # as a new run's first evaluation leaves it: a resume loaded it in eval mode (no dropout)
     logps = functools.partial(sequence_logps, cfg=cfg, pad_id=tokenizer.pad_token_id)
     precomputed = precomputed_reference(cfg, reference, logps, training.pairs) if cfg.precompute_ref else None
     evaluate = functools.partial(evaluation, cfg, run, policy, reference, engine, tokenizer, heldout.pairs, gold, logps)

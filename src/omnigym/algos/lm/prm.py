@@ -147,6 +147,7 @@ def train(cfg: PRMConfig) -> dict:
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
     step = run.begin(components).get("step", 0)
+    model.train()  # as a new run's first evaluation leaves it: a resume loaded it in eval mode (no dropout)
     evaluate = functools.partial(evaluation, cfg, run, model, tokenizer.pad_token_id, heldout)
     first = final = None  # the first and the last evaluation's figures
     if step == 0:

@@ -87,6 +87,7 @@ def train(cfg: SFTConfig) -> dict:
     trainer = make_backend(cfg, model, lambda m: adamw(m, cfg.learning_rate, weight_decay=0.01), cfg.max_grad_norm)
     components = {"trainer": trainer}
     step = run.begin(components).get("step", 0)
+    model.train()  # as a new run's first evaluation leaves it: a resume loaded it in eval mode (no dropout)
     shown = shown_pairs(heldout.sequences)
     engine = make_engine(model, tokenizer) if shown else None
     evaluate = functools.partial(heldout_loss, cfg, model, heldout.sequences, tokenizer.pad_token_id)
