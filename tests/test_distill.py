@@ -41,7 +41,16 @@ def models(tmp_path_factory):
     tokenizer = transformers.AutoTokenizer.from_pretrained(other)
     tokenizer.add_tokens(["<extra>"])
     tokenizer.save_pretrained(other)
-    return {"student": student, "teacher": teacher, "other": other}
+    model = transformers.AutoModelForCausalLM.from_pretrained(other)
+    model.resize_token_embeddings(len(tokenizer))  # a model whose table holds its tokenizer's every token
+    model.save_pretrained(other)
+    # the teacher's tokenizer, its output table padded past it (as Qwen2.5-7B's 152,064 rows hold 151,665 tokens)
+    padded = root / "padded_teacher"
+    model = transformers.AutoModelForCausalLM.from_pretrained(teacher)
+    model.resize_token_embeddings(model.config.vocab_size + 16)
+    model.save_pretrained(padded)
+    transformers.AutoTokenizer.from_pretrained(teacher).save_pretrained(padded)
+    return {"student": student, "teacher": teacher, "other": other, "padded": padded}
 
 
 def config(run_dir, models, **kw):
@@ -250,3 +259,10 @@ def test_a_built_in_untrained_student_is_warmed_up_before_it_distills(tmp_path, 
     stages = tmp_path / "run" / "stages"
     assert (stages / "warmup" / "model" / "config.json").is_file() and not (stages / "teacher").exists()
     assert [r["global_step"] for r in metrics(stages / "warmup")] == [1, 2]
+
+
+def test_a_teacher_whose_output_table_is_padded_past_the_tokenizer_teaches(tmp_path, models):
+    """The same tokenizer with a wider output table was refused as 'does not share the student's tokenizer'
+    (a 7B Qwen2.5 teaching its 0.5B: 152,064 outputs against 151,936); a token's log-prob is read at its id."""
+    summary = distill.train(config(tmp_path / "run", models, teacher=str(models["padded"]), steps=2))
+    assert [r["global_step"] for r in metrics(tmp_path / "run")][-1] == 2 and "accuracy_after" in summary

@@ -233,7 +233,9 @@ def load_teacher(cfg: DistillConfig, folder: str, tokenizer, student):
         raise OmnigymError(f"--teacher {cfg.teacher or folder}: {exc}") from None
     mine, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     widths = (student.get_output_embeddings().weight.shape[0], teacher.get_output_embeddings().weight.shape[0])
-    if mine != theirs or widths[0] != widths[1]:
+    # the same tokens; the output widths may differ where a model pads its table past the tokenizer (Qwen2.5-7B's
+    # 152,064 rows and 0.5B's 151,936 share one tokenizer): a token's log-prob is read at its id either way
+    if mine != theirs or widths[1] < len(mine):
         raise OmnigymError(f"--teacher {cfg.teacher or folder} does not share the student's tokenizer "
                            f"({len(theirs)} tokens, output width {widths[1]}; the student's: {len(mine)}, "
                            f"{widths[0]}): the teacher scores the student's token ids, so both need the same tokenizer")
