@@ -269,6 +269,10 @@ def test_models_omnigym_cannot_train_are_one_line_each(tmp_path):
                    tokenizer)
     with pytest.raises(OmnigymError, match="has no end-of-sequence token, which ends every reply"):
         load_policy_and_tokenizer(no_end)
+    bare = tmp_path / "bare"  # transformers' sentence ended at "Couldn't instantiate the backend tokenizer from one of: "
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=len(vocab), **llama)).save_pretrained(bare)
+    with pytest.raises(OmnigymError, match=f"{bare} has no tokenizer files"):
+        load_policy_and_tokenizer(str(bare))
 
 
 @pytest.mark.parametrize("algo", ["sft", "dpo"])

@@ -91,6 +91,11 @@ def check_template_writes_the_messages(tokenizer) -> None:
                            "{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json", "vocab.txt", "spiece.model",
+                   "merges.txt", "sentencepiece.bpe.model")
+"""what a saved tokenizer leaves in its folder, in one format or another"""
+
+
 def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_chat_template: bool = True):
     """Tokenizer with left padding (for batched generation) and a chat template.
 
@@ -98,6 +103,11 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None, need_cha
     unless ``need_chat_template`` is False (plain-text fine-tuning).
     """
     transformers = _transformers()
+    folder = Path(name_or_path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        # transformers' own sentence ended at "Couldn't instantiate the backend tokenizer from one of: "
+        raise LoadFailed(f"{name_or_path} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...); save the "
+                         "tokenizer into the model's folder (tokenizer.save_pretrained(folder))")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
     except LOAD_ERRORS as exc:
