@@ -50,6 +50,15 @@ def test_a_stage_that_stops_early_ends_at_its_last_step(capsys):
     assert len(shown) == 1 and shown[0].startswith("warm-up: 99/99 (100%) sft_loss 0.125  [")
 
 
+def test_a_run_stopped_short_keeps_its_total(capsys):
+    """An offline run stopped by SIGTERM at step 1815 of 200000 closed its line at '1815/1815 (100%)'."""
+    bar = ProgressBar(200_000, "iql", line_every=1e9)
+    bar.update(1815, sps=96)
+    bar.close(finished=False)
+    shown = lines(capsys)
+    assert len(shown) == 1 and shown[0].startswith("iql: 1815/200000 (1%) sps 96  [")
+
+
 @pytest.mark.parametrize("total, last", [(400, 400), (512, 493)])
 def test_the_last_line_is_printed_once(capsys, total, last):
     """close() printed the line of the last update again: word for word when the run ended on

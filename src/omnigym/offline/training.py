@@ -147,9 +147,12 @@ def train_offline(cfg: OfflineConfig, algo: str, run: Run, data: OfflineData, ev
             progress.update(step, sps=int(clock.sps(step)), **evaluation_shown(last_eval))
             if done or checkpoint_due(step, previous_step, cfg.checkpoint_every):
                 run.save(components, global_step=step)
+    except BaseException:  # SIGTERM or an error: its line said 100% of a total it never reached
+        progress.close(finished=False)
+        raise
     finally:
-        progress.close()
         evaluator.close()
+    progress.close()
     return finish_offline_run(cfg, run, data, step, last_eval)
 
 

@@ -44,11 +44,13 @@ class ProgressBar:
         self._last = now
         self._progress.update(self._task, completed=completed, stats=self._text())
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
         """The work is done: the last step counted is the total (a stage that reached its
         target early has nothing still to come), and the line says so at 100%, unless the last
-        line printed already showed this step with these figures (once is enough)."""
-        self.total = max(self._completed, 1)
+        line printed already showed this step with these figures (once is enough). ``finished``
+        False (a stop or an error): the line stays at the step reached, of the total it had."""
+        if finished:
+            self.total = max(self._completed, 1)
         if self.lines and self._printed != (self._completed, self._text()):  # the last update's line said this
             self._print_line(time.monotonic())
         if self.bar:
