@@ -118,12 +118,15 @@ def refuse_a_lost_checkpoint(run_dir: Path, config: dict) -> None:
     else:
         every = config.get("checkpoint_every")
         try:
-            last = max((row["global_step"] for row in read_metrics(run_dir)), default=0)
+            steps = [row["global_step"] for row in read_metrics(run_dir)]
         except OmnigymError:  # no log, or a damaged one: nothing shows a checkpoint was written
-            last = 0
-        # past it, not at it: a start killed between logging that step and writing its checkpoint restarts
-        if isinstance(every, int) and not isinstance(every, bool) and 0 < every < last:
-            why = f"logged step {last:g}, past --checkpoint-every {every} where its first checkpoint was written"
+            steps = []
+        # The update that first passes --checkpoint-every logs its row and then writes the checkpoint: a start
+        # killed during that write has one row past it. A second row comes only after the checkpoint was written.
+        if isinstance(every, int) and not isinstance(every, bool) and every > 0 and \
+                sum(step > every for step in steps) >= 2:
+            why = (f"logged step {max(steps):g}, two rows past --checkpoint-every {every}, after its first "
+                   "checkpoint was written")
     if why:
         raise OmnigymError(f"{run_dir} has no {CHECKPOINT_NAME}, yet it {why}: the checkpoint was deleted or lost, "
                            f"so the run cannot be resumed; put {CHECKPOINT_NAME} back, or start a new run in its place "
