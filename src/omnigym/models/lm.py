@@ -423,12 +423,15 @@ def learned_position_limit(model) -> int | None:
     position embeddings of that size holds them (GPT-2's ``wpe``; OPT's keeps 2 more rows), else
     None. A rotary (Llama-family) model computes any position and runs on past its context,
     degraded; a learned table has no row there, and sampling past it was an ``IndexError``."""
+    import torch
+
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if not isinstance(limit, int) or isinstance(limit, bool):
         return None
-    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    import torch
-
+    try:
+        tokens = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):  # a model without a token table of its own to tell apart
+        tokens = None
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding) and module is not tokens and module.num_embeddings in (limit, limit + 2):
             return limit

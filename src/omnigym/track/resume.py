@@ -109,7 +109,7 @@ def restarts(run_dir: Path) -> bool:
 
 def refuse_a_lost_checkpoint(run_dir: Path, config: dict) -> None:
     """A run without a checkpoint that nonetheless shows one was written: it finished (its
-    curve.png is drawn at the end, after the last checkpoint) or logged past ``--checkpoint-every``.
+    curve.png is drawn at the end, after the last checkpoint) or logged two rows past ``--checkpoint-every``.
     Its checkpoint was deleted or lost, not never written, and starting it again from step 0 (as a
     killed start is, ``restarts``) replaced a finished run's log with a new one."""
     why = None
