@@ -188,6 +188,27 @@ def test_an_agent_capped_by_its_own_max_tokens_is_told_so(tmp_path, monkeypatch,
     assert "by the agent's own max_tokens:" in said and "raise max_tokens in its requests" in said
     assert "raise --max-new-tokens" not in said, said
 
+def test_an_agent_that_changes_directory_moves_none_of_the_runs_files(tmp_path, monkeypatch):
+    """A coding agent's os.chdir moved the trainer's relative --run-dir with it: samples.jsonl was not found
+    under the agent's folder (a FileNotFoundError traceback), and the trainer wrote where the agent chose."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    write(tmp_path, "mover.py", f'''
+        import os
+
+        async def run(client, example):
+            os.chdir({str(tmp_path / "elsewhere")!r})
+            reply = await client.chat.completions.create(model="tiny", messages=[{{"role": "user", "content": "hi"}}])
+            return 0.5
+    ''')
+    code = main(["train", "grpo", "--agent", "mover:run", "--sft-steps", "0", "--steps", "2", "--prompts-per-step", "2",
+                 "--group-size", "2", "--max-new-tokens", "4", "--eval-size", "2", "--eval-every", "1", "--run-dir",
+                 "rel/run", "--no-progress", "--no-plot", "--no-tensorboard"])
+    assert code in (0, None) and os.getcwd() == str(tmp_path)
+    assert (tmp_path / "rel" / "run" / "samples.jsonl").is_file() and (tmp_path / "rel" / "run" / "model").is_dir()
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
 def test_agents_that_raise_hang_or_return_no_number_cost_their_episode(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     task = tmp_path / "kinds.jsonl"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from fractions import Fraction
 
 import openai
 import pytest
@@ -142,6 +143,30 @@ def test_a_reward_too_large_for_float32_is_a_bad_return(result):
     ``reward/mean`` Infinity and the group's advantages meaningless."""
     with pytest.raises(BadReturn, match="at most 1e"):
         reward_of(result)
+
+
+class Evil(float):
+    """Checked as 0.5, and 1e300 to float(): the check and the value used were two readings."""
+
+    def __float__(self):
+        return 1e300
+
+
+@pytest.mark.parametrize("result", [10**400, 10**5000, Fraction(10**400), {"a": 10**400}, Evil(0.5), {"a": Evil(0.5)}],
+                         ids=["int-400-digits", "int-5000-digits", "fraction", "part-int", "float-subclass",
+                              "part-float-subclass"])
+def test_a_reward_that_is_no_float_is_a_bad_return_not_a_traceback(result):
+    """An int of 400 digits (or a Fraction of one) was an OverflowError in the check, a trained run's traceback; an int
+    of 5,000 digits has no repr for the message; a float subclass passed as 0.5 and was summed as 1e300."""
+    with pytest.raises(BadReturn, match="at most 1e"):
+        reward_of(result)
+
+
+@pytest.mark.parametrize("name", ["mean", "std", "../x", "a/b", "", "x" * 65, "1st"])
+def test_a_reward_part_cannot_take_another_metrics_name(name):
+    """{"mean": 0.25, ...} was logged as reward/mean over the step's true mean; "../x" made a metric outside reward/."""
+    with pytest.raises(BadReturn, match="reward part named"):
+        reward_of({name: 0.25, "ok": 0.1})
 
 
 def test_each_type_of_bad_return_is_its_own_kind_said_once():

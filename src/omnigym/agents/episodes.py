@@ -24,6 +24,8 @@ import asyncio
 import concurrent.futures
 import copy
 import inspect
+import os
+import re
 import sys
 import threading
 import time
@@ -34,7 +36,7 @@ from omnigym.errors import OmnigymError
 from omnigym.generators.base import Trajectories
 from omnigym.inference.engine import SamplingParams
 from omnigym.inference.service import EngineService
-from omnigym.rewards.base import MAX_REWARD, usable_reward
+from omnigym.rewards.base import MAX_REWARD, reward_value, shown_reward
 from omnigym.user_code import import_object, is_reference, where
 
 
@@ -71,17 +73,30 @@ def _signature(fn) -> str:
         return ""
 
 
+PART_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+"""a reward part's name, logged as ``reward/<name>``: no "/" or "..", which made other metrics' names"""
+TRAINER_REWARD_KEYS = frozenset({"mean", "std", "step_mean", "steps_per_reply", "score", "total"})
+"""``reward/`` metrics the trainers log themselves: a part of that name overwrote them ("mean": 0.25 logged as the
+mean reward of a step whose rewards were 0.35)"""
+
+
 def reward_of(result) -> tuple[float, dict]:
     """The episode's reward and its parts from what the agent returned."""
-    if usable_reward(result):
-        return float(result), {}
-    if isinstance(result, dict) and result and all(isinstance(k, str) and usable_reward(v) for k, v in result.items()) \
-            and usable_reward(sum(float(v) for v in result.values())):
-        parts = {k: float(v) for k, v in result.items()}
-        return sum(parts.values()), parts
-    shown = repr(result)
+    number = reward_value(result)
+    if number is not None:
+        return number, {}
+    if isinstance(result, dict) and result and all(isinstance(k, str) for k in result):
+        bad = next((k for k in result if not PART_NAME.fullmatch(k) or k in TRAINER_REWARD_KEYS), None)
+        if bad is not None:
+            raise BadReturn("returned a reward part with a bad name",
+                            f"the agent returned a reward part named {bad[:40]!r}: a part's name is letters, digits "
+                            f"and _ (at most 64, a letter first), and not one of {', '.join(sorted(TRAINER_REWARD_KEYS))}"
+                            " (the trainer's own reward/ metrics)")
+        parts = {k: reward_value(v) for k, v in result.items()}
+        if all(v is not None for v in parts.values()) and reward_value(sum(parts.values())) is not None:
+            return sum(parts.values()), parts
     raise BadReturn(f"returned {type(result).__name__}",
-                    f"the agent returned {shown[:80] + '...' if len(shown) > 80 else shown} "
+                    f"the agent returned {shown_reward(result)} "
                     f"({type(result).__name__}): return a finite number, or a dict of them (reward parts, summed), "
                     f"at most {MAX_REWARD:g} in size")
 
@@ -241,11 +256,16 @@ class AgentGenerator:
     def generate(self, examples: list[dict], group_size: int) -> Trajectories:
         # a thread of its own: asyncio.run needs a thread with no running event loop (a notebook's has one)
         self.episodes.open()
+        cwd = os.getcwd()
         try:
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="omnigym-agents") as pool:
                 items = pool.submit(asyncio.run, self._play_all(examples, group_size)).result()
         finally:
             self.episodes.close()
+            # An agent that changes the process's working directory (a coding agent's os.chdir) moved the trainer's
+            # relative paths with it: --run-dir runs/x was written (or not found) under the agent's folder.
+            if os.getcwd() != cwd:
+                os.chdir(cwd)
         return Trajectories(items)
 
     async def _play_all(self, examples: list[dict], group_size: int) -> list:

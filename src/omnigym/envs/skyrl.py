@@ -38,7 +38,7 @@ from pathlib import Path
 
 from omnigym.envs.text import TextEnv
 from omnigym.errors import OmnigymError
-from omnigym.rewards.base import MAX_REWARD, Reward, usable_reward
+from omnigym.rewards.base import MAX_REWARD, Reward, reward_value, shown_reward
 from omnigym.user_code import call_user_code
 
 REFUSED = (
@@ -177,10 +177,11 @@ class SkyrlEnv(TextEnv):
             raise OmnigymError(f"--env skyrl:{self.name}: step() returned observations of type {shown}; a skyrl "
                                "text env answers with a list of chat messages ({'role': str, 'content': str})")
         reward = out.get("reward") or 0.0
-        if not usable_reward(reward):
-            raise OmnigymError(f"--env skyrl:{self.name}: step() returned reward {reward!r}; a reward is a finite "
-                               f"number, at most {MAX_REWARD:g} in size")
-        self.example["step_rewards"].append(float(reward))
+        number = reward_value(reward)
+        if number is None:
+            raise OmnigymError(f"--env skyrl:{self.name}: step() returned reward {shown_reward(reward)}; a reward is a "
+                               f"finite number, at most {MAX_REWARD:g} in size")
+        self.example["step_rewards"].append(number)
         self.messages += observations
         done = bool(out.get("done"))
         truncated = not done and self.turns >= self.max_turns

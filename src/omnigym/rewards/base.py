@@ -19,9 +19,33 @@ become float32 tensors and a group's advantages square them, so past this a fini
 turns into inf or nan there (1e300 is finite here and inf in float32)."""
 
 
+def reward_value(value) -> float | None:
+    """``value`` as the float a reward is, or None where it is none: a real number (a bool is 0 or
+    1), finite and at most ``MAX_REWARD`` in size. Converted once and the conversion checked: an
+    int of 400 digits was an OverflowError in ``isfinite``, and a float subclass checked as 0.5 could
+    answer ``float()`` with 1e300."""
+    if not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return number if type(number) is float and math.isfinite(number) and abs(number) <= MAX_REWARD else None
+
+
+def shown_reward(value, width: int = 80) -> str:
+    """A rejected reward as a refusal names it: its repr, cut short (an int of 5,000 digits has no
+    repr at all: Python refuses to write it)."""
+    try:
+        shown = repr(value)
+    except Exception:  # noqa: BLE001 - ValueError past sys.get_int_max_str_digits, or the object's own __repr__
+        return f"a {type(value).__name__} that cannot be written out"
+    return shown[:width] + "..." if len(shown) > width else shown
+
+
 def usable_reward(value) -> bool:
     """A real number, finite, at most ``MAX_REWARD`` in size (a bool counts as 0 or 1)."""
-    return isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) <= MAX_REWARD
+    return reward_value(value) is not None
 
 class Reward:
     """The reward seam: what every reward declares, and all that callers use of one.

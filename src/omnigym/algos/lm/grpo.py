@@ -427,7 +427,8 @@ def grpo_loss(model, batch: PolicyBatch, cfg: GRPOConfig, loss_cfg: PolicyLossCo
 
 def step_metrics(cfg: GRPOConfig, trajectories, informative: torch.Tensor, stats: dict) -> dict:
     rewards, items = trajectories.rewards(), trajectories.items
-    metrics = {"reward/mean": rewards.mean().item(), **{f"reward/{k}": v for k, v in trajectories.reward_parts().items()},
+    # the parts first: the trainer's own reward/ metrics are written over any part of the same name
+    metrics = {**{f"reward/{k}": v for k, v in trajectories.reward_parts().items()}, "reward/mean": rewards.mean().item(),
                "reward/std": rewards.std().item(), "groups/kept_fraction": informative.float().mean().item(),
                # the model's own tokens: a tool's output between turns is not the model's length
                "completion/length": sum(sum(t.loss_mask) for t in items) / len(items),
