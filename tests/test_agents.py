@@ -209,6 +209,38 @@ def test_an_agent_that_changes_directory_moves_none_of_the_runs_files(tmp_path, 
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
+def test_a_stop_ends_the_agents_episodes_now_not_after_the_agent_timeout(tmp_path):
+    """SIGTERM (after its grace) and Ctrl-C waited for every running episode to reach --agent-timeout (300 s by
+    default), then said the episodes had failed for taking too long."""
+    import signal
+    import time
+
+    write(tmp_path, "sleeper.py", f'''
+        import asyncio
+        import pathlib
+
+        async def run(client, example):
+            pathlib.Path({str(tmp_path / "asleep")!r}).touch()
+            await asyncio.sleep(1000)
+            return 0.0
+    ''')
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omnigym", "train", "grpo", "--agent", "sleeper:run", "--sft-steps", "0", "--steps", "2",
+         "--prompts-per-step", "2", "--group-size", "2", "--eval-size", "2", "--agent-timeout", "300", "--run-dir", "run",
+         "--no-progress"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": f"{SOURCE}{os.pathsep}{tmp_path}", "OMP_NUM_THREADS": "1",
+             "OMNIGYM_STOP_GRACE": "1"})
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "asleep").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert time.monotonic() - signalled < 60, err  # the grace (1 s) and the way out, not --agent-timeout's 300 s
+    assert process.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err
+    assert "did not finish within --agent-timeout" not in err and not (tmp_path / "run").exists()
+
+
 def test_agents_that_raise_hang_or_return_no_number_cost_their_episode(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     task = tmp_path / "kinds.jsonl"

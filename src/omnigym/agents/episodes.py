@@ -257,9 +257,21 @@ class AgentGenerator:
         # a thread of its own: asyncio.run needs a thread with no running event loop (a notebook's has one)
         self.episodes.open()
         cwd = os.getcwd()
+        running: dict = {}
+
+        async def play_all() -> list:
+            running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
+            return await self._play_all(examples, group_size)
+
         try:
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="omnigym-agents") as pool:
-                items = pool.submit(asyncio.run, self._play_all(examples, group_size)).result()
+                future = pool.submit(asyncio.run, play_all())
+                try:
+                    items = future.result()
+                except BaseException:  # Ctrl-C, or SIGTERM's grace over: the episodes end now, each at its next
+                    if "loop" in running:  # await, not after --agent-timeout (5 minutes by default)
+                        running["loop"].call_soon_threadsafe(running["task"].cancel)
+                    raise
         finally:
             self.episodes.close()
             # An agent that changes the process's working directory (a coding agent's os.chdir) moved the trainer's
