@@ -598,8 +598,8 @@ def test_a_stopped_server_says_how_to_go_on_and_the_line_works(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"omnigym: stopped by SIGTERM; the store ({store}) keeps every run and checkpoint: go on "
-                           "with omnigym serve "), last
+    assert last.startswith(f"omnigym: stopped by SIGTERM; the store ({store}) keeps every run and checkpoint, each run "
+                           "as its last save_state left it (its steps since are lost): go on with omnigym serve "), last
     command = shlex.split(last.split("go on with ", 1)[1].split(" (a request", 1)[0])
     assert command[:2] == ["omnigym", "serve"]
     proc = start(command[1:])  # the printed command serves the same store again

@@ -167,7 +167,9 @@ def serve(argv: list[str]) -> None:
         try:
             serve_in_main_thread(app, args.host, args.port)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py): the stop line says how to go on
-            exc.where = (f"the store ({args.store}) keeps every run and checkpoint: go on with omnigym serve "
+            # a run comes back as its last save_state left it: the optimizer steps after that lived in memory only
+            exc.where = (f"the store ({args.store}) keeps every run and checkpoint, each run as its last save_state "
+                         "left it (its steps since are lost): go on with omnigym serve "
                          f"{shlex.join(argv)} (a request that had not finished is answered 'send it again')")
             raise
         finally:
