@@ -76,7 +76,7 @@ CASES = [
     (["train", "grpo", "--accuracy-reward", "nope"], "unknown reward 'nope'"),
     (["train", "grpo", "--eval-size", "0"], "--eval-size must be positive, got 0"),
     (["train", "sft", "--data", "missing.jsonl"], "no such file: missing.jsonl"),
-    (["train", "sft", "--data", "SMALL", "--eval-size", "1"], "small.jsonl:2: an SFT row needs prompt and completion, "
+    (["train", "sft", "--data", "SMALL", "--eval-size", "1"], "small.jsonl:1: an SFT row needs prompt and completion, "
                                                                 "messages, or text; it has question, answer"),
     (["train", "sft", "--eval-size", "5000"], "--data arithmetic has 5000 examples and --eval-size 5000 holds out"),
     (["train", "sft", "--max-length", "1"], "--max-length must be at least 2 tokens, got 1"),

@@ -22,7 +22,8 @@ GB = 1 << 30
     (["train", "reinforce", "--num-steps", "20000000"], 1 * GB, "give a smaller --num-steps or --num-envs"),
     (["train", "dqn", "--buffer-size", "100000000", "--total-timesteps", "100000000"], 1 * GB,
      "--buffer-size 100000000 needs about"),
-    (["train", "sac", "--env-id", "Pendulum-v1", "--batch-size", "100000000"], 1 * GB,
+    # (a --buffer-size to hold the batch: a smaller one is refused first, by the config)
+    (["train", "sac", "--env-id", "Pendulum-v1", "--batch-size", "100000000", "--buffer-size", "100000000"], 1 * GB,
      "--batch-size 100000000 needs about"),
     (["train", "td3", "--env-id", "Pendulum-v1", "--buffer-size", "1000000000", "--total-timesteps", "1000000000"],
      1 * GB, "--buffer-size 1000000000 needs about"),

@@ -269,8 +269,11 @@ class AgentGenerator:
                 try:
                     items = future.result()
                 except BaseException:  # Ctrl-C, or SIGTERM's grace over: the episodes end now, each at its next
-                    if "loop" in running:  # await, not after --agent-timeout (5 minutes by default)
-                        running["loop"].call_soon_threadsafe(running["task"].cancel)
+                    if not future.done() and "loop" in running:  # await, not after --agent-timeout (300 s default)
+                        try:
+                            running["loop"].call_soon_threadsafe(running["task"].cancel)
+                        except RuntimeError:  # the loop closed in between: nothing is left to cancel
+                            pass
                     raise
         finally:
             self.episodes.close()
