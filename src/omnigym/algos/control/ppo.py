@@ -34,6 +34,7 @@ import torch
 from omnigym.config import (ControlConfig, check_compiler, compiled, require_fraction, require_non_negative,
                             require_positive)
 from omnigym.envs.games.symmetry import check_board_size, has_symmetries, no_symmetries, symmetries_of
+from omnigym.envs.games.threats import threats_of
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.control import ActorCritic
@@ -172,7 +173,7 @@ def train(cfg: PPOConfig) -> dict:
     if cfg.self_play:
         check_games_envs(envs, cfg)
     if cfg.symmetric:
-        check_board_size(cfg.env_id, envs)
+        check_board_size(cfg.env_id, envs, threats_of(cfg))
     run = start_run(cfg, "ppo", cfg.env_id)
     agent = ActorCritic(envs.single_observation_space, envs.single_action_space, cfg.hidden,
                         symmetries_of(cfg)).to(cfg.device)

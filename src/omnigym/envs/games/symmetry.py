@@ -86,21 +86,27 @@ def no_symmetries(env_id: str) -> str:
             f"{env_id} is not one: " + (f"did you mean {close[0]}?" if close else "leave --symmetric out"))
 
 
-def board_symmetries(env_id: str) -> tuple[np.ndarray, np.ndarray]:
+def board_symmetries(env_id: str, threats: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(features [G, obs_size], actions [G, num_actions])``: transformed view ``g`` of an
     observation ``obs`` is ``obs[features[g]]``, and its action ``i`` is the original action
-    ``actions[g, i]``."""
+    ``actions[g, i]``. ``threats``: the observation ends with threats.py's planes, which move as
+    the cells do."""
     if env_id not in LAYOUTS:
         raise OmnigymError(no_symmetries(env_id))
     permutations, features_of = LAYOUTS[env_id]
     cells, actions = permutations()
-    return features_of(cells), actions
+    features = features_of(cells)
+    if threats:
+        planes, n = 2, cells.shape[1]
+        threat_cells = features.shape[1] + n * np.arange(planes)[None, :, None] + cells[:, None, :]
+        features = np.concatenate([features, threat_cells.reshape(len(cells), -1)], axis=1)
+    return features, actions
 
 
-def check_board_size(env_id: str, envs) -> None:
+def check_board_size(env_id: str, envs, threats: bool = False) -> None:
     """Before a run directory exists: the envs' board is the one the layout is written for (OpenSpiel's
     ``--env-kwargs rows=5`` or ``columns=5`` makes another connect four, whose views would index past it)."""
-    features, actions = board_symmetries(env_id)
+    features, actions = board_symmetries(env_id, threats)
     size, moves = envs.single_observation_space.shape, getattr(envs.single_action_space, "n", None)
     if size != (features.shape[1],) or moves != actions.shape[1]:
         envs.close()
@@ -111,4 +117,6 @@ def check_board_size(env_id: str, envs) -> None:
 
 def symmetries_of(cfg) -> tuple[np.ndarray, np.ndarray] | None:
     """A run's: the board's symmetries when its config asks for them (PPO's ``--symmetric``), else None."""
-    return board_symmetries(cfg.env_id) if getattr(cfg, "symmetric", False) else None
+    from omnigym.envs.games.threats import threats_of
+
+    return board_symmetries(cfg.env_id, threats_of(cfg)) if getattr(cfg, "symmetric", False) else None

@@ -20,6 +20,7 @@ import numpy as np
 
 from omnigym.envs.games import default_search_depth, make_game
 from omnigym.envs.games.opponents import check_search_depth, fixed_opponent
+from omnigym.envs.games.threats import WithThreats, check_threats
 from omnigym.errors import OmnigymError
 
 SEATS = 2
@@ -54,12 +55,15 @@ class TurnEnv(gym.Env):
     opponents = None
     """self-play's league, set by rl/league.py: ``draw(rng) -> (move, tag)`` and ``report(tag, score)``"""
 
-    def __init__(self, game: str, opponent: str = "random", search_depth: int = 0, **game_kwargs):
+    def __init__(self, game: str, opponent: str = "random", search_depth: int = 0, threats: bool = False,
+                 **game_kwargs):
         if search_depth and opponent != "search":  # it was ignored, and the run trained against random play
             raise OmnigymError(f"--env-kwargs search_depth={search_depth} is the search opponent's depth; add "
                                f"opponent=search, or leave it out (the opponent is {opponent})")
         self.game = make_game(game, **game_kwargs)
         check_two_seats(self.game, game)
+        if check_threats(game, threats):
+            self.game = WithThreats(game, self.game)
         self.opponent = fixed_opponent(opponent, search_depth or default_search_depth(game))
         if opponent == "search" and search_depth and search_depth != default_search_depth(game):
             _check_depth_once(self.game, game, game_kwargs, search_depth)

@@ -1,0 +1,141 @@
+"""Threat planes for k-in-a-row boards (``--env-kwargs threats=True``): the empty cells where
+either side's next piece would complete a line, appended to the observation.
+
+A feed-forward policy trained by self-play on connect four loses most of its games against a
+depth-2 search by the same mistake: it leaves the search a win in one (docs/games.md). Seeing
+that needs a conjunction of four cells per line, 69 lines, which an MLP learns slowly from a
+win/loss signal. AlphaGo's policy network read hand-computed tactical planes beside the stones
+(liberties, captures, ladders) for the same reason; these are the k-in-a-row game's analogue.
+They say nothing about which threat can be played now: with gravity, that is the cell above a
+column's top piece, which the network reads from the board planes beside them.
+
+Plane ``p`` marks the threats of the pieces in the observation's board plane ``p`` (PettingZoo:
+the mover's, then the other seat's; OpenSpiel: the first seat's, then the second's), cells in
+the board planes' own order, so a board symmetry moves them as it moves the board
+(symmetry.py).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import numpy as np
+
+from omnigym.envs.games.core import Game
+from omnigym.errors import OmnigymError
+
+SIDES = 2
+
+
+def lines_of(rows: int, cols: int, k: int) -> np.ndarray:
+    """Every line of ``k`` cells on a ``rows`` x ``cols`` board (rows, columns, both diagonals),
+    as row-major cell indices ``[lines, k]``."""
+    board = np.arange(rows * cols).reshape(rows, cols)
+    lines = []
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        for r in range(rows):
+            for c in range(cols):
+                end_r, end_c = r + dr * (k - 1), c + dc * (k - 1)
+                if 0 <= end_r < rows and 0 <= end_c < cols:
+                    lines.append([board[r + dr * i, c + dc * i] for i in range(k)])
+    return np.asarray(lines)
+
+
+def _pettingzoo_sides(obs: np.ndarray, cells: int) -> np.ndarray:
+    return obs[:SIDES * cells].reshape(cells, SIDES).T  # (rows, cols, 2): the mover's plane, then the other's
+
+
+def _openspiel_sides(first: int, second: int):
+    """OpenSpiel's boards are 3 planes of cells, in each game's own order: connect four's are the
+    first seat's pieces, the second's, empty; tic-tac-toe's are empty, noughts (the second seat), crosses."""
+    def sides(obs: np.ndarray, cells: int) -> np.ndarray:
+        return obs[:3 * cells].reshape(3, cells)[[first, second]]
+    return sides
+
+
+# env id -> (rows, columns, the line length that wins, the two sides' piece planes from an observation)
+BOARDS = MappingProxyType({"pettingzoo/tictactoe_v3": (3, 3, 3, _pettingzoo_sides),
+                           "openspiel/tic_tac_toe": (3, 3, 3, _openspiel_sides(2, 1)),
+                           "pettingzoo/connect_four_v3": (6, 7, 4, _pettingzoo_sides),
+                           "openspiel/connect_four": (6, 7, 4, _openspiel_sides(0, 1))})
+
+
+def threat_planes(sides: np.ndarray, lines: np.ndarray) -> np.ndarray:
+    """``sides [2, cells]`` (1 where a side has a piece) -> ``[2, cells]``: 1 at each empty cell
+    that completes one of ``lines`` for that side (the line holds k-1 of its pieces and this cell)."""
+    empty = 1.0 - sides.sum(0)
+    empty_in_line = empty[lines]  # [lines, k]
+    open_lines = empty_in_line.sum(1) == 1
+    planes = np.zeros_like(sides)
+    for side in range(SIDES):
+        threat = open_lines & (sides[side][lines].sum(1) == lines.shape[1] - 1)
+        planes[side, lines[threat][empty_in_line[threat] == 1]] = 1.0
+    return planes
+
+
+def check_threats(env_id: str, threats) -> bool:
+    if not isinstance(threats, bool):
+        raise OmnigymError(f"--env-kwargs threats= takes True or False, got {threats!r}")
+    if threats and env_id not in BOARDS:
+        raise OmnigymError(f"--env-kwargs threats=True knows the k-in-a-row boards ({', '.join(BOARDS)}); "
+                           f"{env_id} is not one: leave it out")
+    return threats
+
+
+def threats_of(cfg) -> bool:
+    """Whether a run's envs append threat planes (its ``--env-kwargs threats=True``)."""
+    from omnigym.envs.vector import parse_env_kwargs  # vector.py imports the games package lazily, as here
+
+    return parse_env_kwargs(getattr(cfg, "env_kwargs", ())).get("threats") is True
+
+
+def threat_features(env_id: str) -> int:
+    """How many features ``threats=True`` appends to ``env_id``'s observation."""
+    rows, cols, _, _ = BOARDS[env_id]
+    return SIDES * rows * cols
+
+
+class WithThreats(Game):
+    """``game`` whose observations end with its threat planes; everything else is the game's."""
+
+    def __init__(self, env_id: str, game: Game):
+        rows, cols, k, self._sides = BOARDS[env_id]
+        self.env_id, self.inner, self._cells = env_id, game, rows * cols
+        self._lines = lines_of(rows, cols, k)
+        self.name, self.num_seats, self.num_actions = game.name, game.num_seats, game.num_actions
+        self.perfect_information = game.perfect_information
+        self.obs_size = game.obs_size + threat_features(env_id)
+
+    def observation(self, seat):
+        obs = self.inner.observation(seat)
+        return np.concatenate([obs, threat_planes(self._sides(obs, self._cells), self._lines).reshape(-1)])
+
+    def clone(self):
+        new = object.__new__(WithThreats)
+        new.__dict__.update(self.__dict__)
+        new.inner = self.inner.clone()
+        return new
+
+    def reset(self, seed=None):
+        self.inner.reset(seed=seed)
+
+    def current(self):
+        return self.inner.current()
+
+    def legal_mask(self):
+        return self.inner.legal_mask()
+
+    def step(self, action):
+        self.inner.step(action)
+
+    def done(self):
+        return self.inner.done()
+
+    def truncated(self):
+        return self.inner.truncated()
+
+    def returns(self):
+        return self.inner.returns()
+
+    def key(self):
+        return self.inner.key()
