@@ -111,11 +111,14 @@ def test_a_run_with_threat_planes_trains_evaluates_and_exports(tmp_path, capsys)
 @pytest.mark.parametrize("kwargs, message", [
     (["threats=True"], "--env-kwargs threats=True knows the k-in-a-row boards"),
     (["threats=yes"], "--env-kwargs threats= takes True or False, got 'yes'"),
+    (["threats=True", "rows=5"], "knows openspiel/connect_four's standard 6x7 board (128 observation features); "
+                                 "this one has 107"),
 ])
 def test_threats_where_they_do_not_fit_are_one_line(tmp_path, capsys, kwargs, message):
     env_id = "openspiel/breakthrough" if kwargs == ["threats=True"] else "openspiel/connect_four"
+    flags = ["--self-play"] if "rows=5" in kwargs else []
     run = tmp_path / "run"
-    assert main(["train", "ppo", "--env-id", env_id, "--env-kwargs", *kwargs, "--run-dir", str(run)]) == 2
+    assert main(["train", "ppo", *flags, "--env-id", env_id, "--env-kwargs", *kwargs, "--run-dir", str(run)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("omnigym: error:") and message in err and len(err.splitlines()) == 1, err
     assert not run.exists()

@@ -60,6 +60,12 @@ BOARDS = MappingProxyType({"pettingzoo/tictactoe_v3": (3, 3, 3, _pettingzoo_side
                            "openspiel/connect_four": (6, 7, 4, _openspiel_sides(0, 1))})
 
 
+def standard_obs_size(env_id: str) -> int:
+    """The observation of ``env_id``'s standard board: PettingZoo's 2 planes of cells; OpenSpiel's 3 and the seat."""
+    rows, cols, _, _ = BOARDS[env_id]
+    return 2 * rows * cols if env_id.startswith("pettingzoo/") else 3 * rows * cols + 2
+
+
 def threat_planes(sides: np.ndarray, lines: np.ndarray) -> np.ndarray:
     """``sides [2, cells]`` (1 where a side has a piece) -> ``[2, cells]``: 1 at each empty cell
     that completes one of ``lines`` for that side (the line holds k-1 of its pieces and this cell)."""
@@ -100,6 +106,10 @@ class WithThreats(Game):
 
     def __init__(self, env_id: str, game: Game):
         rows, cols, k, self._sides = BOARDS[env_id]
+        if game.obs_size != standard_obs_size(env_id):  # OpenSpiel's rows=5: the planes would read the wrong cells
+            raise OmnigymError(f"--env-kwargs threats=True knows {env_id}'s standard {rows}x{cols} board "
+                               f"({standard_obs_size(env_id)} observation features); this one has {game.obs_size} "
+                               "(its other --env-kwargs): leave threats out")
         self.env_id, self.inner, self._cells = env_id, game, rows * cols
         self._lines = lines_of(rows, cols, k)
         self.name, self.num_seats, self.num_actions = game.name, game.num_seats, game.num_actions
