@@ -139,15 +139,25 @@ def row_margin(where: str, row: dict) -> float:
     return float(margin)
 
 
+def pair_tokens(where: str, row: dict, tokenizer):
+    """One row as ``(prompt, prompt ids, chosen ids, rejected ids, margin)``; what it refuses is
+    an ``OmnigymError``, a row that cannot teach a preference an ``UnusablePair``."""
+    prompt, chosen, rejected = split_row(where, row)
+    tokens = []
+    for reply in (chosen, rejected):
+        ids, trained = to_sequence(where, {"prompt": prompt, "completion": reply}, tokenizer, completion_only=True)
+        start = trained.index(1)
+        tokens.append((ids[:start], ids[start:]))
+    (prompt_ids, chosen_ids), (_, rejected_ids) = tokens
+    return prompt, prompt_ids, chosen_ids, rejected_ids, row_margin(where, row)
+
+
 def check_pair_row(where: str, row: dict, tokenizer) -> None:
     """What ``tokenize_pairs`` refuses of one row (a row it leaves out is no refusal)."""
     try:
-        prompt, chosen, rejected = split_row(where, row)
+        pair_tokens(where, row, tokenizer)
     except UnusablePair:
-        return
-    for reply in (chosen, rejected):
-        to_sequence(where, {"prompt": prompt, "completion": reply}, tokenizer, completion_only=True)
-    row_margin(where, row)
+        pass
 
 
 def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, which: str = "") -> PreferenceData:
@@ -157,16 +167,10 @@ def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, whi
     pairs, truncated, dropped, unusable = [], 0, 0, []
     for where, row in rows:
         try:
-            prompt, chosen, rejected = split_row(where, row)
+            prompt, prompt_ids, chosen_ids, rejected_ids, margin = pair_tokens(where, row, tokenizer)
         except UnusablePair as exc:
             unusable.append(exc)
             continue
-        tokens = []
-        for reply in (chosen, rejected):
-            ids, trained = to_sequence(where, {"prompt": prompt, "completion": reply}, tokenizer, completion_only=True)
-            start = trained.index(1)
-            tokens.append((ids[:start], ids[start:]))
-        (prompt_ids, chosen_ids), (_, rejected_ids) = tokens
         room = max_length - len(prompt_ids)
         if room < 1:
             dropped += 1
@@ -177,7 +181,7 @@ def tokenize_pairs(rows: list[tuple[str, dict]], tokenizer, max_length: int, whi
         if chosen_ids == rejected_ids:
             dropped += 1
             continue
-        pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, row_margin(where, row), prompt))
+        pairs.append(Pair(prompt_ids, chosen_ids, rejected_ids, margin, prompt))
     if unusable and not pairs:
         raise unusable[0]
     if unusable:
