@@ -66,17 +66,20 @@ def standard_obs_size(env_id: str) -> int:
     return 2 * rows * cols if env_id.startswith("pettingzoo/") else 3 * rows * cols + 2
 
 
-def threat_planes(sides: np.ndarray, lines: np.ndarray) -> np.ndarray:
-    """``sides [2, cells]`` (1 where a side has a piece) -> ``[2, cells]``: 1 at each empty cell
-    that completes one of ``lines`` for that side (the line holds k-1 of its pieces and this cell)."""
+def incidence(lines: np.ndarray, cells: int) -> np.ndarray:
+    """``[cells, lines]``: 1 where a cell is on a line (threat_planes counts with matrix products)."""
+    matrix = np.zeros((cells, len(lines)), dtype=np.float32)
+    matrix[lines, np.arange(len(lines))[:, None]] = 1.0
+    return matrix
+
+
+def threat_planes(sides: np.ndarray, on_line: np.ndarray, k: int) -> np.ndarray:
+    """``sides [2, cells]`` (1 where a side has a piece), ``on_line`` (``incidence``) -> ``[2, cells]``:
+    1 at each empty cell that completes a line for that side (the line holds k-1 of its pieces and
+    this cell, empty)."""
     empty = 1.0 - sides.sum(0)
-    empty_in_line = empty[lines]  # [lines, k]
-    open_lines = empty_in_line.sum(1) == 1
-    planes = np.zeros_like(sides)
-    for side in range(SIDES):
-        threat = open_lines & (sides[side][lines].sum(1) == lines.shape[1] - 1)
-        planes[side, lines[threat][empty_in_line[threat] == 1]] = 1.0
-    return planes
+    open_lines = (sides @ on_line == k - 1) & (empty @ on_line == 1)  # [2, lines]
+    return (((open_lines.astype(np.float32) @ on_line.T) > 0) & (empty > 0)).astype(np.float32)
 
 
 def check_threats(env_id: str, threats) -> bool:
@@ -111,14 +114,14 @@ class WithThreats(Game):
                                f"({standard_obs_size(env_id)} observation features); this one has {game.obs_size} "
                                "(its other --env-kwargs): leave threats out")
         self.env_id, self.inner, self._cells = env_id, game, rows * cols
-        self._lines = lines_of(rows, cols, k)
+        self._on_line, self._k = incidence(lines_of(rows, cols, k), rows * cols), k
         self.name, self.num_seats, self.num_actions = game.name, game.num_seats, game.num_actions
         self.perfect_information = game.perfect_information
         self.obs_size = game.obs_size + threat_features(env_id)
 
     def observation(self, seat):
         obs = self.inner.observation(seat)
-        return np.concatenate([obs, threat_planes(self._sides(obs, self._cells), self._lines).reshape(-1)])
+        return np.concatenate([obs, threat_planes(self._sides(obs, self._cells), self._on_line, self._k).reshape(-1)])
 
     def clone(self):
         new = object.__new__(WithThreats)
