@@ -70,6 +70,12 @@ def test_normalize_with_mask_ignores_padding():
     assert out[3] == 0
 
 
+def test_normalize_leaves_a_single_entry_as_it_is():
+    """A minibatch of one transition: its std is nan, which made REINFORCE's loss nan."""
+    torch.testing.assert_close(normalize(torch.tensor([2.5])), torch.tensor([2.5]))
+    torch.testing.assert_close(normalize(torch.tensor([1.0, 3.0])), torch.tensor([-0.7071, 0.7071]), atol=1e-4, rtol=0)
+
+
 def test_registry_names_the_known_estimators():
     assert get_advantage("returns") is discounted_returns
     assert get_advantage("gae") is turn_gae  # GRPO's --advantage gae: over turns (tests/test_multiturn_credit.py)

@@ -40,6 +40,11 @@ CASES = [
     (["train", "ppo", "--env-kwargs", "max_episode_steps=-1"], "--env-kwargs max_episode_steps must be a whole number "
                                                                "of steps, 1 or more, got -1"),
     (["train", "ppo", "--env-kwargs", "max_episode_steps=2.5"], "max_episode_steps must be a whole number"),
+    (["train", "ppo", "--env-kwargs", "g=9.8", "g=1.6"], "--env-kwargs gives g twice; give it once"),
+    # the step after an episode ends is an autoreset: a 1-step rollout could hold no transition (a traceback, a nan loss)
+    (["train", "ppo", "--num-steps", "1"], "--num-steps must be 2 or more, got 1"),
+    (["train", "ppo_lstm", "--num-steps", "1"], "--num-steps must be 2 or more, got 1"),
+    (["train", "reinforce", "--num-steps", "1"], "--num-steps must be 2 or more, got 1"),
     (["train", "dqn", "--batch-size", "0"], "--batch-size must be positive, got 0"),
     (["train", "ppo", "--device", "cuda"], "--device cuda: torch sees no CUDA GPU here"),
     (["train", "ppo", "--device", "gpu0"], "unknown --device 'gpu0'; use cpu, cuda, cuda:N or mps"),

@@ -111,12 +111,15 @@ def test_a_run_with_threat_planes_trains_evaluates_and_exports(tmp_path, capsys)
 @pytest.mark.parametrize("kwargs, message", [
     (["threats=True"], "--env-kwargs threats=True knows the k-in-a-row boards"),
     (["threats=yes"], "--env-kwargs threats= takes True or False, got 'yes'"),
-    (["threats=True", "rows=5"], "knows openspiel/connect_four's standard 6x7 board (128 observation features); "
-                                 "this one has 107"),
+    (["threats=True", "rows=5"], "knows openspiel/connect_four's standard game (6x7, 4 in a row); this one has rows=5"),
+    # the same board size, so the same observation size: the planes marked lines of four on connect three
+    (["threats=True", "x_in_row=3"], "knows openspiel/connect_four's standard game (6x7, 4 in a row); this one has "
+                                     "x_in_row=3"),
+    (["threats=True", "threats=False"], "--env-kwargs gives threats twice; give it once"),
 ])
 def test_threats_where_they_do_not_fit_are_one_line(tmp_path, capsys, kwargs, message):
     env_id = "openspiel/breakthrough" if kwargs == ["threats=True"] else "openspiel/connect_four"
-    flags = ["--self-play"] if "rows=5" in kwargs else []
+    flags = ["--self-play"] if len(kwargs) > 1 else []
     run = tmp_path / "run"
     assert main(["train", "ppo", *flags, "--env-id", env_id, "--env-kwargs", *kwargs, "--run-dir", str(run)]) == 2
     err = capsys.readouterr().err.strip()

@@ -29,6 +29,15 @@ def require_positive(cfg, *names: str) -> None:
         require(ok, f"{flag(name)} must be positive, got {value}")
 
 
+def require_rollout_holds_a_step(cfg) -> None:
+    """A rollout of the on-policy algorithms is 2 or more steps an env. The step after an episode
+    ends only starts the next one (gymnasium's next-step autoreset, no transition), so a 1-step
+    rollout could hold no transition at all (PPO's update raised on an empty list, REINFORCE's loss
+    was nan); of any two steps in a row, one is a transition."""
+    require(cfg.num_steps >= 2, f"--num-steps must be 2 or more, got {cfg.num_steps}: the step after an episode "
+                                "ends only starts the next one, so a rollout of 1 step an env can hold no transition")
+
+
 def require_buffer_holds_a_batch(cfg) -> None:
     """An off-policy replay memory holds at least one minibatch (``--buffer-size 1`` with a batch of 64
     was taken, and every minibatch drew the same transition 64 times)."""

@@ -136,6 +136,8 @@ def parse_env_kwargs(pairs) -> dict:
         key, sep, value = str(pair).partition("=")
         if not sep or not key.strip().isidentifier():
             raise OmnigymError(f"--env-kwargs takes KEY=VALUE pairs, got {pair!r}")
+        if key.strip() in kwargs:  # the last one won in silence (threats=True threats=False trained without planes)
+            raise OmnigymError(f"--env-kwargs gives {key.strip()} twice; give it once")
         try:
             kwargs[key.strip()] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

@@ -124,9 +124,10 @@ def discounted_returns(rewards, mask, group_ids=None, values=None, cfg: Advantag
 
 
 def normalize(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
-    """Zero mean, unit std over the valid entries (all entries when no mask is given)."""
+    """Zero mean, unit std over the valid entries (all entries when no mask is given). Without a
+    mask, one entry has no spread to scale by (its std is nan) and is returned as it is."""
     if mask is None:
-        return (x - x.mean()) / (x.std() + eps)
+        return x if x.numel() < 2 else (x - x.mean()) / (x.std() + eps)
     mask = mask.to(x.dtype)
     n = mask.sum().clamp(min=1)
     mean = (x * mask).sum() / n

@@ -269,7 +269,7 @@ def train_on(envs: TeamEnvs, cfg: MAPPOConfig) -> dict:
             for begin in range(0, n, minibatch):
                 idx = order[begin:begin + minibatch]
                 _, new_logprob, entropy = agent.act(b_actor_in[idx], b_actions[idx])
-                mb_advantages = normalize(b_advantages[idx]) if len(idx) > 1 else b_advantages[idx]
+                mb_advantages = normalize(b_advantages[idx])
                 pg_loss, pg_stats = ppo_clip(new_logprob, b_logprobs[idx], mb_advantages, cfg=loss_cfg)
                 new_value = agent.value(b_critic_in[idx])
                 v_loss = value_loss(new_value, None, b_targets[idx])

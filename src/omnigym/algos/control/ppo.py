@@ -32,7 +32,7 @@ import gymnasium as gym
 import torch
 
 from omnigym.config import (ControlConfig, check_compiler, compiled, require_fraction, require_non_negative,
-                            require_positive)
+                            require_positive, require_rollout_holds_a_step)
 from omnigym.envs.games.symmetry import check_board_size, has_symmetries, no_symmetries, symmetries_of
 from omnigym.envs.games.threats import threats_of
 from omnigym.envs.vector import make_run_envs
@@ -129,6 +129,7 @@ class PPOConfig(SelfPlayConfig, RolloutRuntimeConfig, ControlConfig):
     def check(self) -> None:
         super().check()
         require_positive(self, "num_steps", "learning_rate", "update_epochs", "num_minibatches", "max_grad_norm")
+        require_rollout_holds_a_step(self)
         require_non_negative(self, "clip_coef", "ent_coef", "vf_coef")
         require_fraction(self, "gamma", "gae_lambda")
         batch = self.num_steps * self.num_envs
@@ -281,7 +282,7 @@ def minibatch_objective(agent, cfg: PPOConfig, loss_cfg: PolicyLossConfig, obs, 
     if cfg.image_pad and obs.dtype == torch.uint8:  # the rollout's policy saw the unshifted frames
         obs = random_shift(obs, cfg.image_pad)
     _, new_logprob, entropy, new_value = agent.act(obs, actions, masks)
-    if cfg.norm_adv and len(advantages) > 1:
+    if cfg.norm_adv:
         advantages = normalize(advantages)
     pg_loss, pg_stats = ppo_clip(new_logprob, old_logprobs, advantages, cfg=loss_cfg,
                                  behaviour_logprobs=behaviour_logprobs)

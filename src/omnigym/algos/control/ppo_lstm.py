@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
+from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive, require_rollout_holds_a_step
 from omnigym.envs.vector import make_run_envs
 from omnigym.errors import OmnigymError, require
 from omnigym.models.control import obs_tensor
@@ -79,6 +79,7 @@ class PPOLSTMConfig(ControlConfig):
         super().check()
         require_positive(self, "num_steps", "learning_rate", "update_epochs", "num_minibatches", "max_grad_norm",
                          "lstm_size")
+        require_rollout_holds_a_step(self)
         require_non_negative(self, "clip_coef", "ent_coef", "vf_coef")
         require_fraction(self, "gamma", "gae_lambda")
         require_positive(self, "hidden")
@@ -218,7 +219,7 @@ def sequence_objective(agent, cfg: PPOLSTMConfig, loss_cfg: PolicyLossConfig, in
     _, new_logprob, entropy, new_value, _ = agent.act(obs, starts, initial_state, actions, masks)
     new_logprob, entropy, new_value = new_logprob[valid], entropy[valid], new_value[valid]
     advantages = advantages[valid]
-    if cfg.norm_adv and len(advantages) > 1:
+    if cfg.norm_adv:
         advantages = normalize(advantages)
     pg_loss, pg_stats = ppo_clip(new_logprob, old_logprobs[valid], advantages, cfg=loss_cfg)
     v_loss = value_loss(new_value, old_values[valid], returns[valid], clip=cfg.clip_coef if cfg.clip_vloss else None)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive
+from omnigym.config import ControlConfig, require_fraction, require_non_negative, require_positive, require_rollout_holds_a_step
 from omnigym.envs.vector import make_run_envs
 from omnigym.models.control import ActorCritic
 from omnigym.optim import Adam, clip_grad_norm
@@ -45,6 +45,7 @@ class ReinforceConfig(ControlConfig):
     def check(self) -> None:
         super().check()
         require_positive(self, "num_steps", "learning_rate", "max_grad_norm")
+        require_rollout_holds_a_step(self)
         require_non_negative(self, "ent_coef", "vf_coef")
         require_fraction(self, "gamma")
         require_positive(self, "hidden")

@@ -109,7 +109,14 @@ class WithThreats(Game):
 
     def __init__(self, env_id: str, game: Game):
         rows, cols, k, self._sides = BOARDS[env_id]
-        if game.obs_size != standard_obs_size(env_id):  # OpenSpiel's rows=5: the planes would read the wrong cells
+        board = {"rows": rows, "columns": cols, "x_in_row": k}
+        changed = {name: value for name, value in getattr(getattr(game, "game", None), "get_parameters", dict)().items()
+                   if name in board and value != board[name]}
+        if changed:  # OpenSpiel's x_in_row=3 keeps the board's size, and the planes would mark lines of four
+            settings = " ".join(f"{name}={value}" for name, value in changed.items())
+            raise OmnigymError(f"--env-kwargs threats=True knows {env_id}'s standard game ({rows}x{cols}, {k} in a row); "
+                               f"this one has {settings}: leave threats out")
+        if game.obs_size != standard_obs_size(env_id):  # the planes would read the wrong cells
             raise OmnigymError(f"--env-kwargs threats=True knows {env_id}'s standard {rows}x{cols} board "
                                f"({standard_obs_size(env_id)} observation features); this one has {game.obs_size} "
                                "(its other --env-kwargs): leave threats out")
