@@ -12,6 +12,7 @@ pyspiel = pytest.importorskip("pyspiel", reason="needs the [games] extra: pip in
 
 from omnigym.algos.control import alphazero as az  # noqa: E402
 from omnigym.cli import main  # noqa: E402
+from omnigym.errors import OmnigymError  # noqa: E402
 from test_bad_input import snapshot  # noqa: E402
 
 TTT = pyspiel.load_game("tic_tac_toe")
@@ -138,7 +139,7 @@ def test_a_resumed_run_logs_what_an_uninterrupted_one_does(tmp_path):
     assert rows(tmp_path / "whole")[0]["global_step"] == 0  # the evaluation before training
 
 
-@pytest.mark.parametrize("stopped_evaluation", [1, 3], ids=["before-training", "after-iteration-2"])
+@pytest.mark.parametrize("stopped_evaluation", [1, 3, 4], ids=["before-training", "after-iteration-2", "the-last"])
 def test_an_evaluation_a_stop_cut_short_is_played_on_resume(tmp_path, monkeypatch, stopped_evaluation):
     """A SIGTERM during an evaluation makes it give way to the checkpoint (its games could outlast the stop's
     grace); the resumed run went on from the next iteration, and that evaluation's row was lost for good. Here the
@@ -171,6 +172,11 @@ def test_an_evaluation_a_stop_cut_short_is_played_on_resume(tmp_path, monkeypatc
         return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows(tmp_path / run)]
 
     assert comparable("cut") == comparable("whole") and len(rows(tmp_path / "whole")) == 4
+    # the last evaluation's resume finished the run: another resume is refused, the log left as it is (the resume
+    # of a run stopped in its last evaluation was refused as finished, and its last row never came)
+    with pytest.raises(OmnigymError, match="is already at iteration 3 of --iterations 3"):
+        az.train(small(tmp_path, "cut", resume=str(tmp_path / "cut"), run_dir=None))
+    assert comparable("cut") == comparable("whole")
 
 
 @pytest.mark.parametrize("env_id, message", [

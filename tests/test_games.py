@@ -447,7 +447,7 @@ def test_self_play_learns_tic_tac_toe(tmp_path):
     assert final["eval/elo"] > 1100
 
 
-@pytest.mark.parametrize("stopped_evaluation", [1, 2])
+@pytest.mark.parametrize("stopped_evaluation", [1, 2, 3])
 def test_an_evaluation_a_stop_cut_short_is_played_on_resume(tmp_path, monkeypatch, stopped_evaluation):
     """A SIGTERM during the league's evaluation makes it give way to the checkpoint; the resumed run went on to the
     next update, and that evaluation was lost for good (its games had also drawn from the league's random stream).
@@ -493,3 +493,8 @@ def test_an_evaluation_a_stop_cut_short_is_played_on_resume(tmp_path, monkeypatc
     whole, cut = comparable("whole"), comparable("cut")
     assert cut[:stopped_evaluation] == whole[:stopped_evaluation] and len(cut) == len(whole) == 3
     assert all("eval/vs_random/win_rate" in row and "eval/vs_search/score" in row for row in cut)
+    # the last evaluation (3): its resume finished the run, which a later resume leaves as it is (it was refused as
+    # finished before the row came)
+    with pytest.raises(OmnigymError, match="is already at update 3"):
+        ppo.train(config("cut", resume=str(tmp_path / "cut"), run_dir=None))
+    assert comparable("cut") == cut

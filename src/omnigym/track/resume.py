@@ -141,7 +141,10 @@ def check_saved_state(cfg, run_dir: Path, saved: dict, algo: str) -> None:
         counter, done, goal = budget_reached(cfg, saved["counters"])
         # a model left unsaved is saved again only where the run ended exactly there: a run stopped at step 55 of
         # 200 and resumed with --steps 5 went on to write its model and "steps: 5"
-        if done > goal or (done == goal and not unsaved_model(cfg, run_dir)):
+        # a stop during the last evaluation saved the run at its goal with that evaluation still owed (its row
+        # "unlogged"): the resume plays it, logs the row and ends; refused, the run could never finish
+        owed = saved["counters"].get("unlogged") is not None
+        if done > goal or (done == goal and not unsaved_model(cfg, run_dir) and not owed):
             fixed = getattr(cfg, "spent_budget", lambda *_: None)(run_dir, algo)
             if fixed:
                 raise OmnigymError(fixed)

@@ -397,6 +397,8 @@ def train(cfg: AlphaZeroConfig) -> dict:
         if not last_eval:  # stopped again
             run.save(components, games=games, iteration=first, trained_seconds=trained_seconds, unlogged=unlogged)
         run.log(games, {**unlogged, **last_eval})
+        if last_eval:  # played: a later resume (of a run whose last evaluation this was) owes nothing
+            run.save(components, games=games, iteration=first, trained_seconds=trained_seconds)
     for iteration in range(first, cfg.iterations):
         # Each iteration draws from its own generator: a resumed run plays the games an uninterrupted one would.
         rng = np.random.default_rng([cfg.seed, iteration + 1])

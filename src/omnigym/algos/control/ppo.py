@@ -205,6 +205,8 @@ def train(cfg: PPOConfig) -> dict:
             if league.owed:  # stopped again
                 run.save(components, global_step=global_step, update=first_update, unlogged=counters["unlogged"])
             run.log(global_step, row)
+            if not league.owed:  # played: a later resume (of a run whose last evaluation this was) owes nothing
+                run.save(components, global_step=global_step, update=first_update)
         for update in range(first_update, num_updates):
             if cfg.anneal_lr and cfg.desired_kl is None:
                 optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
