@@ -186,6 +186,9 @@ def test_an_evaluation_a_stop_cut_short_is_played_on_resume(tmp_path, monkeypatc
     ("openspiel/goofspiel", "goofspiel has simultaneous moves, chance events"),
     ("CartPole-v1", "alphazero plays OpenSpiel games: --env-id openspiel/NAME"),
     ("openspiel/connect_four(rows=x)", "--env-id openspiel/connect_four(rows=x): "),
+    # loaded, then crashed the process at the first position (SIGSEGV), or raised in the first game (a traceback)
+    ("openspiel/connect_four(rows=0)", "openspiel/connect_four(rows=0) crashed OpenSpiel"),
+    ("openspiel/connect_four(columns=0)", "openspiel/connect_four(columns=0) has no legal move in a position before"),
 ])
 def test_a_game_alphazero_cannot_play_is_one_line_and_nothing_is_written(tmp_path, monkeypatch, capsys, env_id,
                                                                          message):

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnigym.config import RunConfig, require_fraction, require_non_negative, require_positive
+from omnigym.envs.games import check_openspiel_settings
 from omnigym.errors import OmnigymError, missing_extra, require
 from omnigym.optim import Adam
 from omnigym.process import scoped_run
@@ -126,6 +127,8 @@ def load_game(env_id: str):
         game = pyspiel.load_game(name)
     except pyspiel.SpielError as exc:
         raise OmnigymError(f"--env-id {env_id}: {str(exc).strip().splitlines()[0]}") from None
+    if "(" in name:  # parameters OpenSpiel loads but cannot play: connect_four(rows=0) crashed the process (SIGSEGV)
+        check_openspiel_settings(env_id, game, {})
     kind = game.get_type()
     unfit = [why for why, ok in (
         (f"{game.num_players()} players", game.num_players() == 2),

@@ -184,12 +184,13 @@ def check_openspiel_settings(env_id: str, game, kwargs: dict) -> None:
             return
         time.sleep(0.005)
     settings = " ".join(f"{key}={value}" for key, value in kwargs.items())
+    who = f"{env_id} with {settings}" if settings else env_id  # alphazero's ids carry them: openspiel/connect_four(rows=0)
     if os.WIFSIGNALED(status):
-        raise OmnigymError(f"{env_id} with {settings} crashed OpenSpiel ({signal.Signals(os.WTERMSIG(status)).name} in "
+        raise OmnigymError(f"{who} crashed OpenSpiel ({signal.Signals(os.WTERMSIG(status)).name} in "
                            "a random game of it): a parameter is out of the range the game can play; check its values")
     fault = dict(PROBE_FAULTS).get(os.WEXITSTATUS(status))
     if fault:
-        raise OmnigymError(f"{env_id} with {settings} {fault} (in a random game of it): "
+        raise OmnigymError(f"{who} {fault} (in a random game of it): "
                            "a parameter is out of the range the game can play; check its values")
 
 
