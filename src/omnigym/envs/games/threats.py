@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from omnigym.envs.games.core import Game
+from omnigym.envs.games.core import Game, OpenSpielGame
 from omnigym.errors import OmnigymError
 
 SIDES = 2
@@ -110,8 +110,8 @@ class WithThreats(Game):
     def __init__(self, env_id: str, game: Game):
         rows, cols, k, self._sides = BOARDS[env_id]
         board = {"rows": rows, "columns": cols, "x_in_row": k}
-        changed = {name: value for name, value in getattr(getattr(game, "game", None), "get_parameters", dict)().items()
-                   if name in board and value != board[name]}
+        parameters = game.game.get_parameters() if isinstance(game, OpenSpielGame) else {}  # PettingZoo's are fixed
+        changed = {name: value for name, value in parameters.items() if name in board and value != board[name]}
         if changed:  # OpenSpiel's x_in_row=3 keeps the board's size, and the planes would mark lines of four
             settings = " ".join(f"{name}={value}" for name, value in changed.items())
             raise OmnigymError(f"--env-kwargs threats=True knows {env_id}'s standard game ({rows}x{cols}, {k} in a row); "
