@@ -172,7 +172,7 @@ CASES = [
     (["eval"], "the following arguments are required: run_dir; see omnigym eval --help"),
     (["eval", "NOT_A_RUN", "--episodes", "0"], "--episodes must be positive, got 0"),
     (["plot", "NOT_A_RUN"], "not-a-run is not a run directory (no config.json)"),
-    (["plot", "RUN_LOG", "--out", "RUN_LOG/metrics.jsonl/x.png"], "cannot write the plot to "),
+    (["plot", "RUN_LOG", "--out", "RUN_LOG/metrics.jsonl/x.png"], "log's own metrics.jsonl; plot never replaces"),
     (["plot", "RUN_LOG", "--metric", "nope"], "no run among"),
     # it replaced the other run's own files (its curve.png)
     (["plot", "RUN_LOG", "--out", "bad-config/curve.png"], "--out bad-config/curve.png is inside the run "),
@@ -331,6 +331,10 @@ def run_copy(finished_run, tmp_path):
     # a folder the file system will not make read as "env CartPole-v1 could not be made: FileNotFoundError"
     (["eval", "RUN", "--video", "--video-dir", "/proc/omnigym-videos/eval"], "--video-dir /proc/omnigym-videos/eval "
                                                                              "cannot be made"),
+    # a run's own files are never an output: plot wrote an image over config.json; export onto its lock raised
+    (["plot", "RUN", "--out", "RUN/config.json"], "config.json is the run "),
+    (["export", "RUN", "--format", "torchscript", "--out", "RUN/.omnigym.lock", "--force"],
+     "own .omnigym.lock; export never replaces a run's files"),
 ])
 def test_a_run_directory_is_never_changed_by_a_refused_start(run_copy, capsys, argv, message):
     argv = [str(run_copy) if a == "RUN" else str(run_copy.parent / "other") if a == "OTHER" else
@@ -438,11 +442,14 @@ def test_resume_takes_any_spelling_of_the_path_and_a_moved_run(run_copy, tmp_pat
 
 def test_overwrite_replaces_a_finished_run(run_copy, capsys):
     old_events = sorted(p.name for p in run_copy.glob("events.out.tfevents.*"))
+    (run_copy / "evals").mkdir()  # a language run's eval reports of the model the overwrite replaces were kept
+    (run_copy / "evals" / "arithmetic_held-out-001.json").write_text("{}")
     assert main(["train", "ppo", "--run-dir", str(run_copy), "--overwrite", "--total-timesteps", "256",
                  "--no-progress"]) == 0
     rows = [json.loads(line) for line in (run_copy / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["global_step"] <= 256  # the new run's log only, not the 512-step run's
     assert not set(old_events) & {p.name for p in run_copy.glob("events.out.tfevents.*")}
+    assert not (run_copy / "evals").exists()
 
 
 def test_a_run_dir_holding_other_files_is_refused(tmp_path, capsys):
@@ -867,3 +874,25 @@ def test_a_run_dir_with_a_runs_files_but_no_config_is_not_offered_to_resume(tmp_
         f"omnigym: error: {tmp_path / 'nc'} already holds a run's files without its config.json, so it cannot be "
         "resumed; choose a new --run-dir, or replace it with --overwrite")
     assert sorted(p.name for p in (tmp_path / "nc").iterdir()) == ["checkpoint.pt"]
+
+
+def test_plot_never_writes_through_a_link_into_a_run_nor_over_a_file_that_is_not_its_image(run_copy, capsys):
+    """A link named link.svg to a run's config.json made plot write an SVG into it; notes.pdf, a text file,
+    was replaced by a PDF; a loop of links was a RuntimeError traceback."""
+    here = run_copy.parent
+    (here / "link.svg").symlink_to(run_copy / "config.json")
+    (here / "notes.pdf").write_text("notes\n")
+    (here / "loop_a").symlink_to(here / "loop_b")
+    (here / "loop_b").symlink_to(here / "loop_a")
+    before = snapshot(here)
+    for argv, message in [(["--out", str(here / "link.svg")], "config.json (through a link); plot never replaces"),
+                          (["--out", str(here / "notes.pdf")], "exists and is not a .pdf image")]:
+        assert main(["plot", str(run_copy), *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert main(["plot", str(here / "loop_a"), "--out", str(here / "x.png")]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+    assert snapshot(here) == before
+    assert main(["plot", str(run_copy), "--out", str(here / "p.png")]) == 0  # a plot replaces its own kind of file
+    assert main(["plot", str(run_copy), "--out", str(here / "p.png")]) == 0
+    assert main(["plot", str(run_copy), "--out", str(run_copy / "curve.png")]) == 0  # a run's curve, drawn again

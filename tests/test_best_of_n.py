@@ -126,6 +126,18 @@ def test_overwrite_replaces_the_file(tmp_path):
     assert "best_of_n" in read_rows(out)[0]
 
 
+def test_overwrite_never_replaces_a_runs_own_file(tmp_path, capsys):
+    """sample --out RUN/config.json --overwrite replaced a run's config (and RUN/metrics.jsonl its log)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"algo": "ppo"}')
+    (run / "metrics.jsonl").write_text('{"global_step": 1}\n')
+    for name in ("config.json", "metrics.jsonl"):
+        assert main(["sample", "tiny", *SMALL, "--out", str(run / name), "--overwrite"]) == 2
+        assert f"own {name}; sample never replaces a run's files" in capsys.readouterr().err
+    assert (run / "config.json").read_text() == '{"algo": "ppo"}'
+
+
 # -- the curve ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("weight", ["1.0", "-1.0"])

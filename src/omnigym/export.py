@@ -39,7 +39,7 @@ from torch import nn
 from omnigym.errors import OmnigymError, a_run, missing_extra
 from omnigym.models.goal_view import GoalLayout
 from omnigym.track.lock import RunLock
-from omnigym.track.run_dir import EXPORTED_POLICIES, check_out_of_other_runs
+from omnigym.track.run_dir import EXPORTED_POLICIES, check_out_of_other_runs, refuse_run_files
 
 ONNX_FILE, TORCHSCRIPT_FILE = EXPORTED_POLICIES
 FORMATS = MappingProxyType({"onnx": ONNX_FILE, "torchscript": TORCHSCRIPT_FILE})
@@ -255,6 +255,7 @@ def check_out(run_dir: str | os.PathLike, out: Path, force: bool) -> None:
     if not out.resolve().parent.is_dir():
         raise OmnigymError(f"--out {out}: no such folder {out.parent}")
     check_out_of_other_runs(out, [run_dir], "--out", "which this export is not of", "the policy", "policy.onnx")
+    refuse_run_files(out, "--out", "export", own_runs=[run_dir], allowed=EXPORTED_POLICIES)  # its lock, a link
 
 
 def exportable(run_dir: str | os.PathLike) -> str:

@@ -106,6 +106,10 @@ def sample_command(args) -> dict:
 
     cfg = sampling_config(args)
     out = Path(args.out) if args.out else (None if args.curve else Path(f"best_of_{args.n}.jsonl"))
+    if out is not None:  # sample --out runs/sft/config.json --overwrite replaced the run's config
+        from omnigym.track.run_dir import refuse_run_files
+
+        refuse_run_files(out, "--out", "sample", own_runs=[args.model])
     require(out is None or args.overwrite or not out.exists(),
             f"{out} already exists; give another --out, or --overwrite to replace it")
     require(out is None or not out.is_dir(), f"--out {out} is a folder; give a file name")

@@ -323,7 +323,9 @@ def result_path(run_dir: str, task_label: str) -> Path:
     file of the run, its own earlier evals included."""
     import os
 
-    folder = Path(run_dir) / "evals"
+    from omnigym.track.run_dir import EVALS_FOLDER
+
+    folder = Path(run_dir) / EVALS_FOLDER
     folder.mkdir(exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", task_label)[:60]
     for number in itertools.count(1):

@@ -9,6 +9,7 @@ run's own steps, as phases of their own, where they logged the panel's metric.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import MappingProxyType
@@ -17,7 +18,7 @@ import numpy as np
 
 from omnigym.errors import OmnigymError
 from omnigym.track.files import METRICS_NAME, as_disk_fault, load_config_dict, read_metrics
-from omnigym.track.run_dir import STAGES_FOLDER, check_out_of_other_runs, is_run_dir
+from omnigym.track.run_dir import STAGES_FOLDER, check_out_of_other_runs, is_run_dir, refuse_run_files
 
 # Each algorithm's headline metric: what its own curve.png draws (the first of these it logged).
 # The algorithms sit above track/, so they are named here, not imported (tests/test_plot_groups.py
@@ -214,12 +215,31 @@ def _draw_single_run(ax, run_dir: Path, rows: list[dict], metric: str, phases) -
         _draw(ax, series[0] + offset, series[1], color="tab:blue", label=_label(run_dir))
 
 
+IMAGE_STARTS = {".png": (b"\x89PNG",), ".pdf": (b"%PDF",), ".svg": (b"<?xml", b"<svg"), ".jpg": (b"\xff\xd8",),
+                ".jpeg": (b"\xff\xd8",), ".eps": (b"%!PS",), ".ps": (b"%!PS",)}
+"""How an image file of each suffix begins: ``plot --out`` replaces an image, never another file"""
+
+
+def refuse_replacing_a_non_image(out: Path) -> None:
+    """``plot --out notes.pdf`` replaced a text file that happened to have an image's suffix."""
+    if not out.is_file():
+        return
+    with open(out, "rb") as file:
+        start = file.read(8)
+    if not start.startswith(IMAGE_STARTS.get(out.suffix.lower(), ())):
+        raise OmnigymError(f"--out {out} exists and is not a {out.suffix} image; plot replaces only its own kind of "
+                           "file: name another --out, or move that file")
+
+
 def plot_runs(run_dirs, out, metric: str | tuple[str, ...] | list[str] | None = None, say=None) -> Path:
     """``figure(run_dirs, metric, say)`` written to ``out``, an image file."""
     out = Path(out)
     if not str(out) or out.is_dir() or not out.suffix:
         raise OmnigymError(f"--out {str(out)!r} must name an image file, e.g. runs/plot.png")
     check_out_of_other_runs(out, run_dirs, "--out", "which this plot does not draw", "the plot", "runs/plot.png")
+    # a run's own curve.png may be drawn again (troubleshooting.md's line for a full disk at the end)
+    refuse_run_files(out, "--out", "plot", own_runs=run_dirs, allowed=("curve.png",))
+    refuse_replacing_a_non_image(out)
     fig = figure(run_dirs, metric, say)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -236,7 +256,7 @@ def read_runs(run_dirs, say) -> tuple[dict[Path, dict], dict[Path, list[dict]]]:
     metrics. A run named twice is read once (``say`` tells which)."""
     configs, runs = {}, {}
     for run_dir in map(Path, run_dirs):
-        if run_dir.resolve() in {r.resolve() for r in runs}:
+        if os.path.realpath(run_dir) in {os.path.realpath(r) for r in runs}:  # Path.resolve raises on a link loop
             say(f"omnigym plot: skipped {run_dir}: named twice, drawn once")
             continue
         configs[run_dir] = load_config_dict(run_dir)

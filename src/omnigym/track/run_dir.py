@@ -11,6 +11,7 @@ and knows nothing about the config or the metrics.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import CHECKPOINT_NAME
 from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, write_atomically
+from omnigym.track.lock import LOCK_NAME
 from omnigym.track.metrics import SAMPLES_NAME
 from omnigym.track.model_folder import PARTIAL_SUFFIX, REPLACED_SUFFIX
 
@@ -27,12 +29,14 @@ MODEL_FOLDER = "model"
 STAGES_FOLDER = "stages"
 EXPORTED_POLICIES = ("policy.onnx", "policy.pt")
 """``omnigym export``'s files in a run directory by default (export.py's ``FORMATS``)"""
+EVALS_FOLDER = "evals"
+"""``omnigym eval``'s reports of a language run (evaluation/language.py)"""
 RUN_FILES = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", "curve.png", SAMPLES_NAME,
-             MODEL_FOLDER, "videos", CONFIG_NAME + ".tmp", MODEL_FOLDER + PARTIAL_SUFFIX, MODEL_FOLDER + REPLACED_SUFFIX,
-             *EXPORTED_POLICIES)
+             MODEL_FOLDER, "videos", EVALS_FOLDER, CONFIG_NAME + ".tmp", MODEL_FOLDER + PARTIAL_SUFFIX,
+             MODEL_FOLDER + REPLACED_SUFFIX, *EXPORTED_POLICIES)
 """What a run writes (besides TensorBoard's events files); ``--overwrite`` removes exactly these.
 The exported policies are the run's too: an old run's ``policy.onnx`` was left beside the new run,
-taken for its policy.
+taken for its policy, and so are ``evals/`` (a replaced model's reports were left beside the new one).
 ``videos/`` holds ``--capture-video``'s and ``omnigym eval --video``'s videos (envs/video.py).
 ``model/`` is the trained model as a Hugging Face folder (language runs), written as
 ``model.partial/`` and renamed when whole (``model_folder.py``; ``model.replaced/`` is the one it
@@ -155,6 +159,30 @@ def check_out_of_other_runs(out: Path, run_dirs, flag: str, unrelated: str, what
     if owner is not None and owner.resolve() not in {Path(r).resolve() for r in run_dirs}:
         raise OmnigymError(f"{flag} {out} is inside the run {owner}, {unrelated} (a run's folder holds its own "
                            f"files); write {what} elsewhere, e.g. {example}")
+
+
+def refuse_run_files(out: Path, flag: str, command: str, own_runs=(), allowed=()) -> None:
+    """``out``, followed through links, is neither one of a run's own files (its config, log,
+    checkpoint, lock, curve, events, model, evaluations) nor in a run ``command`` is not about
+    (``own_runs``; ``allowed``: the names it may write in them). ``sample --out runs/sft/config.json
+    --overwrite`` replaced a run's config; ``plot --out link.svg``, a link to another run's
+    config.json, wrote an image into it; ``export --out RUN/.omnigym.lock`` raised."""
+    target = Path(os.path.realpath(out))  # not Path.resolve: a link loop raises there
+    owner = next((folder for folder in target.parents if is_run_dir(folder)), None)
+    if owner is None:
+        return
+    name = target.relative_to(owner).parts[0]
+    mine = owner in {Path(os.path.realpath(run)) for run in own_runs}
+    linked = " (through a link)" if target != Path(os.path.abspath(out)) else ""
+    if mine and name in allowed:
+        return
+    if name in RUN_FILES or name in (LOCK_NAME, STAGES_FOLDER, REPLACED_RUN) or \
+            fnmatch.fnmatch(name, EVENTS_GLOB):
+        raise OmnigymError(f"{flag} {out} is the run {owner}'s own {name}{linked}; {command} never replaces a run's "
+                           "files: write elsewhere")
+    if not mine:
+        raise OmnigymError(f"{flag} {out} is inside the run {owner}{linked}, which this {command} is not about; "
+                           "write elsewhere")
 
 
 def set_aside_run_files(path: Path) -> Path:
