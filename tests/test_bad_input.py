@@ -896,3 +896,36 @@ def test_plot_never_writes_through_a_link_into_a_run_nor_over_a_file_that_is_not
     assert main(["plot", str(run_copy), "--out", str(here / "p.png")]) == 0  # a plot replaces its own kind of file
     assert main(["plot", str(run_copy), "--out", str(here / "p.png")]) == 0
     assert main(["plot", str(run_copy), "--out", str(run_copy / "curve.png")]) == 0  # a run's curve, drawn again
+
+
+def test_a_run_this_user_cannot_read_is_one_line(run_copy):
+    """eval, export and plot of a chmod-000 run raised PermissionError; root reads it anyway, so the commands run
+    as nobody (setpriv) where the test runs as root."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("runs as root without setpriv (util-linux): cannot drop to a user that permissions stop")
+    for folder in [run_copy.parent, *run_copy.parent.parents]:  # nobody may walk down to it
+        if folder != Path("/"):
+            folder.chmod(folder.stat().st_mode | 0o055)
+    run_copy.chmod(0)
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    omnigym = [sys.executable, "-m", "omnigym"]
+    home = run_copy.parent / "home"  # matplotlib's cache, where nobody may write
+    home.mkdir()
+    home.chmod(0o777)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "HOME": str(home),
+           "MPLCONFIGDIR": str(home)}
+    try:
+        for argv in (["eval", str(run_copy), "--episodes", "1"], ["export", str(run_copy), "--format", "torchscript"],
+                     ["plot", str(run_copy), "--out", str(run_copy.parent / "p.png")]):
+            done = subprocess.run([*drop, *omnigym, *argv], capture_output=True, text=True, timeout=120,
+                                  cwd=run_copy.parent, env=env)
+            assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+                f"omnigym: error: {run_copy} cannot be read (Permission denied); check its permissions, or run as "
+                "the user who made it"], done.stderr
+    finally:
+        run_copy.chmod(0o755)

@@ -327,7 +327,11 @@ def language_run(args) -> bool:
     from omnigym.track.files import CONFIG_NAME, load_config_dict
 
     given = [f for f in LANGUAGE_FLAGS if getattr(args, f) is not None]
-    if not given and not (Path(args.run_dir) / CONFIG_NAME).is_file():
+    try:
+        is_run = (Path(args.run_dir) / CONFIG_NAME).is_file()
+    except OSError:  # an unreadable folder: load_config_dict says so in one line
+        is_run = True
+    if not given and not is_run:
         return False  # not a run: the control path checks its flags first, then says so
     saved = load_config_dict(args.run_dir)
     is_language = "training_backend" in saved

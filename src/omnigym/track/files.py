@@ -56,7 +56,12 @@ def load_config_dict(run_dir: str | os.PathLike) -> dict:
     if isinstance(run_dir, str) and not run_dir.strip():  # "" is Path("."): a run there was read
         raise OmnigymError("the run directory given is empty (\"\"); give a run directory")
     path = Path(run_dir) / CONFIG_NAME
-    if not path.exists():
+    try:
+        found = path.exists()
+    except OSError as exc:  # a folder this user may not read (chmod 000): a PermissionError traceback
+        raise OmnigymError(f"{run_dir} cannot be read ({exc.strerror or type(exc).__name__}); check its "
+                           "permissions, or run as the user who made it") from None
+    if not found:
         if (Path(run_dir) / "stages").is_dir():  # run_dir.STAGES_FOLDER, which imports this module
             from omnigym.track.lock import RunLock
 
