@@ -103,7 +103,23 @@ def test_a_config_edited_to_another_env_is_one_line_for_eval_and_load_policy(tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"omnigym: error: the checkpoint in {run} does not fit the env it is played on (observations "
                    "of shape (6,), actions Discrete(3)): give the env it was trained on (config.json says env_id "
-                   "'Acrobot-v1')"], err
+                   "'Acrobot-v1'); if it is, the checkpoint is not the one config.json describes (another run's "
+                   "checkpoint.pt, or an edited config.json)"], err
+
+
+def test_a_checkpoint_with_keys_the_runs_networks_lack_is_one_line(tmp_path, capsys):
+    """iql's checkpoint.pt copied into a td3_bc run raised torch's 'Unexpected key(s) "log_std"' traceback."""
+    import torch
+
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--total-timesteps", "256", "--run-dir", str(run), "--no-progress", "--no-plot"]) == 0
+    saved = torch.load(run / "checkpoint.pt", weights_only=False)
+    saved["components"]["model"]["log_std"] = torch.zeros(1)
+    torch.save(saved, run / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the checkpoint is not the one config.json describes (another run's checkpoint.pt" in err[0]
 
 
 @pytest.mark.parametrize("algo, env_id, other", [("dqn", "CartPole-v1", "Pendulum-v1"),

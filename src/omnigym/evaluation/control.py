@@ -22,6 +22,7 @@ from omnigym.envs.vector import make_vec, trained_env
 from omnigym.envs.video import every_episode
 from omnigym.errors import OmnigymError
 from omnigym.process import run_scope
+from omnigym.track.checkpoint import CHECKPOINT_NAME
 
 
 MAX_EPISODE_STEPS = 1_000_000
@@ -56,14 +57,18 @@ class LoadedRun:
         except (RuntimeError, AttributeError, IndexError, TypeError) as exc:
             # torch's size mismatch; or a space of another kind than the networks are built for
             # (a DQN checkpoint on a Box of actions: "'Box' object has no attribute 'n'")
-            if isinstance(exc, RuntimeError) and "size mismatch" not in str(exc) and "Missing key" not in str(exc):
+            # "Unexpected key(s)": another algorithm's checkpoint.pt copied in (iql's log_std in a td3_bc run)
+            if isinstance(exc, RuntimeError) and not any(
+                    said in str(exc) for said in ("size mismatch", "Missing key", "Unexpected key")):
                 raise
             seen, actions = envs.single_observation_space, envs.single_action_space
             seen = f"observations of shape {seen.shape}" if seen.shape else f"{type(seen).__name__} observations"
             raise OmnigymError(f"the checkpoint in {self.dir} does not fit the env it is played on ({seen}, actions "
                                f"{actions if isinstance(actions, gym.spaces.Discrete) else actions.shape}): give "
                                f"the env it was trained on (config.json says env_id "
-                               f"{getattr(self.cfg, 'env_id', '?')!r}){built(exc)}") from None
+                               f"{getattr(self.cfg, 'env_id', '?')!r}); if it is, the checkpoint is not the one "
+                               f"config.json describes (another run's {CHECKPOINT_NAME}, or an edited config.json)"
+                               f"{built(exc)}") from None
 
 
 def built(exc: Exception) -> str:
