@@ -217,3 +217,24 @@ def test_sample_chooses_the_task_as_grpo_does_without_importing_an_algorithm():
     assert {"task", "env", "rewards", "system_prompt", "max_new_tokens", "temperature", "eval_size"} <= set(shared)
     grpo, sample = GRPOConfig(), SampleConfig()
     assert [getattr(grpo, name) for name in shared] == [getattr(sample, name) for name in shared]
+
+
+def test_sample_of_a_language_run_still_training_names_its_process(tmp_path, capsys):
+    """A running sft run has no model/ yet: sample told the user to --resume it, which the run's lock refused."""
+    import json
+
+    from omnigym.track.lock import RunLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algo": "sft", "training_backend": "local"}))
+    holder = RunLock(run)
+    holder.acquire()
+    try:
+        assert main(["sample", str(run), *SMALL, "--out", str(tmp_path / "s.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert "is in use by another omnigym process" in err and "--resume" not in err
+    finally:
+        holder.release()
+    assert main(["sample", str(run), *SMALL, "--out", str(tmp_path / "s.jsonl")]) == 2  # stopped: finish it
+    assert "finish it with: omnigym train sft --resume" in capsys.readouterr().err

@@ -342,6 +342,12 @@ def refuse_run_directory(label: str, config_file: Path, config: dict) -> None:
     (``tests/test_architecture.py`` checks the two agree for every algorithm)."""
     algo = str(config["algo"])
     if "training_backend" in config:
+        from omnigym.track.lock import RunLock
+
+        # still training (sample of a running sft run was told to --resume it): the lock names its process
+        probe = RunLock(config_file.parent)
+        probe.acquire()
+        probe.release()
         # it stopped, or the disk filled, while writing its final model/
         raise OmnigymError(f"{label}: the run has no finished model (its model/ was not written whole); "
                            f"finish it with: omnigym train {algo} --resume {label.split(' ', 1)[-1]}")

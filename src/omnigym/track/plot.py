@@ -215,8 +215,9 @@ def _draw_single_run(ax, run_dir: Path, rows: list[dict], metric: str, phases) -
         _draw(ax, series[0] + offset, series[1], color="tab:blue", label=_label(run_dir))
 
 
-IMAGE_STARTS = {".png": (b"\x89PNG",), ".pdf": (b"%PDF",), ".svg": (b"<?xml", b"<svg"), ".jpg": (b"\xff\xd8",),
-                ".jpeg": (b"\xff\xd8",), ".eps": (b"%!PS",), ".ps": (b"%!PS",)}
+IMAGE_STARTS = MappingProxyType({".png": (b"\x89PNG",), ".pdf": (b"%PDF",), ".svg": (b"<?xml", b"<svg"),
+                                 ".jpg": (b"\xff\xd8",), ".jpeg": (b"\xff\xd8",), ".eps": (b"%!PS",),
+                                 ".ps": (b"%!PS",)})
 """How an image file of each suffix begins: ``plot --out`` replaces an image, never another file"""
 
 
