@@ -8,6 +8,7 @@ is not a bug: ``write_fault`` turns it into one ``DiskFault`` line naming the fi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -52,6 +53,16 @@ def describe(value) -> str:
     return repr(value)
 
 
+NAME_MAX = 255
+"""the longest file name, in bytes, of the file systems runs are written to (ext4, xfs, btrfs, tmpfs)"""
+
+
+def name_too_long(path) -> str:
+    """What is said of a path with a name longer than a file system allows (the path shortened)."""
+    shown = str(path) if len(str(path)) <= 60 else str(path)[:60] + "..."
+    return f"{shown}: a name in this path is longer than the {NAME_MAX} bytes a file system allows; give a shorter one"
+
+
 def load_config_dict(run_dir: str | os.PathLike) -> dict:
     if isinstance(run_dir, str) and not run_dir.strip():  # "" is Path("."): a run there was read
         raise OmnigymError("the run directory given is empty (\"\"); give a run directory")
@@ -59,6 +70,8 @@ def load_config_dict(run_dir: str | os.PathLike) -> dict:
     try:
         found = path.exists()
     except OSError as exc:  # a folder this user may not read (chmod 000): a PermissionError traceback
+        if exc.errno == errno.ENAMETOOLONG:
+            raise OmnigymError(name_too_long(run_dir)) from None
         raise OmnigymError(f"{run_dir} cannot be read ({exc.strerror or type(exc).__name__}); check its "
                            "permissions, or run as the user who made it") from None
     if not found:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omnigym.errors import OmnigymError
 from omnigym.track.checkpoint import CHECKPOINT_NAME
-from omnigym.track.files import CONFIG_NAME, METRICS_NAME, describe, write_atomically
+from omnigym.track.files import CONFIG_NAME, METRICS_NAME, NAME_MAX, describe, name_too_long, write_atomically  # noqa: F401 (NAME_MAX: its callers')
 from omnigym.track.lock import LOCK_NAME
 from omnigym.track.metrics import SAMPLES_NAME
 from omnigym.track.model_folder import PARTIAL_SUFFIX, REPLACED_SUFFIX
@@ -238,21 +238,11 @@ def default_run_dir(algo: str, label, seed: int) -> str:
     return name
 
 
-NAME_MAX = 255
-"""the longest file name, in bytes, of the file systems runs are written to (ext4, xfs, btrfs, tmpfs)"""
-
-
 def check_name_lengths(flag: str, path) -> None:
     """A run directory's path whose names fit the file system, else one line before anything is made:
     a longer one failed only once the directory was being made, and left its parents behind."""
     if path is not None and max((len(os.fsencode(part)) for part in Path(path).parts), default=0) > NAME_MAX:
         raise OmnigymError(f"{flag} {name_too_long(path)}")
-
-
-def name_too_long(path) -> str:
-    """What is said of a path with a name longer than a file system allows (the path shortened)."""
-    shown = str(path) if len(str(path)) <= 60 else str(path)[:60] + "..."
-    return f"{shown}: a name in this path is longer than the {NAME_MAX} bytes a file system allows; give a shorter one"
 
 
 def refuse_a_broken_link(path: Path, flag: str) -> None:
