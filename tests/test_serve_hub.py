@@ -85,7 +85,7 @@ def test_same_seed_same_initial_adapter_and_alpha_32(hub):
     a, b, c = snapshot(hub, "a"), snapshot(hub, "b"), snapshot(hub, "c")
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
-    assert hub._peft.peft_config[hub._runs["a"].adapter].lora_alpha == 32
+    assert hub._runs["a"].backend.model.peft_config[hub._runs["a"].adapter].lora_alpha == 32
 
 
 def test_layers_trained_follow_the_flags_and_bad_ranks_are_refused(hub):
@@ -152,7 +152,7 @@ def test_cross_entropy_gradient_equals_autograd_on_the_plain_loss(hub):
     hub_grads = [p.grad.clone() for p in hub._runs["a"].params]
     for p in hub._runs["a"].params:
         p.grad = None
-    model = hub._peft  # the same model, one unpadded sequence at a time
+    model = hub._runs["a"].backend.model  # the same model, one unpadded sequence at a time
     for datum in data:
         logits = model(input_ids=torch.tensor([datum.tokens])).logits[0].float()
         logp = torch.log_softmax(logits, -1).gather(-1, datum.inputs["target_tokens"].view(-1, 1))[:, 0]
@@ -296,7 +296,7 @@ def test_recomputed_activations_give_the_same_numbers(tiny, tmp_path):
     assert sum(float(p.grad.abs().sum()) for p in recomputing._runs["a"].params) > 0  # (A's is 0 while B is)
     for p, q in zip(recomputing._runs["a"].params, keeping._runs["a"].params):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
-    assert not recomputing._peft.training  # back in eval mode for the next forward
+    assert not recomputing._runs["a"].backend.model.training  # back in eval mode for the next forward
 
 
 def test_adam_settings_apply_per_call(hub):
@@ -481,10 +481,10 @@ def test_stop_tokens_strings_and_length(hub):
 def test_drop_frees_the_adapter_and_keeps_the_others(hub):
     hub.create_model("a", 4, seed=1)
     hub.create_model("b", 4, seed=2)
-    adapter = hub._runs["a"].adapter
+    adapter, kept = hub._runs["a"].adapter, hub._runs["b"].backend.model
     hub.drop("a")
-    assert adapter not in hub._peft.peft_config
-    assert not any(f".{adapter}." in n for n, _ in hub._peft.named_parameters())
+    assert adapter not in hub._adapters.adapters and list(hub._adapters.adapters) == [hub._runs["b"].adapter]
+    assert not any(f".{adapter}." in n for n, _ in kept.named_parameters())
     with pytest.raises(RequestError, match="unknown model id") as caught:
         hub.optim_step("a", AdamStep())
     assert caught.value.status == 404

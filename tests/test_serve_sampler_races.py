@@ -203,3 +203,53 @@ def test_a_new_runs_lora_init_never_overlaps_a_sample_drawing_from_the_process_r
     hub.create_model("a", 4, seed=1)
     hub.sample(SamplerSource(), PROMPT, 1, SampleParams(max_tokens=2, seed=0))
     assert seen == [("init", True), ("sample", True)]
+
+
+def test_a_job_that_adds_or_removes_runs_runs_alone_and_in_its_place():
+    """Jobs of different runs run side by side, but one that adds or removes runs (a session's
+    end, load_state, a run not loaded yet) waits for every job before it and holds up every
+    job after it: an adapter is never added or dropped under another run's pass."""
+    import asyncio
+
+    from omnigym.serve.worker import Worker
+
+    async def scenario():  # futures wake waiters on the server's event loop
+        scenario_body()
+
+    worker = Worker(None, NoStore(), session_ttl_s=0)
+    worker.loaded |= {"a", "b"}
+    events, log = {k: threading.Event() for k in ("a", "b")}, []
+
+    def job(name, wait=None):
+        def run():
+            log.append(f"{name} starts")
+            if wait is not None:
+                assert wait.wait(60)
+            log.append(f"{name} ends")
+            return "x", b""
+        return run
+
+    def scenario_body():
+        worker.submit("a1", job("a1", events["a"]), model_id="a")
+        worker.submit("b1", job("b1", events["b"]), model_id="b")
+        worker.submit("alone", job("alone"), alone=True)
+        worker.submit("b2", job("b2"), model_id="b")
+        worker.submit("c1", job("c1"), model_id="c")  # a run not loaded: alone too
+
+    try:
+        asyncio.run(scenario())
+        for _ in range(100):
+            if log.count("a1 starts") and log.count("b1 starts"):
+                break
+            threading.Event().wait(0.05)
+        assert sorted(log) == ["a1 starts", "b1 starts"]  # two runs side by side
+        events["b"].set()
+        threading.Event().wait(0.3)
+        assert "alone starts" not in log and "b2 starts" not in log  # a1 still runs
+        events["a"].set()
+    finally:
+        events["a"].set()
+        events["b"].set()
+        worker.stop()
+    assert log.index("a1 ends") < log.index("alone starts") < log.index("alone ends") < log.index("b2 starts")
+    assert log.index("b2 ends") < log.index("c1 starts")  # alone, and after b2 in the queue

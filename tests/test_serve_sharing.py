@@ -22,16 +22,18 @@ BASE = "tiny-base"
 
 
 class HeldHub(FakeHub):
-    """A hub whose forward_backward waits until the test lets it finish (a long step)."""
+    """A hub whose forward_backward waits until the test lets it finish (a long step); with
+    ``hold`` given, only that run's does."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, hold=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.started, self.release = threading.Event(), threading.Event()
+        self.started, self.release, self.hold = threading.Event(), threading.Event(), hold
 
-    def forward_backward(self, *args, **kwargs):
-        self.started.set()
-        assert self.release.wait(120), "the test never let the step finish"
-        return super().forward_backward(*args, **kwargs)
+    def forward_backward(self, model_id, *args, **kwargs):
+        if self.hold is None or model_id == self.hold:
+            self.started.set()
+            assert self.release.wait(120), "the test never let the step finish"
+        return super().forward_backward(model_id, *args, **kwargs)
 
 
 def test_sampling_is_not_queued_behind_another_runs_long_step(tmp_path):
@@ -62,9 +64,9 @@ def test_sampling_is_not_queued_behind_another_runs_long_step(tmp_path):
         assert len(again.sequences) == 1
 
 
-def test_a_runs_save_and_step_run_beside_another_runs_forward_backward(tmp_path):
-    """optim_step and the saves touch only their run's tensors: they run on a second thread
-    beside another run's forward_backward. Before, every client's save waited behind every
+def test_a_runs_jobs_run_beside_another_runs_long_forward_backward(tmp_path):
+    """Each run's jobs touch only its own adapter and model over the shared weights: they run
+    beside another run's forward_backward. Before, every client's job waited behind every
     forward_backward queued before it, so the clients' loops moved in step and sampling and
     training took turns instead of overlapping. A run's own jobs still run in its order."""
     hub = HeldHub(BASE, tmp_path / "hub")
@@ -74,40 +76,37 @@ def test_a_runs_save_and_step_run_beside_another_runs_forward_backward(tmp_path)
         bob = tinker.ServiceClient(base_url=url, api_key="tml-bob-key-123")
         alice_tc = alice.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
         bob_tc = bob.create_lora_training_client(base_model=BASE, rank=2, seed=1).result()
+        hub.hold = hub_id(alice_tc.model_id)
         datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
                             loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
         alice_step = alice_tc.forward_backward([datum], "cross_entropy")
         assert hub.started.wait(60)
         try:
-            # bob's save and step, queued after alice's held forward_backward, finish before it
+            # bob's whole loop, queued after alice's held forward_backward, finishes before it
             saved = bob_tc.save_weights_and_get_sampling_client().result(timeout=60)
-            bob_tc.optim_step(types.AdamParams(learning_rate=0.1)).result(timeout=60)
             assert saved.sample(types.ModelInput.from_ints([1, 2]), 1,
                                 types.SamplingParams(max_tokens=3, seed=0)).result(timeout=60).sequences
-            # alice's own step waits for her forward_backward; bob's forward_backward for the
-            # shared model, which alice's holds
+            assert bob_tc.forward_backward([datum], "cross_entropy").result(timeout=60).metrics["loss:sum"] > 0
+            bob_tc.optim_step(types.AdamParams(learning_rate=0.1)).result(timeout=60)
+            # alice's own step waits for her forward_backward
             alice_adam = alice_tc.optim_step(types.AdamParams(learning_rate=0.1))
-            bob_step = bob_tc.forward_backward([datum], "cross_entropy")
             with pytest.raises(TimeoutError):
                 alice_adam.result(timeout=1)
-            with pytest.raises(TimeoutError):
-                bob_step.result(timeout=1)
             assert not hub.release.is_set()
         finally:
             hub.release.set()
         assert alice_step.result(timeout=60).metrics["loss:sum"] > 0
         alice_adam.result(timeout=60)
-        bob_step.result(timeout=60)
     order = [(c[0], c[1]) for c in hub.calls if c[0] in ("forward_backward", "optim_step")]
     alice_id, bob_id = (hub_id(tc.model_id) for tc in (alice_tc, bob_tc))
+    assert order.index(("forward_backward", bob_id)) < order.index(("forward_backward", alice_id))
     assert order.index(("forward_backward", alice_id)) < order.index(("optim_step", alice_id))
-    assert order.index(("optim_step", bob_id)) < order.index(("forward_backward", bob_id))
 
 
 def test_runs_trained_together_on_the_real_hub_end_as_each_trained_alone(tmp_path):
     """Two clients' RL loops (save, sample, forward_backward, optim_step) on one server of the
-    real hub, their jobs now on two threads: each run's weights end bit-identical to the same
-    loop run alone, and the two runs differ."""
+    real hub, their jobs side by side on the training threads: each run's weights end
+    bit-identical to the same loop run alone, and the two runs differ."""
     from omnigym.models.lm import build_tiny_model
     from omnigym.serve.hub import ModelHub
 

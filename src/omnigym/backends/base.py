@@ -21,8 +21,9 @@ own about processes. ``LocalBackend`` (``local.py``) is the single-process imple
 members, so an algorithm file does not change when it is scaled out (``make_backend``).
 
 Several adapters on one base model (``AdapterBackends``, ``lora.py``: the Tinker server's
-training runs) extend the seam: each adapter is a ``TrainingBackend`` of its own, which
-activates its adapter before every pass, holds an optimizer over its own parameters only,
+training runs) extend the seam: each adapter is a ``TrainingBackend`` of its own, whose
+passes go through a model of its own over the shared weights (so passes of different adapters
+may run at once, on different threads), holds an optimizer over its own parameters only,
 and whose ``state_dict`` is its adapter's tensors (``load_state_dict`` takes
 ``"optimizer": None`` for the weights with a fresh optimizer). It adds ``forward(batch,
 loss_fn)``, a pass without gradient through its adapter (for a single model,
@@ -58,7 +59,7 @@ class TrainingBackend(Protocol):
 
 class AdapterBackends(Protocol):
     model: torch.nn.Module
-    """the base model with every adapter in it"""
+    """the base model, whose weights every adapter's model shares"""
 
     def add(self, name: str, rank: int, alpha: float, targets: list[str], seed: int,
             make_optimizer: Callable[[list], torch.optim.Optimizer],

@@ -2,9 +2,13 @@
 ``AdapterBackends`` contract of ``base.py``): what ``omnigym serve`` holds, one adapter per
 training run of its clients, on one copy of the base weights.
 
-A pass for one adapter activates it (peft ``set_adapter``) first, so the other adapters take
-no part in it and get no gradient, and each adapter has its own optimizer over its own
-parameters: runs that take turns end bit for bit where each ends alone.
+Each adapter sits in a peft model of its own, wrapped around a module tree of its own whose
+weights are the base model's own tensors (shared, never copied): a pass of one adapter touches
+no module another adapter's pass uses, so passes of different adapters can run at once on
+different threads (``omnigym serve`` runs two runs' forward_backward side by side on two cores),
+the other adapters take no part in a pass and get no gradient, and each adapter has its own
+optimizer over its own parameters: runs end bit for bit where each ends alone. (One peft model
+holding every adapter, switched by ``set_adapter`` before each pass, allowed one pass at a time.)
 
 A micro-batch whose activations would pass ``activation_budget`` is run with gradient
 checkpointing (a long multi-turn datum on SmolLM2 held 15.7 GB without it): each layer's
@@ -16,6 +20,7 @@ is 0 here, so train mode changes nothing else.
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 from contextlib import contextmanager
 
@@ -48,14 +53,19 @@ class LoRAAdapters:
         model.eval()
         model.requires_grad_(False)
         self.base = model
-        self.peft = None
-        """the peft model once the first adapter is added (peft wraps the base model in place)"""
+        """the plain model: peft never wraps it, each adapter wraps a shell of it (``_shell``)"""
         self.activation_budget = activation_budget
         self.adapters: dict[str, AdapterBackend] = {}
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.base if self.peft is None else self.peft
+        return self.base
+
+    def _shell(self) -> torch.nn.Module:
+        """A copy of the base model's modules that holds the base model's own weight and buffer
+        tensors (deepcopy's memo maps each to itself): an adapter's own tree, no weight copied."""
+        shared = {id(t): t for t in itertools.chain(self.base.parameters(), self.base.buffers())}
+        return copy.deepcopy(self.base, memo=shared)
 
     def add(self, name: str, rank: int, alpha: float, targets: list[str], seed: int, make_optimizer,
             max_grad_norm: float | None = None) -> "AdapterBackend":
@@ -68,30 +78,21 @@ class LoRAAdapters:
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             warnings.simplefilter("ignore")  # peft warns about tied embeddings under a LoRA'd head
             torch.manual_seed(seed)
-            if self.peft is None:
-                self.peft = get_peft_model(self.base, config, adapter_name=name)
-            else:
-                self.peft.add_adapter(name, config)
+            peft = get_peft_model(self._shell(), config, adapter_name=name)
+        peft.eval()
         marker = f".{name}."
         params, names = [], []
-        for full, param in self.peft.named_parameters():
+        for full, param in peft.named_parameters():
             if marker in full:
                 params.append(param)
                 names.append(full.replace("base_model.model.", "", 1).replace(marker, ".").removesuffix(".weight"))
-        backend = AdapterBackend(self, name, params, names, make_optimizer, max_grad_norm)
+        backend = AdapterBackend(self, name, peft, params, names, make_optimizer, max_grad_norm)
         self.adapters[name] = backend
         return backend
 
     def remove(self, name: str) -> None:
         for p in self.adapters.pop(name).params:
             p.grad = None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # peft says which adapter it activates instead: none is used unasked
-            self.peft.delete_adapter(name)
-
-    def activate(self, name: str) -> None:
-        self.peft.set_adapter(name)
-        self.peft.eval()
 
     def activation_bytes(self, rows: int, width: int) -> float:
         """About what a backward pass keeps of one micro-batch's activations in float32: each
@@ -106,35 +107,36 @@ class LoRAAdapters:
         return 4.0 * layers * rows * (width * per_token + 2 * heads * width * width)
 
     @contextmanager
-    def recomputing(self, batch):
-        """Gradient checkpointing for the time of one micro-batch whose activations would pass
-        the budget (its shape read from ``batch.input_ids``, ``[rows, width]``)."""
+    def recomputing(self, peft, batch):
+        """Gradient checkpointing of an adapter's ``peft`` model for the time of one micro-batch
+        whose activations would pass the budget (its shape read from ``batch.input_ids``,
+        ``[rows, width]``)."""
         ids = getattr(batch, "input_ids", None)
         if ids is None or self.activation_bytes(*ids.shape) <= self.activation_budget:
             yield
             return
-        model = self.base
+        model = peft.get_base_model()
         # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*
         renamed = hasattr(model, "activation_checkpointing_enable")
         if renamed:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.peft.train()
+        peft.train()
         try:
             yield
         finally:
-            self.peft.eval()
+            peft.eval()
             (model.activation_checkpointing_disable if renamed else model.gradient_checkpointing_disable)()
 
 
 class AdapterBackend:
-    """One adapter of a ``LoRAAdapters`` as a ``TrainingBackend`` of one process: every pass
-    activates the adapter first; the optimizer and the state are its parameters' alone."""
+    """One adapter of a ``LoRAAdapters`` as a ``TrainingBackend`` of one process: its passes go
+    through its own peft model; the optimizer and the state are its parameters' alone."""
 
-    def __init__(self, adapters: LoRAAdapters, name: str, params: list, names: list[str], make_optimizer,
+    def __init__(self, adapters: LoRAAdapters, name: str, peft, params: list, names: list[str], make_optimizer,
                  max_grad_norm: float | None = None):
-        self.adapters, self.name = adapters, name
+        self.adapters, self.name, self.peft = adapters, name, peft
         self.params, self.names = params, names
         """the adapter's parameters and their names relative to the plain model (``...q_proj.lora_A``)"""
         self.make_optimizer, self.max_grad_norm = make_optimizer, max_grad_norm
@@ -142,20 +144,19 @@ class AdapterBackend:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.adapters.model
+        """the peft model of this adapter alone, over the shared base weights"""
+        return self.peft
 
     def local_part(self, rows, weights=None) -> tuple[list, float]:
         return list(rows), 1.0
 
     def forward(self, batch, loss_fn) -> tuple[torch.Tensor, dict]:
         """``loss_fn(model, batch)`` through this adapter, without gradient."""
-        self.adapters.activate(self.name)
         with torch.no_grad():
             return loss_fn(self.model, batch)
 
     def forward_backward(self, batch, loss_fn, share: float | None = None) -> dict:
-        self.adapters.activate(self.name)
-        with self.adapters.recomputing(batch):
+        with self.adapters.recomputing(self.peft, batch):
             loss, stats = loss_fn(self.model, batch)
             if loss.requires_grad:
                 loss.backward()
@@ -207,16 +208,14 @@ class AdapterBackend:
             self.optimizer.load_state_dict(state["optimizer"])
 
     def full_model(self) -> torch.nn.Module:
-        """The shared model with this adapter active (the others are in it, inactive)."""
-        self.adapters.activate(self.name)
+        """The model with this adapter in it."""
         return self.model
 
     def frozen_copy(self) -> torch.nn.Module:
         """A plain model with this adapter merged into a copy of the base weights."""
         from omnigym.backends.local import frozen
 
-        clone = copy.deepcopy(self.adapters.peft)
+        clone = copy.deepcopy(self.peft)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            clone.set_adapter(self.name)
             return frozen(clone.merge_and_unload(adapter_names=[self.name]))

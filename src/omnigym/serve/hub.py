@@ -125,11 +125,6 @@ class ModelHub:
         while a sampling thread reads sampler weights: between the two renames the folder is
         absent, and a request that looked then failed for weights that exist"""
 
-    @property
-    def _peft(self):
-        """the peft model the runs' adapters sit in (None before the first run)"""
-        return self._adapters.peft
-
     # -- training runs ------------------------------------------------------------------------
 
     def _targets(self, train_mlp: bool, train_attn: bool, train_unembed: bool) -> list[str]:

@@ -3,24 +3,19 @@ job; the HTTP handler has already answered with the job's future id. The job's o
 the store, and an ``asyncio.Event`` per future wakes a ``retrieve_future`` that is waiting for it.
 
 Training jobs run in the order they arrived for each run (for one training client, the order of
-its ``seq_id``s: the SDK sends each request only after the previous one was accepted), on a few
-threads, by what each one touches:
-
-- ``model`` (forward_backward, forward): the shared model, its active adapter switched to the
-  run's; one at a time.
-- ``local`` (optim_step, save_state, save_weights_for_sampler): the run's own tensors and
-  optimizer only; on a second thread, beside another run's ``model`` job. This is what lets the clients of one server
-  fall out of step: a client whose step just ended saves and samples while the next run's
-  forward_backward runs, instead of waiting behind every queued forward_backward (each client
-  waited for all of them, so sampling and training took turns instead of overlapping).
-- ``exclusive`` (create_model, load_state, a session's end, expiry, and any job of a run the hub
-  does not hold yet): they add or remove adapters, so they run alone, and no job that arrived
-  after one starts before it.
+its ``seq_id``s: the SDK sends each request only after the previous one was accepted), on
+``training_threads`` threads. A run's jobs (forward_backward, forward, optim_step, the saves)
+touch its own adapter and its own model over the shared frozen weights (``backends/lora.py``),
+so jobs of different runs run side by side: two runs' forward_backward on two cores, and a
+client whose step just ended saves and samples while other runs train. Before, one thread ran
+every job in arrival order: each client's save waited behind every forward_backward queued
+before it, so the clients' loops moved in step and sampling and training took turns instead of
+overlapping. Jobs that add or remove runs (create_model, load_state, a session's end, expiry,
+and any job of a run the hub does not hold yet) run alone: nothing else runs beside them, and
+no job that arrived after one starts before it.
 
 A run's numbers do not depend on this: its jobs run in its order on its own tensors, whatever
-runs beside them. The ``model`` jobs keep to one thread: a thread's first forward_backward of a
-model takes about 1.3x its later ones (SmolLM2-135M on the CPU: 4.3 s against 3.1-3.5 s), so
-passing them from thread to thread, as a pool does, made one client's steps a quarter slower.
+runs beside them.
 
 The worker also owns which training runs are in the hub right now (``loaded``): a run that the
 store knows but the hub does not (after a restart, or after its session expired) is created
@@ -58,21 +53,17 @@ log = logging.getLogger("omnigym.serve")
 Job = Callable[[], tuple[str, bytes]]
 """runs on a worker thread; returns (content type, body) for the future's result"""
 
-MODEL, LOCAL, EXCLUSIVE = "model", "local", "exclusive"
-"""what a training job touches (see the module's text)"""
-
-
 @dataclass
 class _Queued:
     future_id: str | None
     job: Job | None  # None: the worker stops
     model_id: str | None
-    kind: str
+    alone: bool  # adds or removes runs: runs with nothing beside it
 
 
 class Worker:
     def __init__(self, hub, store: Store, session_ttl_s: float = 300.0, idle_s: float = 1.0,
-                 sampling_threads: int = 64):
+                 sampling_threads: int = 64, training_threads: int = 3):
         self.hub = hub
         self.store = store
         self.session_ttl_s = session_ttl_s
@@ -85,8 +76,10 @@ class Worker:
         self._queued: list[_Queued] = []
         self._running_runs: Counter = Counter()
         self._running = 0
-        self._model_busy = False
-        self._exclusive = False
+        self._alone = False
+        self._home: dict[str | None, int] = {}
+        """the thread that last ran each run's job: the run's next job waits for it while it is idle"""
+        self._idle_threads: set[int] = set()
         self._stopping = False
         # per training run: jobs submitted and jobs run (a run's jobs run in order), for the
         # sampling jobs that must come after them
@@ -96,9 +89,8 @@ class Worker:
         self._parked: list[tuple[str, Job, str, int]] = []
         """sampling jobs (future id, job, run, mark) waiting until that run has run ``mark`` jobs"""
         self._sampling = ThreadPoolExecutor(sampling_threads, thread_name_prefix="omnigym-serve-sample")
-        # the first thread runs every kind of job, the second only local ones
-        self._threads = [threading.Thread(target=self._loop, args=(lane,), name=f"omnigym-serve-{lane}", daemon=True)
-                         for lane in ("worker", LOCAL)]
+        self._threads = [threading.Thread(target=self._loop, args=(i,), name=f"omnigym-serve-train-{i}", daemon=True)
+                         for i in range(max(1, training_threads))]
         for thread in self._threads:
             thread.start()
 
@@ -108,13 +100,13 @@ class Worker:
         with self._events_lock:
             self._events[future_id] = (asyncio.get_running_loop(), asyncio.Event())
 
-    def submit(self, future_id: str, job: Job, model_id: str | None = None, kind: str = MODEL) -> None:
-        """Queue a training job (of run ``model_id`` when given; ``kind``: what it touches)."""
+    def submit(self, future_id: str, job: Job, model_id: str | None = None, alone: bool = False) -> None:
+        """Queue a training job (of run ``model_id`` when given; ``alone``: it adds or removes runs)."""
         self._listen(future_id)
         with self._ran_changed:
             if model_id is not None:
                 self._submitted[model_id] += 1
-        self._put(_Queued(future_id, job, model_id, kind))
+        self._put(_Queued(future_id, job, model_id, alone))
 
     def _put(self, item: _Queued) -> None:
         with self._turn:
@@ -148,47 +140,50 @@ class Worker:
 
     def stop(self) -> None:
         """Runs the jobs queued so far, then ends the threads."""
-        self._put(_Queued(None, None, None, EXCLUSIVE))
+        self._put(_Queued(None, None, None, True))
         deadline = time.monotonic() + 60
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._sampling.shutdown(wait=False, cancel_futures=True)
 
     # the training threads
-    def _next(self, lane: str) -> _Queued | None:
-        """Under ``_turn``: the oldest queued job that may start now on ``lane``, taken off the queue."""
-        if self._exclusive:
+    def _next(self, thread: int) -> _Queued | None:
+        """Under ``_turn``: the oldest queued job that may start now on ``thread``, taken off the
+        queue. A run's job is left to the thread that ran the run's last job while that thread is
+        idle: a forward_backward on a thread other than the last one's took about 15% longer
+        (SmolLM2-135M, one client, the same work), as each thread's memory is its own."""
+        if self._alone:
             return None
-        seen: set[str | None] = set()  # runs with an older job still queued
+        waiting: set[str | None] = set()  # runs with an older job still queued
         for index, item in enumerate(self._queued):
-            kind = item.kind
-            if item.model_id not in self.loaded:  # creating it (or a job of no run) changes the hub
-                kind = EXCLUSIVE
-            if kind == EXCLUSIVE:
-                if index > 0 or self._running or lane == LOCAL:
+            # creating a run the hub does not hold (or a job of no run) changes the hub
+            item.alone = item.alone or item.model_id not in self.loaded
+            if item.alone:
+                if index > 0 or self._running:
                     return None  # nothing that came after it starts before it
-                self._exclusive = True
-            elif (item.model_id in seen or self._running_runs[item.model_id]
-                  or kind == MODEL and (self._model_busy or lane == LOCAL)):
-                seen.add(item.model_id)
+                self._alone = True
+            elif item.model_id in waiting or self._running_runs[item.model_id] or \
+                    self._home.get(item.model_id, thread) != thread and self._home[item.model_id] in self._idle_threads:
+                waiting.add(item.model_id)
                 continue
+            self._home[item.model_id] = thread
             del self._queued[index]
             self._running += 1
             self._running_runs[item.model_id] += 1
-            self._model_busy = self._model_busy or kind == MODEL
-            item.kind = kind
             return item
         return None
 
-    def _loop(self, lane: str) -> None:
+    def _loop(self, thread: int) -> None:
         while True:
             with self._turn:
                 item = None
+                self._idle_threads.add(thread)
                 while item is None and not self._stopping:
-                    item = self._next(lane)
+                    item = self._next(thread)
                     if item is None and not self._turn.wait(self.idle_s) and self._idle():
-                        self._exclusive = True
+                        self._alone = True
                         break
+                self._idle_threads.discard(thread)
             if self._stopping:
                 return
             if item is None:  # idle for idle_s: nothing queued or running
@@ -207,27 +202,23 @@ class Worker:
                 with self._turn:
                     self._running -= 1
                     self._running_runs[item.model_id] -= 1
-                    if item.kind == MODEL:
-                        self._model_busy = False
-                    elif item.kind == EXCLUSIVE:
-                        self._exclusive = False
+                    self._alone = False if item.alone else self._alone
                     now_idle = self._idle()
-                    if now_idle:
-                        self._exclusive = True
+                    self._alone = self._alone or now_idle  # the expiry below runs alone
                     self._turn.notify_all()
                 if now_idle:
                     self._expire_alone()
 
     def _idle(self) -> bool:
-        return not self._queued and not self._running and not self._exclusive
+        return not self._queued and not self._running and not self._alone
 
     def _expire_alone(self) -> None:
-        """Expiry frees runs from the hub: it runs as an exclusive job does (``_exclusive`` set by the caller)."""
+        """Expiry frees runs from the hub: it runs alone (``_alone`` set by the caller)."""
         try:
             self._expire()
         finally:
             with self._turn:
-                self._exclusive = False
+                self._alone = False
                 self._turn.notify_all()
 
     def _ran_one(self, model_id: str) -> None:
@@ -267,7 +258,7 @@ class Worker:
                 pass
 
     def ensure_loaded(self, model_id: str) -> None:
-        """In an exclusive job (a run not loaded makes its job one): the run is in the hub, with its last saved state if it was
+        """In a job that runs alone (a run not loaded makes its job one): the run is in the hub, with its last saved state if it was
         created again."""
         if model_id in self.loaded:
             return
@@ -285,10 +276,12 @@ class Worker:
         if model_id in self.loaded:
             self.hub.drop(hub_id(model_id))
             self.loaded.discard(model_id)
+            with self._turn:
+                self._home.pop(model_id, None)
 
     def free_session(self, session_id: str) -> None:
-        """Queued as an exclusive job, so it runs after the session's earlier requests."""
-        self._put(_Queued(None, lambda: self._free(session_id), None, EXCLUSIVE))
+        """Queued to run alone, so it runs after the session's earlier requests."""
+        self._put(_Queued(None, lambda: self._free(session_id), None, True))
 
     def _free(self, session_id: str):
         for model_id in self.store.session_models(session_id):

@@ -17,7 +17,7 @@ from omnigym.serve.contract import RequestError
 from omnigym.serve.http import BodyTooLarge, presented_key, read_body, refused_key
 from omnigym.serve.runcap import RunCap
 from omnigym.serve.store import Store, as_json
-from omnigym.serve.worker import EXCLUSIVE, LOCAL, MODEL, Worker  # noqa: F401 (kinds, for the routes)
+from omnigym.serve.worker import Worker
 
 PROTO = "application/x-protobuf"
 """forward_backward's body and the binary results (forward_backward's, asample's)"""
@@ -114,13 +114,14 @@ class ServeContext:
 
     # -- the queue -----------------------------------------------------------------------------
     def queue(self, owner: str, model_id: str | None, seq_id, job, request: bytes | dict = b"",
-              sampling: bool = False, after: str | None = None, kind: str = MODEL) -> dict:
+              sampling: bool = False, after: str | None = None, alone: bool = False) -> dict:
         """Records a future, queues its job, and returns the SDK's untyped future; a training
         request sent again with the same seq_id (a retry) gets the first one's future. The
         request's own bytes are part of that key: another request that reuses a seq_id (a
         client's mistake, a raw call beside the SDK's) runs as itself, and does not get the
         first one's result in silence. A ``sampling`` job runs beside the training queue, after
-        run ``after``'s jobs queued so far; ``kind`` says what a training job touches (worker.py)."""
+        run ``after``'s jobs queued so far; an ``alone`` job runs with no other training job beside it
+        (worker.py)."""
         if seq_id is not None and (isinstance(seq_id, bool) or not isinstance(seq_id, int)
                                    or not -1 <= seq_id < bodies.INT64):  # "abc" or 2**70 went unchecked
             raise RequestError(f"seq_id must be a whole number from -1 to 2**63 - 1, got {str(seq_id)[:40]!r}")
@@ -134,7 +135,7 @@ class ServeContext:
             if sampling:
                 self.worker.submit_sampling(future_id, job, after)
             else:
-                self.worker.submit(future_id, job, model_id, kind)
+                self.worker.submit(future_id, job, model_id, alone)
         return {"request_id": future_id, "model_id": model_id}
 
 

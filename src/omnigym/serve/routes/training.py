@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 
 from omnigym.serve import bodies, wire
 from omnigym.serve.contract import RequestError
-from omnigym.serve.routes.context import LOCAL, PROTO, json_job, served
+from omnigym.serve.routes.context import PROTO, json_job, served
 
 router = APIRouter()
 
@@ -85,4 +85,4 @@ async def optim_step(request: Request):
     def job():
         serve.cap.ensure(model_id)
         return {"metrics": serve.hub.optim_step(wire.hub_id(model_id), adam)}
-    return serve.queue(owner, model_id, body.get("seq_id"), json_job(job), request=body, kind=LOCAL)
+    return serve.queue(owner, model_id, body.get("seq_id"), json_job(job), request=body)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 
 from omnigym.serve import bodies, wire
 from omnigym.serve.contract import RequestError
-from omnigym.serve.routes.context import EXCLUSIVE, LOCAL, json_job, served
+from omnigym.serve.routes.context import json_job, served
 
 router = APIRouter()
 
@@ -32,7 +32,7 @@ async def save_weights(request: Request):
         serve.hub.save(wire.hub_id(model_id), name, "state")
         serve.store.add_checkpoint(model_id, "state", name)
         return {"path": path, "type": "save_weights"}
-    return serve.queue(owner, model_id, seq, json_job(job), request=body, kind=LOCAL)
+    return serve.queue(owner, model_id, seq, json_job(job), request=body)
 
 
 @router.post("/api/v1/save_weights_for_sampler")
@@ -54,7 +54,7 @@ async def save_for_sampler(request: Request):
         if sampler_id is not None:
             serve.store.add_sampler(sampler_id, owner, model_id, name)
         return {"path": path, "sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
-    return serve.queue(owner, model_id, seq, json_job(job), request=body, kind=LOCAL)
+    return serve.queue(owner, model_id, seq, json_job(job), request=body)
 
 
 @router.post("/api/v1/load_weights")
@@ -85,4 +85,4 @@ async def load_weights(request: Request):
         return {"path": str(source), "model_id": model_id, "type": "load_weights"}
     seq_id = body.get("seq_id") if body.get("model_id") is not None else -1
     return serve.queue(owner, model_id, seq_id, json_job(job), request=body,
-                       kind=EXCLUSIVE)  # it may read another run's checkpoint: after every job before it
+                       alone=True)  # it may read another run's checkpoint: after every job before it
