@@ -166,7 +166,8 @@ class Worker:
                     self._home.get(item.model_id, thread) != thread and self._home[item.model_id] in self._idle_threads:
                 waiting.add(item.model_id)
                 continue
-            self._home[item.model_id] = thread
+            else:
+                self._home[item.model_id] = thread
             del self._queued[index]
             self._running += 1
             self._running_runs[item.model_id] += 1
@@ -184,6 +185,8 @@ class Worker:
                         self._alone = True
                         break
                 self._idle_threads.discard(thread)
+                # a job another idle thread left for this one (its run's last thread) may be theirs now
+                self._turn.notify_all()
             if self._stopping:
                 return
             if item is None:  # idle for idle_s: nothing queued or running
@@ -202,6 +205,8 @@ class Worker:
                 with self._turn:
                     self._running -= 1
                     self._running_runs[item.model_id] -= 1
+                    if not self._running_runs[item.model_id]:
+                        del self._running_runs[item.model_id]
                     self._alone = False if item.alone else self._alone
                     now_idle = self._idle()
                     self._alone = self._alone or now_idle  # the expiry below runs alone
