@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable
 
 from omnigym.serve.contract import RequestError
@@ -52,6 +51,7 @@ log = logging.getLogger("omnigym.serve")
 
 Job = Callable[[], tuple[str, bytes]]
 """runs on a worker thread; returns (content type, body) for the future's result"""
+
 
 @dataclass
 class _Queued:
@@ -263,8 +263,8 @@ class Worker:
                 pass
 
     def ensure_loaded(self, model_id: str) -> None:
-        """In a job that runs alone (a run not loaded makes its job one): the run is in the hub, with its last saved state if it was
-        created again."""
+        """In a job that runs alone (a run not loaded makes its job one): the run is in the hub,
+        with its last saved state if it was created again."""
         if model_id in self.loaded:
             return
         rec = self.store.model(model_id)
