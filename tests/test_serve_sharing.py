@@ -3,6 +3,7 @@ the training queue (serve/worker.py), while each run's own requests still run in
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -36,16 +37,23 @@ class HeldHub(FakeHub):
         return super().forward_backward(model_id, *args, **kwargs)
 
 
-def test_sampling_is_not_queued_behind_another_runs_long_step(tmp_path):
+DATUM = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
+                    loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
+
+
+@contextlib.contextmanager
+def alice_and_bob(tmp_path):
+    """A server over a ``HeldHub``, and two users' service clients."""
     hub = HeldHub(BASE, tmp_path / "hub")
-    app = make_app(hub, Store(tmp_path / "serve.db"), limits=Limits(poll_s=2))
-    with serving(app) as url:
-        alice = tinker.ServiceClient(base_url=url, api_key="tml-alice-key")
-        bob = tinker.ServiceClient(base_url=url, api_key="tml-bob-key-123")
+    with serving(make_app(hub, Store(tmp_path / "serve.db"), limits=Limits(poll_s=2))) as url:
+        yield (hub, tinker.ServiceClient(base_url=url, api_key="tml-alice-key"),
+               tinker.ServiceClient(base_url=url, api_key="tml-bob-key-123"))
+
+
+def test_sampling_is_not_queued_behind_another_runs_long_step(tmp_path):
+    with alice_and_bob(tmp_path) as (hub, alice, bob):
         tc = alice.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
-        datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
-                            loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
-        step = tc.forward_backward([datum], "cross_entropy")
+        step = tc.forward_backward([DATUM], "cross_entropy")
         assert hub.started.wait(60)
         try:
             sampler = bob.create_sampling_client(base_model=BASE).result()
@@ -69,24 +77,18 @@ def test_a_runs_jobs_run_beside_another_runs_long_forward_backward(tmp_path):
     beside another run's forward_backward. Before, every client's job waited behind every
     forward_backward queued before it, so the clients' loops moved in step and sampling and
     training took turns instead of overlapping. A run's own jobs still run in its order."""
-    hub = HeldHub(BASE, tmp_path / "hub")
-    app = make_app(hub, Store(tmp_path / "serve.db"), limits=Limits(poll_s=2))
-    with serving(app) as url:
-        alice = tinker.ServiceClient(base_url=url, api_key="tml-alice-key")
-        bob = tinker.ServiceClient(base_url=url, api_key="tml-bob-key-123")
+    with alice_and_bob(tmp_path) as (hub, alice, bob):
         alice_tc = alice.create_lora_training_client(base_model=BASE, rank=2, seed=0).result()
         bob_tc = bob.create_lora_training_client(base_model=BASE, rank=2, seed=1).result()
         hub.hold = hub_id(alice_tc.model_id)
-        datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
-                            loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
-        alice_step = alice_tc.forward_backward([datum], "cross_entropy")
+        alice_step = alice_tc.forward_backward([DATUM], "cross_entropy")
         assert hub.started.wait(60)
         try:
             # bob's whole loop, queued after alice's held forward_backward, finishes before it
             saved = bob_tc.save_weights_and_get_sampling_client().result(timeout=60)
             assert saved.sample(types.ModelInput.from_ints([1, 2]), 1,
                                 types.SamplingParams(max_tokens=3, seed=0)).result(timeout=60).sequences
-            assert bob_tc.forward_backward([datum], "cross_entropy").result(timeout=60).metrics["loss:sum"] > 0
+            assert bob_tc.forward_backward([DATUM], "cross_entropy").result(timeout=60).metrics["loss:sum"] > 0
             bob_tc.optim_step(types.AdamParams(learning_rate=0.1)).result(timeout=60)
             # alice's own step waits for her forward_backward
             alice_adam = alice_tc.optim_step(types.AdamParams(learning_rate=0.1))

@@ -77,7 +77,7 @@ class Worker:
         self._running_runs: Counter = Counter()
         self._running = 0
         self._alone = False
-        self._home: dict[str | None, int] = {}
+        self._home: dict[str, int] = {}
         """the thread that last ran each run's job: the run's next job waits for it while it is idle"""
         self._idle_threads: set[int] = set()
         self._stopping = False
@@ -207,9 +207,11 @@ class Worker:
                     self._running_runs[item.model_id] -= 1
                     if not self._running_runs[item.model_id]:
                         del self._running_runs[item.model_id]
-                    self._alone = False if item.alone else self._alone
+                    if item.alone:
+                        self._alone = False
                     now_idle = self._idle()
-                    self._alone = self._alone or now_idle  # the expiry below runs alone
+                    if now_idle:
+                        self._alone = True  # the expiry below runs alone
                     self._turn.notify_all()
                 if now_idle:
                     self._expire_alone()
