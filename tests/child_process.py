@@ -11,6 +11,8 @@ default dispositions back before they start, the state a person's terminal gives
 import signal
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+STACKS_SIGNAL = signal.SIGUSR2
+"""what a forked child a test gave up on is sent: it writes its threads' stacks (omnigym uses no SIGUSR2)"""
 
 
 def as_from_a_terminal() -> None:
@@ -36,11 +38,12 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 PRELOADED = ("numpy", "torch", "transformers", "gymnasium", "safetensors.torch", "tokenizers")
 
 ZYGOTE = r"""
-import json, os, select, signal, sys, traceback
+import faulthandler, json, os, select, signal, sys, traceback
 for name in PRELOADED:
     __import__(name)
 import transformers
@@ -59,6 +62,8 @@ def run_child(request):
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        # a child a test gave up waiting for writes where every thread stands to its stderr
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
         sys.argv = ["-c", *request["argv"]]
         try:
             exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
@@ -111,7 +116,8 @@ while True:
 
 class _Zygote:
     def __init__(self, env: dict):
-        prelude = f"PRELOADED = {PRELOADED!r}\nimport signal\nSTOP_SIGNALS = {[int(s) for s in STOP_SIGNALS]!r}\n"
+        prelude = (f"PRELOADED = {PRELOADED!r}\nimport signal\nSTOP_SIGNALS = {[int(s) for s in STOP_SIGNALS]!r}\n"
+                   f"STACKS_SIGNAL = {int(STACKS_SIGNAL)}\n")
         self.process = subprocess.Popen([sys.executable, "-c", prelude + ZYGOTE], env=env, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, preexec_fn=as_from_a_terminal)
         self.lock, self.changed = threading.Lock(), threading.Condition()
@@ -197,8 +203,18 @@ class ForkedChild:
         if self.returncode is None:
             self.returncode = self._zygote.wait(self.pid, timeout)
             if self.returncode is None:
-                raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout)
+                raise subprocess.TimeoutExpired(f"forked child {self.pid}{self._stacks()}", timeout)
         return self.returncode
+
+    def _stacks(self) -> str:
+        """Where a child that has not ended stands (its threads' stacks, which it writes to its
+        stderr on ``STACKS_SIGNAL``), and the rest of its stderr: what a hang in CI leaves to read."""
+        try:
+            os.kill(self.pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            return ""
+        time.sleep(2)
+        return "; its stderr, ending with its stacks:\n" + self.stderr.read()[-6000:]
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
