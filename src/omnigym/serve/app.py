@@ -8,9 +8,10 @@ sessions belong to the key that created them; a request naming someone else's ge
 404 as one naming nothing, so it learns nothing. ``tinker://`` paths are parsed into (run,
 kind, name) and only those reach the hub.
 
-Training and sampling requests are checked here, queued to the ``Worker`` (one thread calls
-the hub, in arrival order) and answered with a future id at once; ``retrieve_future`` returns
-the result, or the SDK's "try again" after a long poll.
+Training and sampling requests are checked here, queued to the ``Worker`` (each run's
+training requests in its order, different runs' side by side: ``serve/worker.py``) and answered
+with a future id at once; ``retrieve_future`` returns the result, or the SDK's "try again" after
+a long poll.
 
 ``make_app`` builds the app: the state every route shares (``routes/context.py``), the size and
 API-key checks every request passes first, and the routes, one module per resource under

@@ -4,6 +4,8 @@ runs of ended sessions (loaded again on use, and never expired again), fill memo
 
 from __future__ import annotations
 
+import time
+
 from omnigym.serve.contract import RequestError
 
 
@@ -12,11 +14,13 @@ class RunCap:
         self.store, self.worker, self.max_runs, self.session_ttl_s = store, worker, max_runs, session_ttl_s
 
     def ended(self, model_ids) -> list[str]:
-        """The runs among ``model_ids`` whose session has ended (finished or expired)."""
+        """The runs among ``model_ids`` whose session has ended (finished, expired, or silent past
+        the ttl: expiry, due, frees it before a new run is refused)."""
+        silent_since = time.time() - self.session_ttl_s if self.session_ttl_s > 0 else float("-inf")
         out = []
         for model_id in model_ids:
             session = self.store.session(self.store.model(model_id)["session"])
-            if session is None or session["expired"]:
+            if session is None or session["expired"] or session["last_seen"] < silent_since:
                 out.append(model_id)
         return out
 
@@ -31,6 +35,8 @@ class RunCap:
         ended is loaded again, and is the first to go)."""
         loaded = self.worker.loaded
         if model_id not in loaded and len(loaded) >= self.max_runs:
+            # sessions silent past the ttl that a busy worker has not expired yet
+            self.worker.expire_silent_sessions()
             for other in self.ended(list(loaded)):
                 self.worker.drop(other)
             if len(loaded) >= self.max_runs:

@@ -90,12 +90,17 @@ class Store:
     def touch_session(self, session_id: str) -> None:
         self._run("UPDATE sessions SET last_seen=? WHERE id=?", (time.time(), session_id))
 
+    def silent_sessions(self, older_than: float) -> list[str]:
+        """The sessions not expired yet whose last heartbeat is older than ``older_than``."""
+        return [row["id"] for row in self._all("SELECT id FROM sessions WHERE expired=0 AND last_seen<?",
+                                               (older_than,))]
+
     def expire_sessions(self, older_than: float) -> list[str]:
         """Marks sessions silent since ``older_than`` expired; returns their ids."""
-        rows = self._all("SELECT id FROM sessions WHERE expired=0 AND last_seen<?", (older_than,))
-        for row in rows:
-            self._run("UPDATE sessions SET expired=1 WHERE id=?", (row["id"],))
-        return [row["id"] for row in rows]
+        silent = self.silent_sessions(older_than)
+        for session_id in silent:
+            self._run("UPDATE sessions SET expired=1 WHERE id=?", (session_id,))
+        return silent
 
     def expire_sessions_named(self, session_ids: list[str]) -> None:
         for session_id in session_ids:

@@ -20,7 +20,11 @@ runs beside them.
 The worker also owns which training runs are in the hub right now (``loaded``): a run that the
 store knows but the hub does not (after a restart, or after its session expired) is created
 again on first use, from its rank and seed, and given its last saved state when it has one.
-When idle it expires sessions without a heartbeat and frees their runs from the hub.
+It expires sessions without a heartbeat and frees their runs from the hub: when idle, and on
+a server that is never idle (other clients training), through a job queued to run alone once
+such a session is found (checked at most every ``expiry_check_s``). Before, a silent session
+expired only on an idle worker, so on a busy one its runs stayed in memory and counted against
+``--max-runs`` for as long as the others kept training.
 
 Sampling jobs do not wait in that queue: each runs on a thread of its own (at most
 ``sampling_threads``) and blocks there while the hub's sampler batches it with the other
@@ -88,6 +92,10 @@ class Worker:
         self._ran_changed = threading.Lock()
         self._parked: list[tuple[str, Job, str, int]] = []
         """sampling jobs (future id, job, run, mark) waiting until that run has run ``mark`` jobs"""
+        # expiry on a worker that is never idle (``_queue_expiry_if_due``)
+        self.expiry_check_s = min(max(session_ttl_s / 10, idle_s), 30.0)
+        self._expiry_due = time.monotonic() + self.expiry_check_s
+        self._expiry_queued = False
         self._sampling = ThreadPoolExecutor(sampling_threads, thread_name_prefix="omnigym-serve-sample")
         self._threads = [threading.Thread(target=self._loop, args=(i,), name=f"omnigym-serve-train-{i}", daemon=True)
                          for i in range(max(1, training_threads))]
@@ -215,6 +223,8 @@ class Worker:
                     self._turn.notify_all()
                 if now_idle:
                     self._expire_alone()
+                else:
+                    self._queue_expiry_if_due()
 
     def _idle(self) -> bool:
         return not self._queued and not self._running and not self._alone
@@ -222,11 +232,36 @@ class Worker:
     def _expire_alone(self) -> None:
         """Expiry frees runs from the hub: it runs alone (``_alone`` set by the caller)."""
         try:
-            self._expire()
+            self.expire_silent_sessions()
         finally:
             with self._turn:
                 self._alone = False
                 self._turn.notify_all()
+
+    def _queue_expiry_if_due(self) -> None:
+        """On a worker busy for ``expiry_check_s`` or more: a session silent past its ttl has its
+        expiry queued as a job that runs alone (it frees runs from the hub), behind the jobs
+        queued now. The store is read at most every ``expiry_check_s``, and the job is queued
+        only when there is something to expire: a busy server does not stop for nothing."""
+        with self._turn:
+            now = time.monotonic()
+            if self.session_ttl_s <= 0 or self._expiry_queued or now < self._expiry_due:
+                return
+            self._expiry_due = now + self.expiry_check_s
+        if not self.store.silent_sessions(time.time() - self.session_ttl_s):
+            return
+        with self._turn:
+            self._expiry_queued = True
+            self._queued.append(_Queued(None, self._expire_job, None, True))
+            self._turn.notify_all()
+
+    def _expire_job(self) -> tuple[str, bytes]:
+        try:
+            self.expire_silent_sessions()
+        finally:
+            with self._turn:
+                self._expiry_queued = False
+        return "application/json", b"{}"
 
     def _ran_one(self, model_id: str) -> None:
         """One more of ``model_id``'s jobs has run: start the sampling jobs that waited for it."""
@@ -234,6 +269,9 @@ class Worker:
             self._ran[model_id] += 1
             ready = [p for p in self._parked if self._ran[p[2]] >= p[3]]
             self._parked = [p for p in self._parked if self._ran[p[2]] < p[3]]
+            if self._ran[model_id] == self._submitted[model_id] and all(p[2] != model_id for p in self._parked):
+                # all caught up: both counts start again from 0 (kept, they grew by a run ever made)
+                del self._ran[model_id], self._submitted[model_id]
         for future_id, job, _, _ in ready:
             self._sampling.submit(self._run, future_id, job)
 
@@ -295,7 +333,8 @@ class Worker:
             self.drop(model_id)
         return "application/json", b"{}"
 
-    def _expire(self) -> None:
+    def expire_silent_sessions(self) -> None:
+        """Where nothing else runs: sessions silent past the ttl expire and their runs leave the hub."""
         if self.session_ttl_s <= 0:
             return
         for session_id in self.store.expire_sessions(time.time() - self.session_ttl_s):
