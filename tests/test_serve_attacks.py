@@ -159,6 +159,11 @@ def test_max_runs_flag_is_checked(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["omnigym: error: --max-runs 0: must be at least 1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+    for flag, value in (("--session-ttl", "nan"), ("--session-ttl", "inf"), ("--max-request-mb", "nan")):
+        assert main(["serve", "--base-model", str(base), flag, value, "--port", str(free_port())]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"omnigym: error: {flag} {value}: must be at least"), err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
     args = check(["--base-model", str(base), "--max-runs", "3", "--port", str(free_port())])
     assert args.limits.max_runs == 3
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import shlex
 import socket
@@ -118,7 +119,7 @@ def check(argv: list[str]) -> ServeArgs:
     for flag, value, low in (("--max-request-mb", args.max_request_mb, 0.001), ("--max-data", args.max_data, 1),
                              ("--max-samples", args.max_samples, 1), ("--max-runs", args.max_runs, 1),
                              ("--session-ttl", args.session_ttl, 0)):
-        if value < low:
+        if not math.isfinite(value) or value < low:  # nan compares as nothing: a ttl of nan never expired
             raise OmnigymError(f"{flag} {value}: must be at least {low}")
     if store.exists() and not store.is_dir():
         raise OmnigymError(f"--store {args.store} is a file; name a folder")
